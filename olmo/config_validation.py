@@ -1,0 +1,187 @@
+"""Checks on a loaded :class:`~olmo.config.TrainConfig` that types alone cannot express.
+
+Every problem is collected and reported together, so a user fixes a config in one pass. Settings
+that are accepted for OLMo compatibility but have no effect produce a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, List
+
+import numpy as np
+
+from .exceptions import OLMoConfigurationError
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+__all__ = ["validate_train_config", "MEMMAP_DTYPES"]
+
+log = logging.getLogger(__name__)
+
+MEMMAP_DTYPES = ("uint8", "uint16", "uint32", "uint64")
+PRECISIONS = ("amp_bf16", "amp_fp16", "fp32")
+
+
+def validate_train_config(cfg: "TrainConfig", world_size: int) -> None:
+    """Raise one :class:`OLMoConfigurationError` listing every problem, or return quietly."""
+    problems: List[str] = []
+    problems += _model_problems(cfg)
+    problems += _batch_problems(cfg, world_size)
+    problems += _data_problems(cfg)
+    problems += _optim_problems(cfg)
+    problems += _checkpoint_problems(cfg)
+    if problems:
+        listing = "\n".join(f"  - {p}" for p in problems)
+        raise OLMoConfigurationError(
+            f"The config has {len(problems)} problem(s); fix them in the YAML or with --key=value:\n{listing}"
+        )
+    _warn_no_effect(cfg)
+
+
+def _model_problems(cfg: "TrainConfig") -> List[str]:
+    m = cfg.model
+    out: List[str] = []
+    if m.d_model % m.n_heads != 0:
+        out.append(f"model.d_model={m.d_model} must be divisible by model.n_heads={m.n_heads}.")
+    elif (m.d_model // m.n_heads) % 2 != 0 and m.rope:
+        out.append(f"model.rope needs an even head size; d_model/n_heads = {m.d_model // m.n_heads}.")
+    if m.n_kv_heads is not None and m.multi_query_attention and m.n_kv_heads != 1:
+        out.append(
+            f"model.multi_query_attention=true contradicts model.n_kv_heads={m.n_kv_heads}; "
+            f"remove multi_query_attention and keep n_kv_heads."
+        )
+    kv = m.effective_n_kv_heads
+    if kv <= 0 or m.n_heads % kv != 0:
+        out.append(f"model.n_kv_heads={kv} must be positive and divide model.n_heads={m.n_heads}.")
+    if m.alibi and m.rope:
+        out.append("model.alibi and model.rope are mutually exclusive; set one of them to false.")
+    if m.alibi and m.flash_attention:
+        out.append("model.alibi does not work with model.flash_attention; disable one of them.")
+    if m.effective_embedding_size < m.vocab_size:
+        out.append(
+            f"model.embedding_size={m.embedding_size} must be at least model.vocab_size={m.vocab_size}."
+        )
+    if m.clip_qkv is not None and m.clip_qkv <= 0:
+        out.append(f"model.clip_qkv={m.clip_qkv} must be positive (or null to disable).")
+    if m.block_group_size != 1:
+        out.append("model.block_group_size must be 1 (block groups are not implemented).")
+    for name in ("attention_dropout", "residual_dropout", "embedding_dropout"):
+        p = getattr(m, name)
+        if not 0.0 <= p < 1.0:
+            out.append(f"model.{name}={p} must be in [0, 1).")
+    for name in ("d_model", "n_heads", "n_layers", "max_sequence_length", "vocab_size"):
+        if getattr(m, name) <= 0:
+            out.append(f"model.{name} must be positive.")
+    for name in ("eos_token_id", "pad_token_id"):
+        token = getattr(m, name)
+        if not 0 <= token < m.effective_embedding_size:
+            out.append(f"model.{name}={token} is outside the embedding (size {m.effective_embedding_size}).")
+    return out
+
+
+def _batch_problems(cfg: "TrainConfig", world_size: int) -> List[str]:
+    out: List[str] = []
+    micro = cfg.device_train_microbatch_size
+    if cfg.global_train_batch_size <= 0 or micro <= 0:
+        return ["global_train_batch_size and device_train_microbatch_size must be positive."]
+    if cfg.global_train_batch_size % (micro * world_size) != 0:
+        out.append(
+            f"global_train_batch_size={cfg.global_train_batch_size} must be divisible by "
+            f"device_train_microbatch_size ({micro}) x world size ({world_size}) = {micro * world_size}; "
+            f"change one of them (e.g. --global_train_batch_size={max(1, cfg.global_train_batch_size // (micro * world_size)) * micro * world_size})."
+        )
+    if cfg.device_train_batch_size is not None and cfg.device_train_batch_size != cfg.device_batch_size(world_size):
+        out.append(
+            f"device_train_batch_size={cfg.device_train_batch_size} is derived (global batch / world size = "
+            f"{cfg.device_batch_size(world_size)}); remove it from the config."
+        )
+    if cfg.precision is not None and cfg.precision not in PRECISIONS:
+        out.append(f"precision={cfg.precision!r} must be one of {', '.join(PRECISIONS)}.")
+    from .config import parse_duration_steps
+
+    try:
+        parse_duration_steps(cfg.max_duration, cfg.global_train_batch_size, cfg.tokens_per_batch, 0)
+    except OLMoConfigurationError as e:
+        out.append(str(e))
+    for name in ("stop_at", "stop_after", "time_limit"):
+        value = getattr(cfg, name)
+        if value is not None and value <= 0:
+            out.append(f"{name}={value} must be positive (or null).")
+    if not 0 <= cfg.seed < 2**32:
+        out.append(f"seed={cfg.seed} must be in [0, 2^32).")
+    return out
+
+
+def _data_problems(cfg: "TrainConfig") -> List[str]:
+    d = cfg.data
+    out: List[str] = []
+    if d.memmap_dtype not in MEMMAP_DTYPES:
+        out.append(f"data.memmap_dtype={d.memmap_dtype!r} must be one of {', '.join(MEMMAP_DTYPES)}.")
+    elif cfg.model.vocab_size - 1 > np.iinfo(np.dtype(d.memmap_dtype)).max:
+        out.append(
+            f"data.memmap_dtype={d.memmap_dtype} cannot hold token ids up to model.vocab_size-1="
+            f"{cfg.model.vocab_size - 1}; use --data.memmap_dtype=uint32 (and tokenize with that dtype)."
+        )
+    if d.paths is not None and d.datasets is not None:
+        out.append("data.paths and data.datasets are mutually exclusive; set only one.")
+    if d.label_mask_paths is not None:
+        n_paths = len(d.paths or [])
+        if len(d.label_mask_paths) != n_paths:
+            out.append(
+                f"data.label_mask_paths has {len(d.label_mask_paths)} entries but data.paths has {n_paths}; "
+                f"give exactly one label mask per token file, in the same order."
+            )
+    if d.num_workers < 0:
+        out.append("data.num_workers must be >= 0.")
+    return out
+
+
+def _optim_problems(cfg: "TrainConfig") -> List[str]:
+    o, s = cfg.optimizer, cfg.scheduler
+    out: List[str] = []
+    if o.learning_rate <= 0:
+        out.append(f"optimizer.learning_rate={o.learning_rate} must be positive.")
+    if not all(0.0 <= b < 1.0 for b in o.betas):
+        out.append(f"optimizer.betas={list(o.betas)} must each be in [0, 1).")
+    if s.t_warmup < 0:
+        out.append(f"scheduler.t_warmup={s.t_warmup} must be >= 0.")
+    if s.warmup_min_lr is not None and not 0 <= s.warmup_min_lr < o.learning_rate:
+        out.append(
+            f"scheduler.warmup_min_lr={s.warmup_min_lr} must be in [0, optimizer.learning_rate={o.learning_rate})."
+        )
+    if cfg.max_grad_norm is not None and cfg.max_grad_norm <= 0:
+        out.append(f"max_grad_norm={cfg.max_grad_norm} must be positive (or null to disable clipping).")
+    if cfg.max_grad_norm_ratio is not None and cfg.max_grad_norm_ratio <= 0:
+        out.append(f"max_grad_norm_ratio={cfg.max_grad_norm_ratio} must be positive (or null).")
+    return out
+
+
+def _checkpoint_problems(cfg: "TrainConfig") -> List[str]:
+    out: List[str] = []
+    for name in ("save_interval", "save_interval_unsharded", "save_interval_ephemeral", "eval_interval"):
+        value = getattr(cfg, name)
+        if value is not None and value <= 0:
+            out.append(f"{name}={value} must be a positive number of steps (or null to disable).")
+    return out
+
+
+def _warn_no_effect(cfg: "TrainConfig") -> None:
+    if cfg.load_path is None and not cfg.try_load_latest_save:
+        for flag in ("reset_optimizer_state", "reset_trainer_state"):
+            if getattr(cfg, flag):
+                log.warning("--%s has no effect without --load_path.", flag)
+    unused = {
+        "remote_save_folder": cfg.remote_save_folder is not None,
+        "early_stopping_factor": cfg.early_stopping_factor is not None,
+        "module_outputs_save_steps": bool(cfg.module_outputs_save_steps),
+        "data.instance_filter": cfg.data.instance_filter is not None,
+        "data.generate_doc_lengths": cfg.data.generate_doc_lengths,
+        "optimizer.record_update_metrics": cfg.optimizer.record_update_metrics,
+        "python_profiling": cfg.python_profiling,
+        "torch_profiling": cfg.torch_profiling,
+    }
+    for key, is_set in unused.items():
+        if is_set:
+            log.warning("%s is accepted for OLMo compatibility but not implemented yet; it has no effect.", key)
