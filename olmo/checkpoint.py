@@ -1,0 +1,436 @@
+"""Checkpoints: atomic save, verified load, discovery and retention.
+
+Layouts (inside ``save_folder``):
+
+* ``stepN-unsharded/``: ``config.yaml``, ``model.pt``, ``optim.pt``, ``train.pt`` (OLMo's layout; keys
+  like ``transformer.blocks.0.att_proj.weight``). ``model.safetensors`` is accepted on load.
+* ``stepN/``: sharded, written with ``torch.distributed.checkpoint`` under ``model_and_optim/`` plus
+  ``train/rank{R}.pt``; loadable with a different world size.
+
+Commit protocol: everything is written into a hidden temporary directory next to the target, each
+file is fsynced, the marker ``.olmo-checkpoint.json`` (kind, step, file sizes) is written last, and
+the directory is renamed into place. A directory without the marker is never discovered, and an
+explicit ``load_path`` to one is refused unless it is a complete original-OLMo checkpoint. Nothing
+is ever written into a committed directory. Loads use ``weights_only=True``; the trainer state holds
+only plain Python values and tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
+
+from .config import TrainConfig
+from .exceptions import OLMoCheckpointError
+from .util import is_url, resource_path
+
+__all__ = [
+    "MARKER",
+    "CheckpointInfo",
+    "find_latest_checkpoint",
+    "list_checkpoints",
+    "inspect_checkpoint",
+    "save_checkpoint",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "RestorePlan",
+    "plan_restore",
+    "check_model_matches",
+    "prepare_save_folder",
+]
+
+log = logging.getLogger(__name__)
+
+MARKER = ".olmo-checkpoint.json"
+FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint directory is, as far as we can tell without loading it."""
+
+    path: str
+    step: int
+    sharded: bool
+    marked: bool
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> Dict[str, int]:
+    """fsync every file under ``root`` and return their sizes (relative path -> bytes)."""
+    sizes = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+        sizes[str(path.relative_to(root))] = path.stat().st_size
+    for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        _fsync_dir(d)
+    return sizes
+
+
+def list_checkpoints(folder: os.PathLike | str) -> List[CheckpointInfo]:
+    """Committed checkpoints directly inside ``folder``, oldest first."""
+    root = Path(folder)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and child.is_dir() and (child / MARKER).is_file():
+            found.append(CheckpointInfo(str(child), int(match.group(1)), match.group(2) is None, True))
+    # At equal steps the sharded checkpoint sorts last (it is the one resumes prefer, as in OLMo).
+    return sorted(found, key=lambda c: (c.step, c.sharded))
+
+
+def find_latest_checkpoint(folder: os.PathLike | str) -> Optional[Path]:
+    """The newest committed checkpoint in ``folder`` (sharded wins a tie), or None."""
+    checkpoints = list_checkpoints(folder)
+    return Path(checkpoints[-1].path) if checkpoints else None
+
+
+def inspect_checkpoint(path: str) -> CheckpointInfo:
+    """Check that ``path`` is a complete, committed checkpoint, before anything is built or written.
+
+    :raises OLMoCheckpointError: for a missing, temporary, partial or unrecognised directory.
+    """
+    name = path.rstrip("/").split("/")[-1]
+    match = _STEP_DIR.match(name)
+    if is_url(path):
+        return _inspect_remote(path, match)
+    root = Path(path)
+    if not root.is_dir():
+        raise OLMoCheckpointError(
+            f"load_path '{path}' does not exist or is not a directory. Point --load_path at a checkpoint "
+            f"directory such as {Path(path).parent}/step1000-unsharded, or use --try_load_latest_save."
+        )
+    if ".tmp-" in name:
+        raise OLMoCheckpointError(
+            f"load_path '{path}' is a temporary directory left by an interrupted save; it is incomplete. "
+            f"Use the newest step*/ directory instead (or --try_load_latest_save) and delete this one."
+        )
+    marker = root / MARKER
+    if marker.is_file():
+        meta = json.loads(marker.read_text())
+        for rel, size in meta["files"].items():
+            f = root / rel
+            if not f.is_file() or f.stat().st_size != size:
+                raise OLMoCheckpointError(
+                    f"Checkpoint '{path}' is damaged: '{rel}' is missing or has the wrong size (expected "
+                    f"{size} bytes). It may have been copied incompletely; copy it again or pick another."
+                )
+        return CheckpointInfo(str(root), int(meta["step"]), bool(meta["sharded"]), True)
+    # No marker: accept only a complete checkpoint written by the original OLMo trainer.
+    has_model = (root / "model.pt").is_file() or (root / "model.safetensors").is_file()
+    if (root / "config.yaml").is_file() and has_model:
+        log.warning("'%s' has no %s marker; loading it as an original OLMo unsharded checkpoint.", path, MARKER)
+        return CheckpointInfo(str(root), int(match.group(1)) if match else 0, False, False)
+    raise OLMoCheckpointError(
+        f"load_path '{path}' is not a committed checkpoint: it has no {MARKER} marker (the save that wrote "
+        f"it did not finish) and is not a complete OLMo checkpoint (config.yaml + model.pt). Pick an "
+        f"earlier step*/ directory or use --try_load_latest_save."
+    )
+
+
+def _inspect_remote(url: str, match: Optional[re.Match]) -> CheckpointInfo:
+    base = url.rstrip("/")
+    try:
+        meta = json.loads(resource_path(f"{base}/{MARKER}").read_text())
+        return CheckpointInfo(base, int(meta["step"]), bool(meta["sharded"]), True)
+    except Exception:
+        log.warning("No %s marker at %s; treating it as an original OLMo unsharded checkpoint.", MARKER, url)
+        return CheckpointInfo(base, int(match.group(1)) if match else 0, False, False)
+
+
+def save_checkpoint(
+    folder: os.PathLike | str,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train_state: Dict[str, Any],
+    config: TrainConfig,
+    sharded: bool,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``stepN/`` (sharded) or ``stepN-unsharded/`` atomically; every rank must call this.
+
+    :param train_state: this rank's trainer state (plain values and tensors).
+    :param overwrite: replace an existing committed checkpoint of the same step.
+    :raises OLMoCheckpointError: if the target exists and ``overwrite`` is false.
+    """
+    root = Path(folder)
+    target = root / (f"step{step}" if sharded else f"step{step}-unsharded")
+    if target.exists() and not overwrite:
+        raise OLMoCheckpointError(
+            f"Checkpoint '{target}' already exists. Resume from it with --try_load_latest_save, or pass "
+            f"--save_overwrite to replace it."
+        )
+    # Every rank derives the same temporary name from rank 0's choice.
+    token = [uuid.uuid4().hex[:8]]
+    if dist.is_initialized():
+        dist.broadcast_object_list(token, src=0)
+    tmp = root / f".{target.name}.tmp-{token[0]}"
+    if _rank() == 0:
+        tmp.mkdir(parents=True)
+    _barrier()
+    if sharded:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "model_and_optim"))
+        (tmp / "train").mkdir(exist_ok=True)
+        torch.save(train_state, tmp / "train" / f"rank{_rank()}.pt")
+    else:
+        model_sd = get_model_state_dict(model, options=_FULL)
+        optim_sd = get_optimizer_state_dict(model, optimizer, options=_FULL)
+        if _rank() == 0:
+            torch.save(model_sd, tmp / "model.pt")
+            torch.save(optim_sd, tmp / "optim.pt")
+            torch.save(train_state, tmp / "train.pt")
+    _barrier()
+    if _rank() == 0:
+        config.save(tmp / "config.yaml")
+        sizes = _fsync_tree(tmp)
+        meta = {"format_version": FORMAT_VERSION, "step": step, "sharded": sharded, "files": sizes}
+        (tmp / MARKER).write_text(json.dumps(meta, indent=1))
+        _fsync_tree(tmp)
+        if target.exists():
+            trash = root / f".{target.name}.old-{token[0]}"
+            target.rename(trash)
+            tmp.rename(target)
+            shutil.rmtree(trash)
+        else:
+            tmp.rename(target)
+        _fsync_dir(root)
+    _barrier()
+    return target
+
+
+def load_checkpoint(
+    info: CheckpointInfo,
+    model: nn.Module,
+    optimizer: Optional[torch.optim.Optimizer],
+    load_trainer_state: bool = True,
+) -> Optional[Dict[str, Any]]:
+    """Restore model (and optimizer unless None) in place; return this rank's trainer state or None.
+
+    :raises OLMoCheckpointError: if the checkpoint's tensors do not match the model's shapes.
+    """
+    if info.sharded:
+        return _load_sharded(info, model, optimizer, load_trainer_state)
+    model_sd = _load_file(info.path, "model")
+    _check_shapes(info.path, model_sd, get_model_state_dict(model))
+    set_model_state_dict(model, model_sd, options=_FULL)
+    if optimizer is not None:
+        optim_sd = _load_file(info.path, "optim")
+        try:
+            set_optimizer_state_dict(model, optimizer, optim_sd, options=_FULL)
+        except (KeyError, ValueError, RuntimeError) as e:
+            raise OLMoCheckpointError(
+                f"The optimizer state in '{info.path}' does not fit this optimizer ({e}). Pass "
+                f"--reset_optimizer_state to load the model weights only."
+            ) from None
+    if not load_trainer_state:
+        return None
+    return _torch_load(_fetch(info.path, "train.pt"))
+
+
+def _load_sharded(info: CheckpointInfo, model: nn.Module, optimizer: Optional[torch.optim.Optimizer],
+                  load_trainer_state: bool) -> Optional[Dict[str, Any]]:
+    root = Path(info.path)
+    if optimizer is not None:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+    else:
+        state = {"model": get_model_state_dict(model)}
+    metadata = dcp.FileSystemReader(str(root / "model_and_optim")).read_metadata()
+    saved_shapes = {k[len("model."):]: tuple(v.size) for k, v in metadata.state_dict_metadata.items()
+                    if k.startswith("model.") and hasattr(v, "size")}
+    _check_shapes(info.path, saved_shapes, state["model"])
+    dcp.load(state, checkpoint_id=str(root / "model_and_optim"))
+    if optimizer is not None:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    else:
+        set_model_state_dict(model, state["model"])
+    if not load_trainer_state:
+        return None
+    own = root / "train" / f"rank{_rank()}.pt"
+    return _torch_load(own if own.is_file() else root / "train" / "rank0.pt")
+
+
+def _shape(value: Any) -> tuple:
+    return tuple(value.shape) if hasattr(value, "shape") else tuple(value)
+
+
+def _check_shapes(path: str, saved: Dict[str, Any], expected: Dict[str, Any]) -> None:
+    missing = sorted(set(expected) - set(saved))
+    unexpected = sorted(set(saved) - set(expected))
+    wrong = sorted(k for k in set(saved) & set(expected) if _shape(saved[k]) != _shape(expected[k]))
+    if not (missing or unexpected or wrong):
+        return
+    details = []
+    if wrong:
+        details.append("shape mismatches: " + ", ".join(
+            f"{k} {list(_shape(saved[k]))} in checkpoint vs {list(_shape(expected[k]))} in model" for k in wrong[:5]))
+    if missing:
+        details.append(f"missing from checkpoint: {', '.join(missing[:5])}")
+    if unexpected:
+        details.append(f"not in model: {', '.join(unexpected[:5])}")
+    raise OLMoCheckpointError(
+        f"Checkpoint '{path}' was saved from a different model shape ({'; '.join(details)}). Make the "
+        f"model section of your config match the checkpoint's config.yaml, or load another checkpoint."
+    )
+
+
+def _fetch(path: str, name: str) -> Path:
+    return resource_path(f"{path.rstrip('/')}/{name}") if is_url(path) else Path(path) / name
+
+
+def _load_file(path: str, stem: str) -> Dict[str, Any]:
+    """Load ``{stem}.safetensors`` if present, else ``{stem}.pt``."""
+    if stem == "model":
+        try:
+            st = _fetch(path, "model.safetensors")
+            if st.is_file():
+                from safetensors.torch import load_file
+
+                return load_file(str(st))
+        except Exception:  # a remote checkpoint without safetensors
+            pass
+    return _torch_load(_fetch(path, f"{stem}.pt"))
+
+
+def _torch_load(path: Path) -> Dict[str, Any]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise OLMoCheckpointError(f"Checkpoint file '{path}' is missing.") from None
+    except Exception as e:
+        raise OLMoCheckpointError(
+            f"Could not load '{path}' safely ({type(e).__name__}: {e}). Files written by the original "
+            f"OLMo trainer may hold pickled objects; load weights only with --reset_trainer_state."
+        ) from None
+
+
+def prune_checkpoints(folder: os.PathLike | str, sharded: bool, keep: int) -> List[Path]:
+    """Delete the oldest committed checkpoints of one kind so that ``keep`` remain (-1 keeps all)."""
+    if keep < 0 or _rank() != 0:
+        return []
+    mine = [c for c in list_checkpoints(folder) if c.sharded == sharded]
+    doomed = mine[: max(0, len(mine) - max(keep, 1))]
+    for c in doomed:
+        # Un-commit first (remove the marker), so a crash mid-delete never leaves a half checkpoint
+        # that still looks committed.
+        (Path(c.path) / MARKER).unlink()
+        shutil.rmtree(c.path)
+    return [Path(c.path) for c in doomed]
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """Which checkpoint a launch restores and what it takes from it."""
+
+    info: CheckpointInfo
+    load_optimizer_state: bool
+    load_trainer_state: bool
+
+
+def plan_restore(cfg: TrainConfig) -> Optional[RestorePlan]:
+    """Decide, before anything is built or written, what this launch restores.
+
+    ``try_load_latest_save`` wins when ``save_folder`` holds a committed checkpoint (and then the
+    reset flags are ignored: a restarted job must continue exactly); otherwise ``load_path``.
+    """
+    if cfg.try_load_latest_save:
+        latest = find_latest_checkpoint(cfg.save_folder)
+        if latest is not None:
+            if cfg.reset_trainer_state or cfg.reset_optimizer_state or cfg.load_path:
+                log.info("try_load_latest_save found %s; ignoring load_path and the reset flags.", latest)
+            return RestorePlan(inspect_checkpoint(str(latest)), True, True)
+    if cfg.load_path is None:
+        return None
+    return RestorePlan(inspect_checkpoint(cfg.load_path), not cfg.reset_optimizer_state, not cfg.reset_trainer_state)
+
+
+def check_model_matches(plan: RestorePlan, model_cfg: Any) -> None:
+    """Compare parameter shapes implied by the checkpoint's config.yaml with this run's model config,
+    on the meta device, so a mismatch stops the launch before any data or checkpoint is written."""
+    from omegaconf import OmegaConf as om
+
+    from .config import ModelConfig
+    from .model import OLMo
+
+    try:
+        raw = om.to_container(om.load(_fetch(plan.info.path, "config.yaml")).get("model", {}), resolve=False)
+    except Exception:
+        return  # no readable config.yaml: the tensor-shape check at load time still applies
+    known = {k: v for k, v in (raw or {}).items() if k in ModelConfig.__dataclass_fields__}
+    try:
+        saved_cfg = om.to_object(om.merge(om.structured(ModelConfig), om.create(known)))
+    except Exception:
+        return
+    with torch.device("meta"):
+        saved = {k: tuple(v.shape) for k, v in OLMo(saved_cfg).state_dict().items()}
+        expected = {k: tuple(v.shape) for k, v in OLMo(model_cfg).state_dict().items()}
+    _check_shapes(plan.info.path, saved, expected)
+
+
+def prepare_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
+    """Refuse to mix a new run into a folder that holds another run, unless asked to overwrite.
+
+    :raises OLMoCheckpointError: naming the flag that resolves the conflict.
+    """
+    root = Path(cfg.save_folder)
+    existing = list_checkpoints(root)
+    resuming_here = plan is not None and not is_url(plan.info.path) and Path(plan.info.path).parent.resolve() == root.resolve()
+    if cfg.save_overwrite:
+        return
+    if not resuming_here and (existing or (root / "config.yaml").exists()):
+        raise OLMoCheckpointError(
+            f"save_folder '{root}' already holds a run (config.yaml or checkpoints). Resume it with "
+            f"--try_load_latest_save, pick a new --save_folder, or pass --save_overwrite to replace it."
+        )
+    if resuming_here:
+        newer = [c.path for c in existing if c.step > plan.info.step]  # type: ignore[union-attr]
+        if newer:
+            raise OLMoCheckpointError(
+                f"Resuming from step {plan.info.step} would overwrite newer checkpoints in '{root}' "  # type: ignore
+                f"({', '.join(Path(p).name for p in newer[:3])}). Resume from the newest with "
+                f"--try_load_latest_save, or pass --save_overwrite to replace them."
+            )

