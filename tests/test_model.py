@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from olmo import model as model_module
 from olmo.config import ActivationType, InitFnType, LayerNormType, ModelConfig
-from olmo.model import OLMo, LayerNorm, alibi_bias, apply_rotary, rotary_cos_sin
+from olmo.model import LayerNorm, OLMo, alibi_bias, apply_rotary, rotary_cos_sin
 
 VOCAB = 100
 
@@ -400,17 +400,18 @@ def test_qk_norm_makes_attention_invariant_to_query_key_scale():
         assert changed == should_change
 
 
-def test_norm_after_normalizes_sublayer_outputs():
-    for norm_after in (False, True):
-        model = build(norm_after=norm_after)
-        block = model.transformer.blocks[0]
-        captured = {}
-        block.register_forward_pre_hook(lambda m, args: captured.__setitem__("block_in", args[0]))
-        block.attn_out.register_forward_hook(lambda m, args, out: captured.__setitem__("attn_out", out))
-        block.attn_norm.register_forward_pre_hook(lambda m, args: captured.__setitem__("norm_in", args[0]))
-        model(random_ids())
-        source = captured["attn_out"] if norm_after else captured["block_in"]
-        assert captured["norm_in"] is source
+@pytest.mark.parametrize("norm_after", [False, True])
+def test_norm_after_normalizes_sublayer_outputs(norm_after):
+    model = build(norm_after=norm_after)
+    block = model.transformer.blocks[0]
+    captured = {}
+    block.register_forward_pre_hook(lambda m, args: captured.__setitem__("block_in", args[0]))
+    block.attn_out.register_forward_hook(lambda m, args, out: captured.__setitem__("attn_out", out))
+    block.attn_norm.register_forward_pre_hook(lambda m, args: captured.__setitem__("norm_in", args[0]))
+    model(random_ids())
+    # Pre-norm normalizes the block input; OLMo-2's norm_after normalizes the attention output instead.
+    source = captured["attn_out"] if norm_after else captured["block_in"]
+    assert captured["norm_in"] is source
 
 
 def test_tied_logits_use_embedding_and_hidden_states_are_returned():

@@ -1,0 +1,157 @@
+from pathlib import Path
+
+import pytest
+
+from olmo.config import TrainConfig, clean_opt
+from olmo.exceptions import OLMoConfigurationError
+from olmo.testing import tiny_config_dict, write_config
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED_CONFIGS = sorted(REPO.glob("configs/**/*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_shipped_config_loads_and_validates(path, tmp_path, monkeypatch):
+    if "tiny" in path.parts:
+        # The quickstart config globs the prepared corpus; give it one file to find.
+        (tmp_path / "data/quickstart/train").mkdir(parents=True)
+        (tmp_path / "data/quickstart/train/part-00000.npy").write_bytes(b"\0" * 1024)
+        monkeypatch.chdir(tmp_path)
+    cfg = TrainConfig.load(path)
+    world_size = 1 if "tiny" in path.parts else 8
+    cfg.validate(world_size)
+    assert cfg.run_name and cfg.save_folder.endswith(cfg.run_name)
+    assert cfg.data.paths, "every shipped config trains on data"
+
+
+def test_official_configs_keep_the_released_hyperparameters():
+    one_b = TrainConfig.load(REPO / "configs/official/OLMo-1B.yaml")
+    assert (one_b.model.d_model, one_b.model.n_heads, one_b.model.n_layers, one_b.model.mlp_ratio) == (2048, 16, 16, 8)
+    assert one_b.max_duration == 739_328 and one_b.global_train_batch_size == 2048
+    assert one_b.optimizer.learning_rate == 4.0e-4 and one_b.scheduler.t_warmup == 2000
+    assert len(one_b.data.paths) == 249 and len(one_b.evaluators) == 13
+    seven_b = TrainConfig.load(REPO / "configs/official/OLMo-7B.yaml")
+    assert seven_b.model.mlp_hidden_size == 22016 and not seven_b.model.weight_tying
+    assert seven_b.max_steps(0) == 476_838  # 2e12 tokens / (2048 x 2048)
+    research = TrainConfig.load(REPO / "configs/official/OLMo-300M.yaml")
+    assert (research.model.d_model, research.model.n_heads, research.model.max_sequence_length) == (1536, 8, 2048)
+    assert research.model.flash_attention
+
+
+@pytest.mark.parametrize(
+    "arg, expected",
+    [
+        ("--save-overwrite", "save_overwrite=true"),
+        ("--model.n_layers=2", "model.n_layers=2"),
+        ("--data.paths=[a.npy,b.npy]", "data.paths=[a.npy,b.npy]"),
+        ("--load_path=null", "load_path=null"),
+        ("--reset_trainer_state", "reset_trainer_state=true"),
+    ],
+)
+def test_clean_opt(arg, expected):
+    assert clean_opt(arg) == expected
+
+
+def _config(tmp_path, save_folder=None, **overrides):
+    cfg = tiny_config_dict(save_folder or str(tmp_path / "run"), ["x.npy"], **overrides)
+    return write_config(tmp_path / "c.yaml", cfg)
+
+
+def test_overrides_apply_before_interpolation(tmp_path):
+    path = _config(tmp_path, save_folder="runs/${run_name}")
+    cfg = TrainConfig.load(path, [clean_opt(a) for a in ["--run_name=foo", "--data.paths=[a.npy,b.npy]",
+                                                          "--wandb.project=p", "--max_duration=2e6T"]])
+    assert cfg.save_folder == "runs/foo"
+    assert cfg.data.paths == ["a.npy", "b.npy"]
+    assert cfg.wandb is not None and cfg.wandb.project == "p"
+    assert cfg.max_steps(0) == 7813  # ceil(2e6 / (8 x 32))
+
+
+def test_env_interpolation_and_glob_resolver(tmp_path, monkeypatch):
+    (tmp_path / "shards").mkdir()
+    for name in ("b.npy", "a.npy"):
+        (tmp_path / "shards" / name).write_bytes(b"")
+    monkeypatch.setenv("MY_DATA", str(tmp_path / "shards"))
+    path = _config(tmp_path, **{"data.paths": "${path.glob:${oc.env:MY_DATA}/*.npy}"})
+    cfg = TrainConfig.load(path)
+    assert [Path(p).name for p in cfg.data.paths] == ["a.npy", "b.npy"]
+
+
+def test_glob_with_no_match_is_a_config_error(tmp_path):
+    path = _config(tmp_path, **{"data.paths": f"${{path.glob:{tmp_path}/nothing/*.npy}}"})
+    with pytest.raises(OLMoConfigurationError, match="matched no files"):
+        TrainConfig.load(path)
+
+
+def test_unknown_key_suggests_the_right_one(tmp_path):
+    with pytest.raises(OLMoConfigurationError, match=r"model\.d_modle.*Did you mean.*d_model"):
+        TrainConfig.load(_config(tmp_path), ["model.d_modle=64"])
+
+
+def test_unknown_key_in_yaml_is_reported_with_its_path(tmp_path):
+    with pytest.raises(OLMoConfigurationError, match=r"optimizer\.learning_rat"):
+        TrainConfig.load(_config(tmp_path, **{"optimizer.learning_rat": 0.1}))
+
+
+def test_wrong_type_names_the_key(tmp_path):
+    with pytest.raises(OLMoConfigurationError, match=r"model\.n_layers.*abc"):
+        TrainConfig.load(_config(tmp_path), ["model.n_layers=abc"])
+
+
+def test_bad_enum_value_names_the_key(tmp_path):
+    with pytest.raises(OLMoConfigurationError, match=r"optimizer\.name"):
+        TrainConfig.load(_config(tmp_path), ["optimizer.name=sgd"])
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(OLMoConfigurationError, match="does not exist"):
+        TrainConfig.load(tmp_path / "nope.yaml")
+
+
+def test_validation_reports_every_problem_at_once(tmp_path):
+    cfg = TrainConfig.load(_config(tmp_path), ["model.n_heads=5", "global_train_batch_size=10",
+                                               "optimizer.learning_rate=-1", "precision=amp_bf17"])
+    with pytest.raises(OLMoConfigurationError) as info:
+        cfg.validate(1)
+    message = str(info.value)
+    assert "4 problem(s)" in message
+    for key in ("model.n_heads", "global_train_batch_size", "optimizer.learning_rate", "precision"):
+        assert key in message
+
+
+def test_batch_must_divide_by_microbatch_times_world_size(tmp_path):
+    cfg = TrainConfig.load(_config(tmp_path))  # global 8, micro 4
+    cfg.validate(1)
+    cfg.validate(2)
+    with pytest.raises(OLMoConfigurationError, match=r"global_train_batch_size=8.*x world size \(4\)"):
+        cfg.validate(4)
+
+
+def test_dtype_must_hold_the_vocabulary(tmp_path):
+    cfg = TrainConfig.load(_config(tmp_path), ["model.vocab_size=100000", "model.embedding_size=100352"])
+    with pytest.raises(OLMoConfigurationError, match="memmap_dtype=uint32"):
+        cfg.validate(1)
+    TrainConfig.load(_config(tmp_path), ["model.vocab_size=100000", "model.embedding_size=100352",
+                                         "data.memmap_dtype=uint32"]).validate(1)
+
+
+def test_save_then_load_round_trips(tmp_path):
+    cfg = TrainConfig.load(_config(tmp_path, save_folder="runs/${run_name}"))
+    cfg.save(tmp_path / "saved.yaml")
+    assert "${" not in (tmp_path / "saved.yaml").read_text()
+    assert TrainConfig.load(tmp_path / "saved.yaml") == cfg
+
+
+def test_legacy_spellings_load(tmp_path):
+    cfg = TrainConfig.load(_config(tmp_path, activation_checkpointing=True,
+                                   **{"optimizer.name": "decoupled_lionw", "optimizer.eps": 1e-8}))
+    assert cfg.activation_checkpointing == "whole_layer"
+    assert cfg.optimizer.name == "lionw"
+
+
+def test_durations(tmp_path):
+    cfg = TrainConfig.load(_config(tmp_path))
+    assert TrainConfig.load(_config(tmp_path, max_duration="3ep")).max_steps(100) == 36  # 3 x (100 // 8)
+    assert cfg.max_steps(0) == 10
+    with pytest.raises(OLMoConfigurationError, match="max_duration"):
+        TrainConfig.load(_config(tmp_path, max_duration="ten")).validate(1)
