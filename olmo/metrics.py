@@ -54,7 +54,9 @@ def device_peak_flops(device: torch.device, override: Optional[float] = None) ->
 
 
 def _measure_cpu_matmul_flops(n: int = 1024, seconds: float = 0.3) -> float:
-    a, b = torch.randn(n, n, generator=torch.Generator().manual_seed(0)), torch.randn(n, n)
+    # A private generator: drawing from the global RNG here would change the run's dropout draws.
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
     torch.mm(a, b)  # warm up
     calls, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:

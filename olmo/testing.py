@@ -104,6 +104,7 @@ def tiny_config_dict(save_folder: Union[str, Path], data_paths: List[str], **ove
 
 def write_config(path: Union[str, Path], cfg: Dict[str, Any]) -> Path:
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 

@@ -93,6 +93,8 @@ def prepare_cli_environment() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, env_world_size()))))
     warnings.filterwarnings("ignore", message=".*register_new_resolver.*")
     warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
+    # DCP warns when it saves without a process group; one process is a supported setup here.
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 def is_url(path: Union[str, Path]) -> bool:

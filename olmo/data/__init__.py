@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from ..config import DataConfig, TrainConfig
@@ -85,10 +86,11 @@ def build_train_dataloader(
     """
     cfg = train_config
     dataset = build_memmap_dataset(cfg, cfg.data, include_instance_metadata=False)
+    seed = cfg.data.seed if cfg.data.seed is not None else cfg.seed
     order = IterableDataset(
         dataset,
         cfg.global_train_batch_size,
-        seed=cfg.data.seed if cfg.data.seed is not None else cfg.seed,
+        seed=seed,
         epoch=cfg.epoch or 0,
         world_size=world_size,
         rank=rank,
@@ -103,8 +105,13 @@ def build_train_dataloader(
         num_workers=workers,
         pin_memory=cfg.data.pin_memory,
         prefetch_factor=cfg.data.prefetch_factor if workers > 0 else None,
-        persistent_workers=cfg.data.persistent_workers if workers > 0 else False,
+        # Workers restart with every epoch so they see the new order (a persistent worker would keep
+        # its pickled copy of the old one); data.persistent_workers is accepted but has no effect.
+        persistent_workers=False,
         timeout=cfg.data.timeout,
+        # Creating an iterator draws a seed; from the global RNG that would shift dropout draws
+        # after a resume (which creates its iterator later than an uninterrupted run).
+        generator=torch.Generator().manual_seed(seed),
     )
 
 

@@ -1,0 +1,100 @@
+import json
+
+import pytest
+import torch
+
+from olmo.checkpoint import (
+    MARKER,
+    find_latest_checkpoint,
+    inspect_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from olmo.config import TrainConfig
+from olmo.model import OLMo
+from olmo.optim import build_optimizer
+from olmo.testing import tiny_config_dict
+
+
+def _setup(tmp_path, seed=0):
+    cfg = TrainConfig.from_dict(tiny_config_dict(tmp_path, ["x.npy"]))
+    torch.manual_seed(seed)
+    model = OLMo(cfg.model)
+    optimizer = build_optimizer(cfg.optimizer, model)
+    model(torch.randint(0, 257, (2, 16))).logits.sum().backward()
+    optimizer.step()
+    return cfg, model, optimizer
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_round_trip_restores_model_optimizer_and_trainer_state(tmp_path, sharded):
+    cfg, model, optimizer = _setup(tmp_path)
+    state = {"global_step": 3, "rng": {0: {"torch": torch.get_rng_state()}}}
+    path = save_checkpoint(tmp_path, 3, model, optimizer, state, cfg, sharded=sharded)
+    assert path.name == ("step3" if sharded else "step3-unsharded")
+    assert (path / MARKER).is_file() and (path / "config.yaml").is_file()
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name], "no temporary directory may remain"
+
+    _, other_model, other_optimizer = _setup(tmp_path / "other", seed=1)
+    restored = load_checkpoint(inspect_checkpoint(str(path)), other_model, other_optimizer)
+    assert restored["global_step"] == 3
+    assert torch.equal(restored["rng"][0]["torch"], state["rng"][0]["torch"])
+    for (name, a), b in zip(model.state_dict().items(), other_model.state_dict().values()):
+        assert torch.equal(a, b), name
+    for a, b in zip(optimizer.state.values(), other_optimizer.state.values()):
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+
+
+def test_unsharded_files_use_the_olmo_layout_and_load_with_weights_only(tmp_path):
+    cfg, model, optimizer = _setup(tmp_path)
+    path = save_checkpoint(tmp_path, 1, model, optimizer, {"global_step": 1}, cfg, sharded=False)
+    assert sorted(p.name for p in path.iterdir()) == sorted([MARKER, "config.yaml", "model.pt", "optim.pt", "train.pt"])
+    weights = torch.load(path / "model.pt", weights_only=True)
+    assert "transformer.blocks.0.att_proj.weight" in weights and "transformer.wte.weight" in weights
+    marker = json.loads((path / MARKER).read_text())
+    assert marker["step"] == 1 and marker["files"]["model.pt"] == (path / "model.pt").stat().st_size
+
+
+def test_discovery_needs_the_marker_and_prefers_sharded_at_equal_steps(tmp_path):
+    cfg, model, optimizer = _setup(tmp_path)
+    for step, sharded in ((1, False), (2, False), (2, True)):
+        save_checkpoint(tmp_path, step, model, optimizer, {}, cfg, sharded=sharded)
+    (tmp_path / "step9-unsharded").mkdir()  # a crashed copy: no marker
+    (tmp_path / ".step10.tmp-abcd").mkdir()  # an interrupted save
+    assert find_latest_checkpoint(tmp_path) == tmp_path / "step2"
+    assert [(c.step, c.sharded) for c in list_checkpoints(tmp_path)] == [(1, False), (2, False), (2, True)]
+
+
+def test_retention_keeps_the_newest(tmp_path):
+    cfg, model, optimizer = _setup(tmp_path)
+    for step in range(1, 5):
+        save_checkpoint(tmp_path, step, model, optimizer, {}, cfg, sharded=False)
+        prune_checkpoints(tmp_path, sharded=False, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step*")) == ["step3-unsharded", "step4-unsharded"]
+
+
+def test_existing_checkpoint_is_replaced_only_with_overwrite(tmp_path):
+    from olmo.exceptions import OLMoCheckpointError
+
+    cfg, model, optimizer = _setup(tmp_path)
+    save_checkpoint(tmp_path, 1, model, optimizer, {"global_step": 1}, cfg, sharded=False)
+    with pytest.raises(OLMoCheckpointError, match="--save_overwrite"):
+        save_checkpoint(tmp_path, 1, model, optimizer, {"global_step": 1}, cfg, sharded=False)
+    save_checkpoint(tmp_path, 1, model, optimizer, {"global_step": 99}, cfg, sharded=False, overwrite=True)
+    assert torch.load(tmp_path / "step1-unsharded/train.pt", weights_only=True)["global_step"] == 99
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_original_olmo_checkpoint_without_marker_loads(tmp_path):
+    cfg, model, optimizer = _setup(tmp_path)
+    legacy = tmp_path / "step5-unsharded"
+    legacy.mkdir()
+    torch.save(model.state_dict(), legacy / "model.pt")
+    cfg.save(legacy / "config.yaml")
+    info = inspect_checkpoint(str(legacy))
+    assert (info.step, info.sharded, info.marked) == (5, False, False)
+    _, other, _ = _setup(tmp_path / "o", seed=3)
+    assert load_checkpoint(info, other, None, load_trainer_state=False) is None
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))

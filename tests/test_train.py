@@ -1,0 +1,160 @@
+"""End-to-end training behaviour on real text (byte-level stdlib source), through scripts/train.py."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from olmo.checkpoint import MARKER, find_latest_checkpoint
+from olmo.config import TrainConfig
+from olmo.data import build_memmap_dataset
+from olmo.exceptions import OLMoTrainingError
+from olmo.testing import run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.train import EXIT_CODE_STOPPED
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    write_byte_memmap(root / "a.npy", 30_000)
+    write_byte_memmap(root / "b.npy", 20_000, skip_bytes=400_000)
+    return [str(root / "a.npy"), str(root / "b.npy")]
+
+
+def _setup(tmp_path, corpus, **overrides):
+    cfg = tiny_config_dict(tmp_path / "run", corpus, **overrides)
+    return write_config(tmp_path / "config.yaml", cfg)
+
+
+def _losses(record):
+    return [r["train/CrossEntropyLoss"] for r in record]
+
+
+def _model_state(checkpoint: Path):
+    return torch.load(checkpoint / "model.pt", weights_only=True)
+
+
+def test_training_reduces_loss_and_leaves_a_complete_run_folder(tmp_path, corpus):
+    record = []
+    assert run_train(_setup(tmp_path, corpus, max_duration=40, save_interval_unsharded=20), record=record) == 0
+    losses = _losses(record)
+    assert len(losses) == 40
+    assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:3]), losses  # from ~5.6 to well under 3.5
+    run = tmp_path / "run"
+    assert (run / "config.yaml").is_file()
+    assert (run / "train_data/global_indices.npy").stat().st_size == 4 * (50_000 // 32)
+    assert sorted(p.name for p in run.glob("step*")) == ["step20-unsharded", "step40-unsharded"]
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == list(range(1, 41))
+    for key in ("train/Perplexity", "optim/total_grad_norm", "optim/learning_rate_group0",
+                "throughput/device/tokens_per_second", "throughput/mfu", "System/Peak Memory (MB)"):
+        assert key in lines[-1], key
+    assert lines[0]["train/Perplexity"] == pytest.approx(np.exp(lines[0]["train/CrossEntropyLoss"]))
+
+
+def test_resumed_run_matches_uninterrupted_run_exactly(tmp_path, corpus):
+    # Dropout on, so the test also proves the RNG state is restored.
+    dropout = {"model.residual_dropout": 0.1, "model.attention_dropout": 0.1, "max_duration": 12}
+    full, resumed = [], []
+    assert run_train(_setup(tmp_path / "full", corpus, **dropout), record=full) == 0
+    first = _setup(tmp_path / "part", corpus, stop_at=6, **dropout)
+    assert run_train(first, record=resumed) == 0
+    assert run_train(first, "--try_load_latest_save", "--stop_at=null", record=resumed) == 0
+    assert [r["step"] for r in resumed] == list(range(1, 13))
+    assert _losses(resumed) == _losses(full)  # bitwise on CPU
+    a = _model_state(tmp_path / "full/run/step12-unsharded")
+    b = _model_state(tmp_path / "part/run/step12-unsharded")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_gradient_accumulation_does_not_change_training(tmp_path, corpus):
+    runs = {}
+    for micro in (8, 1):
+        record = []
+        assert run_train(_setup(tmp_path / f"m{micro}", corpus, device_train_microbatch_size=micro,
+                                max_duration=4, save_interval_unsharded=4), record=record) == 0
+        runs[micro] = (_losses(record), _model_state(tmp_path / f"m{micro}/run/step4-unsharded"))
+    np.testing.assert_allclose(runs[8][0], runs[1][0], rtol=1e-5)
+    for key, value in runs[8][1].items():
+        torch.testing.assert_close(value, runs[1][1][key], rtol=1e-4, atol=1e-5)
+
+
+def test_inspection_snippet_returns_the_tokens_the_trainer_trained_on(tmp_path, corpus, monkeypatch):
+    from olmo.train import Trainer
+
+    seen = []
+    original = Trainer.train_step
+
+    def spy(self, batch):
+        seen.append(batch["input_ids"].clone())
+        return original(self, batch)
+
+    monkeypatch.setattr(Trainer, "train_step", spy)
+    config_path = _setup(tmp_path, corpus, max_duration=5, **{"data.seed": 7})
+    assert run_train(config_path) == 0
+    # The DESIGN/README snippet, verbatim apart from the two paths.
+    train_config_path = tmp_path / "run/config.yaml"
+    data_order_file_path = tmp_path / "run/train_data/global_indices.npy"
+    cfg = TrainConfig.load(train_config_path)
+    dataset = build_memmap_dataset(cfg, cfg.data)
+    batch_size = cfg.global_train_batch_size
+    global_indices = np.memmap(data_order_file_path, mode="r+", dtype=np.uint32)
+    for step, trained in enumerate(seen, start=1):
+        s = step - 1
+        snippet = []
+        for index in global_indices[s * batch_size:(s + 1) * batch_size]:
+            token_ids = dataset[index]["input_ids"].tolist()
+            snippet.append(token_ids)
+        assert snippet == trained.tolist(), f"batch of step {step} differs"
+
+
+def test_label_masked_tokens_do_not_contribute_to_the_loss(tmp_path, corpus, monkeypatch):
+    tokens = np.memmap(corpus[0], dtype=np.uint16, mode="r")[: 32 * 64]
+    data = tmp_path / "sft"
+    data.mkdir()
+    np.asarray(tokens).tofile(data / "input_ids.npy")
+    mask = np.zeros(len(tokens), dtype=bool)
+    mask[: 32 * 32] = True  # instances 0-31 train, instances 32-63 are fully masked
+    mask.tofile(data / "label_mask.npy")
+    scrambled = np.asarray(tokens).copy()
+    scrambled[32 * 32:] = np.random.default_rng(0).integers(0, 256, size=32 * 32)
+    scrambled.tofile(data / "input_ids_scrambled.npy")
+
+    def run(ids_name):
+        record = []
+        path = _setup(tmp_path / ids_name, [str(data / ids_name)], max_duration=6,
+                      **{"data.label_mask_paths": [str(data / "label_mask.npy")], "data.seed": 3})
+        assert run_train(path, record=record) == 0
+        return _losses(record), _model_state(tmp_path / ids_name / "run/step5-unsharded")
+
+    clean, garbled = run("input_ids.npy"), run("input_ids_scrambled.npy")
+    # Changing only fully-masked instances changes neither the loss nor the weights.
+    assert clean[0] == garbled[0]
+    assert all(torch.equal(clean[1][k], garbled[1][k]) for k in clean[1])
+
+
+def test_non_finite_loss_stops_before_the_optimizer_step(tmp_path, corpus, monkeypatch):
+    from olmo import train as train_module
+
+    original = train_module.cross_entropy_sums
+    calls = {"n": 0}
+
+    def poisoned(logits, labels, z):
+        calls["n"] += 1
+        ce, z_loss = original(logits, labels, z)
+        return (ce * float("nan") if calls["n"] > 6 else ce), z_loss  # step 4 (2 micro-batches a step)
+
+    monkeypatch.setattr(train_module, "cross_entropy_sums", poisoned)
+    with pytest.raises(OLMoTrainingError, match=r"step 4 on rank 0"):
+        run_train(_setup(tmp_path, corpus, max_duration=10, save_interval_unsharded=1))
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.glob("step*")) == [f"step{i}-unsharded" for i in (1, 2, 3)]
+
+
+def test_time_limit_saves_and_exits_with_the_resumable_code(tmp_path, corpus):
+    config = _setup(tmp_path, corpus, max_duration=50, time_limit=1e-9, save_interval_unsharded=None)
+    assert run_train(config) == EXIT_CODE_STOPPED
+    latest = find_latest_checkpoint(tmp_path / "run")
+    assert latest is not None and latest.name == "step1-unsharded" and (latest / MARKER).is_file()
