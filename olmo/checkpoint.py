@@ -25,7 +25,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -95,7 +95,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_tree(root: Path) -> Dict[str, int]:
+def _fsync_tree(root: Path) -> dict[str, int]:
     """fsync every file under ``root`` and return their sizes (relative path -> bytes)."""
     sizes = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
@@ -107,7 +107,7 @@ def _fsync_tree(root: Path) -> Dict[str, int]:
     return sizes
 
 
-def list_checkpoints(folder: os.PathLike | str) -> List[CheckpointInfo]:
+def list_checkpoints(folder: os.PathLike | str) -> list[CheckpointInfo]:
     """Committed checkpoints directly inside ``folder``, oldest first."""
     root = Path(folder)
     if not root.is_dir():
@@ -185,7 +185,7 @@ def save_checkpoint(
     step: int,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    train_state: Dict[str, Any],
+    train_state: dict[str, Any],
     config: TrainConfig,
     sharded: bool,
     overwrite: bool = False,
@@ -247,7 +247,7 @@ def load_checkpoint(
     model: nn.Module,
     optimizer: Optional[torch.optim.Optimizer],
     load_trainer_state: bool = True,
-) -> Optional[Dict[str, Any]]:
+) -> Optional[dict[str, Any]]:
     """Restore model (and optimizer unless None) in place; return this rank's trainer state or None.
 
     :raises OLMoCheckpointError: if the checkpoint's tensors do not match the model's shapes.
@@ -271,17 +271,21 @@ def load_checkpoint(
     return _torch_load(_fetch(info.path, "train.pt"))
 
 
-def _load_sharded(info: CheckpointInfo, model: nn.Module, optimizer: Optional[torch.optim.Optimizer],
-                  load_trainer_state: bool) -> Optional[Dict[str, Any]]:
+def _load_sharded(
+    info: CheckpointInfo, model: nn.Module, optimizer: Optional[torch.optim.Optimizer], load_trainer_state: bool
+) -> Optional[dict[str, Any]]:
     root = Path(info.path)
     if optimizer is not None:
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     else:
         state = {"model": get_model_state_dict(model)}
     metadata = dcp.FileSystemReader(str(root / "model_and_optim")).read_metadata()
-    saved_shapes = {k[len("model."):]: tuple(v.size) for k, v in metadata.state_dict_metadata.items()
-                    if k.startswith("model.") and hasattr(v, "size")}
+    saved_shapes = {
+        k[len("model.") :]: tuple(v.size)
+        for k, v in metadata.state_dict_metadata.items()
+        if k.startswith("model.") and hasattr(v, "size")
+    }
     _check_shapes(info.path, saved_shapes, state["model"])
     dcp.load(state, checkpoint_id=str(root / "model_and_optim"))
     if optimizer is not None:
@@ -298,7 +302,7 @@ def _shape(value: Any) -> tuple:
     return tuple(value.shape) if hasattr(value, "shape") else tuple(value)
 
 
-def _check_shapes(path: str, saved: Dict[str, Any], expected: Dict[str, Any]) -> None:
+def _check_shapes(path: str, saved: dict[str, Any], expected: dict[str, Any]) -> None:
     missing = sorted(set(expected) - set(saved))
     unexpected = sorted(set(saved) - set(expected))
     wrong = sorted(k for k in set(saved) & set(expected) if _shape(saved[k]) != _shape(expected[k]))
@@ -306,8 +310,13 @@ def _check_shapes(path: str, saved: Dict[str, Any], expected: Dict[str, Any]) ->
         return
     details = []
     if wrong:
-        details.append("shape mismatches: " + ", ".join(
-            f"{k} {list(_shape(saved[k]))} in checkpoint vs {list(_shape(expected[k]))} in model" for k in wrong[:5]))
+        details.append(
+            "shape mismatches: "
+            + ", ".join(
+                f"{k} {list(_shape(saved[k]))} in checkpoint vs {list(_shape(expected[k]))} in model"
+                for k in wrong[:5]
+            )
+        )
     if missing:
         details.append(f"missing from checkpoint: {', '.join(missing[:5])}")
     if unexpected:
@@ -322,7 +331,7 @@ def _fetch(path: str, name: str) -> Path:
     return resource_path(f"{path.rstrip('/')}/{name}") if is_url(path) else Path(path) / name
 
 
-def _load_file(path: str, stem: str) -> Dict[str, Any]:
+def _load_file(path: str, stem: str) -> dict[str, Any]:
     """Load ``{stem}.safetensors`` if present, else ``{stem}.pt``."""
     if stem == "model":
         try:
@@ -336,7 +345,7 @@ def _load_file(path: str, stem: str) -> Dict[str, Any]:
     return _torch_load(_fetch(path, f"{stem}.pt"))
 
 
-def _torch_load(path: Path) -> Dict[str, Any]:
+def _torch_load(path: Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -348,7 +357,7 @@ def _torch_load(path: Path) -> Dict[str, Any]:
         ) from None
 
 
-def prune_checkpoints(folder: os.PathLike | str, sharded: bool, keep: int) -> List[Path]:
+def prune_checkpoints(folder: os.PathLike | str, sharded: bool, keep: int) -> list[Path]:
     """Delete the oldest committed checkpoints of one kind so that ``keep`` remain (-1 keeps all)."""
     if keep < 0 or _rank() != 0:
         return []
@@ -385,7 +394,9 @@ def plan_restore(cfg: TrainConfig) -> Optional[RestorePlan]:
             return RestorePlan(inspect_checkpoint(str(latest)), True, True)
     if cfg.load_path is None:
         return None
-    return RestorePlan(inspect_checkpoint(cfg.load_path), not cfg.reset_optimizer_state, not cfg.reset_trainer_state)
+    return RestorePlan(
+        inspect_checkpoint(cfg.load_path), not cfg.reset_optimizer_state, not cfg.reset_trainer_state
+    )
 
 
 def check_model_matches(plan: RestorePlan, model_cfg: Any) -> None:
@@ -397,12 +408,13 @@ def check_model_matches(plan: RestorePlan, model_cfg: Any) -> None:
     from .model import OLMo
 
     try:
-        raw = om.to_container(om.load(_fetch(plan.info.path, "config.yaml")).get("model", {}), resolve=False)
+        loaded: Any = om.load(_fetch(plan.info.path, "config.yaml"))
+        raw: Any = om.to_container(loaded.get("model", {}), resolve=False)
     except Exception:
         return  # no readable config.yaml: the tensor-shape check at load time still applies
     known = {k: v for k, v in (raw or {}).items() if k in ModelConfig.__dataclass_fields__}
     try:
-        saved_cfg = om.to_object(om.merge(om.structured(ModelConfig), om.create(known)))
+        saved_cfg: Any = om.to_object(om.merge(om.structured(ModelConfig), om.create(known)))
     except Exception:
         return
     with torch.device("meta"):
@@ -418,7 +430,9 @@ def prepare_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
     """
     root = Path(cfg.save_folder)
     existing = list_checkpoints(root)
-    resuming_here = plan is not None and not is_url(plan.info.path) and Path(plan.info.path).parent.resolve() == root.resolve()
+    resuming_here = (
+        plan is not None and not is_url(plan.info.path) and Path(plan.info.path).parent.resolve() == root.resolve()
+    )
     if cfg.save_overwrite:
         return
     if not resuming_here and (existing or (root / "config.yaml").exists()):

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Type, TypeVar, Union
+from typing import Any, Optional, TypeVar, Union
 
 from omegaconf import OmegaConf as om
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
@@ -296,7 +296,7 @@ class OptimizerConfig:
     """Peak learning rate."""
     weight_decay: float = 0.01
     """Decoupled weight decay for the decay group."""
-    betas: Tuple[float, float] = (0.9, 0.95)
+    betas: tuple[float, float] = (0.9, 0.95)
     """(beta1, beta2)."""
     eps: float = 1e-5
     """AdamW epsilon."""
@@ -343,13 +343,13 @@ class InstanceFilterConfig:
 
 @dataclass
 class DataConfig:
-    paths: Optional[List[str]] = None
+    paths: Optional[list[str]] = None
     """Token memmaps (local paths or URLs), headerless, as written by ``dolma tokens``."""
     memmap_dtype: str = "uint16"
     """numpy dtype of the token files: uint8, uint16, uint32 or uint64."""
-    datasets: Optional[Dict[str, List[str]]] = None
+    datasets: Optional[dict[str, list[str]]] = None
     """Label -> token files (used by evaluators); exclusive with ``paths``."""
-    label_mask_paths: Optional[List[str]] = None
+    label_mask_paths: Optional[list[str]] = None
     """One bool memmap per path; False positions get no loss (fine-tuning)."""
     pad_direction: PaddingDirection = PaddingDirection.right
     generate_attention_mask: bool = False
@@ -392,7 +392,7 @@ class WandbConfig:
     entity: Optional[str] = "ai2-llm"
     group: Optional[str] = None
     name: Optional[str] = None
-    tags: Optional[List[str]] = field(default_factory=lambda: ["watching"])
+    tags: Optional[list[str]] = field(default_factory=lambda: ["watching"])
     log_artifacts: bool = False
     rank_zero_only: bool = True
     log_interval: int = 1
@@ -455,7 +455,7 @@ class TrainConfig:
     """If False, a restored run starts at step 0 of the data (weights and optimizer still load)."""
     fast_forward_batches: Optional[int] = None
     """On restore, skip this many global batches of data (e.g. past a loss spike)."""
-    evaluators: List[EvaluatorConfig] = field(default_factory=list)
+    evaluators: list[EvaluatorConfig] = field(default_factory=list)
     eval_interval: int = 1000
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     save_folder: str = "./"
@@ -550,11 +550,11 @@ class TrainConfig:
     """Accepted for OLMo compatibility; the loss is computed with torch's cross entropy."""
     hf_datasets_cache_dir: Optional[str] = None
     """Deprecated no-op kept so old configs load."""
-    module_outputs_save_steps: Optional[List[int]] = None
+    module_outputs_save_steps: Optional[list[int]] = None
     """Accepted for OLMo compatibility; not implemented yet."""
 
     @classmethod
-    def load(cls: Type[C], path: Union[str, Path], overrides: Optional[List[str]] = None) -> C:
+    def load(cls: type[C], path: Union[str, Path], overrides: Optional[list[str]] = None) -> C:
         """Load a YAML config, apply ``key.path=value`` overrides, then resolve interpolations.
 
         :raises OLMoConfigurationError: naming the key for unknown keys, wrong types and bad values.
@@ -577,7 +577,7 @@ class TrainConfig:
             raise _config_error(e, str(path)) from None
 
     @classmethod
-    def from_dict(cls: Type[C], values: Dict[str, Any]) -> C:
+    def from_dict(cls: type[C], values: dict[str, Any]) -> C:
         """Build a config from a (nested) dict, with the same checks as :meth:`load`."""
         register_resolvers()
         try:
@@ -589,7 +589,7 @@ class TrainConfig:
         """Write the resolved config as YAML (no ``${...}`` left)."""
         om.save(config=om.structured(self), f=str(path))
 
-    def asdict(self, exclude: Optional[List[str]] = None) -> Dict[str, Any]:
+    def asdict(self, exclude: Optional[list[str]] = None) -> dict[str, Any]:
         out = _to_plain(asdict(self))
         for key in exclude or []:
             out.pop(key, None)
@@ -620,12 +620,14 @@ class TrainConfig:
 
     def max_steps(self, instances_per_epoch: int) -> int:
         """Optimizer steps that ``max_duration`` asks for, given the dataset's size in instances."""
-        return parse_duration_steps(self.max_duration, self.global_train_batch_size, self.tokens_per_batch,
-                                    instances_per_epoch)
+        return parse_duration_steps(
+            self.max_duration, self.global_train_batch_size, self.tokens_per_batch, instances_per_epoch
+        )
 
 
-def parse_duration_steps(duration: Union[int, str], global_batch: int, tokens_per_batch: int,
-                         instances_per_epoch: int) -> int:
+def parse_duration_steps(
+    duration: Union[int, str], global_batch: int, tokens_per_batch: int, instances_per_epoch: int
+) -> int:
     """Turn ``max_duration`` (``1000``, ``"2e12T"``, ``"3ep"``) into a number of optimizer steps."""
     text = str(duration).strip().replace("_", "")
     try:

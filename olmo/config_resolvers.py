@@ -6,7 +6,6 @@ from __future__ import annotations
 import glob
 import re
 from pathlib import Path
-from typing import List
 
 from omegaconf import OmegaConf as om
 
@@ -17,9 +16,9 @@ __all__ = ["register_resolvers"]
 _URL = re.compile(r"^[a-z0-9]+://")
 
 
-def _path_glob(*patterns: str) -> List[str]:
+def _path_glob(*patterns: str) -> list[str]:
     """Sorted matches of every pattern, concatenated; a pattern that matches nothing is an error."""
-    matches: List[str] = []
+    matches: list[str] = []
     for pattern in patterns:
         found = sorted(glob.glob(pattern))
         if not found:
@@ -46,9 +45,7 @@ def _path_last_checkpoint(folder: str) -> str:
 
     latest = find_latest_checkpoint(folder)
     if latest is None:
-        raise OLMoConfigurationError(
-            f"${{path.last_checkpoint:{folder}}}: no committed checkpoint in '{folder}'."
-        )
+        raise OLMoConfigurationError(f"${{path.last_checkpoint:{folder}}}: no committed checkpoint in '{folder}'.")
     return str(latest)
 
 

@@ -7,7 +7,7 @@ that are accepted for OLMo compatibility but have no effect produce a warning.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,9 +24,9 @@ MEMMAP_DTYPES = ("uint8", "uint16", "uint32", "uint64")
 PRECISIONS = ("amp_bf16", "amp_fp16", "fp32")
 
 
-def validate_train_config(cfg: "TrainConfig", world_size: int) -> None:
+def validate_train_config(cfg: TrainConfig, world_size: int) -> None:
     """Raise one :class:`OLMoConfigurationError` listing every problem, or return quietly."""
-    problems: List[str] = []
+    problems: list[str] = []
     problems += _model_problems(cfg)
     problems += _batch_problems(cfg, world_size)
     problems += _data_problems(cfg)
@@ -40,9 +40,9 @@ def validate_train_config(cfg: "TrainConfig", world_size: int) -> None:
     _warn_no_effect(cfg)
 
 
-def _model_problems(cfg: "TrainConfig") -> List[str]:
+def _model_problems(cfg: TrainConfig) -> list[str]:
     m = cfg.model
-    out: List[str] = []
+    out: list[str] = []
     if m.d_model % m.n_heads != 0:
         out.append(f"model.d_model={m.d_model} must be divisible by model.n_heads={m.n_heads}.")
     elif (m.d_model // m.n_heads) % 2 != 0 and m.rope:
@@ -60,9 +60,7 @@ def _model_problems(cfg: "TrainConfig") -> List[str]:
     if m.alibi and m.flash_attention:
         out.append("model.alibi does not work with model.flash_attention; disable one of them.")
     if m.effective_embedding_size < m.vocab_size:
-        out.append(
-            f"model.embedding_size={m.embedding_size} must be at least model.vocab_size={m.vocab_size}."
-        )
+        out.append(f"model.embedding_size={m.embedding_size} must be at least model.vocab_size={m.vocab_size}.")
     if m.clip_qkv is not None and m.clip_qkv <= 0:
         out.append(f"model.clip_qkv={m.clip_qkv} must be positive (or null to disable).")
     if m.block_group_size != 1:
@@ -81,8 +79,8 @@ def _model_problems(cfg: "TrainConfig") -> List[str]:
     return out
 
 
-def _batch_problems(cfg: "TrainConfig", world_size: int) -> List[str]:
-    out: List[str] = []
+def _batch_problems(cfg: TrainConfig, world_size: int) -> list[str]:
+    out: list[str] = []
     micro = cfg.device_train_microbatch_size
     if cfg.global_train_batch_size <= 0 or micro <= 0:
         return ["global_train_batch_size and device_train_microbatch_size must be positive."]
@@ -92,7 +90,9 @@ def _batch_problems(cfg: "TrainConfig", world_size: int) -> List[str]:
             f"device_train_microbatch_size ({micro}) x world size ({world_size}) = {micro * world_size}; "
             f"change one of them (e.g. --global_train_batch_size={max(1, cfg.global_train_batch_size // (micro * world_size)) * micro * world_size})."
         )
-    if cfg.device_train_batch_size is not None and cfg.device_train_batch_size != cfg.device_batch_size(world_size):
+    if cfg.device_train_batch_size is not None and cfg.device_train_batch_size != cfg.device_batch_size(
+        world_size
+    ):
         out.append(
             f"device_train_batch_size={cfg.device_train_batch_size} is derived (global batch / world size = "
             f"{cfg.device_batch_size(world_size)}); remove it from the config."
@@ -114,9 +114,9 @@ def _batch_problems(cfg: "TrainConfig", world_size: int) -> List[str]:
     return out
 
 
-def _data_problems(cfg: "TrainConfig") -> List[str]:
+def _data_problems(cfg: TrainConfig) -> list[str]:
     d = cfg.data
-    out: List[str] = []
+    out: list[str] = []
     if d.memmap_dtype not in MEMMAP_DTYPES:
         out.append(f"data.memmap_dtype={d.memmap_dtype!r} must be one of {', '.join(MEMMAP_DTYPES)}.")
     elif cfg.model.vocab_size - 1 > np.iinfo(np.dtype(d.memmap_dtype)).max:
@@ -138,9 +138,9 @@ def _data_problems(cfg: "TrainConfig") -> List[str]:
     return out
 
 
-def _optim_problems(cfg: "TrainConfig") -> List[str]:
+def _optim_problems(cfg: TrainConfig) -> list[str]:
     o, s = cfg.optimizer, cfg.scheduler
-    out: List[str] = []
+    out: list[str] = []
     if o.learning_rate <= 0:
         out.append(f"optimizer.learning_rate={o.learning_rate} must be positive.")
     if not all(0.0 <= b < 1.0 for b in o.betas):
@@ -158,8 +158,8 @@ def _optim_problems(cfg: "TrainConfig") -> List[str]:
     return out
 
 
-def _checkpoint_problems(cfg: "TrainConfig") -> List[str]:
-    out: List[str] = []
+def _checkpoint_problems(cfg: TrainConfig) -> list[str]:
+    out: list[str] = []
     for name in ("save_interval", "save_interval_unsharded", "save_interval_ephemeral", "eval_interval"):
         value = getattr(cfg, name)
         if value is not None and value <= 0:
@@ -167,7 +167,7 @@ def _checkpoint_problems(cfg: "TrainConfig") -> List[str]:
     return out
 
 
-def _warn_no_effect(cfg: "TrainConfig") -> None:
+def _warn_no_effect(cfg: TrainConfig) -> None:
     if cfg.load_path is None and not cfg.try_load_latest_save:
         for flag in ("reset_optimizer_state", "reset_trainer_state"):
             if getattr(cfg, flag):

@@ -51,8 +51,11 @@ def init_distributed(timeout_minutes: float = 30.0) -> DistEnv:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=timedelta(minutes=timeout_minutes),
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend=backend,
+            timeout=timedelta(minutes=timeout_minutes),
+            device_id=device if device.type == "cuda" else None,
+        )
         log.info("Initialized %s process group with %d ranks.", backend, world_size)
     return DistEnv(device=device, rank=rank, local_rank=local_rank, world_size=world_size)
 

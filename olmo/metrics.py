@@ -10,7 +10,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Deque, Dict, Optional, Tuple
+from typing import Any, Optional
 
 import torch
 
@@ -32,7 +32,7 @@ _GPU_PEAKS = (
     ("L40S", 362e12),
     ("A10G", 70e12),
 )
-_cpu_peak_cache: Dict[str, float] = {}
+_cpu_peak_cache: dict[str, float] = {}
 
 
 def device_peak_flops(device: torch.device, override: Optional[float] = None) -> Optional[float]:
@@ -81,7 +81,7 @@ class SpeedMonitor:
     """
 
     def __init__(self, window_size: int, flops_per_token: int, peak_flops: Optional[float]):
-        self.window: Deque[Tuple[float, int]] = deque(maxlen=max(2, window_size + 1))
+        self.window: deque[tuple[float, int]] = deque(maxlen=max(2, window_size + 1))
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
 
@@ -89,7 +89,7 @@ class SpeedMonitor:
         """Forget the window (after a checkpoint or eval, whose time is not training time)."""
         self.window.clear()
 
-    def step(self, device_tokens: int) -> Dict[str, float]:
+    def step(self, device_tokens: int) -> dict[str, float]:
         """Record that a step that processed ``device_tokens`` on this device just finished."""
         self.window.append((time.perf_counter(), device_tokens))
         if len(self.window) < 2:
@@ -133,7 +133,7 @@ class MetricsLogger:
         self.wandb_run: Any = None
         self.wandb_interval = cfg.wandb.log_interval if cfg.wandb else 1
         self.first_loss: Optional[float] = None
-        self.last: Dict[str, float] = {}
+        self.last: dict[str, float] = {}
         self.progress: Any = None
         if not self.enabled:
             return
@@ -144,12 +144,18 @@ class MetricsLogger:
         if sys.stderr.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self.progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                     TimeRemainingColumn(), TextColumn("{task.fields[status]}"), transient=True)
+            self.progress = Progress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[status]}"),
+                transient=True,
+            )
             self.task = self.progress.add_task("train", total=max_steps, status="")
             self.progress.start()
 
-    def log(self, step: int, metrics: Dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
         self.last = metrics
@@ -170,7 +176,7 @@ class MetricsLogger:
         if self.enabled:
             log.info("[step=%d] %s", step, message)
 
-    def close(self, summary: Dict[str, Any], exit_code: int = 0) -> None:
+    def close(self, summary: dict[str, Any], exit_code: int = 0) -> None:
         """Stop the progress bar, print the run summary, and close the sinks."""
         if not self.enabled:
             return
@@ -188,7 +194,7 @@ def _init_wandb(cfg: TrainConfig) -> Any:
     import wandb
 
     assert cfg.wandb is not None
-    mode = cfg.wandb.mode or os.environ.get("WANDB_MODE") or "offline"
+    mode: Any = cfg.wandb.mode or os.environ.get("WANDB_MODE") or "offline"
     (Path(cfg.save_folder) / "wandb").mkdir(parents=True, exist_ok=True)
     return wandb.init(
         dir=str(Path(cfg.save_folder)),

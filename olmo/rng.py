@@ -7,7 +7,7 @@ objects: Python's state as lists, numpy's key as a tensor.
 from __future__ import annotations
 
 import random
-from typing import Any, Dict
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,13 +22,18 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def get_rng_state() -> Dict[str, Any]:
+def get_rng_state() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state: Dict[str, Any] = {
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    state: dict[str, Any] = {
         "python": {"version": version, "internal": list(internal), "gauss": gauss},
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -36,12 +41,13 @@ def get_rng_state() -> Dict[str, Any]:
     return state
 
 
-def set_rng_state(state: Dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
     n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
+    np.random.set_state(
+        (n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sysconfig
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import yaml
@@ -28,10 +28,10 @@ BYTE_EOS = 256
 BYTE_VOCAB = 257
 
 
-def stdlib_documents(max_bytes: int, skip_bytes: int = 0) -> List[bytes]:
+def stdlib_documents(max_bytes: int, skip_bytes: int = 0) -> list[bytes]:
     """Real text: the top-level standard-library modules in sorted order, up to ``max_bytes``."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    docs: List[bytes] = []
+    docs: list[bytes] = []
     seen = total = 0
     for path in sorted(root.glob("*.py")):
         data = path.read_bytes()
@@ -45,11 +45,12 @@ def stdlib_documents(max_bytes: int, skip_bytes: int = 0) -> List[bytes]:
     return docs
 
 
-def write_byte_memmap(path: Union[str, Path], n_tokens: int, skip_bytes: int = 0,
-                      dtype: str = "uint16") -> np.ndarray:
+def write_byte_memmap(
+    path: Union[str, Path], n_tokens: int, skip_bytes: int = 0, dtype: str = "uint16"
+) -> np.ndarray:
     """Write ``n_tokens`` byte-level tokens of real text (documents separated by EOS) as a headerless
     memmap, exactly like ``dolma tokens`` output; return the tokens."""
-    tokens: List[int] = []
+    tokens: list[int] = []
     for doc in stdlib_documents(n_tokens * 2, skip_bytes):
         tokens.extend(doc)
         tokens.append(BYTE_EOS)
@@ -63,19 +64,31 @@ def write_byte_memmap(path: Union[str, Path], n_tokens: int, skip_bytes: int = 0
     return arr
 
 
-def tiny_config_dict(save_folder: Union[str, Path], data_paths: List[str], **overrides: Any) -> Dict[str, Any]:
+def tiny_config_dict(save_folder: Union[str, Path], data_paths: list[str], **overrides: Any) -> dict[str, Any]:
     """A small, fast OLMo config (2 layers, d_model 32, byte vocabulary) as a plain dict.
 
     ``overrides`` use dotted keys: ``tiny_config_dict(..., **{"model.n_layers": 3})``.
     """
-    cfg: Dict[str, Any] = {
+    cfg: dict[str, Any] = {
         "run_name": "tiny-test",
         "seed": 1234,
         "model": {
-            "d_model": 32, "n_heads": 2, "n_layers": 2, "mlp_ratio": 4, "rope": True, "weight_tying": False,
-            "include_bias": False, "layer_norm_with_affine": True, "attention_dropout": 0.0,
-            "residual_dropout": 0.0, "embedding_dropout": 0.0, "max_sequence_length": 32,
-            "vocab_size": BYTE_VOCAB, "embedding_size": 320, "eos_token_id": BYTE_EOS, "pad_token_id": BYTE_EOS,
+            "d_model": 32,
+            "n_heads": 2,
+            "n_layers": 2,
+            "mlp_ratio": 4,
+            "rope": True,
+            "weight_tying": False,
+            "include_bias": False,
+            "layer_norm_with_affine": True,
+            "attention_dropout": 0.0,
+            "residual_dropout": 0.0,
+            "embedding_dropout": 0.0,
+            "max_sequence_length": 32,
+            "vocab_size": BYTE_VOCAB,
+            "embedding_size": 320,
+            "eos_token_id": BYTE_EOS,
+            "pad_token_id": BYTE_EOS,
             "init_fn": "mitchell",
         },
         "optimizer": {"name": "adamw", "learning_rate": 1e-2, "weight_decay": 0.1, "betas": [0.9, 0.95]},
@@ -102,7 +115,7 @@ def tiny_config_dict(save_folder: Union[str, Path], data_paths: List[str], **ove
     return cfg
 
 
-def write_config(path: Union[str, Path], cfg: Dict[str, Any]) -> Path:
+def write_config(path: Union[str, Path], cfg: dict[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -127,7 +140,7 @@ def run_train(config_path: Union[str, Path], *args: str, record: Optional[list] 
 
     original = MetricsLogger.log
 
-    def logging_hook(self: MetricsLogger, step: int, metrics: Dict[str, float]) -> None:
+    def logging_hook(self: MetricsLogger, step: int, metrics: dict[str, float]) -> None:
         record.append({"step": step, **metrics})
         original(self, step, metrics)
 

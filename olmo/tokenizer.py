@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -60,8 +60,9 @@ class Tokenizer:
         self.pad_token_id = eos_token_id if pad_token_id is None else pad_token_id
 
     @classmethod
-    def from_file(cls, identifier: str, eos_token_id: Optional[int] = None,
-                  pad_token_id: Optional[int] = None) -> "Tokenizer":
+    def from_file(
+        cls, identifier: str, eos_token_id: Optional[int] = None, pad_token_id: Optional[int] = None
+    ) -> Tokenizer:
         base = HFTokenizer.from_file(str(resolve_tokenizer_path(identifier)))
         if eos_token_id is None:
             eos_token_id = base.token_to_id("<|endoftext|>")
@@ -70,7 +71,7 @@ class Tokenizer:
         return cls(base, eos_token_id, pad_token_id)
 
     @classmethod
-    def from_train_config(cls, cfg: TrainConfig) -> "Tokenizer":
+    def from_train_config(cls, cfg: TrainConfig) -> Tokenizer:
         """Load ``cfg.tokenizer`` and check its vocabulary against ``cfg.model.vocab_size``."""
         tok = cls.from_config(cfg.tokenizer, cfg.model.eos_token_id, cfg.model.pad_token_id)
         if tok.vocab_size != cfg.model.vocab_size:
@@ -81,22 +82,23 @@ class Tokenizer:
         return tok
 
     @classmethod
-    def from_config(cls, cfg: TokenizerConfig, eos_token_id: Optional[int] = None,
-                    pad_token_id: Optional[int] = None) -> "Tokenizer":
+    def from_config(
+        cls, cfg: TokenizerConfig, eos_token_id: Optional[int] = None, pad_token_id: Optional[int] = None
+    ) -> Tokenizer:
         return cls.from_file(cfg.identifier, eos_token_id, pad_token_id)
 
     @property
     def vocab_size(self) -> int:
         return self.base.get_vocab_size()
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``, followed by EOS when ``add_special_tokens`` (OLMo has no BOS)."""
         ids = self.base.encode(text, add_special_tokens=False).ids
         if add_special_tokens and (not ids or ids[-1] != self.eos_token_id):
             ids.append(self.eos_token_id)
         return ids
 
-    def encode_batch(self, texts: List[str], add_special_tokens: bool = True) -> List[List[int]]:
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         out = [enc.ids for enc in self.base.encode_batch(texts, add_special_tokens=False)]
         if add_special_tokens:
             for ids in out:
@@ -104,5 +106,5 @@ class Tokenizer:
                     ids.append(self.eos_token_id)
         return out
 
-    def decode(self, ids: List[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.base.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -14,19 +14,21 @@ import logging
 import math
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 
 from .checkpoint import CheckpointInfo, load_checkpoint, prune_checkpoints, save_checkpoint
 from .config import SchedulerUnits, TrainConfig
+from .data import IterableDataset
 from .distributed import DistEnv, all_reduce, autocast_dtype, model_config_fingerprint
 from .exceptions import OLMoDataError, OLMoTrainingError
 from .metrics import MetricsLogger, SpeedMonitor, device_peak_flops, peak_memory_mb
+from .model import OLMo
 from .optim import BoltOnWarmupScheduler, clip_grads, set_learning_rate
 from .rng import get_rng_state, set_rng_state
 
@@ -70,7 +72,7 @@ class _StopRequest:
 
     def __init__(self) -> None:
         self.reason: Optional[str] = None
-        self._previous: Dict[int, Any] = {}
+        self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -93,42 +95,59 @@ class Trainer:
     :param train_loader: a DataLoader over :class:`olmo.data.IterableDataset`.
     """
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: Any, train_loader: torch.utils.data.DataLoader):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        env: DistEnv,
+        model: OLMo,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        train_loader: torch.utils.data.DataLoader,
+    ):
         self.cfg, self.env, self.model, self.optimizer = cfg, env, model, optimizer
         self.scheduler, self.train_loader = scheduler, train_loader
-        self.dataset = train_loader.dataset
+        self.dataset: IterableDataset = train_loader.dataset  # type: ignore[assignment]
         self.state = TrainerState()
         self.max_steps = cfg.max_steps(self.dataset.total_size)
         self.device_batch_size = cfg.device_batch_size(env.world_size)
         self.autocast_dtype = autocast_dtype(cfg, env.device)
         self.z_loss_multiplier = (cfg.auxiliary_loss_multiplier or 1e-4) if cfg.softmax_auxiliary_loss else None
         self.stop_request = _StopRequest()
-        self.last_saved_step: Dict[bool, int] = {}
+        self.last_saved_step: dict[bool, int] = {}
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
             log.warning("precision=%s has no effect on %s; training in fp32.", cfg.precision, env.device.type)
 
     # ----------------------------------------------------------------------------------------------
     def restore(self, info: CheckpointInfo, load_optimizer_state: bool, load_trainer_state: bool) -> None:
         """Load a checkpoint into the model (and optimizer, and trainer state, as asked)."""
-        log.info("Restoring %s (optimizer: %s, trainer state: %s)", info.path, load_optimizer_state,
-                 load_trainer_state)
-        state = load_checkpoint(info, self.model, self.optimizer if load_optimizer_state else None,
-                                load_trainer_state)
+        log.info(
+            "Restoring %s (optimizer: %s, trainer state: %s)", info.path, load_optimizer_state, load_trainer_state
+        )
+        state = load_checkpoint(
+            info, self.model, self.optimizer if load_optimizer_state else None, load_trainer_state
+        )
         if state is not None:
             self._load_trainer_state(state)
             if not load_optimizer_state:
                 # A fresh optimizer restarting mid-schedule gets its own warmup back up to the schedule.
                 start = self.state.global_step
-                self.scheduler = BoltOnWarmupScheduler(self.scheduler, start, start + int(self.cfg.scheduler.t_warmup))
+                self.scheduler = BoltOnWarmupScheduler(
+                    self.scheduler, start, start + int(self.cfg.scheduler.t_warmup)
+                )
         self.dataset.start_index = self.state.global_train_examples_seen_this_epoch
-        log.info("Restored to step %d, epoch %d, instance %d of the epoch.", self.state.global_step,
-                 self.state.epoch, self.state.global_train_examples_seen_this_epoch)
+        log.info(
+            "Restored to step %d, epoch %d, instance %d of the epoch.",
+            self.state.global_step,
+            self.state.epoch,
+            self.state.global_train_examples_seen_this_epoch,
+        )
 
-    def _load_trainer_state(self, state: Dict[str, Any]) -> None:
+    def _load_trainer_state(self, state: dict[str, Any]) -> None:
         if state.get("model_config_hash") not in (None, model_config_fingerprint(self.cfg.model)):
-            log.warning("The checkpoint's model config differs from this run's in non-shape options "
-                        "(e.g. dropout or rope_theta); continuing with this run's values.")
+            log.warning(
+                "The checkpoint's model config differs from this run's in non-shape options "
+                "(e.g. dropout or rope_theta); continuing with this run's values."
+            )
         if not self.cfg.restore_dataloader:
             return
         s = self.state
@@ -139,17 +158,23 @@ class Trainer:
         if self.cfg.epoch is not None and self.cfg.epoch != s.epoch:
             s.epoch, s.global_train_examples_seen_this_epoch = self.cfg.epoch, 0
         if self.cfg.fast_forward_batches:
-            s.global_train_examples_seen_this_epoch += self.cfg.fast_forward_batches * self.cfg.global_train_batch_size
+            s.global_train_examples_seen_this_epoch += (
+                self.cfg.fast_forward_batches * self.cfg.global_train_batch_size
+            )
         if self.dataset.epoch != s.epoch:
             self.dataset.reshuffle(s.epoch)
         rng = state.get("rng", {}).get(self.env.rank)
         if state.get("world_size") == self.env.world_size and rng is not None:
             set_rng_state(rng)
         else:
-            log.warning("World size changed (%s -> %d): RNG states are not restored, so dropout draws "
-                        "differ from an uninterrupted run.", state.get("world_size"), self.env.world_size)
+            log.warning(
+                "World size changed (%s -> %d): RNG states are not restored, so dropout draws "
+                "differ from an uninterrupted run.",
+                state.get("world_size"),
+                self.env.world_size,
+            )
 
-    def trainer_state_dict(self, gather_all_ranks: bool) -> Dict[str, Any]:
+    def trainer_state_dict(self, gather_all_ranks: bool) -> dict[str, Any]:
         """This run's position plus RNG states (every rank's when ``gather_all_ranks``)."""
         rng = get_rng_state()
         if gather_all_ranks and dist.is_initialized():
@@ -160,10 +185,14 @@ class Trainer:
             rng_by_rank = {self.env.rank: rng}
         s = self.state
         return {
-            "format_version": 1, "global_step": s.global_step, "epoch": s.epoch,
+            "format_version": 1,
+            "global_step": s.global_step,
+            "epoch": s.epoch,
             "global_train_examples_seen_this_epoch": s.global_train_examples_seen_this_epoch,
-            "global_train_tokens_seen": s.global_train_tokens_seen, "world_size": self.env.world_size,
-            "model_config_hash": model_config_fingerprint(self.cfg.model), "rng": rng_by_rank,
+            "global_train_tokens_seen": s.global_train_tokens_seen,
+            "world_size": self.env.world_size,
+            "model_config_hash": model_config_fingerprint(self.cfg.model),
+            "rng": rng_by_rank,
         }
 
     # ----------------------------------------------------------------------------------------------
@@ -171,18 +200,29 @@ class Trainer:
         step = self.state.global_step
         if self.last_saved_step.get(sharded) == step:
             return
-        path = save_checkpoint(self.cfg.save_folder, step, self.model, self.optimizer,
-                               self.trainer_state_dict(gather_all_ranks=not sharded), self.cfg, sharded,
-                               overwrite=self.cfg.save_overwrite)
+        path = save_checkpoint(
+            self.cfg.save_folder,
+            step,
+            self.model,
+            self.optimizer,
+            self.trainer_state_dict(gather_all_ranks=not sharded),
+            self.cfg,
+            sharded,
+            overwrite=self.cfg.save_overwrite,
+        )
         self.last_saved_step[sharded] = step
-        keep = self.cfg.save_num_checkpoints_to_keep if sharded else self.cfg.save_num_unsharded_checkpoints_to_keep
+        keep = (
+            self.cfg.save_num_checkpoints_to_keep if sharded else self.cfg.save_num_unsharded_checkpoints_to_keep
+        )
         prune_checkpoints(self.cfg.save_folder, sharded, keep)
         log.info("Saved checkpoint %s", path)
 
     def _saving_enabled(self, sharded: bool) -> bool:
         if sharded:
             return self.cfg.save_interval is not None and self.cfg.save_num_checkpoints_to_keep != 0
-        return self.cfg.save_interval_unsharded is not None and self.cfg.save_num_unsharded_checkpoints_to_keep != 0
+        return (
+            self.cfg.save_interval_unsharded is not None and self.cfg.save_num_unsharded_checkpoints_to_keep != 0
+        )
 
     def maybe_save(self, final: bool = False) -> bool:
         """Save the checkpoints due at this step (every kind that is due, or the preferred one at the
@@ -208,15 +248,21 @@ class Trainer:
         if cfg.stop_after is not None:
             stop_at = min(stop_at, s.global_step + cfg.stop_after)
         metrics_logger = MetricsLogger(cfg, self.env.rank, stop_at)
-        speed = SpeedMonitor(cfg.speed_monitor.window_size, self.model.num_flops_per_token(),
-                             device_peak_flops(self.env.device, cfg.speed_monitor.gpu_flops_available))
+        speed = SpeedMonitor(
+            cfg.speed_monitor.window_size,
+            self.model.num_flops_per_token(),
+            device_peak_flops(self.env.device, cfg.speed_monitor.gpu_flops_available),
+        )
         device_tokens = self.device_batch_size * cfg.model.max_sequence_length
         if cfg.gen1_gc_interval is not None:
             gc.disable()
         self.stop_request.install()
         start_time, start_step, exit_code = time.monotonic(), s.global_step, 0
-        if s.global_step == 0 and not cfg.no_pre_train_checkpoint and (
-                self._saving_enabled(True) or self._saving_enabled(False)):
+        if (
+            s.global_step == 0
+            and not cfg.no_pre_train_checkpoint
+            and (self._saving_enabled(True) or self._saving_enabled(False))
+        ):
             self.maybe_save(final=True)  # proves early that checkpoints can be written
         self.model.train()
         batches = self._batches()
@@ -252,7 +298,7 @@ class Trainer:
             metrics_logger.close(self._summary(metrics_logger, start_step, start_time), exit_code)
         return exit_code
 
-    def _batches(self) -> Iterator[Dict[str, Any]]:
+    def _batches(self) -> Iterator[dict[str, Any]]:
         """Device batches forever, moving to the next epoch (reshuffled) when one runs out."""
         while True:
             yield from self.train_loader
@@ -264,12 +310,16 @@ class Trainer:
     def _agreed_stop_reason(self, start_time: float) -> Optional[str]:
         """A signal on any rank, or the time limit, stops every rank at the same step."""
         reason = self.stop_request.reason
-        if reason is None and self.cfg.time_limit is not None and time.monotonic() - start_time > self.cfg.time_limit:
+        if (
+            reason is None
+            and self.cfg.time_limit is not None
+            and time.monotonic() - start_time > self.cfg.time_limit
+        ):
             reason = "time_limit"
         flag = all_reduce(torch.tensor([0.0 if reason is None else 1.0]), dist.ReduceOp.MAX)
         return reason or ("stop requested on another rank" if flag.item() > 0 else None)
 
-    def _summary(self, metrics_logger: MetricsLogger, start_step: int, start_time: float) -> Dict[str, Any]:
+    def _summary(self, metrics_logger: MetricsLogger, start_step: int, start_time: float) -> dict[str, Any]:
         last = metrics_logger.last
         return {
             "steps this run": self.state.global_step - start_step,
@@ -283,7 +333,7 @@ class Trainer:
         }
 
     # ----------------------------------------------------------------------------------------------
-    def _labels(self, batch: Dict[str, Any]) -> torch.Tensor:
+    def _labels(self, batch: dict[str, Any]) -> torch.Tensor:
         """Next-token targets (B, T-1): -100 where the label mask or the attention mask says no loss."""
         labels = batch["input_ids"].clone()
         if "label_mask" in batch:
@@ -292,7 +342,7 @@ class Trainer:
             labels.masked_fill_(batch["attention_mask"] == 0, -100)
         return labels[:, 1:]
 
-    def _check_token_ids(self, batch: Dict[str, Any]) -> None:
+    def _check_token_ids(self, batch: dict[str, Any]) -> None:
         ids = batch["input_ids"]
         if int(ids.max()) >= self.cfg.model.vocab_size or int(ids.min()) < 0:
             bad_row = int(((ids >= self.cfg.model.vocab_size) | (ids < 0)).any(dim=1).nonzero()[0])
@@ -303,7 +353,7 @@ class Trainer:
                 f"another tokenizer or data.memmap_dtype is wrong; re-tokenize or fix the config."
             )
 
-    def train_step(self, batch: Dict[str, Any]) -> Dict[str, float]:
+    def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
         """Forward/backward over every micro-batch of this device batch, clip, then one optimizer step."""
         self._check_token_ids(batch)
         device, W = self.env.device, self.env.world_size
@@ -344,8 +394,12 @@ class Trainer:
         lr = self._learning_rate()
         set_learning_rate(self.optimizer, lr)
         self.optimizer.step()
-        metrics = {"train/CrossEntropyLoss": ce_loss, "train/Perplexity": math.exp(min(ce_loss, 50.0)),
-                   "optim/total_grad_norm": norm, "optim/learning_rate_group0": lr}
+        metrics = {
+            "train/CrossEntropyLoss": ce_loss,
+            "train/Perplexity": math.exp(min(ce_loss, 50.0)),
+            "optim/total_grad_norm": norm,
+            "optim/learning_rate_group0": lr,
+        }
         if self.z_loss_multiplier:
             metrics["train/ZLoss"] = z_loss
         return metrics

@@ -9,7 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 from types import TracebackType
-from typing import Optional, Type, Union
+from typing import Optional, Union
 
 from .exceptions import OLMoCliError, OLMoError
 
@@ -71,7 +71,7 @@ def setup_logging(level: int = logging.INFO) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _excepthook(exctype: Type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
+def _excepthook(exctype: type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
     if issubclass(exctype, KeyboardInterrupt):
         sys.__excepthook__(exctype, value, tb)
     elif issubclass(exctype, OLMoError):

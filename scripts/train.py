@@ -42,17 +42,24 @@ def main(argv: list) -> int:
     env = init_distributed()
     try:
         seed_all(cfg.seed)
-        log.info("World size %d; device batch %d in micro-batches of %d (%d accumulation steps).",
-                 env.world_size, cfg.device_batch_size(env.world_size), cfg.device_train_microbatch_size,
-                 cfg.grad_accum_steps(env.world_size))
+        log.info(
+            "World size %d; device batch %d in micro-batches of %d (%d accumulation steps).",
+            env.world_size,
+            cfg.device_batch_size(env.world_size),
+            cfg.device_train_microbatch_size,
+            cfg.grad_accum_steps(env.world_size),
+        )
         if env.is_main and not cfg.dry_run:
             Path(cfg.save_folder).mkdir(parents=True, exist_ok=True)
             cfg.save(Path(cfg.save_folder) / "config.yaml")
         train_loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank)
         model = build_model(cfg, env)
-        log.info("Model: %s parameters (%s without embeddings), %.2f GFLOPs/token.",
-                 f"{model.num_params():,}", f"{model.num_params(include_embedding=False):,}",
-                 model.num_flops_per_token() / 1e9)
+        log.info(
+            "Model: %s parameters (%s without embeddings), %.2f GFLOPs/token.",
+            f"{model.num_params():,}",
+            f"{model.num_params(include_embedding=False):,}",
+            model.num_flops_per_token() / 1e9,
+        )
         optimizer = build_optimizer(cfg.optimizer, model)
         trainer = Trainer(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), train_loader)
         if plan is not None:

@@ -21,8 +21,10 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, corpus):
     root = tmp_path_factory.mktemp("ckpt")
-    path = write_config(root / "c.yaml", tiny_config_dict(root / "run", [str(corpus / "a.npy")], max_duration=2,
-                                                          save_interval_unsharded=2))
+    path = write_config(
+        root / "c.yaml",
+        tiny_config_dict(root / "run", [str(corpus / "a.npy")], max_duration=2, save_interval_unsharded=2),
+    )
     assert run_train(path) == 0
     return root / "run" / "step2-unsharded"
 
@@ -52,7 +54,11 @@ def _write(path, array):
     [
         (["--model.d_modle=64"], OLMoConfigurationError, r"model\.d_modle.*Did you mean.*d_model"),
         (["--model.n_layers=two"], OLMoConfigurationError, r"model\.n_layers"),
-        (["--global_train_batch_size=6"], OLMoConfigurationError, r"global_train_batch_size=6.*--global_train_batch_size=4"),
+        (
+            ["--global_train_batch_size=6"],
+            OLMoConfigurationError,
+            r"global_train_batch_size=6.*--global_train_batch_size=4",
+        ),
         (["--data.paths=${path.glob:/nonexistent/*.npy}"], OLMoConfigurationError, r"matched no files"),
     ],
 )

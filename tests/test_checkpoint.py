@@ -50,7 +50,9 @@ def test_round_trip_restores_model_optimizer_and_trainer_state(tmp_path, sharded
 def test_unsharded_files_use_the_olmo_layout_and_load_with_weights_only(tmp_path):
     cfg, model, optimizer = _setup(tmp_path)
     path = save_checkpoint(tmp_path, 1, model, optimizer, {"global_step": 1}, cfg, sharded=False)
-    assert sorted(p.name for p in path.iterdir()) == sorted([MARKER, "config.yaml", "model.pt", "optim.pt", "train.pt"])
+    assert sorted(p.name for p in path.iterdir()) == sorted(
+        [MARKER, "config.yaml", "model.pt", "optim.pt", "train.pt"]
+    )
     weights = torch.load(path / "model.pt", weights_only=True)
     assert "transformer.blocks.0.att_proj.weight" in weights and "transformer.wte.weight" in weights
     marker = json.loads((path / MARKER).read_text())

@@ -26,7 +26,12 @@ def test_every_shipped_config_loads_and_validates(path, tmp_path, monkeypatch):
 
 def test_official_configs_keep_the_released_hyperparameters():
     one_b = TrainConfig.load(REPO / "configs/official/OLMo-1B.yaml")
-    assert (one_b.model.d_model, one_b.model.n_heads, one_b.model.n_layers, one_b.model.mlp_ratio) == (2048, 16, 16, 8)
+    assert (one_b.model.d_model, one_b.model.n_heads, one_b.model.n_layers, one_b.model.mlp_ratio) == (
+        2048,
+        16,
+        16,
+        8,
+    )
     assert one_b.max_duration == 739_328 and one_b.global_train_batch_size == 2048
     assert one_b.optimizer.learning_rate == 4.0e-4 and one_b.scheduler.t_warmup == 2000
     assert len(one_b.data.paths) == 249 and len(one_b.evaluators) == 13
@@ -59,8 +64,13 @@ def _config(tmp_path, save_folder=None, **overrides):
 
 def test_overrides_apply_before_interpolation(tmp_path):
     path = _config(tmp_path, save_folder="runs/${run_name}")
-    cfg = TrainConfig.load(path, [clean_opt(a) for a in ["--run_name=foo", "--data.paths=[a.npy,b.npy]",
-                                                          "--wandb.project=p", "--max_duration=2e6T"]])
+    cfg = TrainConfig.load(
+        path,
+        [
+            clean_opt(a)
+            for a in ["--run_name=foo", "--data.paths=[a.npy,b.npy]", "--wandb.project=p", "--max_duration=2e6T"]
+        ],
+    )
     assert cfg.save_folder == "runs/foo"
     assert cfg.data.paths == ["a.npy", "b.npy"]
     assert cfg.wandb is not None and cfg.wandb.project == "p"
@@ -109,8 +119,10 @@ def test_missing_config_file(tmp_path):
 
 
 def test_validation_reports_every_problem_at_once(tmp_path):
-    cfg = TrainConfig.load(_config(tmp_path), ["model.n_heads=5", "global_train_batch_size=10",
-                                               "optimizer.learning_rate=-1", "precision=amp_bf17"])
+    cfg = TrainConfig.load(
+        _config(tmp_path),
+        ["model.n_heads=5", "global_train_batch_size=10", "optimizer.learning_rate=-1", "precision=amp_bf17"],
+    )
     with pytest.raises(OLMoConfigurationError) as info:
         cfg.validate(1)
     message = str(info.value)
@@ -131,8 +143,9 @@ def test_dtype_must_hold_the_vocabulary(tmp_path):
     cfg = TrainConfig.load(_config(tmp_path), ["model.vocab_size=100000", "model.embedding_size=100352"])
     with pytest.raises(OLMoConfigurationError, match="memmap_dtype=uint32"):
         cfg.validate(1)
-    TrainConfig.load(_config(tmp_path), ["model.vocab_size=100000", "model.embedding_size=100352",
-                                         "data.memmap_dtype=uint32"]).validate(1)
+    TrainConfig.load(
+        _config(tmp_path), ["model.vocab_size=100000", "model.embedding_size=100352", "data.memmap_dtype=uint32"]
+    ).validate(1)
 
 
 def test_save_then_load_round_trips(tmp_path):
@@ -143,8 +156,11 @@ def test_save_then_load_round_trips(tmp_path):
 
 
 def test_legacy_spellings_load(tmp_path):
-    cfg = TrainConfig.load(_config(tmp_path, activation_checkpointing=True,
-                                   **{"optimizer.name": "decoupled_lionw", "optimizer.eps": 1e-8}))
+    cfg = TrainConfig.load(
+        _config(
+            tmp_path, activation_checkpointing=True, **{"optimizer.name": "decoupled_lionw", "optimizer.eps": 1e-8}
+        )
+    )
     assert cfg.activation_checkpointing == "whole_layer"
     assert cfg.optimizer.name == "lionw"
 

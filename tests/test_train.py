@@ -48,8 +48,14 @@ def test_training_reduces_loss_and_leaves_a_complete_run_folder(tmp_path, corpus
     assert sorted(p.name for p in run.glob("step*")) == ["step20-unsharded", "step40-unsharded"]
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(1, 41))
-    for key in ("train/Perplexity", "optim/total_grad_norm", "optim/learning_rate_group0",
-                "throughput/device/tokens_per_second", "throughput/mfu", "System/Peak Memory (MB)"):
+    for key in (
+        "train/Perplexity",
+        "optim/total_grad_norm",
+        "optim/learning_rate_group0",
+        "throughput/device/tokens_per_second",
+        "throughput/mfu",
+        "System/Peak Memory (MB)",
+    ):
         assert key in lines[-1], key
     assert lines[0]["train/Perplexity"] == pytest.approx(np.exp(lines[0]["train/CrossEntropyLoss"]))
 
@@ -73,8 +79,19 @@ def test_gradient_accumulation_does_not_change_training(tmp_path, corpus):
     runs = {}
     for micro in (8, 1):
         record = []
-        assert run_train(_setup(tmp_path / f"m{micro}", corpus, device_train_microbatch_size=micro,
-                                max_duration=4, save_interval_unsharded=4), record=record) == 0
+        assert (
+            run_train(
+                _setup(
+                    tmp_path / f"m{micro}",
+                    corpus,
+                    device_train_microbatch_size=micro,
+                    max_duration=4,
+                    save_interval_unsharded=4,
+                ),
+                record=record,
+            )
+            == 0
+        )
         runs[micro] = (_losses(record), _model_state(tmp_path / f"m{micro}/run/step4-unsharded"))
     np.testing.assert_allclose(runs[8][0], runs[1][0], rtol=1e-5)
     for key, value in runs[8][1].items():
@@ -104,7 +121,7 @@ def test_inspection_snippet_returns_the_tokens_the_trainer_trained_on(tmp_path, 
     for step, trained in enumerate(seen, start=1):
         s = step - 1
         snippet = []
-        for index in global_indices[s * batch_size:(s + 1) * batch_size]:
+        for index in global_indices[s * batch_size : (s + 1) * batch_size]:
             token_ids = dataset[index]["input_ids"].tolist()
             snippet.append(token_ids)
         assert snippet == trained.tolist(), f"batch of step {step} differs"
@@ -119,13 +136,17 @@ def test_label_masked_tokens_do_not_contribute_to_the_loss(tmp_path, corpus, mon
     mask[: 32 * 32] = True  # instances 0-31 train, instances 32-63 are fully masked
     mask.tofile(data / "label_mask.npy")
     scrambled = np.asarray(tokens).copy()
-    scrambled[32 * 32:] = np.random.default_rng(0).integers(0, 256, size=32 * 32)
+    scrambled[32 * 32 :] = np.random.default_rng(0).integers(0, 256, size=32 * 32)
     scrambled.tofile(data / "input_ids_scrambled.npy")
 
     def run(ids_name):
         record = []
-        path = _setup(tmp_path / ids_name, [str(data / ids_name)], max_duration=6,
-                      **{"data.label_mask_paths": [str(data / "label_mask.npy")], "data.seed": 3})
+        path = _setup(
+            tmp_path / ids_name,
+            [str(data / ids_name)],
+            max_duration=6,
+            **{"data.label_mask_paths": [str(data / "label_mask.npy")], "data.seed": 3},
+        )
         assert run_train(path, record=record) == 0
         return _losses(record), _model_state(tmp_path / ids_name / "run/step5-unsharded")
 
@@ -158,3 +179,76 @@ def test_time_limit_saves_and_exits_with_the_resumable_code(tmp_path, corpus):
     assert run_train(config) == EXIT_CODE_STOPPED
     latest = find_latest_checkpoint(tmp_path / "run")
     assert latest is not None and latest.name == "step1-unsharded" and (latest / MARKER).is_file()
+
+
+def _sft_data(folder: Path, corpus_file: str, n_instances: int = 32, seq: int = 32):
+    """Instances whose second half carries the loss, like a prompt/response pair."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokens = np.asarray(np.memmap(corpus_file, dtype=np.uint16, mode="r")[-n_instances * seq :])
+    tokens.tofile(folder / "input_ids.npy")
+    mask = np.zeros((n_instances, seq), dtype=bool)
+    mask[:, seq // 2 :] = True
+    mask.reshape(-1).tofile(folder / "label_mask.npy")
+    return folder / "input_ids.npy", folder / "label_mask.npy"
+
+
+def test_finetune_command_from_the_olmo_readme(tmp_path, corpus):
+    assert run_train(_setup(tmp_path / "base", corpus, max_duration=20, save_interval_unsharded=20)) == 0
+    ckpt = tmp_path / "base/run/step20-unsharded"
+    ids, mask = _sft_data(tmp_path / "sft", corpus[1])
+    base_weights = _model_state(ckpt)
+    finetuned, fresh = [], []
+    args = [f"--data.paths=[{ids}]", f"--data.label_mask_paths=[{mask}]"]
+    config = _setup(tmp_path / "ft", corpus, max_duration=4, save_interval_unsharded=4)
+    assert run_train(config, *args, f"--load_path={ckpt}", "--reset_trainer_state", record=finetuned) == 0
+    assert run_train(_setup(tmp_path / "fresh", corpus, max_duration=4), *args, record=fresh) == 0
+    assert [r["step"] for r in finetuned] == [1, 2, 3, 4]  # the step count and data position restart
+    assert finetuned[0]["train/CrossEntropyLoss"] < fresh[0]["train/CrossEntropyLoss"] - 1.0  # weights loaded
+    # The optimizer state was loaded too: its moments are non-zero from the first update on.
+    optim = torch.load(tmp_path / "ft/run/step4-unsharded/optim.pt", weights_only=True)
+    assert int(next(iter(optim["state"].values()))["step"]) == 24  # 20 from the base run + 4
+    assert all(torch.equal(base_weights[k], v) for k, v in _model_state(ckpt).items())  # untouched
+
+
+def test_reset_optimizer_state_loads_weights_only_and_warms_up_again(tmp_path, corpus):
+    assert run_train(_setup(tmp_path / "base", corpus, max_duration=10, save_interval_unsharded=10)) == 0
+    record = []
+    config = _setup(tmp_path / "re", corpus, max_duration=16, save_interval_unsharded=16)
+    assert (
+        run_train(
+            config, f"--load_path={tmp_path}/base/run/step10-unsharded", "--reset_optimizer_state", record=record
+        )
+        == 0
+    )
+    assert [r["step"] for r in record] == list(range(11, 17))  # trainer state (position) kept
+    lrs = [r["optim/learning_rate_group0"] for r in record]
+    assert lrs[0] < lrs[1] < lrs[2], "a fresh optimizer mid-run gets a bolt-on warmup"
+    optim = torch.load(tmp_path / "re/run/step16-unsharded/optim.pt", weights_only=True)
+    assert int(next(iter(optim["state"].values()))["step"]) == 6
+
+
+def test_sigterm_saves_a_checkpoint_and_the_relaunch_continues(tmp_path, corpus):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = _setup(tmp_path, corpus, max_duration=100_000, save_interval_unsharded=None)
+    script = Path(__file__).resolve().parent.parent / "scripts/train.py"
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    proc = subprocess.Popen([sys.executable, str(script), str(config)], env=env, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run/metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_CODE_STOPPED, stderr[-2000:]
+    latest = find_latest_checkpoint(tmp_path / "run")
+    assert latest is not None
+    stopped_at = int(latest.name[len("step") :].split("-")[0])
+    assert stopped_at >= 3
+    record = []
+    assert run_train(config, "--try_load_latest_save", "--stop_after=2", record=record) == 0
+    assert [r["step"] for r in record] == [stopped_at + 1, stopped_at + 2]

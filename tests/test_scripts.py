@@ -1,0 +1,96 @@
+"""The command-line tools, run as a user runs them."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from olmo.testing import run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.tokenizer import Tokenizer
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = REPO / "tests/golden/tiny_losses.json"
+
+
+def _run(*args, cwd=None):
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    return subprocess.run(
+        [sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_prepare_memmap_dataset_writes_the_tokenizers_ids_with_eos(tmp_path):
+    docs = ["The quick brown fox.", "Jumps over\nthe lazy dog!", "  ", "Ünïcødé text"]
+    src = tmp_path / "docs"
+    src.mkdir()
+    with gzip.open(src / "part.jsonl.gz", "wt") as f:
+        for doc in docs[:3]:
+            f.write(json.dumps({"text": doc, "id": 1}) + "\n")
+    (src / "note.txt").write_text(docs[3])
+    out = tmp_path / "tokens"
+    result = _run(REPO / "scripts/prepare_memmap_dataset.py", src / "part.jsonl.gz", src / "note.txt", "-o", out)
+    assert result.returncode == 0, result.stderr
+    tok = Tokenizer.from_file("allenai_gpt-neox-olmo-dolma-v1_5.json")
+    expected = [i for doc in (docs[0], docs[1], docs[3]) for i in tok.encode(doc)]  # the blank doc is skipped
+    written = np.memmap(out / "part-00000.npy", dtype=np.uint16, mode="r")
+    assert written.tolist() == expected
+    assert expected.count(50279) == 3
+    assert "1 empty documents skipped" in result.stderr
+
+
+def test_quickstart_path_trains_on_olmo_tokens(tmp_path):
+    """The README quickstart in miniature: stdlib source -> OLMo tokens -> tiny OLMo -> loss falls."""
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    sources = sorted(stdlib.glob("*.py"))[:12]
+    result = _run(REPO / "scripts/prepare_memmap_dataset.py", *sources, "-o", tmp_path / "data/quickstart/train")
+    assert result.returncode == 0, result.stderr
+    result = _run(
+        REPO / "scripts/train.py",
+        REPO / "configs/tiny/OLMo-tiny.yaml",
+        "--max_duration=150",
+        "--stop_at=6",
+        "--model.n_layers=1",
+        "--save_interval_unsharded=3",
+        "--scheduler.t_warmup=2",
+        "--console_log_interval=1",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "runs/OLMo-tiny"
+    losses = [
+        json.loads(line)["train/CrossEntropyLoss"] for line in (run / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert len(losses) == 6 and losses[-1] < losses[0] - 1.5, losses  # starts near ln(50k) = 10.8
+    assert (run / "train_data/global_indices.npy").is_file()
+    assert {p.name for p in run.glob("step*")} == {"step3-unsharded", "step6-unsharded"}
+
+
+def test_golden_loss_curve(tmp_path):
+    """A refactor that changes the numerics of the tiny config shows up here (tolerance for BLAS noise)."""
+    write_byte_memmap(tmp_path / "a.npy", 20_000)
+    record = []
+    config = write_config(
+        tmp_path / "c.yaml",
+        tiny_config_dict(
+            tmp_path / "run", [str(tmp_path / "a.npy")], max_duration=10, save_interval_unsharded=None
+        ),
+    )
+    assert run_train(config, record=record) == 0
+    losses = [r["train/CrossEntropyLoss"] for r in record]
+    if os.environ.get("OLMO_UPDATE_GOLDEN"):
+        GOLDEN.write_text(json.dumps({"losses": losses}, indent=1) + "\n")
+    np.testing.assert_allclose(losses, json.loads(GOLDEN.read_text())["losses"], rtol=2e-3)
+
+
+@pytest.mark.parametrize("argv", [[], ["--run_name=x"]])
+def test_train_without_a_config_prints_usage(argv):
+    result = _run(REPO / "scripts/train.py", *argv)
+    assert result.returncode != 0
+    assert "Usage:" in result.stderr and "Traceback" not in result.stderr
