@@ -14,6 +14,7 @@ install: $(PY)
 
 checks: install
 	$(VENV)/bin/ruff check olmo scripts tests
+	$(VENV)/bin/ruff format --check olmo scripts tests
 	$(VENV)/bin/mypy
 
 test: install

@@ -363,6 +363,7 @@ class DataConfig:
     pin_memory: bool = False
     prefetch_factor: Optional[int] = None
     persistent_workers: bool = False
+    """Accepted for OLMo compatibility; workers restart each epoch so they see the new data order."""
     timeout: int = 0
     seed: Optional[int] = None
     """Data-order seed; None means ``TrainConfig.seed``."""

@@ -182,6 +182,13 @@ def _warn_no_effect(cfg: TrainConfig) -> None:
         "python_profiling": cfg.python_profiling,
         "torch_profiling": cfg.torch_profiling,
     }
+    unused.update(
+        {
+            "evaluators (in-loop evaluation)": bool(cfg.evaluators),
+            "activation_checkpointing": cfg.activation_checkpointing is not None,
+            "save_interval_ephemeral": cfg.save_interval_ephemeral is not None,
+        }
+    )
     for key, is_set in unused.items():
         if is_set:
             log.warning("%s is accepted for OLMo compatibility but not implemented yet; it has no effect.", key)

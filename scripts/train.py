@@ -23,7 +23,7 @@ from olmo.exceptions import OLMoCliError  # noqa: E402
 from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
 from olmo.rng import seed_all  # noqa: E402
 from olmo.train import Trainer  # noqa: E402
-from olmo.util import env_world_size, prepare_cli_environment  # noqa: E402
+from olmo.util import env_rank, env_world_size, prepare_cli_environment  # noqa: E402
 
 log = logging.getLogger("train")
 
@@ -37,7 +37,11 @@ def main(argv: list) -> int:
     if plan is not None:
         check_model_matches(plan, cfg.model)
     prepare_save_folder(cfg, plan)
-    build_memmap_dataset(cfg, cfg.data, include_instance_metadata=False).validate(cfg.model.vocab_size)
+    # Every rank checks the files; only rank 0 pays for the full token-id scan.
+    scan_tokens = 2**31 if env_rank() == 0 else 0
+    build_memmap_dataset(cfg, cfg.data, include_instance_metadata=False).validate(
+        cfg.model.vocab_size, scan_tokens
+    )
 
     env = init_distributed()
     try:

@@ -252,3 +252,36 @@ def test_sigterm_saves_a_checkpoint_and_the_relaunch_continues(tmp_path, corpus)
     record = []
     assert run_train(config, "--try_load_latest_save", "--stop_after=2", record=record) == 0
     assert [r["step"] for r in record] == [stopped_at + 1, stopped_at + 2]
+
+
+def test_epochs_reshuffle_and_resume_across_the_boundary(tmp_path, corpus):
+    small = tmp_path / "small.npy"
+    np.asarray(np.memmap(corpus[0], dtype=np.uint16, mode="r")[: 32 * 20]).tofile(small)  # 20 instances
+    # 20 instances, batch 8 -> 2 batches per epoch (4 instances dropped); 3 epochs = 6 steps.
+    full, resumed = [], []
+    assert run_train(_setup(tmp_path / "full", [str(small)], max_duration="3ep"), record=full) == 0
+    assert len(full) == 6
+    order = tmp_path / "full/run/train_data"
+    epoch0 = np.fromfile(order / "global_indices.npy", dtype=np.uint32)
+    epoch1 = np.fromfile(order / "global_indices_epoch1.npy", dtype=np.uint32)
+    assert sorted(epoch0) == sorted(epoch1) == list(range(20)) and not np.array_equal(epoch0, epoch1)
+    part = _setup(tmp_path / "part", [str(small)], max_duration="3ep", stop_at=2)  # stops at the epoch end
+    assert run_train(part, record=resumed) == 0
+    assert run_train(part, "--try_load_latest_save", "--stop_at=null", record=resumed) == 0
+    assert _losses(resumed) == _losses(full)
+
+
+def test_sharded_checkpoints_resume_exactly_and_convert_to_unsharded(tmp_path, corpus):
+    sharded = {"save_interval": 3, "save_interval_unsharded": None, "max_duration": 6}
+    full, resumed = [], []
+    assert run_train(_setup(tmp_path / "full", corpus, **sharded), record=full) == 0
+    part = _setup(tmp_path / "part", corpus, stop_at=3, **sharded)
+    assert run_train(part, record=resumed) == 0
+    step3 = tmp_path / "part/run/step3"
+    assert (step3 / "model_and_optim/.metadata").is_file() and (step3 / MARKER).is_file()
+    assert run_train(part, "--try_load_latest_save", "--stop_at=null", record=resumed) == 0
+    assert _losses(resumed) == _losses(full)
+    # OLMo's conversion recipe: load a sharded checkpoint, save it unsharded, don't train.
+    assert run_train(part, f"--load_path={step3}", "--force_save_unsharded", "--dry_run", "--save_overwrite") == 0
+    converted = _model_state(tmp_path / "part/run/step3-unsharded")
+    assert "transformer.blocks.0.att_proj.weight" in converted

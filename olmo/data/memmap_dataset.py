@@ -128,6 +128,10 @@ class MemMapDataset(Dataset):
             try:
                 n_tokens[i] = self._file_tokens(i)
             except OLMoDataError as e:
+                if is_url(path) and e.__cause__ is not None:
+                    # A failed fetch is almost always the network or credentials: stop at the first one
+                    # instead of waiting out a timeout for each of possibly hundreds of URLs.
+                    raise OLMoDataError(f"{e} ({len(self.paths) - i - 1} later paths were not checked.)") from None
                 problems.append(str(e))
                 continue
             if n_tokens[i] == 0:
