@@ -501,7 +501,7 @@ class TrainConfig:
     global_train_batch_size: int = 512
     """Instances per optimizer step across all ranks."""
     device_train_batch_size: Optional[int] = None
-    """Derived (global batch / world size); leave unset. Kept so OLMo config.yaml files load."""
+    """Derived (global batch / world size); ignored with a warning. Kept so OLMo config.yaml files load."""
     device_train_microbatch_size: int = 16
     """Instances per forward/backward pass; gradient accumulation covers the rest."""
     device_eval_batch_size: int = 16

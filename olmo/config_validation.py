@@ -90,12 +90,13 @@ def _batch_problems(cfg: TrainConfig, world_size: int) -> list[str]:
             f"device_train_microbatch_size ({micro}) x world size ({world_size}) = {micro * world_size}; "
             f"change one of them (e.g. --global_train_batch_size={max(1, cfg.global_train_batch_size // (micro * world_size)) * micro * world_size})."
         )
-    if cfg.device_train_batch_size is not None and cfg.device_train_batch_size != cfg.device_batch_size(
-        world_size
-    ):
-        out.append(
-            f"device_train_batch_size={cfg.device_train_batch_size} is derived (global batch / world size = "
-            f"{cfg.device_batch_size(world_size)}); remove it from the config."
+    derived = cfg.device_batch_size(world_size)
+    if cfg.device_train_batch_size is not None and cfg.device_train_batch_size != derived:
+        # OLMo wrote this derived value into every saved config.yaml, for the world size of that run.
+        log.warning(
+            "device_train_batch_size=%d is ignored: it is derived as global_train_batch_size / world size = %d.",
+            cfg.device_train_batch_size,
+            derived,
         )
     if cfg.precision is not None and cfg.precision not in PRECISIONS:
         out.append(f"precision={cfg.precision!r} must be one of {', '.join(PRECISIONS)}.")

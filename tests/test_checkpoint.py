@@ -100,3 +100,27 @@ def test_original_olmo_checkpoint_without_marker_loads(tmp_path):
     _, other, _ = _setup(tmp_path / "o", seed=3)
     assert load_checkpoint(info, other, None, load_trainer_state=False) is None
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+
+
+def test_load_path_can_be_a_url(tmp_path, monkeypatch):
+    import functools
+    import http.server
+    import threading
+
+    import cached_path
+
+    cached_path.set_cache_dir(tmp_path / "cache")
+    cfg, model, optimizer = _setup(tmp_path)
+    save_checkpoint(tmp_path / "served", 4, model, optimizer, {"global_step": 4}, cfg, sharded=False)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "served"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/step4-unsharded"
+        info = inspect_checkpoint(url)
+        assert (info.step, info.marked) == (4, True)
+        _, other, other_optimizer = _setup(tmp_path / "o", seed=5)
+        assert load_checkpoint(info, other, other_optimizer)["global_step"] == 4
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+    finally:
+        server.shutdown()
