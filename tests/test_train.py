@@ -285,3 +285,32 @@ def test_sharded_checkpoints_resume_exactly_and_convert_to_unsharded(tmp_path, c
     assert run_train(part, f"--load_path={step3}", "--force_save_unsharded", "--dry_run", "--save_overwrite") == 0
     converted = _model_state(tmp_path / "part/run/step3-unsharded")
     assert "transformer.blocks.0.att_proj.weight" in converted
+
+
+def test_z_loss_is_the_squared_log_partition_over_labelled_positions():
+    from olmo.train import cross_entropy_sums
+
+    logits = torch.randn(2, 5, 11, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([[1, 2, -100, 4, 5], [-100, -100, 3, 3, 0]])
+    ce, z = cross_entropy_sums(logits, labels, 1e-3)
+    valid = labels != -100
+    expected_ce = -torch.log_softmax(logits, -1)[valid].gather(1, labels[valid][:, None]).sum()
+    torch.testing.assert_close(ce, expected_ce)
+    torch.testing.assert_close(z, 1e-3 * (torch.logsumexp(logits, -1)[valid] ** 2).sum())
+    assert cross_entropy_sums(logits, labels, None)[1] is None
+
+
+def test_z_loss_is_trained_and_logged(tmp_path, corpus):
+    record = []
+    config = _setup(tmp_path, corpus, max_duration=3, softmax_auxiliary_loss=True, auxiliary_loss_multiplier=0.01)
+    assert run_train(config, record=record) == 0
+    assert all(r["train/ZLoss"] > 0 for r in record)
+
+
+def test_wandb_runs_offline_by_default(tmp_path, corpus, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    config = _setup(tmp_path, corpus, max_duration=2, wandb={"project": "olmo-test", "entity": None})
+    assert run_train(config) == 0
+    runs = list((tmp_path / "run/wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
