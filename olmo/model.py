@@ -477,11 +477,30 @@ class OLMo(nn.Module):
 
 
 def _init_normal(module: nn.Linear | nn.Embedding, std: float, cutoff: float | None) -> None:
-    """Draw ``module.weight`` from N(0, std), truncated at ``cutoff`` stds when given; zero ``module.bias``."""
+    """Draw ``module.weight`` from N(0, std), truncated at ``cutoff`` stds when given; zero ``module.bias``.
+
+    The full tensor is always drawn from the CPU generator and then copied into the parameter (for a sharded
+    parameter, each rank keeps its own slice). So a seed gives the same initial weights on CPU or GPU, with one
+    process or many, which is what lets a sharded run reproduce a single-process run.
+    """
+    weight = module.weight
+    full = torch.empty(weight.shape, dtype=torch.float32)
     if cutoff is None:
-        nn.init.normal_(module.weight, mean=0.0, std=std)
+        nn.init.normal_(full, mean=0.0, std=std)
     else:
-        nn.init.trunc_normal_(module.weight, mean=0.0, std=std, a=-cutoff * std, b=cutoff * std)
+        nn.init.trunc_normal_(full, mean=0.0, std=std, a=-cutoff * std, b=cutoff * std)
+    _assign(weight, full)
     bias = getattr(module, "bias", None)
     if bias is not None:
         nn.init.zeros_(bias)
+
+
+def _assign(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy a full-size tensor into ``param``, which may be a sharded DTensor (every rank holds ``full``)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    full = full.to(device=param.device, dtype=param.dtype)
+    if isinstance(param, DTensor):
+        # src_data_rank=None: every rank already has the same full tensor, so no communication is needed.
+        full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+    param.copy_(full)

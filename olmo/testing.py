@@ -7,6 +7,7 @@ standard library's own source, always present offline) as byte-level tokens: ids
 
 from __future__ import annotations
 
+import subprocess
 import sysconfig
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -22,6 +23,8 @@ __all__ = [
     "tiny_config_dict",
     "write_config",
     "run_train",
+    "run_torchrun",
+    "free_port",
 ]
 
 BYTE_EOS = 256
@@ -149,3 +152,39 @@ def run_train(config_path: Union[str, Path], *args: str, record: Optional[list] 
         return module.main(["train.py", str(config_path), *args])
     finally:
         MetricsLogger.log = original  # type: ignore[method-assign]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for a test's rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torchrun(
+    nproc: int,
+    config_path: Union[str, Path],
+    *args: str,
+    timeout: float = 300,
+    cwd: Optional[Union[str, Path]] = None,
+) -> subprocess.CompletedProcess[str]:
+    """Launch ``torchrun --nproc_per_node=N scripts/train.py CONFIG ARGS...`` on CPU (gloo), exactly as a
+    user would, with a private rendezvous port and a timeout; return the finished process."""
+    import os
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "train.py"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        f"--master_port={free_port()}",
+        str(script),
+        str(config_path),
+        *args,
+    ]
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -10,12 +10,14 @@ original OLMo divided by B*T instead, which under-weights label-masked fine-tuni
 from __future__ import annotations
 
 import gc
+import gzip
 import logging
 import math
 import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -65,6 +67,26 @@ def cross_entropy_sums(logits: torch.Tensor, labels: torch.Tensor, z_loss_multip
     valid = flat_labels != -100
     z = z_loss_multiplier * (torch.logsumexp(flat_logits.float(), dim=-1)[valid] ** 2).sum()
     return ce, z
+
+
+class _DataIndexLog:
+    """``data-indices/rank{R}.tsv.gz``: which instances this rank trained on at every step (OLMo's format)."""
+
+    def __init__(self, folder: str, rank: int, enabled: bool):
+        self.file = None
+        if enabled:
+            path = Path(folder) / "data-indices" / f"rank{rank}.tsv.gz"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = gzip.open(path, "at")
+
+    def write(self, step: int, indices: torch.Tensor) -> None:
+        if self.file is not None:
+            self.file.write("\t".join([str(step), *map(str, indices.tolist())]) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 class _StopRequest:
@@ -248,6 +270,7 @@ class Trainer:
         if cfg.stop_after is not None:
             stop_at = min(stop_at, s.global_step + cfg.stop_after)
         metrics_logger = MetricsLogger(cfg, self.env.rank, stop_at)
+        index_log = _DataIndexLog(cfg.save_folder, self.env.rank, cfg.save_data_indices and not cfg.dry_run)
         speed = SpeedMonitor(
             cfg.speed_monitor.window_size,
             self.model.num_flops_per_token(),
@@ -274,6 +297,7 @@ class Trainer:
                 s.global_step += 1
                 s.global_train_examples_seen_this_epoch += cfg.global_train_batch_size
                 s.global_train_tokens_seen += cfg.tokens_per_batch
+                index_log.write(s.global_step, batch["index"])
                 metrics = self.train_step(batch)
                 metrics.update(speed.step(device_tokens))
                 metrics["throughput/data_wait_seconds"] = data_wait
@@ -295,6 +319,7 @@ class Trainer:
         finally:
             self.stop_request.uninstall()
             gc.enable()
+            index_log.close()
             metrics_logger.close(self._summary(metrics_logger, start_step, start_time), exit_code)
         return exit_code
 
