@@ -186,7 +186,6 @@ def _warn_no_effect(cfg: TrainConfig) -> None:
     unused.update(
         {
             "evaluators (in-loop evaluation)": bool(cfg.evaluators),
-            "activation_checkpointing": cfg.activation_checkpointing is not None,
             "save_interval_ephemeral": cfg.save_interval_ephemeral is not None,
         }
     )

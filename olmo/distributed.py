@@ -7,20 +7,43 @@ One code path serves ``python scripts/train.py`` (one process, no process group)
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from .config import CompilerConfig, ModelConfig, TrainConfig
+from .config import (
+    ActivationCheckpointingStrategy,
+    CompilerConfig,
+    DistributedStrategy,
+    FSDPConfig,
+    FSDPPrecision,
+    ModelConfig,
+    ShardingStrategy,
+    TrainConfig,
+)
 from .exceptions import OLMoConfigurationError
 
-__all__ = ["DistEnv", "init_distributed", "teardown_distributed", "all_reduce", "build_model", "barrier"]
+if TYPE_CHECKING:
+    from .model import OLMo
+
+__all__ = [
+    "DistEnv",
+    "init_distributed",
+    "teardown_distributed",
+    "all_reduce",
+    "build_model",
+    "apply_activation_checkpointing",
+    "barrier",
+]
 
 log = logging.getLogger(__name__)
 
@@ -77,39 +100,121 @@ def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp
     return tensor
 
 
-def build_model(cfg: TrainConfig, env: DistEnv) -> nn.Module:
-    """Build ``OLMo(cfg.model)`` on the meta device, shard it when there are several ranks, then
-    materialize and initialize the parameters directly on the training device (so no rank ever
-    holds a full copy it does not need) and apply ``compile``.
+def build_model(cfg: TrainConfig, env: DistEnv) -> OLMo:
+    """Build ``OLMo(cfg.model)`` on the meta device, apply activation checkpointing, compile and (with
+    several ranks) FSDP2 from the outside, then materialize and initialize the parameters directly on the
+    training device, so no rank ever holds a full copy it does not need.
     """
     from .model import OLMo
 
     with torch.device("meta"):
         model = OLMo(cfg.model)
+    if cfg.activation_checkpointing is not None:
+        apply_activation_checkpointing(model, cfg.activation_checkpointing)
+    if cfg.compile is not None:
+        _compile_blocks(model, cfg.compile)
     if env.world_size > 1:
         _shard(model, cfg, env)
     model.to_empty(device=env.device)
     model.reset_parameters()
-    if cfg.compile is not None:
-        _compile_blocks(model, cfg.compile)
     return model
 
 
-def _shard(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> None:
-    from torch.distributed.fsdp import fully_shard
+def apply_activation_checkpointing(model: OLMo, strategy: ActivationCheckpointingStrategy) -> None:
+    """Recompute the chosen blocks' activations in the backward pass instead of storing them.
 
-    if cfg.distributed_strategy == "ddp":
-        raise OLMoConfigurationError(
-            "distributed_strategy=ddp is not implemented yet; use the default fsdp (or one process)."
-        )
-    for block in model.transformer.blocks:  # type: ignore[union-attr]
-        fully_shard(block)
-    fully_shard(model)
+    Implemented by wrapping each chosen block's ``forward`` (or, for ``fine_grained``, its ``attention``
+    and ``feed_forward``) with non-reentrant ``torch.utils.checkpoint``, so module names and state-dict
+    keys do not change. RNG state is preserved when any dropout is active, so recomputation draws the
+    same dropout masks.
+    """
+    cfg = model.config
+    preserve_rng = max(cfg.attention_dropout, cfg.residual_dropout, cfg.embedding_dropout) > 0
+    selectors = {
+        "whole_layer": lambda i: True,
+        "one_in_two": lambda i: i % 2 == 0,
+        "one_in_three": lambda i: i % 3 == 0,
+        "one_in_four": lambda i: i % 4 == 0,
+        "one_in_eight": lambda i: i % 8 == 0,
+        "two_in_three": lambda i: i % 3 != 0,
+        "three_in_four": lambda i: i % 4 != 0,
+        "fine_grained": lambda i: True,
+    }
+    names = ("attention", "feed_forward") if strategy == "fine_grained" else ("forward",)
+    for block in model.transformer.typed_blocks():
+        if selectors[str(strategy)](block.layer_id):
+            for name in names:
+                setattr(block, name, _checkpointed(getattr(block, name), preserve_rng))
 
 
-def _compile_blocks(model: nn.Module, cfg: CompilerConfig) -> None:
+def _checkpointed(fn: Callable[..., torch.Tensor], preserve_rng: bool) -> Callable[..., torch.Tensor]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch_checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=preserve_rng, **kwargs)
+
+    return wrapper
+
+
+def _mesh(cfg: TrainConfig, env: DistEnv) -> DeviceMesh:
+    """A 1-D mesh for full/grad-op sharding; 2-D (replicate, shard) for hybrid sharding and DDP."""
+    fsdp = cfg.fsdp or FSDPConfig()
+    device_type = env.device.type
+    if cfg.distributed_strategy == DistributedStrategy.ddp or fsdp.sharding_strategy == ShardingStrategy.NO_SHARD:
+        replicas = env.world_size
+    elif fsdp.sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+        replicas = fsdp.hybrid_sharding_num_model_replicas or max(1, env.world_size // local)
+        if env.world_size % replicas != 0:
+            raise OLMoConfigurationError(
+                f"fsdp.hybrid_sharding_num_model_replicas={replicas} must divide the world size {env.world_size}."
+            )
+    else:
+        return init_device_mesh(device_type, (env.world_size,), mesh_dim_names=("shard",))
+    return init_device_mesh(
+        device_type, (replicas, env.world_size // replicas), mesh_dim_names=("replicate", "shard")
+    )
+
+
+def _shard(model: OLMo, cfg: TrainConfig, env: DistEnv) -> None:
+    """Apply FSDP2 per the OLMo options.
+
+    * ``fsdp.sharding_strategy``: FULL_SHARD and HYBRID_SHARD reshard parameters after the forward pass;
+      SHARD_GRAD_OP and _HYBRID_SHARD_ZERO2 keep them gathered until the backward pass (more memory,
+      fewer all-gathers); NO_SHARD and ``distributed_strategy: ddp`` replicate the parameters on every
+      rank and all-reduce gradients.
+    * ``fsdp.wrapping_strategy``: ``by_block`` (and null, OLMo's single unit, which would all-gather the
+      whole model at once) shards every block as its own unit; ``by_block_and_size`` also the embedding
+      and output layer; ``one_in_N`` only blocks ``i % N == 0``, the rest joining the root unit.
+    * ``fsdp.precision`` on GPU: ``pure`` computes and reduces in the autocast dtype, ``mixed`` reduces
+      gradients in fp32. Parameters are always kept in fp32 for the optimizer.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    fsdp = cfg.fsdp or FSDPConfig()
+    mesh = _mesh(cfg, env)
+    reshard = fsdp.sharding_strategy not in (ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy._HYBRID_SHARD_ZERO2)
+    dtype = autocast_dtype(cfg, env.device)
+    policy = MixedPrecisionPolicy()
+    if dtype is not None and fsdp.precision is not None:
+        reduce_dtype = torch.float32 if fsdp.precision == FSDPPrecision.mixed else dtype
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
+    wrap = str(fsdp.wrapping_strategy or "by_block")
+    every = {"one_in_two": 2, "one_in_three": 3, "one_in_four": 4, "one_in_five": 5}.get(wrap, 1)
+    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard, "mp_policy": policy}
+    for block in model.transformer.typed_blocks():
+        if block.layer_id % every == 0:
+            fully_shard(block, **kwargs)
+    if wrap in ("by_block_and_size", "by_block_group_and_size"):
+        fully_shard(model.transformer.wte, **kwargs)
+        if model.transformer.ff_out is not None:
+            fully_shard(model.transformer.ff_out, **kwargs)
+    # The root unit holds what is left; it is needed right away in backward, so never reshard it.
+    fully_shard(model, **{**kwargs, "reshard_after_forward": False})
+
+
+def _compile_blocks(model: OLMo, cfg: CompilerConfig) -> None:
     """Compile each block separately: one small graph reused by every layer compiles fast."""
-    for block in model.transformer.blocks:  # type: ignore[union-attr]
+    for block in model.transformer.typed_blocks():
         block.compile(mode=cfg.mode, fullgraph=cfg.fullgraph, backend=cfg.backend, dynamic=cfg.dynamic)
 
 

@@ -99,3 +99,48 @@ def test_checkpoint_from_two_ranks_resumes_on_one_and_back(tmp_path, corpus, sha
     assert len(flat) == len(set(flat)) == 9 * 8
     order = np.fromfile(tmp_path / "part/run/train_data/global_indices.npy", dtype=np.uint32)
     assert sorted(flat) == sorted(order[: 9 * 8].tolist())
+
+
+def test_every_parallelism_setting_matches_one_process(tmp_path, corpus):
+    """FSDP2 sharding/wrapping strategies, DDP and activation checkpointing, in one 2-rank launch."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from olmo.testing import free_port
+
+    worker = Path(__file__).resolve().parent / "distributed_worker.py"
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    single = subprocess.run(
+        [sys.executable, str(worker), str(tmp_path), corpus[0]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert single.returncode == 0, single.stderr[-4000:]
+    launch = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+        str(worker),
+        str(tmp_path),
+        corpus[0],
+    ]
+    sharded = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
+    assert sharded.returncode == 0, sharded.stderr[-4000:]
+    one = torch.load(tmp_path / "results-1.pt", weights_only=True)
+    two = torch.load(tmp_path / "results-2.pt", weights_only=True)
+    for name, reference in one.items():
+        if name.startswith("dropout"):
+            continue
+        np.testing.assert_allclose(two[name]["losses"], reference["losses"], rtol=1e-5, err_msg=name)
+        for key, value in reference["weights"].items():
+            torch.testing.assert_close(two[name]["weights"][key], value, rtol=1e-4, atol=1e-5, msg=f"{name} {key}")
+    # Activation checkpointing recomputes exactly what it discarded, dropout masks included.
+    for results in (one, two):
+        assert results["dropout_checkpoint_whole_layer"]["losses"] == results["dropout"]["losses"]
+        assert results["dropout"]["losses"] != results["full_shard"]["losses"]

@@ -1,0 +1,65 @@
+"""Run a few training steps under several parallelism settings in ONE torchrun launch (or in one
+process) and save the losses and final weights of each: ``python tests/distributed_worker.py OUT DATA``."""
+
+import sys
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from olmo.config import TrainConfig  # noqa: E402
+from olmo.data import build_train_dataloader  # noqa: E402
+from olmo.distributed import build_model, init_distributed, teardown_distributed  # noqa: E402
+from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
+from olmo.rng import seed_all  # noqa: E402
+from olmo.testing import tiny_config_dict  # noqa: E402
+from olmo.train import Trainer  # noqa: E402
+
+SETTINGS = {
+    "full_shard": {},
+    "shard_grad_op": {"fsdp.sharding_strategy": "SHARD_GRAD_OP"},
+    "hybrid_2_replicas": {"fsdp.sharding_strategy": "HYBRID_SHARD", "fsdp.hybrid_sharding_num_model_replicas": 2},
+    "no_shard": {"fsdp.sharding_strategy": "NO_SHARD"},
+    "ddp": {"distributed_strategy": "ddp"},
+    "by_block_and_size": {"fsdp.wrapping_strategy": "by_block_and_size"},
+    "one_in_two": {"fsdp.wrapping_strategy": "one_in_two", "model.n_layers": 3},
+    "checkpoint_one_in_two": {"activation_checkpointing": "one_in_two"},
+    "checkpoint_fine_grained": {"activation_checkpointing": "fine_grained"},
+    # Dropout masks depend on how rows are split over ranks, so these two are compared with each other.
+    "dropout": {"model.residual_dropout": 0.1, "model.attention_dropout": 0.1},
+    "dropout_checkpoint_whole_layer": {
+        "model.residual_dropout": 0.1,
+        "model.attention_dropout": 0.1,
+        "activation_checkpointing": "whole_layer",
+    },
+}
+STEPS = 3
+
+
+def main(out: Path, data: str) -> None:
+    env = init_distributed()
+    results = {}
+    try:
+        for name, overrides in SETTINGS.items():
+            cfg = TrainConfig.from_dict(tiny_config_dict(out / name, [data], **overrides))
+            seed_all(cfg.seed)
+            loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank, work_dir=out / name)
+            model = build_model(cfg, env)
+            optimizer = build_optimizer(cfg.optimizer, model)
+            trainer = Trainer(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), loader)
+            losses = []
+            for step, batch in zip(range(1, STEPS + 1), loader):
+                trainer.state.global_step = step
+                losses.append(trainer.train_step(batch)["train/CrossEntropyLoss"])
+            weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            results[name] = {"losses": losses, "weights": weights}
+        if env.rank == 0:
+            torch.save(results, out / f"results-{env.world_size}.pt")
+    finally:
+        teardown_distributed()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2])
