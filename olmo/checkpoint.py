@@ -54,6 +54,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "prune_checkpoints",
+    "remove_ephemeral_checkpoints",
     "RestorePlan",
     "plan_restore",
     "check_model_matches",
@@ -76,6 +77,7 @@ class CheckpointInfo:
     step: int
     sharded: bool
     marked: bool
+    ephemeral: bool = False
 
 
 def _rank() -> int:
@@ -116,7 +118,8 @@ def list_checkpoints(folder: os.PathLike | str) -> list[CheckpointInfo]:
     for child in root.iterdir():
         match = _STEP_DIR.match(child.name)
         if match and child.is_dir() and (child / MARKER).is_file():
-            found.append(CheckpointInfo(str(child), int(match.group(1)), match.group(2) is None, True))
+            ephemeral = bool(json.loads((child / MARKER).read_text()).get("ephemeral", False))
+            found.append(CheckpointInfo(str(child), int(match.group(1)), match.group(2) is None, True, ephemeral))
     # At equal steps the sharded checkpoint sorts last (it is the one resumes prefer, as in OLMo).
     return sorted(found, key=lambda c: (c.step, c.sharded))
 
@@ -189,11 +192,13 @@ def save_checkpoint(
     config: TrainConfig,
     sharded: bool,
     overwrite: bool = False,
+    ephemeral: bool = False,
 ) -> Path:
     """Write ``stepN/`` (sharded) or ``stepN-unsharded/`` atomically; every rank must call this.
 
     :param train_state: this rank's trainer state (plain values and tensors).
     :param overwrite: replace an existing committed checkpoint of the same step.
+    :param ephemeral: mark a sharded checkpoint as ephemeral (see :func:`remove_ephemeral_checkpoints`).
     :raises OLMoCheckpointError: if the target exists and ``overwrite`` is false.
     """
     root = Path(folder)
@@ -227,7 +232,13 @@ def save_checkpoint(
     if _rank() == 0:
         config.save(tmp / "config.yaml")
         sizes = _fsync_tree(tmp)
-        meta = {"format_version": FORMAT_VERSION, "step": step, "sharded": sharded, "files": sizes}
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "step": step,
+            "sharded": sharded,
+            "ephemeral": ephemeral,
+            "files": sizes,
+        }
         (tmp / MARKER).write_text(json.dumps(meta, indent=1))
         _fsync_tree(tmp)
         if target.exists():
@@ -361,14 +372,28 @@ def prune_checkpoints(folder: os.PathLike | str, sharded: bool, keep: int) -> li
     """Delete the oldest committed checkpoints of one kind so that ``keep`` remain (-1 keeps all)."""
     if keep < 0 or _rank() != 0:
         return []
-    mine = [c for c in list_checkpoints(folder) if c.sharded == sharded]
+    mine = [c for c in list_checkpoints(folder) if c.sharded == sharded and not c.ephemeral]
     doomed = mine[: max(0, len(mine) - max(keep, 1))]
     for c in doomed:
-        # Un-commit first (remove the marker), so a crash mid-delete never leaves a half checkpoint
-        # that still looks committed.
-        (Path(c.path) / MARKER).unlink()
-        shutil.rmtree(c.path)
+        _delete(c)
     return [Path(c.path) for c in doomed]
+
+
+def remove_ephemeral_checkpoints(folder: os.PathLike | str, keep_step: Optional[int] = None) -> list[Path]:
+    """Delete ephemeral checkpoints except the one at ``keep_step`` (rank 0 does the work)."""
+    if _rank() != 0:
+        return []
+    doomed = [c for c in list_checkpoints(folder) if c.ephemeral and c.step != keep_step]
+    for c in doomed:
+        _delete(c)
+    return [Path(c.path) for c in doomed]
+
+
+def _delete(checkpoint: CheckpointInfo) -> None:
+    # Un-commit first (remove the marker), so a crash mid-delete never leaves a half-deleted checkpoint
+    # that still looks committed.
+    (Path(checkpoint.path) / MARKER).unlink()
+    shutil.rmtree(checkpoint.path)
 
 
 @dataclass(frozen=True)

@@ -470,7 +470,8 @@ class TrainConfig:
     save_interval_unsharded: Optional[int] = None
     """Steps between unsharded checkpoints (``stepN-unsharded/``)."""
     save_interval_ephemeral: Optional[int] = None
-    """Steps between extra sharded checkpoints of which only the newest is kept."""
+    """Steps between extra sharded checkpoints of which only the newest is kept (any regular sharded
+    checkpoint removes them); for frequent restart points without filling the disk."""
     save_num_checkpoints_to_keep: int = -1
     """Sharded checkpoints to keep (-1 all, 0 disables sharded saving)."""
     save_num_unsharded_checkpoints_to_keep: int = -1

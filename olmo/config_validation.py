@@ -186,7 +186,6 @@ def _warn_no_effect(cfg: TrainConfig) -> None:
     unused.update(
         {
             "evaluators (in-loop evaluation)": bool(cfg.evaluators),
-            "save_interval_ephemeral": cfg.save_interval_ephemeral is not None,
         }
     )
     for key, is_set in unused.items():

@@ -24,7 +24,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .checkpoint import CheckpointInfo, load_checkpoint, prune_checkpoints, save_checkpoint
+from .checkpoint import (
+    CheckpointInfo,
+    load_checkpoint,
+    prune_checkpoints,
+    remove_ephemeral_checkpoints,
+    save_checkpoint,
+)
 from .config import SchedulerUnits, TrainConfig
 from .data import IterableDataset
 from .distributed import DistEnv, all_reduce, autocast_dtype, model_config_fingerprint
@@ -135,7 +141,7 @@ class Trainer:
         self.autocast_dtype = autocast_dtype(cfg, env.device)
         self.z_loss_multiplier = (cfg.auxiliary_loss_multiplier or 1e-4) if cfg.softmax_auxiliary_loss else None
         self.stop_request = _StopRequest()
-        self.last_saved_step: dict[bool, int] = {}
+        self.last_saved_step: dict[str, int] = {}
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
             log.warning("precision=%s has no effect on %s; training in fp32.", cfg.precision, env.device.type)
 
@@ -218,25 +224,36 @@ class Trainer:
         }
 
     # ----------------------------------------------------------------------------------------------
-    def save(self, sharded: bool) -> None:
-        step = self.state.global_step
-        if self.last_saved_step.get(sharded) == step:
+    def save(self, sharded: bool, ephemeral: bool = False) -> None:
+        """Save a checkpoint of the current step (a no-op if one of this kind was already saved at it)."""
+        step, kind = self.state.global_step, ("ephemeral" if ephemeral else "sharded") if sharded else "unsharded"
+        if self.last_saved_step.get(kind) == step:
             return
+        # A regular sharded checkpoint replaces an ephemeral one of the same step (same directory name).
+        replace = self.cfg.save_overwrite or (kind == "sharded" and self.last_saved_step.get("ephemeral") == step)
+        state = self.trainer_state_dict(gather_all_ranks=not sharded)
         path = save_checkpoint(
             self.cfg.save_folder,
             step,
             self.model,
             self.optimizer,
-            self.trainer_state_dict(gather_all_ranks=not sharded),
+            state,
             self.cfg,
             sharded,
-            overwrite=self.cfg.save_overwrite,
+            overwrite=replace,
+            ephemeral=ephemeral,
         )
-        self.last_saved_step[sharded] = step
-        keep = (
-            self.cfg.save_num_checkpoints_to_keep if sharded else self.cfg.save_num_unsharded_checkpoints_to_keep
-        )
-        prune_checkpoints(self.cfg.save_folder, sharded, keep)
+        self.last_saved_step[kind] = step
+        if sharded:
+            # A newer sharded checkpoint makes every older ephemeral one redundant.
+            remove_ephemeral_checkpoints(self.cfg.save_folder, keep_step=step if ephemeral else None)
+        if not ephemeral:
+            keep = (
+                self.cfg.save_num_checkpoints_to_keep
+                if sharded
+                else self.cfg.save_num_unsharded_checkpoints_to_keep
+            )
+            prune_checkpoints(self.cfg.save_folder, sharded, keep)
         log.info("Saved checkpoint %s", path)
 
     def _saving_enabled(self, sharded: bool) -> bool:
@@ -247,20 +264,25 @@ class Trainer:
         )
 
     def maybe_save(self, final: bool = False) -> bool:
-        """Save the checkpoints due at this step (every kind that is due, or the preferred one at the
-        end of the run); return whether anything was written."""
-        step, saved = self.state.global_step, False
-        for sharded, interval in ((True, self.cfg.save_interval), (False, self.cfg.save_interval_unsharded)):
-            if self._saving_enabled(sharded) and interval and step % interval == 0:
-                self.save(sharded)
-                saved = True
-        if final and not saved:
-            # Unsharded is the kind meant for keeping; fall back to sharded, and save something even
-            # when interval saving is off, because a stopped run must be resumable.
-            sharded = not self._saving_enabled(False) and (self._saving_enabled(True) or self.env.world_size > 1)
-            self.save(sharded)
-            saved = True
-        return saved
+        """Save the checkpoints due at this step; with ``final`` (end of training, or a stop), also the
+        checkpoint a finished or stopped run must leave. Return whether anything was written."""
+        cfg, step = self.cfg, self.state.global_step
+        before = dict(self.last_saved_step)
+        due_sharded = self._saving_enabled(True) and cfg.save_interval and step % cfg.save_interval == 0
+        if due_sharded:
+            self.save(sharded=True)
+        if self._saving_enabled(False) and cfg.save_interval_unsharded and step % cfg.save_interval_unsharded == 0:
+            self.save(sharded=False)
+        if not due_sharded and cfg.save_interval_ephemeral and step % cfg.save_interval_ephemeral == 0:
+            self.save(sharded=True, ephemeral=True)
+        if final:
+            # As in OLMo: unsharded is the kind meant for keeping; otherwise sharded. With saving turned
+            # off a checkpoint is still written, because a stopped run must be resumable.
+            if self._saving_enabled(False):
+                self.save(sharded=False)
+            else:
+                self.save(sharded=self._saving_enabled(True) or self.env.world_size > 1)
+        return self.last_saved_step != before
 
     # ----------------------------------------------------------------------------------------------
     def fit(self) -> int:

@@ -10,6 +10,7 @@ from olmo.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     prune_checkpoints,
+    remove_ephemeral_checkpoints,
     save_checkpoint,
 )
 from olmo.config import TrainConfig
@@ -124,3 +125,38 @@ def test_load_path_can_be_a_url(tmp_path, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
     finally:
         server.shutdown()
+
+
+def test_only_the_newest_ephemeral_checkpoint_survives(tmp_path):
+    cfg, model, optimizer = _setup(tmp_path)
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, model, optimizer, {}, cfg, sharded=True, ephemeral=True)
+        remove_ephemeral_checkpoints(tmp_path, keep_step=step)
+    assert [(c.step, c.ephemeral) for c in list_checkpoints(tmp_path)] == [(2, True)]
+    save_checkpoint(tmp_path, 3, model, optimizer, {}, cfg, sharded=True)
+    remove_ephemeral_checkpoints(tmp_path)
+    prune_checkpoints(tmp_path, sharded=True, keep=1)  # retention never counts ephemeral checkpoints
+    assert [(c.step, c.ephemeral) for c in list_checkpoints(tmp_path)] == [(3, False)]
+
+
+def test_a_run_with_ephemeral_saves_ends_with_regular_checkpoints(tmp_path):
+    from olmo.testing import run_train, write_byte_memmap, write_config
+
+    write_byte_memmap(tmp_path / "a.npy", 20_000)
+    cfg = tiny_config_dict(
+        tmp_path / "run",
+        [str(tmp_path / "a.npy")],
+        max_duration=7,
+        save_interval=4,
+        save_interval_ephemeral=1,
+        save_interval_unsharded=None,
+        stop_at=6,
+    )
+    config = write_config(tmp_path / "c.yaml", cfg)
+    assert run_train(config) == 0
+    # Ephemeral 1-3 went with step 4; the stop at 6 turned that step's ephemeral save into a regular one.
+    assert [(c.step, c.ephemeral) for c in list_checkpoints(tmp_path / "run")] == [(4, False), (6, False)]
+    assert run_train(config, "--try_load_latest_save", "--stop_at=null", "--save_interval_unsharded=7") == 0
+    kinds = [(c.step, c.sharded, c.ephemeral) for c in list_checkpoints(tmp_path / "run")]
+    # The final unsharded save is OLMo's; the step-7 ephemeral one stays as the newest restart point.
+    assert kinds == [(4, True, False), (6, True, False), (7, False, False), (7, True, True)]
