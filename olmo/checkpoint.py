@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -52,6 +53,9 @@ __all__ = [
     "list_checkpoints",
     "inspect_checkpoint",
     "save_checkpoint",
+    "begin_checkpoint",
+    "commit_checkpoint",
+    "PendingCheckpoint",
     "load_checkpoint",
     "prune_checkpoints",
     "remove_ephemeral_checkpoints",
@@ -183,6 +187,22 @@ def _inspect_remote(url: str, match: Optional[re.Match]) -> CheckpointInfo:
         return CheckpointInfo(base, int(match.group(1)) if match else 0, False, False)
 
 
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint whose files are written (or being written in the background) into a temporary
+    directory but not yet committed; :func:`commit_checkpoint` finishes it."""
+
+    target: Path
+    tmp: Path
+    meta: dict[str, Any]
+    config: TrainConfig
+    future: Optional[Future] = None
+
+    def is_written(self) -> bool:
+        """True when this rank's background write (if any) has finished."""
+        return self.future is None or self.future.done()
+
+
 def save_checkpoint(
     folder: os.PathLike | str,
     step: int,
@@ -201,6 +221,28 @@ def save_checkpoint(
     :param ephemeral: mark a sharded checkpoint as ephemeral (see :func:`remove_ephemeral_checkpoints`).
     :raises OLMoCheckpointError: if the target exists and ``overwrite`` is false.
     """
+    pending = begin_checkpoint(folder, step, model, optimizer, train_state, config, sharded, overwrite, ephemeral)
+    return commit_checkpoint(pending)
+
+
+def begin_checkpoint(
+    folder: os.PathLike | str,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train_state: dict[str, Any],
+    config: TrainConfig,
+    sharded: bool,
+    overwrite: bool = False,
+    ephemeral: bool = False,
+    background: bool = False,
+) -> PendingCheckpoint:
+    """Write a checkpoint's files into a temporary directory; every rank must call this.
+
+    With ``background`` (sharded only), the model and optimizer state is first copied into fresh CPU
+    buffers (so later optimizer steps cannot leak into this checkpoint) and then written by a background
+    thread with ``torch.distributed.checkpoint.async_save``; the call returns once the copy is done.
+    """
     root = Path(folder)
     target = root / (f"step{step}" if sharded else f"step{step}-unsharded")
     if target.exists() and not overwrite:
@@ -216,9 +258,17 @@ def save_checkpoint(
     if _rank() == 0:
         tmp.mkdir(parents=True)
     _barrier()
+    future: Any = None
     if sharded:
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "model_and_optim"))
+        state = {"model": model_sd, "optim": optim_sd}
+        if background:
+            response = dcp.async_save(
+                state, checkpoint_id=str(tmp / "model_and_optim"), process_group=_save_group()
+            )
+            future = getattr(response, "upload_completion", response)
+        else:
+            dcp.save(state, checkpoint_id=str(tmp / "model_and_optim"))
         (tmp / "train").mkdir(exist_ok=True)
         torch.save(train_state, tmp / "train" / f"rank{_rank()}.pt")
     else:
@@ -228,21 +278,23 @@ def save_checkpoint(
             torch.save(model_sd, tmp / "model.pt")
             torch.save(optim_sd, tmp / "optim.pt")
             torch.save(train_state, tmp / "train.pt")
+    meta = {"format_version": FORMAT_VERSION, "step": step, "sharded": sharded, "ephemeral": ephemeral}
+    return PendingCheckpoint(target, tmp, meta, config, future)
+
+
+def commit_checkpoint(pending: PendingCheckpoint) -> Path:
+    """Wait for the files, then publish the checkpoint: marker last, then an atomic rename. Collective."""
+    if pending.future is not None:
+        pending.future.result()
     _barrier()
+    root, tmp, target = pending.target.parent, pending.tmp, pending.target
     if _rank() == 0:
-        config.save(tmp / "config.yaml")
-        sizes = _fsync_tree(tmp)
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "step": step,
-            "sharded": sharded,
-            "ephemeral": ephemeral,
-            "files": sizes,
-        }
+        pending.config.save(tmp / "config.yaml")
+        meta = {**pending.meta, "files": _fsync_tree(tmp)}
         (tmp / MARKER).write_text(json.dumps(meta, indent=1))
         _fsync_tree(tmp)
         if target.exists():
-            trash = root / f".{target.name}.old-{token[0]}"
+            trash = root / f".{target.name}.old-{tmp.name.rsplit('-', 1)[-1]}"
             target.rename(trash)
             tmp.rename(target)
             shutil.rmtree(trash)
@@ -251,6 +303,18 @@ def save_checkpoint(
         _fsync_dir(root)
     _barrier()
     return target
+
+
+_SAVE_GROUP: list[Any] = []
+
+
+def _save_group() -> Any:
+    """A gloo group for background writes, so their collectives never interleave with training's."""
+    if not dist.is_initialized():
+        return None
+    if not _SAVE_GROUP:
+        _SAVE_GROUP.append(dist.new_group(backend="gloo"))
+    return _SAVE_GROUP[0]
 
 
 def load_checkpoint(

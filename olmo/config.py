@@ -476,6 +476,9 @@ class TrainConfig:
     """Sharded checkpoints to keep (-1 all, 0 disables sharded saving)."""
     save_num_unsharded_checkpoints_to_keep: int = -1
     """Unsharded checkpoints to keep (-1 all, 0 disables unsharded saving)."""
+    save_async: bool = False
+    """Write sharded checkpoints in a background thread: training continues once the state is copied to
+    CPU memory, and the checkpoint is committed when every rank has finished writing."""
     save_overwrite: bool = False
     """Allow replacing an existing config.yaml, data order or checkpoint in ``save_folder``."""
     force_save_unsharded: bool = False

@@ -26,10 +26,12 @@ import torch.nn.functional as F
 
 from .checkpoint import (
     CheckpointInfo,
+    PendingCheckpoint,
+    begin_checkpoint,
+    commit_checkpoint,
     load_checkpoint,
     prune_checkpoints,
     remove_ephemeral_checkpoints,
-    save_checkpoint,
 )
 from .config import SchedulerUnits, TrainConfig
 from .data import IterableDataset
@@ -142,6 +144,7 @@ class Trainer:
         self.z_loss_multiplier = (cfg.auxiliary_loss_multiplier or 1e-4) if cfg.softmax_auxiliary_loss else None
         self.stop_request = _StopRequest()
         self.last_saved_step: dict[str, int] = {}
+        self.pending_save: Optional[PendingCheckpoint] = None
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
             log.warning("precision=%s has no effect on %s; training in fp32.", cfg.precision, env.device.type)
 
@@ -225,14 +228,17 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------------------
     def save(self, sharded: bool, ephemeral: bool = False) -> None:
-        """Save a checkpoint of the current step (a no-op if one of this kind was already saved at it)."""
+        """Save a checkpoint of the current step (a no-op if one of this kind was already saved at it).
+        With ``save_async``, sharded checkpoints are committed later by :meth:`commit_pending_save`."""
         step, kind = self.state.global_step, ("ephemeral" if ephemeral else "sharded") if sharded else "unsharded"
         if self.last_saved_step.get(kind) == step:
             return
+        self.commit_pending_save()  # one background save at a time, committed in order
         # A regular sharded checkpoint replaces an ephemeral one of the same step (same directory name).
         replace = self.cfg.save_overwrite or (kind == "sharded" and self.last_saved_step.get("ephemeral") == step)
+        start = time.perf_counter()
         state = self.trainer_state_dict(gather_all_ranks=not sharded)
-        path = save_checkpoint(
+        pending = begin_checkpoint(
             self.cfg.save_folder,
             step,
             self.model,
@@ -242,18 +248,30 @@ class Trainer:
             sharded,
             overwrite=replace,
             ephemeral=ephemeral,
+            background=sharded and self.cfg.save_async,
         )
         self.last_saved_step[kind] = step
-        if sharded:
+        self.pending_save = pending
+        if pending.future is None:
+            self.commit_pending_save()
+        log.info("Checkpoint of step %d blocked training for %.2f s.", step, time.perf_counter() - start)
+
+    def commit_pending_save(self) -> None:
+        """Publish the checkpoint being written (waiting for it if needed), then apply retention."""
+        pending, self.pending_save = self.pending_save, None
+        if pending is None:
+            return
+        path = commit_checkpoint(pending)
+        if pending.meta["sharded"]:
             # A newer sharded checkpoint makes every older ephemeral one redundant.
-            remove_ephemeral_checkpoints(self.cfg.save_folder, keep_step=step if ephemeral else None)
-        if not ephemeral:
-            keep = (
-                self.cfg.save_num_checkpoints_to_keep
-                if sharded
-                else self.cfg.save_num_unsharded_checkpoints_to_keep
+            ephemeral = pending.meta["ephemeral"]
+            remove_ephemeral_checkpoints(
+                self.cfg.save_folder, keep_step=pending.meta["step"] if ephemeral else None
             )
-            prune_checkpoints(self.cfg.save_folder, sharded, keep)
+            if not ephemeral:
+                prune_checkpoints(self.cfg.save_folder, True, self.cfg.save_num_checkpoints_to_keep)
+        else:
+            prune_checkpoints(self.cfg.save_folder, False, self.cfg.save_num_unsharded_checkpoints_to_keep)
         log.info("Saved checkpoint %s", path)
 
     def _saving_enabled(self, sharded: bool) -> bool:
@@ -326,7 +344,9 @@ class Trainer:
                 metrics["throughput/total_tokens"] = s.global_train_tokens_seen
                 metrics["System/Peak Memory (MB)"] = peak_memory_mb(self.env.device)
                 metrics_logger.log(s.global_step, metrics)
-                reason = self._agreed_stop_reason(start_time)
+                reason, all_written = self._agree(start_time)
+                if all_written and self.pending_save is not None:
+                    self.commit_pending_save()
                 if reason is not None:
                     metrics_logger.log_event(s.global_step, f"Stopping ({reason}); saving a checkpoint.")
                     self.maybe_save(final=True)
@@ -338,6 +358,7 @@ class Trainer:
                     gc.collect(1)
             else:
                 self.maybe_save(final=True)
+            self.commit_pending_save()
         finally:
             self.stop_request.uninstall()
             gc.enable()
@@ -354,8 +375,9 @@ class Trainer:
             log.info("Epoch %d complete; starting epoch %d.", self.state.epoch - 1, self.state.epoch)
             self.dataset.reshuffle(self.state.epoch)
 
-    def _agreed_stop_reason(self, start_time: float) -> Optional[str]:
-        """A signal on any rank, or the time limit, stops every rank at the same step."""
+    def _agree(self, start_time: float) -> tuple[Optional[str], bool]:
+        """One small collective per step so that all ranks act together: whether to stop (a signal on any
+        rank, or the time limit) and whether every rank has finished writing a background checkpoint."""
         reason = self.stop_request.reason
         if (
             reason is None
@@ -363,8 +385,9 @@ class Trainer:
             and time.monotonic() - start_time > self.cfg.time_limit
         ):
             reason = "time_limit"
-        flag = all_reduce(torch.tensor([0.0 if reason is None else 1.0]), dist.ReduceOp.MAX)
-        return reason or ("stop requested on another rank" if flag.item() > 0 else None)
+        writing = self.pending_save is not None and not self.pending_save.is_written()
+        flags = all_reduce(torch.tensor([float(reason is not None), float(writing)]), dist.ReduceOp.MAX).tolist()
+        return reason or ("stop requested on another rank" if flags[0] > 0 else None), flags[1] == 0
 
     def _summary(self, metrics_logger: MetricsLogger, start_step: int, start_time: float) -> dict[str, Any]:
         last = metrics_logger.last

@@ -160,3 +160,22 @@ def test_a_run_with_ephemeral_saves_ends_with_regular_checkpoints(tmp_path):
     kinds = [(c.step, c.sharded, c.ephemeral) for c in list_checkpoints(tmp_path / "run")]
     # The final unsharded save is OLMo's; the step-7 ephemeral one stays as the newest restart point.
     assert kinds == [(4, True, False), (6, True, False), (7, False, False), (7, True, True)]
+
+
+def test_background_save_holds_the_state_of_its_step_and_is_invisible_until_committed(tmp_path):
+    from olmo.checkpoint import begin_checkpoint, commit_checkpoint
+
+    cfg, model, optimizer = _setup(tmp_path)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    pending = begin_checkpoint(
+        tmp_path, 1, model, optimizer, {"global_step": 1}, cfg, sharded=True, background=True
+    )
+    with torch.no_grad():  # the next optimizer steps overwrite the weights in place while the write runs
+        for p in model.parameters():
+            p.mul_(-3.0).add_(1.0)
+    assert find_latest_checkpoint(tmp_path) is None
+    path = commit_checkpoint(pending)
+    assert find_latest_checkpoint(tmp_path) == path
+    _, restored, _ = _setup(tmp_path / "o", seed=9)
+    load_checkpoint(inspect_checkpoint(str(path)), restored, None, load_trainer_state=False)
+    assert all(torch.equal(expected[k], v) for k, v in restored.state_dict().items())

@@ -73,9 +73,16 @@ def test_fsdp_two_ranks_match_one_process_with_and_without_accumulation(tmp_path
             torch.testing.assert_close(value, reference_weights[key], rtol=1e-4, atol=1e-5, msg=f"{name} {key}")
 
 
-@pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "unsharded"])
-def test_checkpoint_from_two_ranks_resumes_on_one_and_back(tmp_path, corpus, sharded):
-    save = {"save_interval": 3, "save_interval_unsharded": None} if sharded else {"save_interval_unsharded": 3}
+@pytest.mark.parametrize(
+    "save",
+    [
+        {"save_interval": 3, "save_interval_unsharded": None},
+        {"save_interval": 3, "save_interval_unsharded": None, "save_async": True},
+        {"save_interval_unsharded": 3},
+    ],
+    ids=["sharded", "sharded_async", "unsharded"],
+)
+def test_checkpoint_from_two_ranks_resumes_on_one_and_back(tmp_path, corpus, save):
     # Uninterrupted reference on 2 ranks.
     full = write_config(
         tmp_path / "full/c.yaml", tiny_config_dict(tmp_path / "full/run", corpus, max_duration=9, **save)
