@@ -56,6 +56,7 @@ __all__ = [
     "begin_checkpoint",
     "commit_checkpoint",
     "PendingCheckpoint",
+    "FORMAT_VERSION",
     "load_checkpoint",
     "prune_checkpoints",
     "remove_ephemeral_checkpoints",
@@ -195,7 +196,8 @@ class PendingCheckpoint:
     target: Path
     tmp: Path
     meta: dict[str, Any]
-    config: TrainConfig
+    config: Optional[TrainConfig]
+    """Written as ``config.yaml`` at commit; None when the caller already put one in ``tmp``."""
     future: Optional[Future] = None
 
     def is_written(self) -> bool:
@@ -263,10 +265,16 @@ def begin_checkpoint(
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         if background:
-            response = dcp.async_save(
-                state, checkpoint_id=str(tmp / "model_and_optim"), process_group=_save_group()
+            stager = _stager(pinned=any(t.is_cuda for t in model.parameters()))
+            if stager.in_flight is not None:
+                stager.in_flight.result()  # its buffers are about to be reused
+            response: Any = dcp.async_save(
+                state,
+                checkpoint_id=str(tmp / "model_and_optim"),
+                process_group=_save_group(),
+                async_stager=stager.stager,
             )
-            future = getattr(response, "upload_completion", response)
+            future = stager.in_flight = getattr(response, "upload_completion", response)
         else:
             dcp.save(state, checkpoint_id=str(tmp / "model_and_optim"))
         (tmp / "train").mkdir(exist_ok=True)
@@ -289,7 +297,8 @@ def commit_checkpoint(pending: PendingCheckpoint) -> Path:
     _barrier()
     root, tmp, target = pending.target.parent, pending.tmp, pending.target
     if _rank() == 0:
-        pending.config.save(tmp / "config.yaml")
+        if pending.config is not None:
+            pending.config.save(tmp / "config.yaml")
         meta = {**pending.meta, "files": _fsync_tree(tmp)}
         (tmp / MARKER).write_text(json.dumps(meta, indent=1))
         _fsync_tree(tmp)
@@ -306,6 +315,29 @@ def commit_checkpoint(pending: PendingCheckpoint) -> Path:
 
 
 _SAVE_GROUP: list[Any] = []
+
+
+@dataclass
+class _Stager:
+    stager: Any
+    in_flight: Optional[Future] = None
+
+
+_STAGERS: dict[bool, _Stager] = {}
+
+
+def _stager(pinned: bool) -> _Stager:
+    """One staging area per process, reused by every background save: allocating ~12 bytes per parameter
+    of fresh host memory for each save costs more than the copy. The copy is synchronous, so once
+    ``async_save`` returns, training may change the weights without affecting the checkpoint."""
+    if pinned not in _STAGERS:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        options = StagingOptions(
+            use_pinned_memory=pinned, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False
+        )
+        _STAGERS[pinned] = _Stager(DefaultStager(options))
+    return _STAGERS[pinned]
 
 
 def _save_group() -> Any:
@@ -422,7 +454,9 @@ def _load_file(path: str, stem: str) -> dict[str, Any]:
 
 def _torch_load(path: Path) -> dict[str, Any]:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        # Memory-mapped: tensors are read straight from the page cache into the model and optimizer
+        # instead of first being copied into freshly allocated memory (3-10x faster for large files).
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except FileNotFoundError:
         raise OLMoCheckpointError(f"Checkpoint file '{path}' is missing.") from None
     except Exception as e:

@@ -1,0 +1,163 @@
+"""Convert a sharded checkpoint (``stepN/``, saved by any number of ranks) into OLMo's unsharded layout.
+
+    python scripts/unshard.py INPUT_DIR OUTPUT_DIR [--model-only] [--safetensors]
+
+OUTPUT_DIR receives ``config.yaml``, ``model.pt`` (or ``model.safetensors``), ``optim.pt`` (unless
+``--model-only``) and ``train.pt``, committed like every trainer checkpoint: written into a hidden
+temporary directory, fsynced, the ``.olmo-checkpoint.json`` marker last, then renamed into place. Name it
+``stepN-unsharded`` inside a run's ``save_folder`` if the trainer should discover it there.
+
+One process, no torchrun: the model and optimizer are built on the CPU from the checkpoint's own
+``config.yaml``, the sharded state is loaded into them (DCP reshards to one process), and the full state
+dicts are written, so peak memory is about the training state's full size (fp32 weights + optimizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from torch.distributed.checkpoint.state_dict import (  # noqa: E402
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+)
+
+from olmo.checkpoint import (  # noqa: E402
+    FORMAT_VERSION,
+    MARKER,
+    PendingCheckpoint,
+    commit_checkpoint,
+    inspect_checkpoint,
+    load_checkpoint,
+)
+from olmo.config import TrainConfig  # noqa: E402
+from olmo.distributed import DistEnv, build_model  # noqa: E402
+from olmo.exceptions import OLMoCheckpointError, OLMoCliError  # noqa: E402
+from olmo.optim import build_optimizer  # noqa: E402
+from olmo.util import is_url, prepare_cli_environment  # noqa: E402
+
+log = logging.getLogger("unshard")
+
+# The options an unsharded save_checkpoint uses, so both write identical model.pt / optim.pt.
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=Path(argv[0]).name,
+        description="Convert a sharded OLMo checkpoint (stepN/) into the unsharded layout (model.pt, ...).",
+    )
+    parser.add_argument("input", metavar="INPUT_DIR", help="a committed sharded checkpoint, e.g. runs/x/step1000")
+    parser.add_argument("output", metavar="OUTPUT_DIR", help="where to write it; must not exist yet")
+    parser.add_argument(
+        "--model-only", action="store_true", help="skip optim.pt (resume needs --reset_optimizer_state)"
+    )
+    parser.add_argument("--safetensors", action="store_true", help="write model.safetensors instead of model.pt")
+    return parser.parse_args(argv[1:])
+
+
+def _size(n_bytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.2f} {unit}"
+    return f"{n_bytes} B"
+
+
+def merged_trainer_state(root: Path, rank0_state: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's trainer state with every rank's RNG state, as an unsharded save writes ``train.pt``.
+
+    A sharded save stores each rank's RNG in its own ``train/rank{R}.pt``; merging them lets a resume with
+    the original world size restore every rank's RNG exactly.
+    """
+    rng = dict(rank0_state.get("rng", {}))
+    for path in sorted((root / "train").glob("rank*.pt")):
+        rng.update(torch.load(path, map_location="cpu", weights_only=True).get("rng", {}))
+    return {**rank0_state, "rng": rng}
+
+
+def write_unsharded(
+    tmp: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, safetensors: bool
+) -> None:
+    """Write the full model (and optimizer) state dicts into ``tmp`` in OLMo's unsharded layout."""
+    model_sd: dict[str, Any] = get_model_state_dict(model, options=_FULL)
+    if safetensors:
+        from safetensors.torch import save_file
+
+        save_file(
+            {k: v.contiguous() for k, v in model_sd.items()}, str(tmp / "model.safetensors"), {"format": "pt"}
+        )
+    else:
+        torch.save(model_sd, tmp / "model.pt")
+    if optimizer is not None:
+        torch.save(get_optimizer_state_dict(model, optimizer, options=_FULL), tmp / "optim.pt")
+
+
+def unshard(input_dir: str, output_dir: str, model_only: bool = False, safetensors: bool = False) -> Path:
+    """Convert the sharded checkpoint ``input_dir`` into the unsharded checkpoint ``output_dir``.
+
+    :raises OLMoCheckpointError: if the input is not a committed sharded checkpoint or the output exists.
+    """
+    if is_url(input_dir) or is_url(output_dir):
+        raise OLMoCliError("unshard.py works on local directories; download the sharded checkpoint first.")
+    info = inspect_checkpoint(input_dir)
+    if not info.sharded:
+        raise OLMoCheckpointError(
+            f"'{input_dir}' is already an unsharded checkpoint (model.pt/optim.pt/train.pt); there is nothing "
+            f"to convert. Load it directly with --load_path={input_dir}."
+        )
+    target = Path(output_dir)
+    if target.exists():
+        raise OLMoCheckpointError(
+            f"OUTPUT_DIR '{target}' already exists; unshard.py never writes into an existing directory. "
+            f"Pick a new path (e.g. {Path(info.path).parent}/step{info.step}-unsharded) or delete it first."
+        )
+    start = time.perf_counter()
+    root = Path(info.path)
+    n_ranks = len(list((root / "train").glob("rank*.pt")))
+    log.info("Loading sharded checkpoint %s (step %d, saved by %d rank(s)).", root, info.step, n_ranks)
+    # Built exactly as the trainer builds it for one CPU process; compiling would only cost time here.
+    cfg = TrainConfig.load(root / "config.yaml", ["compile=null"])
+    model = build_model(cfg, DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1))
+    optimizer = None if model_only else build_optimizer(cfg.optimizer, model)
+    train_state = load_checkpoint(info, model, optimizer, load_trainer_state=True)
+    assert train_state is not None
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        write_unsharded(tmp, model, optimizer, safetensors)
+        torch.save(merged_trainer_state(root, train_state), tmp / "train.pt")
+        shutil.copyfile(root / "config.yaml", tmp / "config.yaml")
+        if target.exists():  # created while we were writing; never replace it
+            raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' appeared while unsharding; nothing was written.")
+        meta = {"format_version": FORMAT_VERSION, "step": info.step, "sharded": False, "ephemeral": False}
+        commit_checkpoint(PendingCheckpoint(target, tmp, meta, config=None))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for path in sorted(p for p in target.iterdir() if p.name != MARKER):
+        log.info("  %-17s %s", path.name, _size(path.stat().st_size))
+    log.info("Wrote unsharded checkpoint %s in %.1f s.", target, time.perf_counter() - start)
+    return target
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    unshard(args.input, args.output, model_only=args.model_only, safetensors=args.safetensors)
+    return 0
+
+
+if __name__ == "__main__":
+    prepare_cli_environment()
+    sys.exit(main(sys.argv))

@@ -1,0 +1,50 @@
+"""scripts/benchmark_checkpoint.py in its quick smoke mode: every measurement is made and recorded."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_smoke_benchmark_measures_every_kind_and_cleans_up(tmp_path):
+    out, folder = tmp_path / "results.json", tmp_path / "scratch"
+    folder.mkdir()
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts/benchmark_checkpoint.py"),
+            "--smoke",
+            "--repeats=1",
+            f"--out={out}",
+            f"--folder={folder}",
+        ],
+        env={**os.environ, "WANDB_MODE": "disabled"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report["results"]) == {
+        "save sharded",
+        "load sharded",
+        "save unsharded",
+        "load unsharded",
+        "async blocking",
+        "async total",
+        "async reused blocking",
+        "async reused total",
+        "raw write",
+    }
+    for row in report["results"].values():
+        assert row["median_s"] > 0 and row["gb_per_s"] > 0 and len(row["runs_s"]) == 1
+    sizes = report["state_bytes"]
+    # After one step AdamW holds two moments per parameter: the optimizer state is ~2x the weights.
+    assert 1.99 < sizes["optimizer"] / sizes["model"] < 2.01
+    assert report["checkpoint_bytes_on_disk"]["unsharded"] > sizes["total"]
+    assert report["machine"]["cpu_count"] and report["command"].endswith(f"--folder={folder}")
+    assert list(folder.iterdir()) == [], "the benchmark must delete its checkpoints"
+    assert "sync save, sharded (DCP)" in result.stdout
