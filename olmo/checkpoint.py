@@ -558,7 +558,10 @@ def prepare_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
     )
     if cfg.save_overwrite:
         return
-    if not resuming_here and (existing or (root / "config.yaml").exists()):
+    # With --try_load_latest_save and no committed checkpoint yet, the folder holds a launch of this run
+    # that died before its first save: starting over in it is exactly what a restart should do.
+    restarting_unsaved = cfg.try_load_latest_save and plan is None and not existing
+    if not resuming_here and not restarting_unsaved and (existing or (root / "config.yaml").exists()):
         raise OLMoCheckpointError(
             f"save_folder '{root}' already holds a run (config.yaml or checkpoints). Resume it with "
             f"--try_load_latest_save, pick a new --save_folder, or pass --save_overwrite to replace it."

@@ -543,8 +543,8 @@ class TrainConfig:
     early_stopping_factor: Optional[float] = None
     """Accepted for OLMo compatibility; not implemented yet."""
     save_data_indices: bool = True
-    """Append each rank's instance indices per step to ``save_folder/data-indices/rank{R}.tsv.gz``
-    (``step<TAB>index<TAB>index...``); a resumed run appends, so the last line for a step is the one used."""
+    """Record each rank's instance indices per step in ``save_folder/data-indices/`` (OLMo's
+    ``step<TAB>index...`` lines; one file per launch, read them with ``olmo.data.read_data_indices``)."""
     python_profiling: bool = False
     torch_profiling: bool = False
     stop_at: Optional[int] = None

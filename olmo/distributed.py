@@ -73,14 +73,38 @@ def init_distributed(timeout_minutes: float = 30.0) -> DistEnv:
     else:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        # On GPU, a gloo backend for CPU tensors too: background checkpoint writes need one.
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        timeout = timedelta(minutes=timeout_minutes)
         dist.init_process_group(
+            store=_rendezvous_store(rank, world_size, timeout),
+            rank=rank,
+            world_size=world_size,
             backend=backend,
-            timeout=timedelta(minutes=timeout_minutes),
+            timeout=timeout,
             device_id=device if device.type == "cuda" else None,
         )
         log.info("Initialized %s process group with %d ranks.", backend, world_size)
     return DistEnv(device=device, rank=rank, local_rank=local_rank, world_size=world_size)
+
+
+def _rendezvous_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+    """The store ``env://`` would give, under a prefix unique to this torchrun restart attempt.
+
+    After ``--max-restarts`` restarts the workers, the new attempt can share the TCP store with the dead
+    one; without the prefix, a new rank could read a dead peer's address and fail (gloo "Connection
+    refused") or hang (pytorch/pytorch#135712).
+    """
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        host_name=os.environ["MASTER_ADDR"],
+        port=int(os.environ["MASTER_PORT"]),
+        world_size=world_size,
+        is_master=rank == 0 and not agent_hosts_store,
+        timeout=timeout,
+        multi_tenant=not agent_hosts_store,
+    )
+    return dist.PrefixStore(f"olmo/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
 
 
 def teardown_distributed() -> None:

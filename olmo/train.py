@@ -10,7 +10,6 @@ original OLMo divided by B*T instead, which under-weights label-masked fine-tuni
 from __future__ import annotations
 
 import gc
-import gzip
 import logging
 import math
 import signal
@@ -25,6 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .checkpoint import (
+    MARKER,
     CheckpointInfo,
     PendingCheckpoint,
     begin_checkpoint,
@@ -34,7 +34,7 @@ from .checkpoint import (
     remove_ephemeral_checkpoints,
 )
 from .config import SchedulerUnits, TrainConfig
-from .data import IterableDataset
+from .data import DataIndexLog, IterableDataset
 from .distributed import DistEnv, all_reduce, autocast_dtype, model_config_fingerprint
 from .exceptions import OLMoDataError, OLMoTrainingError
 from .metrics import MetricsLogger, SpeedMonitor, device_peak_flops, peak_memory_mb
@@ -75,26 +75,6 @@ def cross_entropy_sums(logits: torch.Tensor, labels: torch.Tensor, z_loss_multip
     valid = flat_labels != -100
     z = z_loss_multiplier * (torch.logsumexp(flat_logits.float(), dim=-1)[valid] ** 2).sum()
     return ce, z
-
-
-class _DataIndexLog:
-    """``data-indices/rank{R}.tsv.gz``: which instances this rank trained on at every step (OLMo's format)."""
-
-    def __init__(self, folder: str, rank: int, enabled: bool):
-        self.file = None
-        if enabled:
-            path = Path(folder) / "data-indices" / f"rank{rank}.tsv.gz"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = gzip.open(path, "at")
-
-    def write(self, step: int, indices: torch.Tensor) -> None:
-        if self.file is not None:
-            self.file.write("\t".join([str(step), *map(str, indices.tolist())]) + "\n")
-            self.file.flush()
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
 
 
 class _StopRequest:
@@ -145,6 +125,7 @@ class Trainer:
         self.stop_request = _StopRequest()
         self.last_saved_step: dict[str, int] = {}
         self.pending_save: Optional[PendingCheckpoint] = None
+        self.restored_step: Optional[int] = None
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
             log.warning("precision=%s has no effect on %s; training in fp32.", cfg.precision, env.device.type)
 
@@ -159,6 +140,7 @@ class Trainer:
         )
         if state is not None:
             self._load_trainer_state(state)
+            self.restored_step = self.state.global_step
             if not load_optimizer_state:
                 # A fresh optimizer restarting mid-schedule gets its own warmup back up to the schedule.
                 start = self.state.global_step
@@ -232,6 +214,11 @@ class Trainer:
         With ``save_async``, sharded checkpoints are committed later by :meth:`commit_pending_save`."""
         step, kind = self.state.global_step, ("ephemeral" if ephemeral else "sharded") if sharded else "unsharded"
         if self.last_saved_step.get(kind) == step:
+            return
+        name = f"step{step}" if sharded else f"step{step}-unsharded"
+        if step == self.restored_step and (Path(self.cfg.save_folder) / name / MARKER).is_file():
+            # Nothing was trained since this very checkpoint was restored (e.g. relaunching a finished run).
+            self.last_saved_step[kind] = step
             return
         self.commit_pending_save()  # one background save at a time, committed in order
         # A regular sharded checkpoint replaces an ephemeral one of the same step (same directory name).
@@ -310,7 +297,7 @@ class Trainer:
         if cfg.stop_after is not None:
             stop_at = min(stop_at, s.global_step + cfg.stop_after)
         metrics_logger = MetricsLogger(cfg, self.env.rank, stop_at)
-        index_log = _DataIndexLog(cfg.save_folder, self.env.rank, cfg.save_data_indices and not cfg.dry_run)
+        index_log = DataIndexLog(cfg.save_folder, self.env.rank, s.global_step, cfg.save_data_indices)
         speed = SpeedMonitor(
             cfg.speed_monitor.window_size,
             self.model.num_flops_per_token(),

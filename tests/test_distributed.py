@@ -5,13 +5,13 @@ norms summed per shard), so FSDP runs match a single process to rtol 1e-5 on los
 weights after a few steps, not bitwise.
 """
 
-import gzip
 import json
 
 import numpy as np
 import pytest
 import torch
 
+from olmo.data import read_data_indices
 from olmo.testing import run_torchrun, run_train, tiny_config_dict, write_byte_memmap, write_config
 
 
@@ -32,17 +32,11 @@ def _weights(checkpoint):
 
 
 def _indices_by_step(run_dir):
-    """{step: [instance indices of every rank]}; a later line for a step (after a resume) wins."""
-    steps: dict = {}
-    for path in sorted((run_dir / "data-indices").glob("rank*.tsv.gz")):
-        per_rank = {}
-        with gzip.open(path, "rt") as f:
-            for line in f:
-                step, *indices = map(int, line.split("\t"))
-                per_rank[step] = indices
-        for step, indices in per_rank.items():
-            steps.setdefault(step, []).extend(indices)
-    return steps
+    """{step: [instance indices of every rank]}, as the data-index log records them."""
+    return {
+        step: [i for rank in sorted(ranks) for i in ranks[rank]]
+        for step, ranks in read_data_indices(run_dir).items()
+    }
 
 
 def _check(result):

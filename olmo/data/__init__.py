@@ -23,10 +23,19 @@ from ..config import DataConfig, TrainConfig
 from ..exceptions import OLMoConfigurationError, OLMoDataError
 from ..util import is_url
 from .collator import DataCollator
+from .data_indices import DataIndexLog, read_data_indices
 from .iterable_dataset import IterableDataset
 from .memmap_dataset import MemMapDataset
 
-__all__ = ["DataCollator", "IterableDataset", "MemMapDataset", "build_memmap_dataset", "build_train_dataloader"]
+__all__ = [
+    "DataCollator",
+    "DataIndexLog",
+    "IterableDataset",
+    "MemMapDataset",
+    "build_memmap_dataset",
+    "build_train_dataloader",
+    "read_data_indices",
+]
 
 
 def build_memmap_dataset(
