@@ -59,7 +59,7 @@ SMOKE_OVERRIDES = ["model.n_layers=1", "model.d_model=256"]
 PAGE_CACHE_NOTE = "The page cache is not dropped: loads right after a save read mostly from RAM."
 ASYNC_NOTE = (
     "Async rows: a raw torch.distributed.checkpoint.async_save of the same state into its own directory "
-    "(the trainer does not expose async saves yet)."
+    "(the trainer's save_async takes the kept-buffers path, then commits with the marker protocol)."
 )
 RAW_WRITE_BYTES = 2**30
 
@@ -225,10 +225,10 @@ ROWS = [
     ("load sharded", "load, sharded (DCP)", "page cache warm"),
     ("save unsharded", "sync save, unsharded (torch.save)", "blocks the caller throughout"),
     ("load unsharded", "load, unsharded (torch.load)", "page cache warm"),
-    ("async blocking", "async_save, new staging buffers: blocking", "raw DCP, not in the trainer"),
-    ("async total", "async_save, new staging buffers: until written", "raw DCP, not in the trainer"),
-    ("async reused blocking", "async_save, kept staging buffers: blocking", "raw DCP, not in the trainer"),
-    ("async reused total", "async_save, kept staging buffers: until written", "raw DCP, not in the trainer"),
+    ("async blocking", "async_save, new staging buffers: blocking", "raw DCP (torch default)"),
+    ("async total", "async_save, new staging buffers: until written", "raw DCP (torch default)"),
+    ("async reused blocking", "async_save, kept staging buffers: blocking", "what save_async blocks"),
+    ("async reused total", "async_save, kept staging buffers: until written", "raw DCP write"),
     ("raw write", "raw disk write + fsync (1 GiB)", "baseline: the disk itself"),
 ]
 
