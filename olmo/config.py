@@ -531,6 +531,9 @@ class TrainConfig:
     distributed_strategy: Optional[DistributedStrategy] = DistributedStrategy.fsdp
     """``fsdp``, ``ddp`` or ``single``; with one process every strategy trains unwrapped."""
     fsdp: Optional[FSDPConfig] = field(default_factory=FSDPConfig)
+    distributed_timeout_minutes: float = 30.0
+    """How long a collective may wait for a peer before the job fails instead of hanging (a rank that
+    dies is normally detected by torchrun within seconds; this bounds hangs it cannot see)."""
     ddp: Optional[DDPConfig] = None
     softmax_auxiliary_loss: bool = False
     """Add the PaLM z-loss (``auxiliary_loss_multiplier * logsumexp(logits)^2``)."""

@@ -106,7 +106,7 @@ def _batch_problems(cfg: TrainConfig, world_size: int) -> list[str]:
         parse_duration_steps(cfg.max_duration, cfg.global_train_batch_size, cfg.tokens_per_batch, 0)
     except OLMoConfigurationError as e:
         out.append(str(e))
-    for name in ("stop_at", "stop_after", "time_limit"):
+    for name in ("stop_at", "stop_after", "time_limit", "distributed_timeout_minutes"):
         value = getattr(cfg, name)
         if value is not None and value <= 0:
             out.append(f"{name}={value} must be positive (or null).")

@@ -43,7 +43,7 @@ def main(argv: list) -> int:
         cfg.model.vocab_size, scan_tokens
     )
 
-    env = init_distributed()
+    env = init_distributed(cfg.distributed_timeout_minutes)
     try:
         seed_all(cfg.seed)
         log.info(

@@ -359,6 +359,28 @@ def test_a_killed_rank_takes_the_whole_job_down_within_a_minute(tmp_path, corpus
     print(f"torchrun exited {returncode} {took:.1f} s after rank 1 was killed")
 
 
+def test_a_frozen_rank_fails_the_job_after_the_distributed_timeout(tmp_path, corpus):
+    """A rank that hangs (alive, so torchrun sees nothing wrong) must not block the others forever."""
+    config = _config(
+        tmp_path, corpus, max_duration=100_000, save_interval_unsharded=None, distributed_timeout_minutes=0.1
+    )
+    run, log = tmp_path / "run", tmp_path / "torchrun.log"
+    with _launch(_torchrun_cmd(config), log) as agent:
+        _wait_until(lambda: len(_metrics(run)) >= 2, agent, log, "two training steps")
+        workers = _workers(agent)
+        os.kill(workers[1], signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        try:
+            returncode = _returncode(agent, log, timeout=120)
+        finally:
+            with suppress(ProcessLookupError):
+                os.kill(workers[1], signal.SIGCONT)
+        took = time.monotonic() - frozen_at
+    assert returncode != 0
+    assert took < 100, f"the job took {took:.0f} s to fail"
+    print(f"torchrun exited {returncode} {took:.1f} s after rank 1 froze (timeout 6 s)")
+
+
 # -- 4. torchrun --max-restarts ----------------------------------------------------------------------
 def test_torchrun_restart_resumes_from_the_newest_checkpoint_and_ends_like_an_uninterrupted_run(tmp_path, corpus):
     max_steps = 12

@@ -145,3 +145,15 @@ def test_every_parallelism_setting_matches_one_process(tmp_path, corpus):
     for results in (one, two):
         assert results["dropout_checkpoint_whole_layer"]["losses"] == results["dropout"]["losses"]
         assert results["dropout"]["losses"] != results["full_shard"]["losses"]
+
+
+def test_compiled_blocks_train_like_eager_ones(tmp_path, corpus):
+    losses = {}
+    for name, compile_cfg in (("eager", None), ("compiled", {"fullgraph": True})):
+        record = []
+        cfg = tiny_config_dict(
+            tmp_path / name / "run", corpus, max_duration=3, save_interval_unsharded=None, compile=compile_cfg
+        )
+        assert run_train(write_config(tmp_path / name / "c.yaml", cfg), record=record) == 0
+        losses[name] = [r["train/CrossEntropyLoss"] for r in record]
+    np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-4)
