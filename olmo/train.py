@@ -117,7 +117,7 @@ class Trainer:
         self.cfg, self.env, self.model, self.optimizer = cfg, env, model, optimizer
         self.scheduler, self.train_loader = scheduler, train_loader
         self.dataset: IterableDataset = train_loader.dataset  # type: ignore[assignment]
-        self.state = TrainerState()
+        self.state = TrainerState(epoch=self.dataset.epoch)  # --epoch starts a fresh run at that epoch
         self.max_steps = cfg.max_steps(self.dataset.total_size)
         self.device_batch_size = cfg.device_batch_size(env.world_size)
         self.autocast_dtype = autocast_dtype(cfg, env.device)

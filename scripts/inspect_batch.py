@@ -1,0 +1,218 @@
+"""Show the instances of the global batch a run trained on at step N (as OLMo's inspect_train_data.py).
+
+    python scripts/inspect_batch.py RUN_DIR --step N [--rank R --world-size W] [--decode]
+    python scripts/inspect_batch.py CONFIG.yaml --step N [--order-file PATH] [--key.path=value ...]
+
+RUN_DIR is a run's save_folder: its ``config.yaml`` and ``train_data/global_indices.npy`` are read.
+With a config, the order file defaults to ``{save_folder}/train_data/``; ``--order-file`` names one
+copied from elsewhere. Other ``--key.path=value`` options override the config (e.g. ``--data.paths=[...]``
+when the token files have moved).
+
+Step N (counted from 1) trains on global batch ``s = (N-1) mod S`` of epoch ``(N-1) div S``, where S is
+the number of steps per epoch (instances // global_train_batch_size): entries ``[s*B, (s+1)*B)`` of that
+epoch's order (``global_indices.npy`` for epoch 0, ``global_indices_epoch{E}.npy`` later). When an
+epoch's order file is missing it is recomputed from the seed exactly as the trainer does. Rank R of W
+trains on every W-th entry from offset R. This assumes the run went through the data in order from
+step 1 (a fresh run, a resume, or a fine-tune with ``--reset_trainer_state``); after a resume with
+``--epoch``, ``--fast_forward_batches`` or ``--restore_dataloader=false`` the positions differ, and
+``{save_folder}/data-indices/`` (``olmo.data.read_data_indices``) holds what was actually trained on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from olmo.config import TrainConfig, clean_opt  # noqa: E402
+from olmo.data import IterableDataset, MemMapDataset, build_memmap_dataset  # noqa: E402
+from olmo.exceptions import OLMoCliError, OLMoDataError  # noqa: E402
+from olmo.tokenizer import Tokenizer  # noqa: E402
+from olmo.util import prepare_cli_environment  # noqa: E402
+
+log = logging.getLogger("inspect_batch")
+
+
+@dataclass
+class Row:
+    position: int
+    """Position in the global batch; rank ``position % W`` of ``W`` trained on it."""
+    index: int
+    """Global instance index (an entry of the epoch's order file)."""
+    path: str
+    offset: int
+    """Token offset of the instance in ``path``."""
+    label_tokens: Optional[int] = None
+    text: Optional[str] = None
+
+
+def order_file_name(epoch: int) -> str:
+    return "global_indices.npy" if epoch == 0 else f"global_indices_epoch{epoch}.npy"
+
+
+def load_order(path: Path, explicit: bool, epoch: int, cfg: TrainConfig, dataset: MemMapDataset) -> np.ndarray:
+    """The order of ``epoch``: read from ``path`` or, if the trainer's file is absent, recomputed."""
+    n = len(dataset)
+    if not path.is_file():
+        if explicit:
+            raise OLMoCliError(
+                f"--order-file '{path}' does not exist. Pass the run's train_data/{order_file_name(epoch)}."
+            )
+        log.warning(
+            "'%s' does not exist; recomputing epoch %d's order from the seed as the trainer does.", path, epoch
+        )
+        seed = cfg.data.seed if cfg.data.seed is not None else cfg.seed
+        return IterableDataset(dataset, cfg.global_train_batch_size, seed=seed, epoch=epoch).global_indices()
+    size = path.stat().st_size
+    if size != 4 * n:
+        raise OLMoDataError(
+            f"Order file '{path}' holds {size / 4:g} uint32 entries, but the config's data has {n} instances "
+            f"of {cfg.model.max_sequence_length} tokens. The config is not the one this order was made for: "
+            f"pass the run's config.yaml (and --data.paths=[...] if only the file locations changed)."
+        )
+    log.info("Reading the order of epoch %d from %s.", epoch, path)
+    return np.memmap(path, mode="r", dtype=np.uint32)
+
+
+def batch_rows(
+    cfg: TrainConfig,
+    step: int,
+    order_file: Optional[Path],
+    default_order_dir: Path,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    tokenizer: Optional[Tokenizer] = None,
+    max_chars: int = 200,
+) -> list[Row]:
+    """The instances of the global batch of training step ``step`` (only rank ``rank``'s if given)."""
+    dataset = build_memmap_dataset(cfg, cfg.data)
+    batch_size = cfg.global_train_batch_size
+    steps_per_epoch = len(dataset) // batch_size
+    if steps_per_epoch == 0:
+        raise OLMoDataError(
+            f"The config's data holds {len(dataset)} instances, less than one global batch of {batch_size}; "
+            f"check data.paths and model.max_sequence_length against the run's."
+        )
+    if step < 1:
+        raise OLMoCliError(f"--step {step} is not a training step; steps are counted from 1.")
+    max_steps = cfg.max_steps(steps_per_epoch * batch_size)
+    if step > max_steps:
+        log.warning(
+            "Step %d is past the run's last step (%d, from max_duration); it was never trained.", step, max_steps
+        )
+    epoch, s = divmod(step - 1, steps_per_epoch)
+    log.info("Step %d trains on batch %d (from 0) of the %d of epoch %d.", step, s, steps_per_epoch, epoch)
+    path = order_file if order_file is not None else default_order_dir / order_file_name(epoch)
+    global_indices = load_order(path, order_file is not None, epoch, cfg, dataset)
+    positions = range(batch_size)
+    if rank is not None:
+        assert world_size is not None and batch_size % world_size == 0 and 0 <= rank < world_size
+        positions = range(rank, batch_size, world_size)
+    # Read exactly as users do (olmo/data/__init__.py): a slice of the order, uint32 indices as they are.
+    batch = global_indices[s * batch_size : (s + 1) * batch_size]
+    rows = []
+    for position in positions:
+        index = batch[position]
+        path_of, offset = dataset.instance_location(index)
+        row = Row(position, int(index), path_of, offset)
+        if tokenizer is not None or cfg.data.label_mask_paths is not None:
+            instance = dataset[index]
+            if "label_mask" in instance:
+                row.label_tokens = int(instance["label_mask"].sum())
+            if tokenizer is not None:
+                text = tokenizer.decode(instance["input_ids"].tolist()).replace("\n", "\\n")
+                row.text = text if len(text) <= max_chars else text[:max_chars] + "…"
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[Row], title: str, show_rank_of: Optional[int]) -> None:
+    table = Table(title=title, show_lines=any(r.text is not None for r in rows))
+    table.add_column("pos", justify="right")
+    if show_rank_of is not None:
+        table.add_column("rank", justify="right")
+    table.add_column("instance", justify="right")
+    table.add_column("file", overflow="fold")
+    table.add_column("token offset", justify="right")
+    if any(r.label_tokens is not None for r in rows):
+        table.add_column("label tokens", justify="right")
+    if any(r.text is not None for r in rows):
+        table.add_column("text", overflow="fold", ratio=1)
+    for r in rows:
+        cells = [str(r.position)]
+        if show_rank_of is not None:
+            cells.append(str(r.position % show_rank_of))
+        cells += [str(r.index), r.path, str(r.offset)]
+        if r.label_tokens is not None:
+            cells.append(str(r.label_tokens))
+        # Text, not a markup string: decoded data may hold "[...]" that rich would read as styles.
+        table.add_row(*cells, *([Text(r.text)] if r.text is not None else []))
+    # Off a terminal rich assumes 80 columns, too few for this table; logs and pipes get a wide one.
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+def main(argv: Optional[list[str]] = None) -> list[Row]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("target", type=Path, help="a run's save_folder, or a training config YAML")
+    parser.add_argument("--step", type=int, required=True, help="training step, counted from 1")
+    parser.add_argument("--rank", type=int, default=None, help="show only this rank's share (needs --world-size)")
+    parser.add_argument("--world-size", type=int, default=None, help="data-parallel ranks (adds a rank column)")
+    parser.add_argument("--decode", action="store_true", help="show the start of every instance's text")
+    parser.add_argument("--order-file", type=Path, default=None, help="the epoch's global_indices file")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer for --decode (default: the config's)")
+    parser.add_argument("--max-chars", type=int, default=200, help="characters of text per instance (%(default)s)")
+    args, extra = parser.parse_known_args(argv)
+    bad = [a for a in extra if not a.startswith("--")]
+    if bad:
+        raise OLMoCliError(f"Unexpected argument(s) {bad}; config overrides look like --model.key=value.")
+    if args.rank is not None and args.world_size is None:
+        raise OLMoCliError("--rank needs --world-size: pass the number of ranks the run trained with.")
+
+    if args.target.is_dir():
+        config_path = args.target / "config.yaml"
+        if not config_path.is_file():
+            raise OLMoCliError(
+                f"'{args.target}' has no config.yaml, so it is not a finished run's save_folder. Pass the run "
+                f"folder, or the training config with --order-file PATH/global_indices.npy."
+            )
+    else:
+        config_path = args.target
+    cfg = TrainConfig.load(config_path, [clean_opt(a) for a in extra])
+    batch_size, world_size = cfg.global_train_batch_size, args.world_size
+    if world_size is not None and (
+        world_size <= 0 or batch_size % world_size or not 0 <= (args.rank or 0) < world_size
+    ):
+        raise OLMoCliError(
+            f"--world-size {world_size} must divide global_train_batch_size={batch_size} (the trainer requires it) "
+            f"and --rank must be in [0, {world_size})."
+        )
+    order_dir = (args.target if args.target.is_dir() else Path(cfg.save_folder)) / "train_data"
+    tokenizer = None
+    if args.decode:
+        identifier = args.tokenizer or cfg.tokenizer.identifier
+        tokenizer = Tokenizer.from_file(identifier, cfg.model.eos_token_id, cfg.model.pad_token_id)
+    rows = batch_rows(
+        cfg, args.step, args.order_file, order_dir, args.rank, args.world_size, tokenizer, args.max_chars
+    )
+    who = "all ranks" if args.rank is None else f"rank {args.rank} of {args.world_size}"
+    title = (
+        f"Step {args.step}: {len(rows)} instances of {cfg.model.max_sequence_length} tokens "
+        f"({who}; global batch {cfg.global_train_batch_size})"
+    )
+    print_table(rows, title, args.world_size)
+    return rows
+
+
+if __name__ == "__main__":
+    prepare_cli_environment()
+    main()

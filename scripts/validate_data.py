@@ -1,0 +1,267 @@
+"""Scan token files fully, report their statistics, and exit non-zero if training would reject them.
+
+    python scripts/validate_data.py CONFIG.yaml [--key.path=value ...]
+    python scripts/validate_data.py TOKENS.npy [...] [--dtype uint16] [--vocab-size V] [--eos ID] \\
+        [--seq-len T] [--label-masks MASK.npy ...]
+
+With a config, the files are its ``data.paths`` (or ``data.datasets``) and ``data.label_mask_paths``, and
+dtype, vocabulary size, EOS id and sequence length come from ``data.memmap_dtype`` and ``model.*``; the
+flags override them. Without a vocabulary size, ids are only checked against the dtype.
+
+Per file and in total: tokens; the smallest dtype that holds the ids; id range and the count of ids
+>= the vocabulary size; EOS count and frequency; document lengths (tokens up to and including each EOS:
+percentiles, plus a histogram of all files); instances of ``--seq-len`` tokens and the tail tokens
+dropped; for label masks, the fraction True. The checks training makes before it starts are those of
+:meth:`olmo.data.MemMapDataset.validate` (file sizes, dtype, empty files, ids, mask lengths); every
+problem they find is listed and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from olmo.config import TrainConfig, clean_opt  # noqa: E402
+from olmo.config_validation import MEMMAP_DTYPES  # noqa: E402
+from olmo.data import MemMapDataset, build_memmap_dataset  # noqa: E402
+from olmo.exceptions import OLMoCliError, OLMoDataError, OLMoError  # noqa: E402
+from olmo.util import prepare_cli_environment, resource_path  # noqa: E402
+
+log = logging.getLogger("validate_data")
+
+CHUNK_TOKENS = 2**23
+"""Tokens read per step (bounds memory; large enough that numpy's per-call cost is negligible)."""
+PERCENTILES = (10, 50, 90, 99)
+
+
+@dataclass
+class FileStats:
+    path: str
+    tokens: int = 0
+    min_id: int = 0
+    max_id: int = 0
+    over_vocab: int = 0
+    zeros: int = 0
+    eos: int = 0
+    doc_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Tokens of every document that ends with EOS (the EOS included)."""
+    mask_true: Optional[int] = None
+    mask_tokens: Optional[int] = None
+
+
+def scan(path: str, dtype: np.dtype, vocab: int, eos: int, progress: tqdm) -> Optional[FileStats]:
+    """Statistics of one token file, or None when it cannot be read (validate() reports why)."""
+    try:
+        tokens = np.memmap(resource_path(path), dtype=dtype, mode="r")
+    except (OSError, ValueError, OLMoError):
+        return None
+    stats = FileStats(path, len(tokens), int(np.iinfo(dtype).max), 0)
+    lengths, last_eos = [], -1
+    for start in range(0, len(tokens), CHUNK_TOKENS):
+        chunk = np.asarray(tokens[start : start + CHUNK_TOKENS])
+        stats.min_id, stats.max_id = min(stats.min_id, int(chunk.min())), max(stats.max_id, int(chunk.max()))
+        if stats.max_id >= vocab:
+            stats.over_vocab += int(np.count_nonzero(chunk >= vocab))
+        stats.zeros += len(chunk) - int(np.count_nonzero(chunk))
+        ends = np.flatnonzero(chunk == eos) + start
+        if len(ends):
+            lengths.append(np.diff(ends, prepend=last_eos))
+            last_eos = int(ends[-1])
+        progress.update(len(chunk))
+    stats.eos = sum(map(len, lengths))
+    stats.doc_lengths = np.concatenate(lengths) if lengths else stats.doc_lengths
+    return stats
+
+
+def scan_mask(stats: FileStats, path: str, progress: tqdm) -> None:
+    try:
+        mask = np.memmap(resource_path(path), dtype=np.bool_, mode="r")
+    except (OSError, ValueError, OLMoError):
+        return
+    stats.mask_tokens, stats.mask_true = len(mask), 0
+    for start in range(0, len(mask), CHUNK_TOKENS):
+        stats.mask_true += int(np.count_nonzero(mask[start : start + CHUNK_TOKENS]))
+        progress.update(min(CHUNK_TOKENS, len(mask) - start))
+
+
+def smallest_dtype(max_id: int) -> str:
+    return next(d for d in MEMMAP_DTYPES if max_id <= np.iinfo(d).max)
+
+
+def histogram(lengths: np.ndarray, width: int = 40) -> list[str]:
+    """Document lengths in power-of-two buckets, one text bar per bucket."""
+    top = max(1, int(np.ceil(np.log2(lengths.max() + 1))))
+    counts, edges = np.histogram(lengths, bins=2 ** np.arange(top + 1))
+    lines = []
+    for count, lo, hi in zip(counts, edges[:-1], edges[1:]):
+        bar = "█" * round(width * count / counts.max())
+        label = f"{lo:,}" if hi - lo == 1 else f"{lo:,}–{hi - 1:,}"
+        lines.append(f"{label:>17} {bar:<{width}} {100 * count / len(lengths):5.1f}% ({count:,})")
+    return lines
+
+
+def combine(all_stats: list[FileStats], dtype: np.dtype) -> FileStats:
+    """The statistics of all files together."""
+    total = FileStats("TOTAL", min_id=int(np.iinfo(dtype).max))
+    for s in all_stats:
+        total.min_id, total.max_id = min(total.min_id, s.min_id), max(total.max_id, s.max_id)
+        for name in ("tokens", "over_vocab", "zeros", "eos"):
+            setattr(total, name, getattr(total, name) + getattr(s, name))
+        if s.mask_tokens is not None:
+            total.mask_tokens = (total.mask_tokens or 0) + s.mask_tokens
+            total.mask_true = (total.mask_true or 0) + (s.mask_true or 0)
+    if all_stats:
+        total.doc_lengths = np.concatenate([s.doc_lengths for s in all_stats])
+    return total
+
+
+def report(all_stats: list[FileStats], dtype: np.dtype, vocab: Optional[int], eos: int, seq_len: int) -> None:
+    """Print a table of every file and the total, then the document lengths of all files."""
+    table = Table(title=f"dtype {dtype.name}, vocab {vocab or 'unchecked'}, eos {eos}, seq_len {seq_len}")
+    columns = ["file", "tokens", "fits", "ids", ">= vocab", "EOS (1 per)", "docs p50/p90/max"]
+    for name in [*columns, "instances", "tail dropped", "label True"]:
+        table.add_column(name, justify="left" if name == "file" else "right", overflow="fold")
+    total = combine(all_stats, dtype)
+    for s in [*all_stats, total]:
+        docs = "-"
+        if len(s.doc_lengths):
+            docs = "/".join(f"{v:,.0f}" for v in np.percentile(s.doc_lengths, [50, 90, 100]))
+        per_file = all_stats if s is total else [s]
+        table.add_row(
+            s.path,
+            f"{s.tokens:,}",
+            smallest_dtype(s.max_id) if s.tokens else "-",
+            f"{s.min_id:,}–{s.max_id:,}" if s.tokens else "-",
+            f"{s.over_vocab:,}" if vocab else "-",
+            f"{s.eos:,} ({s.tokens / s.eos:,.0f})" if s.eos else "0",
+            docs,
+            f"{sum(f.tokens // seq_len for f in per_file):,}",
+            f"{sum(f.tokens % seq_len for f in per_file):,}",
+            f"{100 * (s.mask_true or 0) / s.mask_tokens:.1f}%" if s.mask_tokens else "-",
+            end_section=bool(all_stats) and s is all_stats[-1],
+        )
+    # Off a terminal rich assumes 80 columns, too few for this table; logs and pipes get a wide one.
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(table)
+    lengths = total.doc_lengths
+    if len(lengths):
+        stats = ", ".join(f"p{p} {v:,.0f}" for p, v in zip(PERCENTILES, np.percentile(lengths, PERCENTILES)))
+        console.print(
+            f"{len(lengths):,} documents ending in EOS: min {lengths.min():,}, {stats}, max {lengths.max():,}, "
+            f"mean {lengths.mean():,.1f} tokens",
+            highlight=False,
+        )
+        console.print("\n".join(histogram(lengths)), highlight=False)
+
+
+def warnings_about(s: FileStats, dtype: np.dtype, eos: int) -> list[str]:
+    """Signs of a mistake that training would not reject."""
+    out = []
+    if s.tokens and not s.eos:
+        out.append(f"'{s.path}' holds no EOS token (id {eos}): documents run together, or --eos is wrong.")
+    if s.tokens and s.zeros > s.tokens / 4:
+        out.append(
+            f"{100 * s.zeros / s.tokens:.0f}% of the ids in '{s.path}' are 0: it may have been written with a "
+            f"wider dtype than {dtype.name} (set --dtype / data.memmap_dtype to the one it was written with)."
+        )
+    if s.mask_tokens and not s.mask_true:
+        out.append(f"The label mask of '{s.path}' is all False: nothing in it is trained on.")
+    return out
+
+
+def build_dataset(args: argparse.Namespace, extra: list[str]) -> tuple[MemMapDataset, Optional[int], int]:
+    """The files to check as a MemMapDataset, with the vocabulary size and EOS id to check them against."""
+    first = Path(args.inputs[0])
+    if first.suffix in (".yaml", ".yml"):
+        if len(args.inputs) > 1 or args.label_masks:
+            raise OLMoCliError("Pass either one config YAML or token files (with --label-masks), not both.")
+        cfg = TrainConfig.load(first, [clean_opt(a) for a in extra])
+        files = build_memmap_dataset(cfg, cfg.data, include_instance_metadata=False)
+        paths, masks = files.paths, files.label_mask_paths
+        dtype, seq_len = args.dtype or cfg.data.memmap_dtype, args.seq_len or cfg.model.max_sequence_length
+        vocab = args.vocab_size or cfg.model.vocab_size
+        eos = args.eos if args.eos is not None else cfg.model.eos_token_id
+    else:
+        if extra:
+            raise OLMoCliError(f"Unknown option(s) {extra}; config overrides (--key=value) need a config YAML.")
+        if args.label_masks and len(args.label_masks) != len(args.inputs):
+            raise OLMoCliError(
+                f"--label-masks lists {len(args.label_masks)} files for {len(args.inputs)} token files; give one "
+                f"mask per token file, in the same order."
+            )
+        paths, masks, dtype = args.inputs, args.label_masks, args.dtype or "uint16"
+        seq_len, vocab, eos = args.seq_len or 2048, args.vocab_size, 50279 if args.eos is None else args.eos
+    dataset = MemMapDataset(*paths, chunk_size=seq_len, memmap_dtype=dtype, label_mask_paths=masks)
+    return dataset, vocab, eos
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("inputs", nargs="+", help="a training config YAML, or token files")
+    parser.add_argument("--dtype", choices=MEMMAP_DTYPES, default=None, help="token dtype (default uint16)")
+    parser.add_argument("--vocab-size", type=int, default=None, help="ids must be below this")
+    parser.add_argument("--eos", type=int, default=None, help="EOS id that ends documents (default 50279)")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per instance (default 2048)")
+    parser.add_argument("--label-masks", nargs="+", default=None, help="one bool mask per token file")
+    args, extra = parser.parse_known_args(argv)
+    if any(not a.startswith("--") for a in extra):
+        raise OLMoCliError(f"Unexpected argument(s) {extra}; put options after the file names.")
+    if args.seq_len is not None and args.seq_len <= 0:
+        raise OLMoCliError(f"--seq-len {args.seq_len} must be positive.")
+    dataset, vocab, eos = build_dataset(args, extra)
+    dtype = dataset.dtype
+    # Without a vocabulary the ids are only bounded by the dtype (2**63 keeps uint64 comparisons exact).
+    check_vocab = vocab if vocab is not None else min(int(np.iinfo(dtype).max) + 1, 2**63)
+    log.info(
+        "Checking %d file(s) as training does (MemMapDataset.validate), then scanning them.", len(dataset.paths)
+    )
+    problems = None
+    try:
+        dataset.validate(check_vocab, scan_max_tokens=2**62)
+    except OLMoDataError as e:
+        problems = str(e)
+    sizes = [Path(p).stat().st_size // dtype.itemsize if Path(p).is_file() else 0 for p in dataset.paths]
+    masks = dataset.label_mask_paths or []
+    with tqdm(total=sum(sizes) * (2 if masks else 1), desc="scanning", unit="tok", unit_scale=True) as progress:
+        all_stats = []
+        for i, path in enumerate(dataset.paths):
+            stats = scan(path, dtype, check_vocab, eos, progress)
+            if stats is not None:
+                if masks:
+                    scan_mask(stats, masks[i], progress)
+                all_stats.append(stats)
+    report(all_stats, dtype, vocab, eos, dataset.chunk_size)
+    for warning in (w for stats in all_stats for w in warnings_about(stats, dtype, eos)):
+        log.warning(warning)
+    if vocab is not None and vocab - 1 > np.iinfo(dtype).max:
+        log.warning(
+            "The vocabulary has %d ids but %s holds ids only up to %d: the files cannot hold this tokenizer's ids. "
+            "Use the dtype they were written with (--dtype / data.memmap_dtype).",
+            vocab,
+            dtype.name,
+            np.iinfo(dtype).max,
+        )
+    if problems is not None:
+        if Path(args.inputs[0]).suffix not in (".yaml", ".yml"):
+            problems += (
+                " (For token files given directly: model.vocab_size is --vocab-size, data.memmap_dtype is --dtype, "
+                "model.max_sequence_length is --seq-len and data.label_mask_paths is --label-masks.)"
+            )
+        raise OLMoDataError(problems)
+    log.info("%d file(s), %s tokens: valid.", len(all_stats), f"{sum(s.tokens for s in all_stats):,}")
+
+
+if __name__ == "__main__":
+    prepare_cli_environment()
+    main()
