@@ -579,8 +579,19 @@ class TrainConfig:
             raw = om.load(path)
             raw = _update_legacy_settings(raw)
             conf = om.merge(om.structured(cls), raw)
-            if overrides:
-                conf = om.merge(conf, om.from_dotlist(list(overrides)))
+        except OmegaConfBaseException as e:
+            raise _config_error(e, str(path)) from None
+        for override in overrides or []:
+            try:
+                conf = om.merge(conf, om.from_dotlist([override]))
+            except OmegaConfBaseException as e:
+                raise _config_error(e, "the command line") from None
+            except (TypeError, ValueError) as e:  # e.g. a dotted path into a list: evaluators.1.label=x
+                raise OLMoConfigurationError(
+                    f"Cannot apply the override '{override}': {e}. A list can only be replaced as a whole "
+                    f"(e.g. --data.paths=[a.npy,b.npy] or --evaluators=[]), not element by element."
+                ) from None
+        try:
             return om.to_object(conf)  # type: ignore[return-value]
         except OmegaConfBaseException as e:
             raise _config_error(e, str(path)) from None

@@ -32,6 +32,10 @@ def validate_train_config(cfg: TrainConfig, world_size: int) -> None:
     problems += _data_problems(cfg)
     problems += _optim_problems(cfg)
     problems += _checkpoint_problems(cfg)
+    if cfg.evaluators:
+        from .eval import evaluator_problems
+
+        problems += evaluator_problems(cfg)
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)
         raise OLMoConfigurationError(
@@ -183,11 +187,7 @@ def _warn_no_effect(cfg: TrainConfig) -> None:
         "python_profiling": cfg.python_profiling,
         "torch_profiling": cfg.torch_profiling,
     }
-    unused.update(
-        {
-            "evaluators (in-loop evaluation)": bool(cfg.evaluators),
-        }
-    )
+    unused.update({})
     for key, is_set in unused.items():
         if is_set:
             log.warning("%s is accepted for OLMo compatibility but not implemented yet; it has no effect.", key)

@@ -155,20 +155,24 @@ class MetricsLogger:
             self.task = self.progress.add_task("train", total=max_steps, status="")
             self.progress.start()
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, float], console_keys: Optional[list[str]] = None) -> None:
+        """Record one step's metrics. Training metrics reach the console every ``console_log_interval``
+        steps; metrics logged with ``console_keys`` (evaluations) always do, in full."""
         if not self.enabled:
             return
-        self.last = metrics
         loss = metrics.get("train/CrossEntropyLoss")
-        if loss is not None and self.first_loss is None:
-            self.first_loss = loss
+        if loss is not None:
+            self.last = metrics
+            self.first_loss = loss if self.first_loss is None else self.first_loss
         self.jsonl.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
         self.jsonl.flush()
-        if self.wandb_run is not None and step % self.wandb_interval == 0:
+        if self.wandb_run is not None and (console_keys is not None or step % self.wandb_interval == 0):
             self.wandb_run.log(metrics, step=step)
-        if self.progress is not None:
-            self.progress.update(self.task, completed=step, status=f"loss {loss:.4f}" if loss is not None else "")
-        if step % self.console_interval == 0:
+        if self.progress is not None and loss is not None:
+            self.progress.update(self.task, completed=step, status=f"loss {loss:.4f}")
+        if console_keys is not None:
+            log.info("[step=%d] %s", step, " ".join(f"{k}={_format(metrics[k])}" for k in console_keys))
+        elif step % self.console_interval == 0:
             parts = [f"{short}={_format(metrics[key])}" for key, short in self.CONSOLE_KEYS if key in metrics]
             log.info("[step=%d/%d] %s", step, self.max_steps, " ".join(parts))
 

@@ -128,7 +128,7 @@ def write_config(path: Union[str, Path], cfg: dict[str, Any]) -> Path:
 def run_train(config_path: Union[str, Path], *args: str, record: Optional[list] = None) -> int:
     """Run ``scripts/train.py CONFIG ARGS...`` in this process; return its exit code.
 
-    :param record: if given, every step's metrics dict is appended to it.
+    :param record: if given, every metrics dict logged is appended to it (training steps, then evaluations).
     """
     import importlib.util
 
@@ -143,11 +143,11 @@ def run_train(config_path: Union[str, Path], *args: str, record: Optional[list] 
 
     original = MetricsLogger.log
 
-    def logging_hook(self: MetricsLogger, step: int, metrics: dict[str, float]) -> None:
+    def logging_hook(self: MetricsLogger, step: int, metrics: dict[str, float], **kwargs: Any) -> None:
         record.append({"step": step, **metrics})
-        original(self, step, metrics)
+        original(self, step, metrics, **kwargs)
 
-    MetricsLogger.log = logging_hook  # type: ignore[method-assign]
+    MetricsLogger.log = logging_hook  # type: ignore[method-assign,assignment]
     try:
         return module.main(["train.py", str(config_path), *args])
     finally:

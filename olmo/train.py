@@ -14,7 +14,7 @@ import logging
 import math
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -36,6 +36,7 @@ from .checkpoint import (
 from .config import SchedulerUnits, TrainConfig
 from .data import DataIndexLog, IterableDataset
 from .distributed import DistEnv, all_reduce, autocast_dtype, model_config_fingerprint
+from .eval import Evaluator
 from .exceptions import OLMoDataError, OLMoTrainingError
 from .metrics import MetricsLogger, SpeedMonitor, device_peak_flops, peak_memory_mb
 from .model import OLMo
@@ -113,9 +114,11 @@ class Trainer:
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
         train_loader: torch.utils.data.DataLoader,
+        evaluators: Sequence[Evaluator] = (),
     ):
         self.cfg, self.env, self.model, self.optimizer = cfg, env, model, optimizer
         self.scheduler, self.train_loader = scheduler, train_loader
+        self.evaluators = list(evaluators)
         self.dataset: IterableDataset = train_loader.dataset  # type: ignore[assignment]
         self.state = TrainerState(epoch=self.dataset.epoch)  # --epoch starts a fresh run at that epoch
         self.max_steps = cfg.max_steps(self.dataset.total_size)
@@ -289,6 +292,21 @@ class Trainer:
                 self.save(sharded=self._saving_enabled(True) or self.env.world_size > 1)
         return self.last_saved_step != before
 
+    def maybe_eval(self, metrics_logger: MetricsLogger, stop_at: int, force: bool = False) -> bool:
+        """Run every evaluator (on every rank: they reduce across ranks) when ``eval_interval`` says so or
+        at the last step, and log the results; return whether anything ran."""
+        step = self.state.global_step
+        due = force or step % self.cfg.eval_interval == 0 or step >= stop_at
+        if not self.evaluators or not due:
+            return False
+        start, metrics = time.perf_counter(), {}
+        self.optimizer.zero_grad(set_to_none=True)  # free gradient memory for the eval batches
+        for evaluator in self.evaluators:
+            metrics.update(evaluator.evaluate(self.model, self.env.device, self.autocast_dtype))
+        metrics["eval/seconds"] = time.perf_counter() - start
+        metrics_logger.log(step, metrics, console_keys=sorted(metrics))
+        return True
+
     # ----------------------------------------------------------------------------------------------
     def fit(self) -> int:
         """Train until ``stop_at``/max_duration, a stop signal or the time limit; return an exit code."""
@@ -314,6 +332,8 @@ class Trainer:
             and (self._saving_enabled(True) or self._saving_enabled(False))
         ):
             self.maybe_save(final=True)  # proves early that checkpoints can be written
+        if cfg.eval_on_load and self.restored_step:
+            self.maybe_eval(metrics_logger, stop_at, force=True)
         self.model.train()
         batches = self._batches()
         try:
@@ -339,8 +359,8 @@ class Trainer:
                     self.maybe_save(final=True)
                     exit_code = EXIT_CODE_STOPPED
                     break
-                if self.maybe_save():
-                    speed.reset()
+                if self.maybe_save() | self.maybe_eval(metrics_logger, stop_at):
+                    speed.reset()  # checkpoint and eval time is not training throughput
                 if cfg.gen1_gc_interval is not None and s.global_step % cfg.gen1_gc_interval == 0:
                     gc.collect(1)
             else:

@@ -19,6 +19,7 @@ from olmo.checkpoint import check_model_matches, plan_restore, prepare_save_fold
 from olmo.config import TrainConfig, clean_opt  # noqa: E402
 from olmo.data import build_memmap_dataset, build_train_dataloader  # noqa: E402
 from olmo.distributed import build_model, init_distributed, teardown_distributed  # noqa: E402
+from olmo.eval import build_evaluators  # noqa: E402
 from olmo.exceptions import OLMoCliError  # noqa: E402
 from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
 from olmo.rng import seed_all  # noqa: E402
@@ -65,7 +66,8 @@ def main(argv: list) -> int:
             model.num_flops_per_token() / 1e9,
         )
         optimizer = build_optimizer(cfg.optimizer, model)
-        trainer = Trainer(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), train_loader)
+        evaluators = build_evaluators(cfg, world_size=env.world_size, rank=env.rank)
+        trainer = Trainer(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), train_loader, evaluators)
         if plan is not None:
             trainer.restore(plan.info, plan.load_optimizer_state, plan.load_trainer_state)
         if cfg.force_save_unsharded:

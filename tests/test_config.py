@@ -14,8 +14,9 @@ SHIPPED_CONFIGS = sorted(REPO.glob("configs/**/*.yaml"))
 def test_every_shipped_config_loads_and_validates(path, tmp_path, monkeypatch):
     if "tiny" in path.parts:
         # The quickstart config globs the prepared corpus; give it one file to find.
-        (tmp_path / "data/quickstart/train").mkdir(parents=True)
-        (tmp_path / "data/quickstart/train/part-00000.npy").write_bytes(b"\0" * 1024)
+        for split in ("train", "val"):
+            (tmp_path / "data/quickstart" / split).mkdir(parents=True)
+            (tmp_path / "data/quickstart" / split / "part-00000.npy").write_bytes(b"\0" * 1024)
         monkeypatch.chdir(tmp_path)
     cfg = TrainConfig.load(path)
     world_size = 1 if "tiny" in path.parts else 8
@@ -171,3 +172,8 @@ def test_durations(tmp_path):
     assert cfg.max_steps(0) == 10
     with pytest.raises(OLMoConfigurationError, match="max_duration"):
         TrainConfig.load(_config(tmp_path, max_duration="ten")).validate(1)
+
+
+def test_overriding_one_list_element_is_a_config_error(tmp_path):
+    with pytest.raises(OLMoConfigurationError, match=r"evaluators\.0\.label=x.*replaced as a whole"):
+        TrainConfig.load(_config(tmp_path, evaluators=[{"label": "a"}]), ["evaluators.0.label=x"])

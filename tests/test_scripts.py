@@ -44,13 +44,17 @@ def test_prepare_memmap_dataset_writes_the_tokenizers_ids_with_eos(tmp_path):
 
 
 def test_quickstart_path_trains_on_olmo_tokens(tmp_path):
-    """The README quickstart in miniature: stdlib source -> OLMo tokens -> tiny OLMo -> loss falls."""
+    """The README quickstart in miniature: stdlib source -> OLMo tokens -> tiny OLMo -> loss falls, with the
+    config's in-loop perplexity and PIQA evaluators."""
     import sysconfig
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    sources = sorted(stdlib.glob("*.py"))[:12]
-    result = _run(REPO / "scripts/prepare_memmap_dataset.py", *sources, "-o", tmp_path / "data/quickstart/train")
-    assert result.returncode == 0, result.stderr
+    sources = sorted(stdlib.glob("*.py"))[:14]
+    for split, files in (("train", sources[:12]), ("val", sources[12:])):
+        result = _run(
+            REPO / "scripts/prepare_memmap_dataset.py", *files, "-o", tmp_path / "data/quickstart" / split
+        )
+        assert result.returncode == 0, result.stderr
     result = _run(
         REPO / "scripts/train.py",
         REPO / "configs/tiny/OLMo-tiny.yaml",
@@ -64,10 +68,13 @@ def test_quickstart_path_trains_on_olmo_tokens(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "runs/OLMo-tiny"
-    losses = [
-        json.loads(line)["train/CrossEntropyLoss"] for line in (run / "metrics.jsonl").read_text().splitlines()
-    ]
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [m["train/CrossEntropyLoss"] for m in lines if "train/CrossEntropyLoss" in m]
     assert len(losses) == 6 and losses[-1] < losses[0] - 1.5, losses  # starts near ln(50k) = 10.8
+    evals = [m for m in lines if "eval/seconds" in m]
+    assert [m["step"] for m in evals] == [6]  # eval_interval 50, and always at the last step
+    assert 0 < evals[0]["eval/stdlib-validation/CrossEntropyLoss"] < losses[0]
+    assert 0 <= evals[0]["eval/downstream/piqa_acc"] <= 1
     assert (run / "train_data/global_indices.npy").is_file()
     assert {p.name for p in run.glob("step*")} == {"step3-unsharded", "step6-unsharded"}
 

@@ -324,3 +324,32 @@ def test_a_fresh_run_started_at_a_later_epoch_continues_from_it(tmp_path, corpus
     assert sorted(p.name for p in order.iterdir()) == ["global_indices_epoch3.npy", "global_indices_epoch4.npy"]
     state = torch.load(tmp_path / "run/step4-unsharded/train.pt", weights_only=True)
     assert state["epoch"] == 4
+
+
+def test_in_loop_evaluation_runs_on_schedule_and_does_not_disturb_training(tmp_path, corpus):
+    lm_eval = [{"label": "held-out", "type": "lm", "data": {"paths": [corpus[1]]}, "subset_num_batches": 2}]
+    with_eval, without_eval = [], []
+    cfg = _setup(
+        tmp_path / "eval", corpus, max_duration=7, eval_interval=3, evaluators=lm_eval, device_eval_batch_size=4
+    )
+    assert run_train(cfg, record=with_eval) == 0
+    assert run_train(_setup(tmp_path / "plain", corpus, max_duration=7), record=without_eval) == 0
+    evals = [r for r in with_eval if "eval/seconds" in r]
+    assert [r["step"] for r in evals] == [3, 6, 7]
+    for r in evals:
+        assert r["eval/held-out/Perplexity"] == pytest.approx(np.exp(r["eval/held-out/CrossEntropyLoss"]))
+    assert evals[-1]["eval/held-out/CrossEntropyLoss"] < evals[0]["eval/held-out/CrossEntropyLoss"]
+    assert _losses([r for r in with_eval if "eval/seconds" not in r]) == _losses(without_eval)
+    resumed = []
+    assert (
+        run_train(
+            cfg,
+            f"--load_path={tmp_path}/eval/run/step5-unsharded",
+            "--eval_on_load",
+            "--stop_at=6",
+            "--save_overwrite",
+            record=resumed,
+        )
+        == 0
+    )
+    assert [r["step"] for r in resumed if "eval/seconds" in r] == [5, 6]

