@@ -695,6 +695,9 @@ def _config_error(e: OmegaConfBaseException, source: str) -> OLMoConfigurationEr
         msg = f"{msg} ({cause})"
     if isinstance(e, ConfigKeyError):
         fix = "Remove or rename that key (see olmo/config.py for every field and its meaning)."
+    elif "[" in key:
+        list_key = key.split("[", 1)[0]
+        fix = f"Fix the value in the YAML file, or replace the whole list with --{list_key}=[...]."
     else:
         fix = f"Fix the value in the YAML file or override it, e.g. --{key}=VALUE."
     return OLMoConfigurationError(f"Invalid config key '{key}' (from {source} or the command line): {msg}. {fix}")
