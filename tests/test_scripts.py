@@ -101,3 +101,33 @@ def test_train_without_a_config_prints_usage(argv):
     result = _run(REPO / "scripts/train.py", *argv)
     assert result.returncode != 0
     assert "Usage:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_eval_script_reproduces_the_in_loop_evaluation_and_plots_are_drawn(tmp_path):
+    write_byte_memmap(tmp_path / "train.npy", 20_000)
+    write_byte_memmap(tmp_path / "val.npy", 5_000, skip_bytes=500_000)
+    evaluators = [{"label": "val", "type": "lm", "data": {"paths": [str(tmp_path / "val.npy")]}}]
+    cfg = tiny_config_dict(
+        tmp_path / "run",
+        [str(tmp_path / "train.npy")],
+        max_duration=4,
+        eval_interval=4,
+        save_interval_unsharded=4,
+        evaluators=evaluators,
+    )
+    record = []
+    assert run_train(write_config(tmp_path / "c.yaml", cfg), record=record) == 0
+    in_loop = next(r for r in record if "eval/seconds" in r)
+    result = _run(REPO / "scripts/eval.py", tmp_path / "run/step4-unsharded", f"--out={tmp_path / 'eval.json'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    standalone = json.loads((tmp_path / "eval.json").read_text())
+    assert standalone["step"] == 4
+    for key in ("eval/val/CrossEntropyLoss", "eval/val/Perplexity"):
+        assert standalone[key] == pytest.approx(in_loop[key], rel=1e-6), key
+    assert "eval/val/Perplexity" in result.stderr  # the table
+
+    result = _run(REPO / "scripts/plot_metrics.py", tmp_path / "run", "--out", tmp_path / "plots")
+    assert result.returncode == 0, result.stderr[-3000:]
+    names = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert names == ["eval_val.png", "learning_rate.png", "loss.png", "throughput.png"]
+    assert all((tmp_path / "plots" / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)

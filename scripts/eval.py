@@ -1,0 +1,81 @@
+"""Run the in-loop evaluators on a saved checkpoint.
+
+    python scripts/eval.py CHECKPOINT_DIR [--out=results.json] [--key.path=value ...]
+    python scripts/eval.py runs/x/step1000-unsharded "--evaluators=[{label: piqa, type: downstream}]"
+    torchrun --nproc_per_node=8 scripts/eval.py CHECKPOINT_DIR
+
+The checkpoint's own ``config.yaml`` supplies the model and the evaluators; overrides work as in
+scripts/train.py (replace the evaluator list, ``--eval_subset_num_batches=20``, ...). Prints a table
+and writes the metrics as JSON (``--out``, default ``CHECKPOINT_DIR/../eval-stepN.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from olmo.checkpoint import inspect_checkpoint, load_checkpoint  # noqa: E402
+from olmo.config import TrainConfig, clean_opt  # noqa: E402
+from olmo.distributed import autocast_dtype, build_model, init_distributed, teardown_distributed  # noqa: E402
+from olmo.eval import build_evaluators  # noqa: E402
+from olmo.exceptions import OLMoCliError, OLMoConfigurationError  # noqa: E402
+from olmo.rng import seed_all  # noqa: E402
+from olmo.util import env_world_size, prepare_cli_environment, resource_path  # noqa: E402
+
+log = logging.getLogger("eval")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[1].startswith("-"):
+        raise OLMoCliError(f"Usage: {argv[0]} CHECKPOINT_DIR [--out=results.json] [--key.path=value ...]")
+    out = next((a.split("=", 1)[1] for a in argv[2:] if a.startswith("--out=")), None)
+    overrides = [clean_opt(a) for a in argv[2:] if not a.startswith("--out=")]
+    info = inspect_checkpoint(argv[1])
+    cfg = TrainConfig.load(resource_path(f"{info.path.rstrip('/')}/config.yaml"), ["compile=null", *overrides])
+    cfg.validate(env_world_size())
+    if not cfg.evaluators:
+        raise OLMoConfigurationError(
+            "There is nothing to evaluate: the checkpoint's config has no evaluators. Give some, e.g. "
+            '"--evaluators=[{label: piqa, type: downstream}]".'
+        )
+    env = init_distributed(cfg.distributed_timeout_minutes)
+    try:
+        seed_all(cfg.seed)
+        model = build_model(cfg, env)
+        load_checkpoint(info, model, None, load_trainer_state=False)
+        evaluators = build_evaluators(cfg, world_size=env.world_size, rank=env.rank)
+        metrics: dict[str, float] = {}
+        start = time.perf_counter()
+        for evaluator in evaluators:
+            metrics.update(evaluator.evaluate(model, env.device, autocast_dtype(cfg, env.device)))
+        elapsed = time.perf_counter() - start
+        if env.is_main:
+            _report(metrics, info.path, info.step, elapsed)
+            path = Path(out) if out else Path(info.path).parent / f"eval-step{info.step}.json"
+            path.write_text(json.dumps({"checkpoint": info.path, "step": info.step, **metrics}, indent=1) + "\n")
+            log.info("Wrote %s", path)
+        return 0
+    finally:
+        teardown_distributed()
+
+
+def _report(metrics: dict[str, float], checkpoint: str, step: int, seconds: float) -> None:
+    table = Table(title=f"{checkpoint} (step {step}), {seconds:.1f} s")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in sorted(metrics):
+        table.add_row(key, f"{metrics[key]:.4f}")
+    Console(stderr=True).print(table)
+
+
+if __name__ == "__main__":
+    prepare_cli_environment()
+    sys.exit(main(sys.argv))

@@ -1,0 +1,119 @@
+"""Plot training and evaluation curves from runs' ``metrics.jsonl`` files, several runs overlaid.
+
+    python scripts/plot_metrics.py RUN_DIR [RUN_DIR ...] [--out DIR]
+
+Writes PNG files into ``--out`` (default ``FIRST_RUN_DIR/plots``): ``loss.png`` (training cross entropy,
+raw and smoothed), ``learning_rate.png``, ``throughput.png`` (tokens/s per device) and one file per
+evaluation metric group (``eval_<label>.png``, ``eval_downstream.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from olmo.exceptions import OLMoCliError  # noqa: E402
+from olmo.util import prepare_cli_environment  # noqa: E402
+
+log = logging.getLogger("plot_metrics")
+
+Series = dict[str, list[tuple[int, float]]]  # metric -> [(step, value)]
+
+
+def read_metrics(run: Path) -> Series:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        raise OLMoCliError(f"'{path}' does not exist; pass the save_folder of a run (it holds metrics.jsonl).")
+    series: Series = defaultdict(list)
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        for key, value in record.items():
+            if key not in ("step", "time") and isinstance(value, (int, float)):
+                series[key].append((record["step"], float(value)))
+    # A resumed run appends; keep the last value logged for each step.
+    return {key: sorted(dict(points).items()) for key, points in series.items()}
+
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot(
+    runs: dict[str, Series], keys: list[str], title: str, ylabel: str, path: Path, smooth: bool = False
+) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    drawn = False
+    for name, series in runs.items():
+        for key in keys:
+            points = series.get(key)
+            if not points:
+                continue
+            steps, values = zip(*points)
+            label = name if len(keys) == 1 else f"{name}: {key}"
+            if smooth and len(values) > 10:
+                line = ax.plot(steps, values, alpha=0.25)[0]
+                ax.plot(
+                    steps, _smooth(list(values), max(2, len(values) // 20)), color=line.get_color(), label=label
+                )
+            else:
+                ax.plot(steps, values, marker="o" if len(values) < 20 else None, label=label)
+            drawn = True
+    if drawn:
+        ax.set(title=title, xlabel="step", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return drawn
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="run folders (each with metrics.jsonl)")
+    parser.add_argument("--out", type=Path, help="output folder (default: FIRST_RUN/plots)")
+    args = parser.parse_args()
+    runs = {run.resolve().name: read_metrics(run) for run in args.runs}
+    out = args.out or args.runs[0] / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    figures = [
+        (["train/CrossEntropyLoss"], "Training loss", "cross entropy", "loss.png", True),
+        (["optim/learning_rate_group0"], "Learning rate", "learning rate", "learning_rate.png", False),
+        (["throughput/device/tokens_per_second"], "Throughput", "tokens/s per device", "throughput.png", True),
+    ]
+    eval_keys = sorted({key for series in runs.values() for key in series if key.startswith("eval/")})
+    groups: dict[str, list[str]] = defaultdict(list)
+    for key in eval_keys:
+        if key != "eval/seconds":
+            groups[key.split("/")[1]].append(key)
+    for group, keys in sorted(groups.items()):
+        figures.append((keys, f"Evaluation: {group}", "value", f"eval_{group.replace('/', '_')}.png", False))
+    written = [
+        out / name
+        for keys, title, ylabel, name, smooth in figures
+        if plot(runs, keys, title, ylabel, out / name, smooth)
+    ]
+    for path in written:
+        log.info("Wrote %s", path)
+    if not written:
+        raise OLMoCliError(f"No metrics to plot in {', '.join(map(str, args.runs))}.")
+
+
+if __name__ == "__main__":
+    prepare_cli_environment()
+    main()
