@@ -64,6 +64,10 @@ def test_quickstart_path_trains_on_olmo_tokens(tmp_path):
         "--save_interval_unsharded=3",
         "--scheduler.t_warmup=2",
         "--console_log_interval=1",
+        # The config's two evaluators, with PIQA cut to one batch of 4 questions to keep this test quick.
+        "--evaluators=[{label: stdlib-validation, type: lm, data: {paths: [data/quickstart/val/part-00000.npy]}},"
+        " {label: piqa, type: downstream, subset_num_batches: 1}]",
+        "--device_eval_batch_size=4",
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
