@@ -25,3 +25,19 @@ quickstart: install
 
 clean:
 	rm -rf runs data/quickstart .pytest_cache .mypy_cache .ruff_cache
+
+# dolma (`dolma tokens` wrote the OLMo training data) pins numpy<2 and tokenizers<=0.19, which clash with
+# .venv, so it gets its own virtualenv; scripts/prepare_dolma.sh runs it. dolma 1.2.1 needs Python < 3.13.
+# boto3 is pinned in the same command: without it pip backtracks through ~100 boto3 versions (> 10 min).
+# On import dolma downloads nltk's "punkt" unless it finds it, which it never uses for tokenizing; an empty
+# stub in the env's own nltk_data keeps `dolma tokens` offline.
+DOLMA_VENV ?= .venv-dolma
+DOLMA_PYTHON ?= python3
+
+.PHONY: dolma-env
+dolma-env: $(DOLMA_VENV)/bin/dolma
+
+$(DOLMA_VENV)/bin/dolma:
+	$(DOLMA_PYTHON) -m venv $(DOLMA_VENV)
+	mkdir -p $(DOLMA_VENV)/nltk_data/tokenizers/punkt
+	$(DOLMA_VENV)/bin/pip install -q "dolma==1.2.1" "boto3==1.28.17"

@@ -5,7 +5,8 @@
 INPUT is a file, a directory (searched recursively with --glob) or a glob. Formats, by suffix:
 plain text (``.txt``, ``.md``, ``.py``, ``.rst`` ...: one document per file) and JSON lines
 (``.jsonl``, ``.json``, optionally ``.gz``, one document per line with a ``text`` field: the dolma
-format). Every document is followed by EOS. Output files are raw ``np.memmap`` dumps named
+format). Like ``dolma tokens``, each document is stripped of surrounding whitespace and followed by
+EOS. Output files are raw ``np.memmap`` dumps named
 ``part-00000.npy`` ... (no .npy header, exactly as ``dolma tokens`` writes them); read them with
 ``np.memmap(path, dtype=..., mode="r")``. With ``--val-fraction`` each document goes, by a hash of
 its source, to ``OUTPUT_DIR/train/`` or ``OUTPUT_DIR/val/``.
@@ -151,7 +152,7 @@ def main() -> None:
             if not text.strip():
                 skipped += 1
                 continue
-            pending.append((source, text))
+            pending.append((source, text.strip()))  # as `dolma tokens` does, so both give the same tokens
             if len(pending) >= args.batch_size:
                 encode_pending()
     encode_pending()

@@ -46,11 +46,14 @@ class DataCollator:
         return batch
 
     def _stack(self, items: list[dict[str, Any]], key: str, pad_value: int | bool, max_len: int) -> torch.Tensor:
-        rows = []
-        for item in items:
-            row = torch.as_tensor(item[key])
+        rows = [torch.as_tensor(item[key]) for item in items]
+        if all(len(row) == max_len for row in rows):  # pretraining: nothing to pad, stack directly
+            stacked = torch.stack(rows)
+            return stacked.long() if key == "input_ids" else stacked
+        padded = []
+        for row in rows:
             if key == "input_ids":
                 row = row.long()
             filler = torch.full((max_len - len(row),), pad_value, dtype=row.dtype)
-            rows.append(torch.cat([row, filler] if self.pad_direction == "right" else [filler, row]))
-        return torch.stack(rows)
+            padded.append(torch.cat([row, filler] if self.pad_direction == "right" else [filler, row]))
+        return torch.stack(padded)
