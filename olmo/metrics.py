@@ -16,7 +16,7 @@ import torch
 
 from .config import TrainConfig
 
-__all__ = ["SpeedMonitor", "MetricsLogger", "device_peak_flops", "peak_memory_mb"]
+__all__ = ["SpeedMonitor", "MetricsLogger", "device_peak_flops", "gpu_peak_flops", "peak_memory_mb"]
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,7 @@ _GPU_PEAKS = (
     ("H100 PCIe", 756e12),
     ("H100 NVL", 835e12),
     ("H100", 989e12),
+    ("H200 NVL", 835e12),
     ("H200", 989e12),
     ("GH200", 989e12),
     ("A100", 312e12),
@@ -41,9 +42,9 @@ def device_peak_flops(device: torch.device, override: Optional[float] = None) ->
         return float(override)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for key, flops in _GPU_PEAKS:
-            if key in name:
-                return flops
+        peak = gpu_peak_flops(name)
+        if peak is not None:
+            return peak
         log.warning("Unknown GPU %r: MFU is not reported (set speed_monitor.gpu_flops_available).", name)
         return None
     if device.type == "cpu":
@@ -53,7 +54,21 @@ def device_peak_flops(device: torch.device, override: Optional[float] = None) ->
     return None
 
 
-def _measure_cpu_matmul_flops(n: int = 1024, seconds: float = 0.3) -> float:
+def gpu_peak_flops(name: str) -> Optional[float]:
+    """Dense bf16 peak FLOP/s for a GPU's ``torch.cuda.get_device_name``, or None if unknown."""
+    for key, flops in _GPU_PEAKS:
+        if key in name:
+            return flops
+    return None
+
+
+def _measure_cpu_matmul_flops(n: int = 1024, seconds: float = 0.1, windows: int = 3) -> float:
+    """Best of a few short windows, so a moment of contention from other processes does not lower the
+    peak (and inflate MFU)."""
+    return max(_cpu_matmul_window(n, seconds) for _ in range(windows))
+
+
+def _cpu_matmul_window(n: int, seconds: float) -> float:
     # A private generator: drawing from the global RNG here would change the run's dropout draws.
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)

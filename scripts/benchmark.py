@@ -1,0 +1,552 @@
+"""Measure training throughput (tokens/s, step time and its phases, MFU, peak memory) for a config.
+
+    python scripts/benchmark.py CONFIG [--steps 20] [--warmup 5] [--batch B] [--micro-batch M] [--seq-len T]
+        [--compile | --no-compile] [--precision amp_bf16|fp32] [--data synthetic|config]
+        [--override key=value ...] [--out result.json] [--smoke]
+    torchrun --nproc_per_node=N scripts/benchmark.py CONFIG ...
+
+It runs real training steps through the code path of ``scripts/train.py``: ``build_model`` (meta init,
+activation checkpointing, compile, FSDP2 under torchrun), ``build_optimizer``, ``build_scheduler`` and
+``Trainer.train_step``. Nothing is saved and no metrics are logged, so the numbers are those of the step alone.
+
+* ``--batch`` is the *device* batch (instances per device per optimizer step; the global batch is
+  B x world size), split into ``--micro-batch`` instances per forward/backward. Unset, both come from the config.
+* ``--data synthetic`` (default) feeds random token batches made up front (pinned on CUDA), so data time is
+  ~0 and no data files are needed: it sets ``data.paths=null``, so a ``${path.glob:...}`` in the config is
+  never resolved. ``--data config`` reads the config's memmaps through ``build_train_dataloader``.
+* ``evaluators=[]`` is always applied: no evaluation runs, so the evaluators' data files are never needed.
+* Overrides apply in this order, later ones winning: ``--smoke`` defaults, ``--override``, the flags.
+
+Every measured step is split into phases, timed from the outside (hooks on the model's forward and on the
+optimizer's step) with the device synchronized at each boundary, so each phase is charged with the GPU work
+it queued:
+
+    data      getting the batch from the loader (host only)
+    prepare   token-id check, host-to-device copy, labels, zero_grad (freeing last step's gradients)
+    forward   the model's forward passes (all micro-batches)
+    backward  loss, backward passes, gradient clipping and the step's one host sync
+    optimizer ``optimizer.step()``
+    other     the rest (gen-1 garbage collection, as ``Trainer.fit`` does it)
+
+Reported per device (rank 0's numbers; the slowest rank's median step time is reported too): tokens/s from
+the median step time, MFU = tokens/s x FLOPs/token / peak FLOP/s (``olmo.metrics.device_peak_flops``: a known
+GPU's dense bf16 peak, or the measured fp32 matmul rate of this CPU), and peak memory (GPU allocations, or the
+process's resident set on CPU). ``--smoke`` shrinks the model (2 layers, d_model 64, T=128, batch 4 in
+micro-batches of 2, 3 warmup + 5 steps, no compile) for a run of seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import logging
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from olmo.config import TrainConfig, clean_opt  # noqa: E402
+from olmo.data import DataCollator, IterableDataset, build_train_dataloader  # noqa: E402
+from olmo.distributed import (  # noqa: E402
+    DistEnv,
+    all_reduce,
+    autocast_dtype,
+    build_model,
+    init_distributed,
+    teardown_distributed,
+)
+from olmo.metrics import device_peak_flops, peak_memory_mb  # noqa: E402
+from olmo.model import OLMo  # noqa: E402
+from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
+from olmo.rng import seed_all  # noqa: E402
+from olmo.train import Trainer  # noqa: E402
+from olmo.util import env_world_size, prepare_cli_environment  # noqa: E402
+from scripts.benchmark_checkpoint import machine_info  # noqa: E402
+
+log = logging.getLogger("benchmark")
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE_MODEL_OVERRIDES = ["model.n_layers=2", "model.d_model=64"]
+SMOKE_DEFAULTS = {"batch": 4, "micro_batch": 2, "seq_len": 128, "steps": 5, "warmup": 3, "compile": False}
+PHASES = ("data", "prepare", "forward", "backward", "optimizer", "other")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=Path(argv[0]).name, description=__doc__.split("\n")[0])
+    parser.add_argument("config", help="training config (YAML)")
+    parser.add_argument("--steps", type=int, help="measured steps (default 20)")
+    parser.add_argument("--warmup", type=int, help="unmeasured steps first, for compile and allocator (default 5)")
+    parser.add_argument("--batch", type=int, help="instances per device per optimizer step (default: config)")
+    parser.add_argument("--micro-batch", type=int, help="instances per forward/backward (default: config)")
+    parser.add_argument("--seq-len", type=int, help="tokens per instance, model.max_sequence_length")
+    parser.add_argument(
+        "--compile", action=argparse.BooleanOptionalAction, help="torch.compile each block (default: config)"
+    )
+    parser.add_argument("--precision", choices=["amp_bf16", "amp_fp16", "fp32"], help="default: config")
+    parser.add_argument("--data", choices=["synthetic", "config"], default="synthetic")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("--out", help="write the result as JSON to this file")
+    parser.add_argument("--smoke", action="store_true", help="tiny model and few steps, for CI")
+    args = parser.parse_args(argv[1:])
+    defaults = {"steps": 20, "warmup": 5, **(SMOKE_DEFAULTS if args.smoke else {})}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.steps < 1 or args.warmup < 0:
+        parser.error("--steps must be >= 1 and --warmup >= 0")
+    return args
+
+
+def config_overrides(args: argparse.Namespace, world_size: int) -> list[str]:
+    """Every override the flags imply, in the order they apply."""
+    out = ["evaluators=[]"]  # only training steps are measured; the evaluators' data is never needed
+    if args.data == "synthetic":
+        out += ["data.paths=null", "data.datasets=null"]
+    if args.smoke:
+        out += SMOKE_MODEL_OVERRIDES
+    out += [clean_opt(o) for o in args.override]
+    if args.batch is not None:
+        out.append(f"global_train_batch_size={args.batch * world_size}")
+    if args.micro_batch is not None:
+        out.append(f"device_train_microbatch_size={args.micro_batch}")
+    if args.seq_len is not None:
+        out.append(f"model.max_sequence_length={args.seq_len}")
+    if args.compile is not None:
+        out.append("compile={}" if args.compile else "compile=null")  # {} keeps the config's compile options
+    if args.precision is not None:
+        out.append(f"precision={args.precision}")
+    return out
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    """``n`` instances of ``seq_len`` uniformly random token ids; instance ``i`` is the same on every call."""
+
+    def __init__(self, n: int, seq_len: int, vocab_size: int, seed: int):
+        self.n, self.seq_len, self.vocab_size, self.seed = n, seq_len, vocab_size, seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(self.seed + int(index))
+        return {"input_ids": torch.randint(0, self.vocab_size, (self.seq_len,), generator=gen)}  # (T,)
+
+
+class SyntheticBatches:
+    """The first few device batches of random tokens, made up front (pinned on CUDA) and cycled, so getting a
+    batch costs nothing. Its ``dataset`` is a real :class:`olmo.data.IterableDataset`, as ``Trainer`` expects,
+    holding as many instances as the benchmark consumes.
+    """
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, n_steps: int):
+        tokens = RandomTokens(
+            n_steps * cfg.global_train_batch_size, cfg.model.max_sequence_length, cfg.model.vocab_size, cfg.seed
+        )
+        self.dataset = IterableDataset(
+            tokens,
+            cfg.global_train_batch_size,
+            seed=cfg.seed,
+            epoch=cfg.epoch or 0,
+            world_size=env.world_size,
+            rank=env.rank,
+        )
+        collate = DataCollator(pad_direction=cfg.data.pad_direction, pad_token_id=cfg.model.pad_token_id)
+        instances = iter(self.dataset)
+        size = self.dataset.device_batch_size
+        self.batches = [collate(list(itertools.islice(instances, size))) for _ in range(min(n_steps, 4))]
+        if env.device.type == "cuda":
+            self.batches = [{k: v.pin_memory() for k, v in b.items()} for b in self.batches]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return itertools.cycle(self.batches)
+
+
+def forever(loader: Any) -> Iterator[dict[str, Any]]:
+    while True:
+        yield from loader
+
+
+class PhaseClock:
+    """Boundaries of one step's phases, recorded by hooks on the model's forward and the optimizer's step.
+
+    Each reading synchronizes the device first: without it, time spent by queued GPU kernels would land in
+    whichever phase next waits for the GPU (usually the loss's host sync).
+    """
+
+    def __init__(self, device: torch.device, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.device = device
+        self.handles = [
+            # prepend: FSDP's own pre-forward hook (the root all-gather) then counts as forward
+            model.register_forward_pre_hook(self._forward_start, prepend=True),
+            model.register_forward_hook(self._forward_end),
+            optimizer.register_step_pre_hook(self._optimizer_start),
+            optimizer.register_step_post_hook(self._optimizer_end),
+        ]
+        self.reset()
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def reset(self) -> None:
+        self.first_forward: Optional[float] = None
+        self.forward_seconds = 0.0
+        self.optimizer_start = self.optimizer_end = 0.0
+        self._started = 0.0
+
+    def _forward_start(self, *_: Any) -> None:
+        self._started = self.now()
+        if self.first_forward is None:
+            self.first_forward = self._started
+
+    def _forward_end(self, *_: Any) -> None:
+        self.forward_seconds += self.now() - self._started
+
+    def _optimizer_start(self, *_: Any) -> None:
+        self.optimizer_start = self.now()
+
+    def _optimizer_end(self, *_: Any) -> None:
+        self.optimizer_end = self.now()
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def timed_step(trainer: Trainer, batches: Iterator[dict[str, Any]], clock: PhaseClock) -> dict[str, float]:
+    """One training step as ``Trainer.fit`` runs it, split into :data:`PHASES` (seconds) plus the loss."""
+    cfg, s = trainer.cfg, trainer.state
+    clock.reset()
+    start = clock.now()
+    batch = next(batches)
+    got_batch = clock.now()
+    s.global_step += 1
+    s.global_train_examples_seen_this_epoch += cfg.global_train_batch_size
+    s.global_train_tokens_seen += cfg.tokens_per_batch
+    metrics = trainer.train_step(batch)
+    if cfg.gen1_gc_interval is not None and s.global_step % cfg.gen1_gc_interval == 0:
+        gc.collect(1)
+    end = clock.now()
+    assert clock.first_forward is not None, "the model's forward hooks did not fire"
+    return {
+        "data": got_batch - start,
+        "prepare": clock.first_forward - got_batch,
+        "forward": clock.forward_seconds,
+        "backward": clock.optimizer_start - clock.first_forward - clock.forward_seconds,
+        "optimizer": clock.optimizer_end - clock.optimizer_start,
+        "other": end - clock.optimizer_end,
+        "step": end - start,
+        "loss": metrics["train/CrossEntropyLoss"],
+    }
+
+
+def attention_info(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
+    """Which attention kernel the model runs, and why (mirrors ``OLMoBlock._use_flash``)."""
+    m, dtype = cfg.model, autocast_dtype(cfg, env.device)
+    try:
+        import flash_attn
+
+        flash_version: Optional[str] = flash_attn.__version__
+    except ImportError:
+        flash_version = None
+    has_bias = m.alibi or cfg.data.generate_attention_mask
+    flash_runs = bool(
+        m.flash_attention and flash_version and env.device.type == "cuda" and dtype is not None and not has_bias
+    )
+    info: dict[str, Any] = {
+        "model.flash_attention": m.flash_attention,
+        "flash_attn_version": flash_version,
+        "backend": "flash_attn.flash_attn_func" if flash_runs else "torch SDPA",
+        "sdpa_kernel": None if flash_runs else _sdpa_choice(cfg, env.device, dtype or torch.float32, has_bias),
+        "head_dim": m.d_model // m.n_heads,
+    }
+    if env.device.type == "cuda":
+        info["sdp_enabled"] = {
+            "flash": torch.backends.cuda.flash_sdp_enabled(),
+            "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+            "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+            "math": torch.backends.cuda.math_sdp_enabled(),
+        }
+    return info
+
+
+def _sdpa_choice(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, has_bias: bool) -> str:
+    """The kernel SDPA dispatches to for this model's attention shape (torch's private chooser)."""
+    m = cfg.model
+    shape = (1, m.n_heads, m.max_sequence_length, m.d_model // m.n_heads)  # (B, H, T, hd)
+    q = torch.zeros(shape, device=device, dtype=dtype, requires_grad=True)  # backward support matters too
+    bias = torch.zeros(1, 1, q.size(2), q.size(2), device=device, dtype=dtype) if has_bias else None
+    try:
+        choice = torch._fused_sdp_choice(q, q, q, bias, m.attention_dropout, not has_bias)
+        return torch.nn.attention.SDPBackend(choice).name
+    except Exception as e:  # a private API: report rather than fail the benchmark
+        return f"unknown ({type(e).__name__})"
+
+
+def device_info(env: DistEnv, machine: dict[str, Any]) -> dict[str, Any]:
+    info: dict[str, Any] = {"type": env.device.type, "torch_threads": torch.get_num_threads()}
+    if env.device.type == "cuda":
+        props = torch.cuda.get_device_properties(env.device)
+        info.update(
+            name=props.name,
+            capability=f"{props.major}.{props.minor}",
+            memory_gb=round(props.total_memory / 1e9, 1),
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(),
+            # TF32 changes what "fp32" means for matmul speed.
+            tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+            float32_matmul_precision=torch.get_float32_matmul_precision(),
+        )
+    else:
+        info["name"] = machine["cpu_model"] or machine["processor"]
+    return info
+
+
+def git_state() -> dict[str, Any]:
+    def git(*cmd: str) -> Optional[str]:
+        result = subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True)
+        return result.stdout.strip() if result.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None}
+
+
+def summarize(
+    steps: list[dict[str, float]], device_tokens: int, flops_per_token: int, peak: Optional[float]
+) -> dict[str, Any]:
+    """Medians over the measured steps, and the throughput they imply."""
+    step_times = [s["step"] for s in steps]
+    median = statistics.median(step_times)
+    tokens_per_second = device_tokens / median
+    return {
+        "tokens_per_second": tokens_per_second,
+        "tokens_per_second_mean": device_tokens * len(steps) / sum(step_times),
+        "step_time_s": median,
+        "step_time_min_s": min(step_times),
+        "step_time_max_s": max(step_times),
+        "phases_s": {p: statistics.median(s[p] for s in steps) for p in PHASES},
+        "forward_backward_s": statistics.median(s["forward"] + s["backward"] for s in steps),
+        "achieved_tflops": tokens_per_second * flops_per_token / 1e12,
+        "mfu": tokens_per_second * flops_per_token / peak if peak else None,
+        "first_loss": steps[0]["loss"],
+        "last_loss": steps[-1]["loss"],
+        "steps": steps,
+    }
+
+
+def _flops(rate: float) -> str:
+    return f"{rate / 1e12:,.1f} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:,.1f} GFLOP/s"
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Column, Table
+
+    setup, r, b = report["setup"], report["results"], report["setup"]["batch"]
+    step, peak, attn = r["step_time_s"], setup["peak_flops"], setup["attention"]
+    precision = setup["precision"]
+    if setup["autocast_dtype"] is None and precision != "fp32":
+        precision += " (runs as fp32)"  # autocast is GPU-only
+    rows = [
+        ("tokens/s per device", f"{r['tokens_per_second']:,.0f}", f"mean {r['tokens_per_second_mean']:,.0f}"),
+        (
+            "step time",
+            f"{step * 1e3:,.1f} ms",
+            f"min {r['step_time_min_s'] * 1e3:,.1f}, max {r['step_time_max_s'] * 1e3:,.1f}",
+        ),
+        *(
+            (f"  {k}", f"{v * 1e3:,.1f} ms", f"{100 * v / step:.1f}% of the step")
+            for k, v in r["phases_s"].items()
+        ),
+        (
+            "MFU",
+            "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%",
+            f"{setup['model']['flops_per_token'] / 1e9:.3f} GFLOP/token",
+        ),
+        ("achieved", _flops(r["achieved_tflops"] * 1e12), ""),
+        ("peak", _flops(peak) if peak else "n/a", setup["peak_flops_source"]),
+        ("peak memory", f"{r['peak_memory_mb']:,.0f} MB", setup["memory_kind"]),
+        (
+            "loss first / last",
+            f"{r['first_loss']:.3f} / {r['last_loss']:.3f}",
+            "synthetic: 4 batches, cycled and learnt",
+        ),
+        ("attention", attn["backend"], f"SDPA kernel {attn['sdpa_kernel']}" if attn["sdpa_kernel"] else ""),
+        (
+            "precision / compile",
+            f"{precision} / {'on' if setup['compile'] else 'off'}",
+            f"data {setup['data']}",
+        ),
+    ]
+    table = Table(
+        "measurement",
+        Column("value", justify="right"),
+        "note",
+        title=(
+            f"{Path(report['config']).name} on {setup['device']['name']} x{setup['world_size']}: "
+            f"{setup['model']['n_params'] / 1e6:.1f}M params, T={b['seq_len']}, device batch {b['device_batch']} "
+            f"(micro {b['micro_batch']}), median of {report['steps']} steps after {report['warmup']} warmup"
+        ),
+    )
+    for row in rows:
+        table.add_row(*row)
+    Console(width=None if sys.stdout.isatty() else 150).print(table)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    overrides = config_overrides(args, env_world_size())
+    cfg = TrainConfig.load(args.config, overrides)
+    cfg.validate(env_world_size())
+    env = init_distributed(cfg.distributed_timeout_minutes)
+    try:
+        return run(args, cfg, overrides, env, argv)
+    finally:
+        teardown_distributed()
+
+
+def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: DistEnv, argv: list[str]) -> int:
+    seed_all(cfg.seed)
+    machine = machine_info()  # its load average is taken now, before the benchmark loads the CPUs
+    with tempfile.TemporaryDirectory(prefix="olmo-benchmark-") as work_dir:
+        if args.data == "synthetic":
+            loader: Any = SyntheticBatches(cfg, env, args.warmup + args.steps)
+        else:
+            loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank, work_dir=work_dir)
+        model: OLMo = build_model(cfg, env)
+        optimizer = build_optimizer(cfg.optimizer, model)
+        trainer = Trainer(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), loader)
+        peak = device_peak_flops(env.device, cfg.speed_monitor.gpu_flops_available)
+        device_tokens = trainer.device_batch_size * cfg.model.max_sequence_length
+        log.info(
+            "Model: %s parameters, %.4f GFLOP/token; %d tokens per device per step; peak %.3g FLOP/s.",
+            f"{model.num_params():,}",
+            model.num_flops_per_token() / 1e9,
+            device_tokens,
+            peak or float("nan"),
+        )
+        warmup_seconds, steps = measure(trainer, forever(loader), args.warmup, args.steps)
+    results = summarize(steps, device_tokens, model.num_flops_per_token(), peak)
+    results["warmup_step_times_s"] = warmup_seconds
+    if results["mfu"] is not None and results["mfu"] > 1:
+        log.warning(
+            "MFU %.0f%% is above 100%%: the peak of %.3g FLOP/s is too low (on CPU, measured while other work "
+            "shared the cores?). Pin it with --override speed_monitor.gpu_flops_available=FLOPS.",
+            100 * results["mfu"],
+            peak,
+        )
+    results["peak_memory_mb"] = peak_memory_mb(env.device)
+    if env.device.type == "cuda":
+        results["peak_memory_reserved_mb"] = torch.cuda.max_memory_reserved(env.device) / 2**20
+    slowest = all_reduce(torch.tensor([results["step_time_s"]], device=env.device), dist.ReduceOp.MAX)
+    results["slowest_rank_step_time_s"] = float(slowest.item())
+    if not env.is_main:
+        return 0
+    report = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.executable).name, *argv]),
+        "config": args.config,
+        "overrides": overrides,
+        "git": git_state(),
+        "machine": {**machine, "load_average_1_5_15min_at_end": [round(x, 2) for x in os.getloadavg()]},
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "setup": describe_setup(args, cfg, env, trainer, machine, peak),
+        "results": results,
+    }
+    print_table(report)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1, default=str) + "\n")
+        log.info("Wrote %s", args.out)
+    return 0
+
+
+def measure(
+    trainer: Trainer, batches: Iterator[dict[str, Any]], warmup: int, steps: int
+) -> tuple[list[float], list[dict[str, float]]]:
+    """Run ``warmup`` steps, then ``steps`` measured ones; return the warmup steps' seconds (compile time shows
+    there) and the measured steps' phases."""
+    trainer.model.train()
+    clock = PhaseClock(trainer.env.device, trainer.model, trainer.optimizer)
+    if trainer.cfg.gen1_gc_interval is not None:
+        gc.disable()  # as Trainer.fit does
+    warmup_seconds, measured = [], []
+    try:
+        for i in range(warmup + steps):
+            timing = timed_step(trainer, batches, clock)
+            log.info("%s step %d: %.1f ms", "warmup" if i < warmup else "measured", i + 1, timing["step"] * 1e3)
+            if i < warmup:
+                warmup_seconds.append(timing["step"])
+            else:
+                measured.append(timing)
+    finally:
+        gc.enable()
+        clock.close()
+    return warmup_seconds, measured
+
+
+def describe_setup(
+    args: argparse.Namespace,
+    cfg: TrainConfig,
+    env: DistEnv,
+    trainer: Trainer,
+    machine: dict[str, Any],
+    peak: Optional[float],
+) -> dict[str, Any]:
+    """What was measured: device, precision, compile, attention kernel, batch shape, model size, peak."""
+    model, device = trainer.model, device_info(env, machine)
+    return {
+        "world_size": env.world_size,
+        "device": device,
+        "data": args.data,
+        "precision": cfg.precision or "fp32",
+        "autocast_dtype": None if trainer.autocast_dtype is None else str(trainer.autocast_dtype),
+        "compile": None if cfg.compile is None else vars(cfg.compile),
+        "activation_checkpointing": cfg.activation_checkpointing,
+        "distributed_strategy": cfg.distributed_strategy if env.world_size > 1 else "single process",
+        "optimizer": cfg.optimizer.name,
+        "attention": attention_info(cfg, env),
+        "batch": {
+            "device_batch": trainer.device_batch_size,
+            "micro_batch": cfg.device_train_microbatch_size,
+            "grad_accum": cfg.grad_accum_steps(env.world_size),
+            "seq_len": cfg.model.max_sequence_length,
+            "global_batch": cfg.global_train_batch_size,
+            "device_tokens_per_step": trainer.device_batch_size * cfg.model.max_sequence_length,
+        },
+        "model": {
+            "n_params": model.num_params(),
+            "n_params_non_embedding": model.num_params(include_embedding=False),
+            "flops_per_token": model.num_flops_per_token(),
+        },
+        "peak_flops": peak,
+        "peak_flops_source": (
+            "speed_monitor.gpu_flops_available"
+            if cfg.speed_monitor.gpu_flops_available
+            else f"dense bf16 table entry for {device['name']!r}"
+            if env.device.type == "cuda"
+            # Other processes on the CPUs lower the measurement; pin it to compare runs.
+            else "measured fp32 matmul rate of this CPU (pin: --override speed_monitor.gpu_flops_available=F)"
+        ),
+        "memory_kind": "max GPU memory allocated" if env.device.type == "cuda" else "max resident set (RSS)",
+    }
+
+
+if __name__ == "__main__":
+    prepare_cli_environment()
+    sys.exit(main(sys.argv))

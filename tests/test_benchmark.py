@@ -1,0 +1,89 @@
+"""scripts/benchmark.py in its smoke mode, and the GPU peak table that its MFU depends on."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from olmo.metrics import gpu_peak_flops
+
+REPO = Path(__file__).resolve().parent.parent
+PHASES = {"data", "prepare", "forward", "backward", "optimizer", "other"}
+
+
+def test_smoke_benchmark_reports_consistent_throughput(tmp_path):
+    out = tmp_path / "result.json"
+    # The tiny config's data glob matches nothing from tmp_path: synthetic data must not need the files.
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/benchmark.py"), str(REPO / "configs/tiny/OLMo-tiny.yaml"), "--smoke"]
+        + [f"--out={out}"],
+        cwd=tmp_path,
+        env={**os.environ, "WANDB_MODE": "disabled"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert {
+        "date",
+        "command",
+        "config",
+        "overrides",
+        "git",
+        "machine",
+        "steps",
+        "warmup",
+        "setup",
+        "results",
+    } <= set(report)
+    setup, r = report["setup"], report["results"]
+    assert {
+        "world_size",
+        "device",
+        "data",
+        "precision",
+        "compile",
+        "attention",
+        "batch",
+        "model",
+        "peak_flops",
+    } <= set(setup)
+    assert setup["attention"]["backend"] == "torch SDPA" and setup["precision"] == "fp32"
+    assert setup["batch"] == {
+        "device_batch": 4,
+        "micro_batch": 2,
+        "grad_accum": 2,
+        "seq_len": 128,
+        "global_batch": 4,
+        "device_tokens_per_step": 512,
+    }
+    assert setup["peak_flops"] > 1e9, "the CPU peak is measured, so it is always known"
+    assert len(r["steps"]) == report["steps"] == 5 and len(r["warmup_step_times_s"]) == report["warmup"] == 3
+    assert r["tokens_per_second"] > 0 and 0 < r["mfu"] <= 1
+    assert r["tokens_per_second"] == pytest.approx(512 / r["step_time_s"])
+    assert set(r["phases_s"]) == PHASES and all(v >= 0 for v in r["phases_s"].values())
+    assert sum(r["phases_s"].values()) == pytest.approx(r["step_time_s"], rel=0.2)
+    for step in r["steps"]:  # each step's phases partition it exactly
+        assert sum(step[p] for p in PHASES) == pytest.approx(step["step"], rel=1e-6)
+    assert r["peak_memory_mb"] > 0 and 5 < r["first_loss"] < 15  # random tokens: ~ln(50280) = 10.8
+    assert "tokens/s per device" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H200 NVL", 835e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA GeForce RTX 5090", None),
+    ],
+)
+def test_gpu_peak_lookup_by_device_name(name, peak):
+    # An H200 must not fall through to the A100 figure, which would overstate MFU ~3x.
+    assert gpu_peak_flops(name) == peak
