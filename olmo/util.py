@@ -9,7 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 from types import TracebackType
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from .exceptions import OLMoCliError, OLMoError
 
@@ -21,6 +21,7 @@ __all__ = [
     "resource_path",
     "env_rank",
     "env_world_size",
+    "machine_info",
 ]
 
 log = logging.getLogger(__name__)
@@ -111,3 +112,34 @@ def resource_path(path: Union[str, Path]) -> Path:
         return Path(cached_path(str(path)))
     except Exception as e:  # cached-path raises many types (HTTP, boto, FileNotFound)
         raise OLMoCliError(f"Could not fetch '{path}': {e}. Check the URL and your network access.") from None
+
+
+def _proc_field(path: str, field: str) -> Optional[str]:
+    """The value of the first ``field: value`` line of a /proc file, or None."""
+    if not Path(path).is_file():
+        return None
+    for line in Path(path).read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == field:
+            return value.strip()
+    return None
+
+
+def machine_info() -> dict[str, Any]:
+    """Facts about this machine that benchmark results record next to their numbers."""
+    import platform
+
+    import torch
+
+    mem_total = _proc_field("/proc/meminfo", "MemTotal")  # "24684924 kB"
+    return {
+        "cpu_count": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_model": _proc_field("/proc/cpuinfo", "model name"),
+        "platform": platform.platform(),
+        "mem_total_gb": round(int(mem_total.split()[0]) * 1024 / 1e9, 1) if mem_total else None,
+        # Taken as the benchmark starts: other processes competing for the CPUs and the disk slow every number.
+        "load_average_1_5_15min": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }

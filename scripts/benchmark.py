@@ -74,8 +74,11 @@ from olmo.model import OLMo  # noqa: E402
 from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
 from olmo.rng import seed_all  # noqa: E402
 from olmo.train import Trainer  # noqa: E402
-from olmo.util import env_world_size, prepare_cli_environment  # noqa: E402
-from scripts.benchmark_checkpoint import machine_info  # noqa: E402
+from olmo.util import (  # noqa: E402
+    env_world_size,
+    machine_info,  # noqa: E402
+    prepare_cli_environment,
+)
 
 log = logging.getLogger("benchmark")
 

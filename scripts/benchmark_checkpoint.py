@@ -24,7 +24,6 @@ import gc
 import json
 import logging
 import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -49,7 +48,7 @@ from olmo.checkpoint import inspect_checkpoint, load_checkpoint, save_checkpoint
 from olmo.config import TrainConfig  # noqa: E402
 from olmo.distributed import DistEnv, build_model  # noqa: E402
 from olmo.optim import build_optimizer  # noqa: E402
-from olmo.util import prepare_cli_environment  # noqa: E402
+from olmo.util import machine_info, prepare_cli_environment  # noqa: E402
 
 log = logging.getLogger("benchmark_checkpoint")
 
@@ -86,32 +85,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.repeats < 1 or args.steps_between < 0:
         parser.error("--repeats must be >= 1 and --steps-between >= 0")
     return args
-
-
-def _proc_field(path: str, field: str) -> Optional[str]:
-    """The value of the first ``field: value`` line of a /proc file, or None."""
-    if not Path(path).is_file():
-        return None
-    for line in Path(path).read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() == field:
-            return value.strip()
-    return None
-
-
-def machine_info() -> dict[str, Any]:
-    mem_total = _proc_field("/proc/meminfo", "MemTotal")  # "24684924 kB"
-    return {
-        "cpu_count": os.cpu_count(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_model": _proc_field("/proc/cpuinfo", "model name"),
-        "platform": platform.platform(),
-        "mem_total_gb": round(int(mem_total.split()[0]) * 1024 / 1e9, 1) if mem_total else None,
-        # Taken as the benchmark starts: other processes competing for the CPUs and the disk slow every number.
-        "load_average_1_5_15min": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
 
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, vocab_size: int) -> None:

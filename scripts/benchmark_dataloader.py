@@ -44,8 +44,10 @@ import torch  # noqa: E402
 from olmo.config import TrainConfig  # noqa: E402
 from olmo.data import IterableDataset, build_train_dataloader  # noqa: E402
 from olmo.testing import BYTE_EOS, stdlib_documents  # noqa: E402
-from olmo.util import prepare_cli_environment  # noqa: E402
-from scripts.benchmark_checkpoint import machine_info  # noqa: E402
+from olmo.util import (
+    machine_info,  # noqa: E402
+    prepare_cli_environment,  # noqa: E402
+)
 
 log = logging.getLogger("benchmark_dataloader")
 
