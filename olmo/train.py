@@ -411,13 +411,16 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------------------
     def _labels(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Next-token targets (B, T-1): -100 where the label mask or the attention mask says no loss."""
+        """Next-token targets (B, T): position t predicts token t+1; -100 where the label mask or the
+        attention mask says no loss, and at the last position, which has no next token. Keeping T
+        positions lets the loss use the logits as they are: slicing off the last position would make the
+        backward pass zero-fill and copy a full (B, T, V) gradient."""
         labels = batch["input_ids"].clone()
         if "label_mask" in batch:
             labels.masked_fill_(~batch["label_mask"], -100)
         if "attention_mask" in batch:
             labels.masked_fill_(batch["attention_mask"] == 0, -100)
-        return labels[:, 1:]
+        return torch.cat([labels[:, 1:], labels.new_full((labels.size(0), 1), -100)], dim=1)
 
     def _check_token_ids(self, batch: dict[str, Any]) -> None:
         ids = batch["input_ids"]
@@ -446,7 +449,7 @@ class Trainer:
             rows = slice(start, start + micro)
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 mask = batch["attention_mask"][rows] if "attention_mask" in batch else None
-                logits = self.model(batch["input_ids"][rows], attention_mask=mask).logits[:, :-1]  # (b, T-1, V)
+                logits = self.model(batch["input_ids"][rows], attention_mask=mask).logits  # (b, T, V)
                 ce, z = cross_entropy_sums(logits, labels[rows], self.z_loss_multiplier)
             loss = ce if z is None else ce + z
             (loss * loss_scale).backward()
