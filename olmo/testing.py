@@ -24,6 +24,7 @@ __all__ = [
     "write_config",
     "run_train",
     "run_torchrun",
+    "run_script",
     "free_port",
 ]
 
@@ -152,6 +153,19 @@ def run_train(config_path: Union[str, Path], *args: str, record: Optional[list] 
         return module.main(["train.py", str(config_path), *args])
     finally:
         MetricsLogger.log = original  # type: ignore[method-assign]
+
+
+def run_script(
+    script: Union[str, Path], *args: Any, cwd: Optional[Union[str, Path]] = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python scripts/SCRIPT ARGS...`` as a user would (wandb disabled), capturing its output."""
+    import os
+    import sys
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / script
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, str(path), *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def free_port() -> int:

@@ -1,14 +1,12 @@
 """scripts/benchmark.py in its smoke mode, and the GPU peak table that its MFU depends on."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from olmo.metrics import gpu_peak_flops
+from olmo.testing import run_script
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = {"data", "prepare", "forward", "backward", "optimizer", "other"}
@@ -17,14 +15,8 @@ PHASES = {"data", "prepare", "forward", "backward", "optimizer", "other"}
 def test_smoke_benchmark_reports_consistent_throughput(tmp_path):
     out = tmp_path / "result.json"
     # The tiny config's data glob matches nothing from tmp_path: synthetic data must not need the files.
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/benchmark.py"), str(REPO / "configs/tiny/OLMo-tiny.yaml"), "--smoke"]
-        + [f"--out={out}"],
-        cwd=tmp_path,
-        env={**os.environ, "WANDB_MODE": "disabled"},
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_script(
+        "benchmark.py", REPO / "configs/tiny/OLMo-tiny.yaml", "--smoke", f"--out={out}", cwd=tmp_path, timeout=120
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())

@@ -1,30 +1,15 @@
 """scripts/benchmark_checkpoint.py in its quick smoke mode: every measurement is made and recorded."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from olmo.testing import run_script
 
 
 def test_smoke_benchmark_measures_every_kind_and_cleans_up(tmp_path):
     out, folder = tmp_path / "results.json", tmp_path / "scratch"
     folder.mkdir()
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts/benchmark_checkpoint.py"),
-            "--smoke",
-            "--repeats=1",
-            f"--out={out}",
-            f"--folder={folder}",
-        ],
-        env={**os.environ, "WANDB_MODE": "disabled"},
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_script(
+        "benchmark_checkpoint.py", "--smoke", "--repeats=1", f"--out={out}", f"--folder={folder}", timeout=120
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())

@@ -1,34 +1,24 @@
 """scripts/benchmark_dataloader.py on a tiny corpus: every loader is measured, recorded and cleaned up."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from olmo.testing import run_script
 
 
 def test_smoke_benchmark_measures_each_loader_and_cleans_up(tmp_path):
     out, folder = tmp_path / "result.json", tmp_path / "scratch"
     folder.mkdir()
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts/benchmark_dataloader.py"),
-            "--steps=20",
-            "--warmup=2",
-            "--repeats=2",
-            "--workers=0,1",
-            "--batch=2",
-            "--seq-len=64",
-            "--corpus-tokens=100000",
-            f"--folder={folder}",
-            f"--out={out}",
-        ],
-        env={**os.environ, "WANDB_MODE": "disabled"},
-        capture_output=True,
-        text=True,
+    result = run_script(
+        "benchmark_dataloader.py",
+        "--steps=20",
+        "--warmup=2",
+        "--repeats=2",
+        "--workers=0,1",
+        "--batch=2",
+        "--seq-len=64",
+        "--corpus-tokens=100000",
+        f"--folder={folder}",
+        f"--out={out}",
         timeout=60,
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -3,25 +3,16 @@
 import gzip
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from olmo.testing import run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.testing import run_script, run_train, tiny_config_dict, write_byte_memmap, write_config
 from olmo.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests/golden/tiny_losses.json"
-
-
-def _run(*args, cwd=None):
-    env = {**os.environ, "WANDB_MODE": "disabled"}
-    return subprocess.run(
-        [sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
 
 
 def test_prepare_memmap_dataset_writes_the_tokenizers_ids_with_eos(tmp_path):
@@ -33,7 +24,7 @@ def test_prepare_memmap_dataset_writes_the_tokenizers_ids_with_eos(tmp_path):
             f.write(json.dumps({"text": doc, "id": 1}) + "\n")
     (src / "note.txt").write_text(docs[3])
     out = tmp_path / "tokens"
-    result = _run(REPO / "scripts/prepare_memmap_dataset.py", src / "part.jsonl.gz", src / "note.txt", "-o", out)
+    result = run_script("prepare_memmap_dataset.py", src / "part.jsonl.gz", src / "note.txt", "-o", out)
     assert result.returncode == 0, result.stderr
     tok = Tokenizer.from_file("allenai_gpt-neox-olmo-dolma-v1_5.json")
     expected = [i for doc in (docs[0], docs[1], docs[3]) for i in tok.encode(doc)]  # the blank doc is skipped
@@ -51,12 +42,10 @@ def test_quickstart_path_trains_on_olmo_tokens(tmp_path):
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     sources = sorted(stdlib.glob("*.py"))[:14]
     for split, files in (("train", sources[:12]), ("val", sources[12:])):
-        result = _run(
-            REPO / "scripts/prepare_memmap_dataset.py", *files, "-o", tmp_path / "data/quickstart" / split
-        )
+        result = run_script("prepare_memmap_dataset.py", *files, "-o", tmp_path / "data/quickstart" / split)
         assert result.returncode == 0, result.stderr
-    result = _run(
-        REPO / "scripts/train.py",
+    result = run_script(
+        "train.py",
         REPO / "configs/tiny/OLMo-tiny.yaml",
         "--max_duration=150",
         "--stop_at=6",
@@ -102,7 +91,7 @@ def test_golden_loss_curve(tmp_path):
 
 @pytest.mark.parametrize("argv", [[], ["--run_name=x"]])
 def test_train_without_a_config_prints_usage(argv):
-    result = _run(REPO / "scripts/train.py", *argv)
+    result = run_script("train.py", *argv)
     assert result.returncode != 0
     assert "Usage:" in result.stderr and "Traceback" not in result.stderr
 
@@ -122,7 +111,7 @@ def test_eval_script_reproduces_the_in_loop_evaluation_and_plots_are_drawn(tmp_p
     record = []
     assert run_train(write_config(tmp_path / "c.yaml", cfg), record=record) == 0
     in_loop = next(r for r in record if "eval/seconds" in r)
-    result = _run(REPO / "scripts/eval.py", tmp_path / "run/step4-unsharded", f"--out={tmp_path / 'eval.json'}")
+    result = run_script("eval.py", tmp_path / "run/step4-unsharded", f"--out={tmp_path / 'eval.json'}")
     assert result.returncode == 0, result.stderr[-3000:]
     standalone = json.loads((tmp_path / "eval.json").read_text())
     assert standalone["step"] == 4
@@ -130,7 +119,7 @@ def test_eval_script_reproduces_the_in_loop_evaluation_and_plots_are_drawn(tmp_p
         assert standalone[key] == pytest.approx(in_loop[key], rel=1e-6), key
     assert "eval/val/Perplexity" in result.stderr  # the table
 
-    result = _run(REPO / "scripts/plot_metrics.py", tmp_path / "run", "--out", tmp_path / "plots")
+    result = run_script("plot_metrics.py", tmp_path / "run", "--out", tmp_path / "plots")
     assert result.returncode == 0, result.stderr[-3000:]
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert names == ["eval_val.png", "learning_rate.png", "loss.png", "throughput.png"]
