@@ -360,7 +360,9 @@ class DataConfig:
     """DataLoader worker processes."""
     drop_last: bool = False
     """Accepted for OLMo compatibility: training always drops the last partial global batch."""
-    pin_memory: bool = False
+    pin_memory: Optional[bool] = None
+    """Pin batches in page-locked memory so host-to-GPU copies run asynchronously (the trainer copies with
+    ``non_blocking=True``). None: pin when CUDA is available. Ignored without CUDA."""
     prefetch_factor: Optional[int] = None
     persistent_workers: bool = False
     """Accepted for OLMo compatibility; workers restart each epoch so they see the new data order."""
@@ -519,11 +521,22 @@ class TrainConfig:
     """Adaptive per-parameter clipping against a running average of each norm (takes priority)."""
     precision: Optional[str] = None
     """``amp_bf16``, ``amp_fp16`` or ``fp32``. On CPU every setting runs in fp32."""
+    float32_matmul_precision: str = "high"
+    """``torch.set_float32_matmul_precision`` on CUDA: ``high`` lets fp32 matmuls (the fp32 parts of a
+    mixed-precision step, or all of an fp32 run) use TF32 tensor cores; ``highest`` keeps IEEE fp32.
+    Not applied on CPU."""
     wandb: Optional[WandbConfig] = None
     """Weights & Biases logging (offline unless configured); null disables it."""
     speed_monitor: SpeedMonitorConfig = field(default_factory=SpeedMonitorConfig)
     console_log_interval: int = 1
     """Steps between console metric lines."""
+    metrics_collect_interval: Optional[int] = None
+    """Steps between reading the loss and gradient norm back from the device. 1 reads them every step,
+    before the optimizer step, so a non-finite loss or gradient stops the run before it touches the
+    weights. N > 1 leaves the GPU's queue full (no host sync in the hot loop); a non-finite value then
+    stops the run at the next collection, up to N - 1 optimizer steps later, still before any checkpoint
+    or evaluation (both collect first). Every step still gets its own line in ``metrics.jsonl``.
+    None: 1 on CPU, 10 on GPU (see :meth:`metrics_collect_steps`)."""
     gen1_gc_interval: Optional[int] = 1
     """Disable automatic GC and collect generation 1 every N steps; None leaves GC alone."""
     compile: Optional[CompilerConfig] = None
@@ -556,7 +569,9 @@ class TrainConfig:
     """Stop after this many steps of this launch."""
     activation_checkpointing: Optional[ActivationCheckpointingStrategy] = None
     fused_loss: Optional[bool] = None
-    """Accepted for OLMo compatibility; the loss is computed with torch's cross entropy."""
+    """Compute the loss chunk by chunk from the final hidden states without materializing the (tokens,
+    vocab) logits (:func:`olmo.loss.fused_output_loss`; pure PyTorch, unlike OLMo's flash-attn kernel).
+    Same loss and gradients up to rounding, less memory around the 50k-wide output layer. None = off."""
     hf_datasets_cache_dir: Optional[str] = None
     """Deprecated no-op kept so old configs load."""
     module_outputs_save_steps: Optional[list[int]] = None
@@ -625,6 +640,12 @@ class TrainConfig:
     def autocast_precision(self) -> Optional[str]:
         """The dtype name autocast should use on an accelerator: bfloat16, float16, or None (fp32)."""
         return {"amp_bf16": "bfloat16", "amp_fp16": "float16"}.get(self.precision or "fp32")
+
+    def metrics_collect_steps(self, device: Any) -> int:
+        """``metrics_collect_interval`` resolved for ``device`` (a ``torch.device``)."""
+        if self.metrics_collect_interval is not None:
+            return self.metrics_collect_interval
+        return 1 if device.type == "cpu" else 10
 
     def device_batch_size(self, world_size: int) -> int:
         """Instances each rank processes per optimizer step."""

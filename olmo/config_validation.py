@@ -102,6 +102,8 @@ def _batch_problems(cfg: TrainConfig, world_size: int) -> list[str]:
             cfg.device_train_batch_size,
             derived,
         )
+    if cfg.float32_matmul_precision not in ("highest", "high", "medium"):
+        out.append(f"float32_matmul_precision={cfg.float32_matmul_precision!r} must be highest, high or medium.")
     if cfg.precision is not None and cfg.precision not in PRECISIONS:
         out.append(f"precision={cfg.precision!r} must be one of {', '.join(PRECISIONS)}.")
     from .config import parse_duration_steps
@@ -110,7 +112,7 @@ def _batch_problems(cfg: TrainConfig, world_size: int) -> list[str]:
         parse_duration_steps(cfg.max_duration, cfg.global_train_batch_size, cfg.tokens_per_batch, 0)
     except OLMoConfigurationError as e:
         out.append(str(e))
-    for name in ("stop_at", "stop_after", "time_limit", "distributed_timeout_minutes"):
+    for name in ("stop_at", "stop_after", "time_limit", "distributed_timeout_minutes", "metrics_collect_interval"):
         value = getattr(cfg, name)
         if value is not None and value <= 0:
             out.append(f"{name}={value} must be positive (or null).")
@@ -187,7 +189,6 @@ def _warn_no_effect(cfg: TrainConfig) -> None:
         "python_profiling": cfg.python_profiling,
         "torch_profiling": cfg.torch_profiling,
     }
-    unused.update({})
     for key, is_set in unused.items():
         if is_set:
             log.warning("%s is accepted for OLMo compatibility but not implemented yet; it has no effect.", key)

@@ -131,6 +131,9 @@ def build_model(cfg: TrainConfig, env: DistEnv) -> OLMo:
     """
     from .model import OLMo
 
+    if env.device.type == "cuda":
+        # Process-wide, so set before the first matmul; "high" lets fp32 matmuls use TF32.
+        torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
     with torch.device("meta"):
         model = OLMo(cfg.model)
     if cfg.activation_checkpointing is not None:
@@ -208,7 +211,7 @@ def _shard(model: OLMo, cfg: TrainConfig, env: DistEnv) -> None:
       rank and all-reduce gradients.
     * ``fsdp.wrapping_strategy``: ``by_block`` (and null, OLMo's single unit, which would all-gather the
       whole model at once) shards every block as its own unit; ``by_block_and_size`` also the embedding
-      and output layer; ``one_in_N`` only blocks ``i % N == 0``, the rest joining the root unit.
+      and output layer (with tied weights the embedding stays in the root unit); ``one_in_N`` only blocks ``i % N == 0``, the rest joining the root unit.
     * ``fsdp.precision`` on GPU: ``pure`` computes and reduces in the autocast dtype, ``mixed`` reduces
       gradients in fp32. Parameters are always kept in fp32 for the optimizer.
     """
@@ -229,9 +232,10 @@ def _shard(model: OLMo, cfg: TrainConfig, env: DistEnv) -> None:
         if block.layer_id % every == 0:
             fully_shard(block, **kwargs)
     if wrap in ("by_block_and_size", "by_block_group_and_size"):
-        fully_shard(model.transformer.wte, **kwargs)
         if model.transformer.ff_out is not None:
             fully_shard(model.transformer.ff_out, **kwargs)
+            # A tied embedding stays in the root unit: the output layer reads its weight outside its forward.
+            fully_shard(model.transformer.wte, **kwargs)
     # The root unit holds what is left; it is needed right away in backward, so never reshard it.
     fully_shard(model, **{**kwargs, "reshard_after_forward": False})
 

@@ -18,12 +18,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ActivationType, InitFnType, LayerNormType, ModelConfig
+from .loss import LossSums, cross_entropy_sums, fused_output_loss
 
 __all__ = [
     "LayerNorm",
     "OLMo",
     "OLMoBlock",
     "OLMoOutput",
+    "OutputLayer",
+    "lm_head",
     "alibi_bias",
     "apply_rotary",
     "rotary_cos_sin",
@@ -36,12 +39,15 @@ RotaryTables = tuple[torch.Tensor, torch.Tensor]
 
 
 class OLMoOutput(NamedTuple):
-    logits: torch.Tensor
-    """(batch, seq, embedding_size); the columns past vocab_size belong to padding rows of the embedding."""
+    logits: torch.Tensor | None
+    """(batch, seq, embedding_size); the columns past vocab_size belong to padding rows of the embedding.
+    None when the loss was computed with ``fused_loss``, which never holds all the logits."""
     attn_key_values: None
     """Always None: there is no KV cache (training only needs full-sequence forwards)."""
     hidden_states: tuple[torch.Tensor, ...] | None
     """With ``output_hidden_states``: the input of every block, then the output of ``ln_f``."""
+    loss: LossSums | None = None
+    """With ``labels``: the summed cross entropy and z-loss over the labelled positions."""
 
 
 @functools.cache
@@ -287,6 +293,40 @@ class OLMoBlock(nn.Module):
         return True
 
 
+def lm_head(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor | None,
+    z_loss_multiplier: float | None,
+    fused_loss: bool,
+    logit_scale: float,
+) -> tuple[torch.Tensor | None, LossSums | None]:
+    """Logits ``(x @ weight.T + bias) * logit_scale``, (B, T, C) -> (B, T, V), and with ``labels`` the loss
+    sums; with ``fused_loss`` only the loss, computed without the logits."""
+    if labels is not None and fused_loss:
+        return None, fused_output_loss(x, weight, labels, z_loss_multiplier, logit_scale, bias)
+    logits = F.linear(x, weight, bias)  # (B, T, V)
+    if logit_scale != 1.0:
+        logits = logits * logit_scale
+    return logits, None if labels is None else cross_entropy_sums(logits, labels, z_loss_multiplier)
+
+
+class OutputLayer(nn.Linear):
+    """The untied output layer, ``transformer.ff_out``. Its forward also computes the loss, so that FSDP
+    gathers the weight for it even when the layer is sharded as a unit of its own."""
+
+    def forward(  # type: ignore[override]
+        self,
+        x: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        z_loss_multiplier: float | None = None,
+        fused_loss: bool = False,
+        logit_scale: float = 1.0,
+    ) -> tuple[torch.Tensor | None, LossSums | None]:
+        return lm_head(x, self.weight, self.bias, labels, z_loss_multiplier, fused_loss, logit_scale)
+
+
 class OLMoTransformer(nn.Module):
     """The modules of :class:`OLMo`, under the names of OLMo's ``transformer`` ModuleDict.
 
@@ -303,9 +343,9 @@ class OLMoTransformer(nn.Module):
         self.wpe: nn.Embedding | None = None
         if not (config.alibi or config.rope):
             self.wpe = nn.Embedding(config.max_sequence_length, config.d_model)
-        self.ff_out: nn.Linear | None = None
+        self.ff_out: OutputLayer | None = None
         if not config.weight_tying:
-            self.ff_out = nn.Linear(config.d_model, config.effective_embedding_size, bias=config.include_bias)
+            self.ff_out = OutputLayer(config.d_model, config.effective_embedding_size, bias=config.include_bias)
         self.emb_norm: LayerNorm | None = None
         if config.embedding_layer_norm:
             self.emb_norm = LayerNorm.build(config)
@@ -344,12 +384,21 @@ class OLMo(nn.Module):
         input_ids: torch.LongTensor,
         attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
+        labels: torch.Tensor | None = None,
+        z_loss_multiplier: float | None = None,
+        fused_loss: bool = False,
     ) -> OLMoOutput:
         """
         :param input_ids: (B, T) token ids.
         :param attention_mask: (B, T), 1 (or True) for real tokens and 0 for padding. Padding keys are hidden from
             every query; outputs at padding positions are meaningless. None attends to everything (causally).
         :param output_hidden_states: Also return every block's input and the final normalized hidden state.
+        :param labels: (B, T) the token each position should predict, -100 for none: the output then carries
+            the loss sums (:mod:`olmo.loss`). Computing the loss here, inside the model's forward, lets FSDP
+            keep the output weight gathered for it.
+        :param z_loss_multiplier: Weight of the z-loss, or None.
+        :param fused_loss: Compute the loss chunk by chunk from the hidden states without the logits
+            (:func:`olmo.loss.fused_output_loss`); ``logits`` is then None.
         """
         cfg = self.config
         t = self.transformer
@@ -372,13 +421,13 @@ class OLMo(nn.Module):
         if output_hidden_states:
             hidden_states.append(x)
 
+        hidden = tuple(hidden_states) if output_hidden_states else None
+        head = (labels, z_loss_multiplier, fused_loss, 1 / math.sqrt(cfg.d_model) if cfg.scale_logits else 1.0)
         if t.ff_out is None:
-            logits = F.linear(x, t.wte.weight)  # (B, T, embedding_size), tied to the input embedding
+            logits, loss = lm_head(x, t.wte.weight, None, *head)  # tied to the input embedding
         else:
-            logits = t.ff_out(x)  # (B, T, embedding_size)
-        if cfg.scale_logits:
-            logits = logits * (1 / math.sqrt(cfg.d_model))
-        return OLMoOutput(logits, None, tuple(hidden_states) if output_hidden_states else None)
+            logits, loss = t.ff_out(x, *head)
+        return OLMoOutput(logits, None, hidden, loss)
 
     def _attention_bias(
         self, attention_mask: torch.Tensor | None, seq_len: int, device: torch.device

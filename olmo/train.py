@@ -21,7 +21,6 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from .checkpoint import (
     MARKER,
@@ -43,7 +42,7 @@ from .model import OLMo
 from .optim import BoltOnWarmupScheduler, clip_grads, set_learning_rate
 from .rng import get_rng_state, set_rng_state
 
-__all__ = ["Trainer", "TrainerState", "EXIT_CODE_STOPPED", "cross_entropy_sums"]
+__all__ = ["Trainer", "TrainerState", "StepMetrics", "EXIT_CODE_STOPPED"]
 
 log = logging.getLogger(__name__)
 
@@ -62,20 +61,15 @@ class TrainerState:
     epoch: int = 0
 
 
-def cross_entropy_sums(logits: torch.Tensor, labels: torch.Tensor, z_loss_multiplier: Optional[float]):
-    """Summed next-token cross entropy (and z-loss) over labels that are not -100.
+@dataclass
+class StepMetrics:
+    """One optimizer step's metrics. The loss and gradient norm stay on the device (``device``) until
+    :meth:`Trainer.collect_metrics` reads every pending step back in one transfer and fills ``values``."""
 
-    :param logits: (B, T, V) predictions for the *next* token at each position.
-    :param labels: (B, T) target ids, -100 where no loss is taken.
-    """
-    flat_logits = logits.reshape(-1, logits.size(-1))  # (B*T, V)
-    flat_labels = labels.reshape(-1)
-    ce = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum")
-    if not z_loss_multiplier:
-        return ce, None
-    valid = flat_labels != -100
-    z = z_loss_multiplier * (torch.logsumexp(flat_logits.float(), dim=-1)[valid] ** 2).sum()
-    return ce, z
+    step: int
+    values: dict[str, float]
+    device: Optional[dict[str, torch.Tensor]]
+    """This rank's ``ce_sum`` and ``z_sum``, the global ``n_labels`` and ``grad_norm``; None once read."""
 
 
 class _StopRequest:
@@ -129,6 +123,8 @@ class Trainer:
         self.last_saved_step: dict[str, int] = {}
         self.pending_save: Optional[PendingCheckpoint] = None
         self.restored_step: Optional[int] = None
+        self.collect_steps = cfg.metrics_collect_steps(env.device)
+        self._metrics: list[StepMetrics] = []  # steps not logged yet, oldest first
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
             log.warning("precision=%s has no effect on %s; training in fp32.", cfg.precision, env.device.type)
 
@@ -223,6 +219,7 @@ class Trainer:
             # Nothing was trained since this very checkpoint was restored (e.g. relaunching a finished run).
             self.last_saved_step[kind] = step
             return
+        self.collect_metrics()  # a non-finite loss not yet seen must stop the run before anything is written
         self.commit_pending_save()  # one background save at a time, committed in order
         # A regular sharded checkpoint replaces an ephemeral one of the same step (same directory name).
         replace = self.cfg.save_overwrite or (kind == "sharded" and self.last_saved_step.get("ephemeral") == step)
@@ -299,6 +296,7 @@ class Trainer:
         due = force or step % self.cfg.eval_interval == 0 or step >= stop_at
         if not self.evaluators or not due:
             return False
+        self.log_metrics(metrics_logger)  # training steps first, so metrics.jsonl stays in step order
         start, metrics = time.perf_counter(), {}
         self.optimizer.zero_grad(set_to_none=True)  # free gradient memory for the eval batches
         for evaluator in self.evaluators:
@@ -345,16 +343,18 @@ class Trainer:
                 s.global_train_examples_seen_this_epoch += cfg.global_train_batch_size
                 s.global_train_tokens_seen += cfg.tokens_per_batch
                 index_log.write(s.global_step, batch["index"])
-                metrics = self.train_step(batch)
+                metrics = self.train_step(batch).values
                 metrics.update(speed.step(device_tokens))
                 metrics["throughput/data_wait_seconds"] = data_wait
                 metrics["throughput/total_tokens"] = s.global_train_tokens_seen
                 metrics["System/Peak Memory (MB)"] = peak_memory_mb(self.env.device)
-                metrics_logger.log(s.global_step, metrics)
+                if s.global_step % self.collect_steps == 0:
+                    self.log_metrics(metrics_logger)
                 reason, all_written = self._agree(start_time)
                 if all_written and self.pending_save is not None:
                     self.commit_pending_save()
                 if reason is not None:
+                    self.log_metrics(metrics_logger)
                     metrics_logger.log_event(s.global_step, f"Stopping ({reason}); saving a checkpoint.")
                     self.maybe_save(final=True)
                     exit_code = EXIT_CODE_STOPPED
@@ -364,9 +364,11 @@ class Trainer:
                 if cfg.gen1_gc_interval is not None and s.global_step % cfg.gen1_gc_interval == 0:
                     gc.collect(1)
             else:
+                self.log_metrics(metrics_logger)
                 self.maybe_save(final=True)
             self.commit_pending_save()
         finally:
+            self.log_metrics(metrics_logger, collect=False)  # after an error, what was already read back
             self.stop_request.uninstall()
             gc.enable()
             index_log.close()
@@ -433,8 +435,12 @@ class Trainer:
                 f"another tokenizer or data.memmap_dtype is wrong; re-tokenize or fix the config."
             )
 
-    def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
-        """Forward/backward over every micro-batch of this device batch, clip, then one optimizer step."""
+    def train_step(self, batch: dict[str, Any]) -> StepMetrics:
+        """Forward/backward over every micro-batch of this device batch, clip, then one optimizer step.
+
+        The step's metrics are queued on the device; with ``metrics_collect_interval`` 1 they are read back
+        here, before the optimizer step, so a non-finite loss never reaches the weights.
+        """
         self._check_token_ids(batch)
         device, W = self.env.device, self.env.world_size
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, torch.Tensor)}
@@ -448,41 +454,80 @@ class Trainer:
         for start in range(0, batch["input_ids"].size(0), micro):
             rows = slice(start, start + micro)
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                mask = batch["attention_mask"][rows] if "attention_mask" in batch else None
-                logits = self.model(batch["input_ids"][rows], attention_mask=mask).logits  # (b, T, V)
-                ce, z = cross_entropy_sums(logits, labels[rows], self.z_loss_multiplier)
-            loss = ce if z is None else ce + z
-            (loss * loss_scale).backward()
-            ce_sum += ce.detach()
-            if z is not None:
-                z_sum += z.detach()
+                loss = self.model(
+                    batch["input_ids"][rows],
+                    attention_mask=batch["attention_mask"][rows] if "attention_mask" in batch else None,
+                    labels=labels[rows],
+                    z_loss_multiplier=self.z_loss_multiplier,
+                    fused_loss=bool(self.cfg.fused_loss),
+                ).loss
+            assert loss is not None
+            (loss.total * loss_scale).backward()
+            ce_sum += loss.ce
+            if loss.z is not None:
+                z_sum += loss.z
         step = self.state.global_step
         max_norm = self.scheduler.get_max_grad_norm(self.cfg.max_grad_norm, step)
         grad_norm = clip_grads(self.optimizer, max_norm, self.cfg.max_grad_norm_ratio, step)
-        sums = all_reduce(torch.stack([ce_sum, z_sum]))
-        bad = all_reduce(torch.tensor([0.0 if torch.isfinite(ce_sum) else self.env.rank + 1.0]), dist.ReduceOp.MAX)
-        ce_loss, z_loss = (sums / n_labels.clamp(min=1.0)).tolist()  # the step's one host sync
-        norm = float(grad_norm)
-        if bad.item() > 0 or not math.isfinite(norm):
-            rank = int(bad.item()) - 1 if bad.item() > 0 else self.env.rank
-            raise OLMoTrainingError(
-                f"Non-finite {'loss' if bad.item() > 0 else 'gradient norm'} at step {step} on rank {rank} "
-                f"(loss={ce_loss}, grad norm={norm}). The optimizer step was skipped and no checkpoint "
-                f"was written. Resume from the last checkpoint with a lower optimizer.learning_rate, "
-                f"max_grad_norm set, or --fast_forward_batches to skip the offending data."
-            )
         lr = self._learning_rate()
+        record = StepMetrics(
+            step,
+            {"optim/learning_rate_group0": lr},
+            {"ce_sum": ce_sum, "z_sum": z_sum, "n_labels": n_labels, "grad_norm": grad_norm},
+        )
+        self._metrics.append(record)
+        if self.collect_steps == 1:
+            self.collect_metrics()
         set_learning_rate(self.optimizer, lr)
         self.optimizer.step()
-        metrics = {
-            "train/CrossEntropyLoss": ce_loss,
-            "train/Perplexity": math.exp(min(ce_loss, 50.0)),
-            "optim/total_grad_norm": norm,
-            "optim/learning_rate_group0": lr,
-        }
-        if self.z_loss_multiplier:
-            metrics["train/ZLoss"] = z_loss
-        return metrics
+        return record
+
+    def collect_metrics(self) -> None:
+        """Read every pending step's loss and gradient norm back from the device (one collective and one
+        host sync for all of them) and raise :class:`OLMoTrainingError` at the first non-finite one."""
+        pending = [r for r in self._metrics if r.device is not None]
+        if not pending:
+            return
+        queued = [r.device for r in pending if r.device is not None]
+        local = torch.stack([torch.stack([d["ce_sum"], d["z_sum"]]) for d in queued])  # (S, 2)
+        bad_rank = torch.stack(
+            [torch.where(torch.isfinite(d["ce_sum"]), 0.0, self.env.rank + 1.0) for d in queued]
+        )  # (S,)
+        n_labels = torch.stack([d["n_labels"] for d in queued]).clamp(min=1.0)  # (S,)
+        norms = torch.stack([d["grad_norm"].to(local.device) for d in queued])  # (S,)
+        losses = all_reduce(local) / n_labels[:, None]  # (S, 2)
+        table = torch.cat([losses, all_reduce(bad_rank, dist.ReduceOp.MAX)[:, None], norms[:, None]], dim=1)
+        for record, (ce, z, bad, norm) in zip(pending, table.tolist()):  # the host sync
+            if bad > 0 or not math.isfinite(norm):
+                raise OLMoTrainingError(self._non_finite_message(record.step, ce, norm, int(bad) - 1))
+            record.device = None
+            record.values.update({"train/CrossEntropyLoss": ce, "train/Perplexity": math.exp(min(ce, 50.0))})
+            record.values["optim/total_grad_norm"] = norm
+            if self.z_loss_multiplier:
+                record.values["train/ZLoss"] = z
+
+    def _non_finite_message(self, step: int, loss: float, norm: float, bad_rank: int) -> str:
+        what = f"loss at step {step} on rank {bad_rank}" if bad_rank >= 0 else f"gradient norm at step {step}"
+        if self.collect_steps == 1:
+            consequence = "The optimizer step was skipped and no checkpoint was written."
+        else:
+            consequence = (
+                f"It was found {self.state.global_step - step} step(s) later (metrics_collect_interval="
+                f"{self.collect_steps}); no checkpoint or evaluation has seen the damaged weights."
+            )
+        return (
+            f"Non-finite {what} (loss={loss}, grad norm={norm}). {consequence} Resume from the last "
+            f"checkpoint with a lower optimizer.learning_rate, max_grad_norm set, or --fast_forward_batches "
+            f"to skip the offending data."
+        )
+
+    def log_metrics(self, metrics_logger: MetricsLogger, collect: bool = True) -> None:
+        """Log the steps whose metrics are ready (collecting the pending ones first, unless told not to)."""
+        if collect:
+            self.collect_metrics()
+        while self._metrics and self._metrics[0].device is None:
+            record = self._metrics.pop(0)
+            metrics_logger.log(record.step, record.values)
 
     def _learning_rate(self) -> float:
         """The scheduled LR for the current step (the first update uses step 1, as in OLMo)."""

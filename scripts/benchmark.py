@@ -23,10 +23,12 @@ it queued:
 
     data      getting the batch from the loader (host only)
     prepare   token-id check, host-to-device copy, labels, zero_grad (freeing last step's gradients)
-    forward   the model's forward passes (all micro-batches)
-    backward  loss, backward passes, gradient clipping and the step's one host sync
+    forward   the model's forward passes with the loss (all micro-batches)
+    backward  backward passes, gradient clipping, and reading the metrics back when
+              ``metrics_collect_interval`` is 1 (the step's host sync)
     optimizer ``optimizer.step()``
-    other     the rest (gen-1 garbage collection, as ``Trainer.fit`` does it)
+    other     the rest: reading the metrics back every N steps when the interval is N > 1, and
+              gen-1 garbage collection, as ``Trainer.fit`` does them
 
 Reported per device (rank 0's numbers; the slowest rank's median step time is reported too): tokens/s from
 the median step time, MFU = tokens/s x FLOPs/token / peak FLOP/s (``olmo.metrics.device_peak_flops``: a known
@@ -73,7 +75,7 @@ from olmo.metrics import device_peak_flops, peak_memory_mb  # noqa: E402
 from olmo.model import OLMo  # noqa: E402
 from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
 from olmo.rng import seed_all  # noqa: E402
-from olmo.train import Trainer  # noqa: E402
+from olmo.train import StepMetrics, Trainer  # noqa: E402
 from olmo.util import (  # noqa: E402
     env_world_size,
     machine_info,  # noqa: E402
@@ -231,8 +233,11 @@ class PhaseClock:
             handle.remove()
 
 
-def timed_step(trainer: Trainer, batches: Iterator[dict[str, Any]], clock: PhaseClock) -> dict[str, float]:
-    """One training step as ``Trainer.fit`` runs it, split into :data:`PHASES` (seconds) plus the loss."""
+def timed_step(
+    trainer: Trainer, batches: Iterator[dict[str, Any]], clock: PhaseClock
+) -> tuple[dict[str, float], StepMetrics]:
+    """One training step as ``Trainer.fit`` runs it, split into :data:`PHASES` (seconds), and its metrics
+    (read back from the device every ``metrics_collect_interval`` steps, as in training)."""
     cfg, s = trainer.cfg, trainer.state
     clock.reset()
     start = clock.now()
@@ -242,6 +247,8 @@ def timed_step(trainer: Trainer, batches: Iterator[dict[str, Any]], clock: Phase
     s.global_train_examples_seen_this_epoch += cfg.global_train_batch_size
     s.global_train_tokens_seen += cfg.tokens_per_batch
     metrics = trainer.train_step(batch)
+    if s.global_step % trainer.collect_steps == 0:
+        trainer.collect_metrics()
     if cfg.gen1_gc_interval is not None and s.global_step % cfg.gen1_gc_interval == 0:
         gc.collect(1)
     end = clock.now()
@@ -254,8 +261,7 @@ def timed_step(trainer: Trainer, batches: Iterator[dict[str, Any]], clock: Phase
         "optimizer": clock.optimizer_end - clock.optimizer_start,
         "other": end - clock.optimizer_end,
         "step": end - start,
-        "loss": metrics["train/CrossEntropyLoss"],
-    }
+    }, metrics
 
 
 def attention_info(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
@@ -488,18 +494,22 @@ def measure(
     clock = PhaseClock(trainer.env.device, trainer.model, trainer.optimizer)
     if trainer.cfg.gen1_gc_interval is not None:
         gc.disable()  # as Trainer.fit does
-    warmup_seconds, measured = [], []
+    warmup_seconds, measured, metrics = [], [], []
     try:
         for i in range(warmup + steps):
-            timing = timed_step(trainer, batches, clock)
+            timing, step_metrics = timed_step(trainer, batches, clock)
             log.info("%s step %d: %.1f ms", "warmup" if i < warmup else "measured", i + 1, timing["step"] * 1e3)
             if i < warmup:
                 warmup_seconds.append(timing["step"])
             else:
                 measured.append(timing)
+                metrics.append(step_metrics)
+        trainer.collect_metrics()
     finally:
         gc.enable()
         clock.close()
+    for timing, step_metrics in zip(measured, metrics):
+        timing["loss"] = step_metrics.values["train/CrossEntropyLoss"]
     return warmup_seconds, measured
 
 

@@ -27,6 +27,13 @@ SETTINGS = {
     "one_in_two": {"fsdp.wrapping_strategy": "one_in_two", "model.n_layers": 3},
     "checkpoint_one_in_two": {"activation_checkpointing": "one_in_two"},
     "checkpoint_fine_grained": {"activation_checkpointing": "fine_grained"},
+    # The fused loss must give the losses and weights of the plain one (compared in the test).
+    "fused_loss": {"fused_loss": True},
+    "tied": {"model.weight_tying": True},
+    "tied_fused_loss": {"model.weight_tying": True, "fused_loss": True},
+    "by_size_fused_loss": {"fsdp.wrapping_strategy": "by_block_and_size", "fused_loss": True},
+    "tied_by_size": {"model.weight_tying": True, "fsdp.wrapping_strategy": "by_block_and_size"},
+    "collect_every_2": {"metrics_collect_interval": 2},
     # Dropout masks depend on how rows are split over ranks, so these two are compared with each other.
     "dropout": {"model.residual_dropout": 0.1, "model.attention_dropout": 0.1},
     "dropout_checkpoint_whole_layer": {
@@ -49,10 +56,12 @@ def main(out: Path, data: str) -> None:
             model = build_model(cfg, env)
             optimizer = build_optimizer(cfg.optimizer, model)
             trainer = Trainer(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), loader)
-            losses = []
+            records = []
             for step, batch in zip(range(1, STEPS + 1), loader):
                 trainer.state.global_step = step
-                losses.append(trainer.train_step(batch)["train/CrossEntropyLoss"])
+                records.append(trainer.train_step(batch))
+            trainer.collect_metrics()
+            losses = [r.values["train/CrossEntropyLoss"] for r in records]
             weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             results[name] = {"losses": losses, "weights": weights}
         if env.rank == 0:

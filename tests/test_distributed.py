@@ -141,6 +141,20 @@ def test_every_parallelism_setting_matches_one_process(tmp_path, corpus):
         np.testing.assert_allclose(two[name]["losses"], reference["losses"], rtol=1e-5, err_msg=name)
         for key, value in reference["weights"].items():
             torch.testing.assert_close(two[name]["weights"][key], value, rtol=1e-4, atol=1e-5, msg=f"{name} {key}")
+    # The fused loss and collecting metrics every 2 steps change no number beyond rounding.
+    for results in (one, two):
+        for name, reference_name in (
+            ("fused_loss", "full_shard"),
+            ("tied_fused_loss", "tied"),
+            ("by_size_fused_loss", "full_shard"),
+            ("tied_by_size", "tied"),
+            ("collect_every_2", "full_shard"),
+        ):
+            np.testing.assert_allclose(
+                results[name]["losses"], results[reference_name]["losses"], rtol=1e-5, err_msg=name
+            )
+            for key, value in results[reference_name]["weights"].items():
+                torch.testing.assert_close(results[name]["weights"][key], value, rtol=1e-4, atol=1e-5)
     # Activation checkpointing recomputes exactly what it discarded, dropout masks included.
     for results in (one, two):
         assert results["dropout_checkpoint_whole_layer"]["losses"] == results["dropout"]["losses"]

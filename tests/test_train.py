@@ -156,22 +156,50 @@ def test_label_masked_tokens_do_not_contribute_to_the_loss(tmp_path, corpus, mon
     assert all(torch.equal(clean[1][k], garbled[1][k]) for k in clean[1])
 
 
-def test_non_finite_loss_stops_before_the_optimizer_step(tmp_path, corpus, monkeypatch):
-    from olmo import train as train_module
+@pytest.mark.parametrize(
+    "collect, message, kept",
+    [
+        (1, r"step 4 on rank 0.*optimizer step was skipped", [1, 2, 3]),
+        (5, r"step 4 on rank 0.*1 step\(s\) later", [3]),
+    ],
+    ids=["collect_every_step", "collect_every_5"],
+)
+def test_non_finite_loss_stops_before_any_checkpoint(tmp_path, corpus, monkeypatch, collect, message, kept):
+    from olmo import model as model_module
 
-    original = train_module.cross_entropy_sums
+    original = model_module.cross_entropy_sums
     calls = {"n": 0}
 
     def poisoned(logits, labels, z):
         calls["n"] += 1
-        ce, z_loss = original(logits, labels, z)
-        return (ce * float("nan") if calls["n"] > 6 else ce), z_loss  # step 4 (2 micro-batches a step)
+        loss = original(logits, labels, z)
+        return loss._replace(ce=loss.ce * float("nan")) if calls["n"] > 6 else loss  # step 4 (2 micro-batches)
 
-    monkeypatch.setattr(train_module, "cross_entropy_sums", poisoned)
-    with pytest.raises(OLMoTrainingError, match=r"step 4 on rank 0"):
-        run_train(_setup(tmp_path, corpus, max_duration=10, save_interval_unsharded=1))
+    monkeypatch.setattr(model_module, "cross_entropy_sums", poisoned)
+    interval = 1 if collect == 1 else 3
+    config = _setup(
+        tmp_path, corpus, max_duration=10, save_interval_unsharded=interval, metrics_collect_interval=collect
+    )
+    with pytest.raises(OLMoTrainingError, match=message):
+        run_train(config)
     run = tmp_path / "run"
-    assert sorted(p.name for p in run.glob("step*")) == [f"step{i}-unsharded" for i in (1, 2, 3)]
+    assert sorted(p.name for p in run.glob("step*")) == [f"step{i}-unsharded" for i in kept]
+    # Every step before the bad one is logged, and nothing after it.
+    logged = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3]
+
+
+def test_collecting_metrics_every_few_steps_logs_every_step_unchanged(tmp_path, corpus):
+    losses = {}
+    for collect in (1, 3):
+        config = _setup(tmp_path / str(collect), corpus, max_duration=7, metrics_collect_interval=collect)
+        assert run_train(config) == 0
+        lines = [
+            json.loads(line) for line in (tmp_path / str(collect) / "run/metrics.jsonl").read_text().splitlines()
+        ]
+        assert [m["step"] for m in lines] == list(range(1, 8))
+        losses[collect] = [(m["train/CrossEntropyLoss"], m["optim/total_grad_norm"]) for m in lines]
+    assert losses[3] == losses[1]
 
 
 def test_time_limit_saves_and_exits_with_the_resumable_code(tmp_path, corpus):
@@ -285,19 +313,6 @@ def test_sharded_checkpoints_resume_exactly_and_convert_to_unsharded(tmp_path, c
     assert run_train(part, f"--load_path={step3}", "--force_save_unsharded", "--dry_run", "--save_overwrite") == 0
     converted = _model_state(tmp_path / "part/run/step3-unsharded")
     assert "transformer.blocks.0.att_proj.weight" in converted
-
-
-def test_z_loss_is_the_squared_log_partition_over_labelled_positions():
-    from olmo.train import cross_entropy_sums
-
-    logits = torch.randn(2, 5, 11, generator=torch.Generator().manual_seed(0))
-    labels = torch.tensor([[1, 2, -100, 4, 5], [-100, -100, 3, 3, 0]])
-    ce, z = cross_entropy_sums(logits, labels, 1e-3)
-    valid = labels != -100
-    expected_ce = -torch.log_softmax(logits, -1)[valid].gather(1, labels[valid][:, None]).sum()
-    torch.testing.assert_close(ce, expected_ce)
-    torch.testing.assert_close(z, 1e-3 * (torch.logsumexp(logits, -1)[valid] ** 2).sum())
-    assert cross_entropy_sums(logits, labels, None)[1] is None
 
 
 def test_z_loss_is_trained_and_logged(tmp_path, corpus):

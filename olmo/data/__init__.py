@@ -112,7 +112,7 @@ def build_train_dataloader(
         batch_size=cfg.device_batch_size(world_size),
         collate_fn=DataCollator(pad_direction=cfg.data.pad_direction, pad_token_id=cfg.model.pad_token_id),
         num_workers=workers,
-        pin_memory=cfg.data.pin_memory,
+        pin_memory=cfg.data.pin_memory is not False and torch.cuda.is_available(),
         prefetch_factor=cfg.data.prefetch_factor if workers > 0 else None,
         # Workers restart with every epoch so they see the new order (a persistent worker would keep
         # its pickled copy of the old one); data.persistent_workers is accepted but has no effect.

@@ -109,6 +109,7 @@ def forward_in_lockstep(
             logits = model(
                 batch["input_ids"].to(device), attention_mask=None if mask is None else mask.to(device)
             ).logits  # (B, T, embedding_size)
+            assert logits is not None  # only a fused loss leaves them out
             yield batch, logits
         else:
             model(torch.zeros((1, 1), dtype=torch.long, device=device))

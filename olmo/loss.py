@@ -1,0 +1,174 @@
+"""The language-model loss: summed next-token cross entropy and z-loss over labelled positions.
+
+Two ways to compute the same sums (the trainer divides them by the global label count, see
+:mod:`olmo.train`):
+
+* :func:`cross_entropy_sums` takes the logits, as the original OLMo does.
+* :func:`fused_output_loss` (``fused_loss: true``) takes the final hidden states and the output weight and
+  never holds the logits of a whole micro-batch. It walks the tokens in chunks of ``chunk_size``; for each
+  chunk it computes the logits, the loss and, right away, the gradients with respect to the hidden states
+  and the weight (softmax minus one-hot, through the two backward matmuls). The backward pass then only
+  scales those gradients. With a 50k vocabulary the plain path keeps several (N, V) tensors alive around
+  the loss (the logits, their fp32 copy inside the loss, the gradient); the fused path keeps one
+  (chunk, V) fp32 buffer plus gradients the size of the hidden states and of the weight, for the same
+  three matmuls of FLOPs.
+
+Both include every column of the (padded) embedding in the softmax, as OLMo does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["FUSED_LOSS_CHUNK_TOKENS", "LossSums", "cross_entropy_sums", "fused_output_loss"]
+
+FUSED_LOSS_CHUNK_TOKENS = 2048
+"""Tokens per chunk of the fused loss: a (2048, 50304) fp32 buffer is 0.4 GB, and 2048-row matmuls keep
+a GPU's tensor cores busy."""
+
+
+class LossSums(NamedTuple):
+    total: torch.Tensor
+    """``ce + z``, the tensor to call ``backward`` on (scaled as the trainer needs)."""
+    ce: torch.Tensor
+    """Summed cross entropy, detached (for metrics)."""
+    z: Optional[torch.Tensor]
+    """Summed z-loss (already times its multiplier), detached; None without z-loss."""
+
+
+def cross_entropy_sums(logits: torch.Tensor, labels: torch.Tensor, z_loss_multiplier: Optional[float]) -> LossSums:
+    """Summed cross entropy (and z-loss) of ``logits`` over labels that are not -100.
+
+    :param logits: (..., V) predictions for the *next* token at each position.
+    :param labels: (...) target ids, -100 where no loss is taken.
+    :param z_loss_multiplier: weight of ``logsumexp(logits)**2``, or None for no z-loss.
+    """
+    flat_logits = logits.reshape(-1, logits.size(-1))  # (N, V)
+    flat_labels = labels.reshape(-1)  # (N,)
+    ce = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum")
+    if not z_loss_multiplier:
+        return LossSums(ce, ce.detach(), None)
+    valid = flat_labels != -100
+    upcast = flat_logits.to(torch.promote_types(flat_logits.dtype, torch.float32))
+    z = z_loss_multiplier * (torch.logsumexp(upcast, dim=-1)[valid] ** 2).sum()
+    return LossSums(ce + z, ce.detach(), z.detach())
+
+
+def fused_output_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    z_loss_multiplier: Optional[float],
+    logit_scale: float = 1.0,
+    bias: Optional[torch.Tensor] = None,
+    chunk_size: int = FUSED_LOSS_CHUNK_TOKENS,
+) -> LossSums:
+    """The sums of :func:`cross_entropy_sums` for ``logits = (hidden @ weight.T + bias) * logit_scale``,
+    computed chunk by chunk without keeping the logits.
+
+    Under autocast the matmuls run in the autocast dtype (as ``F.linear`` would) and the softmax in fp32.
+    The returned ``total`` supports one backward pass.
+
+    :param hidden: (..., C) final hidden states.
+    :param weight: (V, C) output projection (the embedding matrix when weights are tied).
+    :param bias: (V,) output bias, or None.
+    :param labels: (...) target ids, -100 where no loss is taken.
+    """
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    hidden = hidden.reshape(-1, hidden.size(-1))  # (N, C)
+    labels = labels.reshape(-1)  # (N,)
+    need_grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    with torch.autocast(device_type, enabled=False):
+        total, ce, z = _FusedOutputLoss.apply(
+            hidden, weight, bias, labels, z_loss_multiplier or 0.0, float(logit_scale), chunk_size, need_grads
+        )
+    return LossSums(total, ce, z if z_loss_multiplier else None)
+
+
+class _FusedOutputLoss(torch.autograd.Function):
+    """Forward computes the loss sums and, when asked, their gradients (for an upstream gradient of 1);
+    backward multiplies those by the actual upstream gradient."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: Optional[torch.Tensor],
+        labels: torch.Tensor,
+        z_mult: float,
+        logit_scale: float,
+        chunk_size: int,
+        need_grads: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        acc = torch.promote_types(hidden.dtype, torch.float32)  # softmax and sums: fp32, or fp64 for fp64
+        ce = torch.zeros((), dtype=acc, device=hidden.device)
+        z = torch.zeros_like(ce)
+        grad_hidden = torch.empty_like(hidden) if need_grads else None  # (N, C)
+        # fp32 accumulation over chunks, as one big matmul would accumulate internally.
+        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_grads else None
+        grad_bias = (
+            None if bias is None or not need_grads else torch.zeros(bias.shape, dtype=acc, device=bias.device)
+        )
+        for start in range(0, hidden.size(0), chunk_size):
+            h = hidden[start : start + chunk_size]  # (n, C)
+            y = labels[start : start + chunk_size]  # (n,)
+            logits = (torch.mm(h, weight.t()) if bias is None else torch.addmm(bias, h, weight.t())).to(
+                acc
+            )  # (n, V)
+            if logit_scale != 1.0:
+                logits.mul_(logit_scale)
+            lse = torch.logsumexp(logits, dim=-1)  # (n,)
+            mask = (y != -100).to(acc)  # (n,)
+            target = y.clamp(min=0)[:, None]  # (n, 1); masked rows point at column 0 and are zeroed by mask
+            ce += ((lse - logits.gather(1, target).squeeze(1)) * mask).sum()
+            if z_mult:
+                z += z_mult * (lse.square() * mask).sum()
+            if grad_hidden is None or grad_weight is None:
+                continue
+            # d(ce + z)/d(logits) = softmax * (1 + 2 * z_mult * lse) - onehot(target), on labelled rows.
+            grad_logits = logits.sub_(lse[:, None]).exp_()  # (n, V) softmax, in place of the logits
+            row_scale = mask * (1.0 + 2.0 * z_mult * lse) if z_mult else mask
+            grad_logits.mul_(row_scale[:, None])
+            grad_logits.scatter_add_(1, target, -mask[:, None])
+            if logit_scale != 1.0:
+                grad_logits.mul_(logit_scale)
+            if grad_bias is not None:
+                grad_bias += grad_logits.sum(dim=0)
+            g = grad_logits.to(hidden.dtype)
+            torch.mm(g, weight, out=grad_hidden[start : start + chunk_size])
+            if g.dtype == acc:
+                grad_weight.addmm_(g.t(), h)
+            else:
+                grad_weight += torch.mm(g.t(), h).to(acc)
+        ctx.grads = (
+            grad_hidden,
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None if grad_bias is None or bias is None else grad_bias.to(bias.dtype),
+        )
+        ctx.mark_non_differentiable(ce, z)
+        return ce + z, ce, z
+
+    @staticmethod
+    def backward(ctx: Any, grad_total: torch.Tensor, *_: Any) -> tuple[Optional[torch.Tensor], ...]:
+        grad_hidden, grad_weight, grad_bias = ctx.grads
+        if grad_hidden is None or grad_weight is None:
+            raise RuntimeError("fused_output_loss was called without gradients enabled, or backward ran twice.")
+        ctx.grads = (None, None, None)  # the stored gradients are handed over, not kept
+        return (
+            grad_hidden.mul_(grad_total.to(grad_hidden.dtype)),
+            grad_weight.mul_(grad_total.to(grad_weight.dtype)),
+            None if grad_bias is None else grad_bias.mul_(grad_total.to(grad_bias.dtype)),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
