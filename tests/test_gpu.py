@@ -1,0 +1,90 @@
+"""What only a GPU can show: bf16 autocast with the fused loss, the SDPA flash kernel on our shapes, TF32,
+and a training step that never waits for the GPU between metric collections. Skipped without CUDA."""
+
+import pytest
+import torch
+
+from olmo.config import TrainConfig
+from olmo.data import build_train_dataloader
+from olmo.distributed import build_model, init_distributed
+from olmo.optim import build_optimizer, build_scheduler
+from olmo.rng import seed_all
+from olmo.testing import tiny_config_dict, write_byte_memmap
+from olmo.train import Trainer
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "a.npy"
+    write_byte_memmap(path, 60_000)
+    return [str(path)]
+
+
+def _trainer(tmp_path, corpus, **overrides):
+    settings = {"precision": "amp_bf16", "model.d_model": 128, "model.n_heads": 2, **overrides}
+    cfg = TrainConfig.from_dict(tiny_config_dict(tmp_path, corpus, **settings))
+    env = init_distributed()
+    seed_all(cfg.seed)
+    loader = build_train_dataloader(cfg, world_size=1, rank=0, work_dir=tmp_path)
+    model = build_model(cfg, env)
+    trainer = Trainer(
+        cfg, env, model, build_optimizer(cfg.optimizer, model), build_scheduler(cfg.scheduler), loader
+    )
+    return trainer, iter(loader)
+
+
+def _train(trainer, batches, steps):
+    records = []
+    for _ in range(steps):
+        trainer.state.global_step += 1
+        records.append(trainer.train_step(next(batches)))
+    trainer.collect_metrics()
+    return [r.values["train/CrossEntropyLoss"] for r in records]
+
+
+def test_bf16_training_with_the_fused_loss_follows_the_plain_loss(tmp_path, corpus):
+    losses = {}
+    for fused in (False, True):
+        trainer, batches = _trainer(tmp_path / str(fused), corpus, fused_loss=fused)
+        losses[fused] = _train(trainer, batches, 8)
+    assert losses[True][-1] < losses[True][0] - 0.5, losses
+    for plain, fused in zip(losses[False], losses[True]):
+        assert fused == pytest.approx(plain, rel=2e-2)
+
+
+def test_no_host_sync_between_metric_collections(tmp_path, corpus):
+    trainer, batches = _trainer(tmp_path, corpus, fused_loss=True, metrics_collect_interval=100)
+    assert trainer.train_loader.pin_memory
+    _train(trainer, batches, 2)  # optimizer state and caches are created in the first steps
+    ready = [next(batches) for _ in range(3)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for batch in ready:
+            trainer.state.global_step += 1
+            trainer.train_step(batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    trainer.collect_metrics()
+
+
+def test_training_step_runs_on_the_sdpa_flash_kernel(tmp_path, corpus):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    trainer, batches = _trainer(tmp_path, corpus)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # raises if our shapes or dtypes do not qualify
+        losses = _train(trainer, batches, 2)
+    assert all(loss == loss for loss in losses)
+
+
+def test_fp32_matmuls_may_use_tf32_unless_told_otherwise(tmp_path, corpus):
+    _trainer(tmp_path / "default", corpus)
+    assert torch.get_float32_matmul_precision() == "high"
+    _trainer(tmp_path / "strict", corpus, float32_matmul_precision="highest")
+    assert torch.get_float32_matmul_precision() == "highest"
+    torch.set_float32_matmul_precision("high")
