@@ -9,7 +9,8 @@ run before it.
 Every rung is a separate ``scripts/benchmark.py`` process (so compile caches and memory peaks do not carry
 over) writing ``DIR/NN-rung.json``; the ladder then prints a Markdown table (tokens/s, MFU, step time, peak
 memory, change against the rung before) and writes it to ``DIR/ladder.md`` with everything in
-``DIR/ladder.json``. A rung that fails (out of memory, say) is reported as failed, and the next rung is
+``DIR/ladder.json``. The first rung's peak FLOP/s is passed on to the later rungs, so that on a CPU (whose
+peak is measured per process) their MFUs use the same figure. A rung that fails (out of memory, say) is reported as failed, and the next rung is
 compared with the last one that ran.
 
 On a CPU, ``bf16`` and ``flash`` change nothing (autocast and flash-attn are GPU-only here), so they are
@@ -98,6 +99,10 @@ def bigger_batch_flags(args: argparse.Namespace, first: Optional[dict[str, Any]]
     return flags
 
 
+def pinned_peak(flags: list[str]) -> bool:
+    return any("speed_monitor.gpu_flops_available=" in f for f in flags)
+
+
 def run_rung(config: str, flags: list[str], out: Path) -> tuple[Optional[dict[str, Any]], str]:
     cmd = [sys.executable, str(REPO / "scripts/benchmark.py"), config, *flags, f"--out={out}"]
     print(f"$ {' '.join(cmd[1:])}", flush=True)
@@ -156,6 +161,9 @@ def main(argv: list[str]) -> int:
             }
         )
         print(table(rows).splitlines()[-1], flush=True)
+        if result is not None and not pinned_peak(flags) and result["setup"]["peak_flops"]:
+            # A CPU's peak is measured per process and varies; one figure for all rungs keeps MFU comparable.
+            flags = flags + [f"--override=speed_monitor.gpu_flops_available={result['setup']['peak_flops']:.6g}"]
     markdown = table(rows)
     (out_dir / "ladder.md").write_text(markdown + "\n")
     (out_dir / "ladder.json").write_text(json.dumps(rows, indent=1) + "\n")

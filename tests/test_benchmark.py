@@ -79,3 +79,29 @@ def test_smoke_benchmark_reports_consistent_throughput(tmp_path):
 def test_gpu_peak_lookup_by_device_name(name, peak):
     # An H200 must not fall through to the A100 figure, which would overstate MFU ~3x.
     assert gpu_peak_flops(name) == peak
+
+
+def test_smoke_ladder_measures_each_rung_on_the_same_batches(tmp_path):
+    out = tmp_path / "ladder"
+    result = run_script(
+        "benchmark_ladder.py",
+        REPO / "configs/tiny/OLMo-tiny.yaml",
+        "--smoke",
+        "--rungs=eager,fused_loss",
+        f"--out-dir={out}",
+        cwd=tmp_path,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    rows = json.loads((out / "ladder.json").read_text())
+    assert [r["rung"] for r in rows] == ["eager", "fused_loss"]
+    eager, fused = (r["result"]["results"] for r in rows)
+    assert "--override=fused_loss=true" in rows[1]["flags"] and "--override=fused_loss=false" in rows[0]["flags"]
+    # Same model, same synthetic batches: the fused loss gives the same losses, under the same pinned peak.
+    assert fused["first_loss"] == pytest.approx(eager["first_loss"], rel=1e-5)
+    assert rows[1]["result"]["setup"]["peak_flops"] == pytest.approx(
+        rows[0]["result"]["setup"]["peak_flops"], rel=1e-5
+    )
+    markdown = (out / "ladder.md").read_text().splitlines()
+    assert markdown[0].startswith("| rung | tokens/s | MFU") and len(markdown) == 4
+    assert markdown[3].startswith("| + fused loss |") and "%" in markdown[3].split("|")[-2]
