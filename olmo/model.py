@@ -11,7 +11,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,7 @@ __all__ = [
     "lm_head",
     "alibi_bias",
     "apply_rotary",
+    "describe_attention",
     "rotary_cos_sin",
 ]
 
@@ -325,6 +326,44 @@ class OutputLayer(nn.Linear):
         logit_scale: float = 1.0,
     ) -> tuple[torch.Tensor | None, LossSums | None]:
         return lm_head(x, self.weight, self.bias, labels, z_loss_multiplier, fused_loss, logit_scale)
+
+
+def describe_attention(
+    config: ModelConfig, device: torch.device, dtype: torch.dtype | None, has_bias: bool
+) -> dict[str, Any]:
+    """Which attention kernel a forward pass will run (mirrors :meth:`OLMoBlock._use_flash`): flash-attn, or
+    PyTorch SDPA and the kernel SDPA picks for this shape (asked of torch's private chooser).
+
+    :param dtype: The autocast dtype, None for fp32.
+    :param has_bias: Whether batches carry an attention mask or ALiBi bias.
+    """
+    try:
+        import flash_attn
+
+        flash_version: str | None = flash_attn.__version__
+    except ImportError:
+        flash_version = None
+    flash_runs = bool(
+        config.flash_attention and flash_version and device.type == "cuda" and dtype is not None and not has_bias
+    )
+    head_dim = config.d_model // config.n_heads
+    sdpa = None
+    if not flash_runs:
+        shape = (1, config.n_heads, config.max_sequence_length, head_dim)  # (B, H, T, hd)
+        q = torch.zeros(shape, device=device, dtype=dtype or torch.float32, requires_grad=True)
+        bias = torch.zeros(1, 1, q.size(2), q.size(2), device=device, dtype=q.dtype) if has_bias else None
+        try:
+            choice = torch._fused_sdp_choice(q, q, q, bias, config.attention_dropout, not has_bias)
+            sdpa = torch.nn.attention.SDPBackend(choice).name
+        except Exception as e:  # a private API: report rather than fail
+            sdpa = f"unknown ({type(e).__name__})"
+    return {
+        "model.flash_attention": config.flash_attention,
+        "flash_attn_version": flash_version,
+        "backend": "flash_attn.flash_attn_func" if flash_runs else "torch SDPA",
+        "sdpa_kernel": sdpa,
+        "head_dim": head_dim,
+    }
 
 
 class OLMoTransformer(nn.Module):

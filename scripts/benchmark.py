@@ -72,7 +72,7 @@ from olmo.distributed import (  # noqa: E402
     teardown_distributed,
 )
 from olmo.metrics import device_peak_flops, peak_memory_mb  # noqa: E402
-from olmo.model import OLMo  # noqa: E402
+from olmo.model import OLMo, describe_attention  # noqa: E402
 from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
 from olmo.rng import seed_all  # noqa: E402
 from olmo.train import StepMetrics, Trainer  # noqa: E402
@@ -265,25 +265,9 @@ def timed_step(
 
 
 def attention_info(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
-    """Which attention kernel the model runs, and why (mirrors ``OLMoBlock._use_flash``)."""
-    m, dtype = cfg.model, autocast_dtype(cfg, env.device)
-    try:
-        import flash_attn
-
-        flash_version: Optional[str] = flash_attn.__version__
-    except ImportError:
-        flash_version = None
-    has_bias = m.alibi or cfg.data.generate_attention_mask
-    flash_runs = bool(
-        m.flash_attention and flash_version and env.device.type == "cuda" and dtype is not None and not has_bias
-    )
-    info: dict[str, Any] = {
-        "model.flash_attention": m.flash_attention,
-        "flash_attn_version": flash_version,
-        "backend": "flash_attn.flash_attn_func" if flash_runs else "torch SDPA",
-        "sdpa_kernel": None if flash_runs else _sdpa_choice(cfg, env.device, dtype or torch.float32, has_bias),
-        "head_dim": m.d_model // m.n_heads,
-    }
+    """Which attention kernel the model runs, and why."""
+    has_bias = cfg.model.alibi or cfg.data.generate_attention_mask
+    info = describe_attention(cfg.model, env.device, autocast_dtype(cfg, env.device), has_bias)
     if env.device.type == "cuda":
         info["sdp_enabled"] = {
             "flash": torch.backends.cuda.flash_sdp_enabled(),
@@ -292,19 +276,6 @@ def attention_info(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
             "math": torch.backends.cuda.math_sdp_enabled(),
         }
     return info
-
-
-def _sdpa_choice(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, has_bias: bool) -> str:
-    """The kernel SDPA dispatches to for this model's attention shape (torch's private chooser)."""
-    m = cfg.model
-    shape = (1, m.n_heads, m.max_sequence_length, m.d_model // m.n_heads)  # (B, H, T, hd)
-    q = torch.zeros(shape, device=device, dtype=dtype, requires_grad=True)  # backward support matters too
-    bias = torch.zeros(1, 1, q.size(2), q.size(2), device=device, dtype=dtype) if has_bias else None
-    try:
-        choice = torch._fused_sdp_choice(q, q, q, bias, m.attention_dropout, not has_bias)
-        return torch.nn.attention.SDPBackend(choice).name
-    except Exception as e:  # a private API: report rather than fail the benchmark
-        return f"unknown ({type(e).__name__})"
 
 
 def device_info(env: DistEnv, machine: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from olmo.data import build_memmap_dataset, build_train_dataloader  # noqa: E402
 from olmo.distributed import build_model, init_distributed, teardown_distributed  # noqa: E402
 from olmo.eval import build_evaluators  # noqa: E402
 from olmo.exceptions import OLMoCliError  # noqa: E402
+from olmo.model import describe_attention  # noqa: E402
 from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
 from olmo.rng import seed_all  # noqa: E402
 from olmo.train import Trainer  # noqa: E402
@@ -68,6 +69,7 @@ def main(argv: list) -> int:
         optimizer = build_optimizer(cfg.optimizer, model)
         evaluators = build_evaluators(cfg, world_size=env.world_size, rank=env.rank)
         trainer = Trainer(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), train_loader, evaluators)
+        log_speed_setup(cfg, trainer)
         if plan is not None:
             trainer.restore(plan.info, plan.load_optimizer_state, plan.load_trainer_state)
         if cfg.force_save_unsharded:
@@ -78,6 +80,25 @@ def main(argv: list) -> int:
         return trainer.fit()
     finally:
         teardown_distributed()
+
+
+def log_speed_setup(cfg: TrainConfig, trainer: Trainer) -> None:
+    """One line naming what decides the speed, the attention kernel that will actually run included."""
+    device = trainer.env.device
+    has_bias = cfg.model.alibi or cfg.data.generate_attention_mask
+    attention = describe_attention(cfg.model, device, trainer.autocast_dtype, has_bias)
+    kernel = f" ({attention['sdpa_kernel']})" if attention["sdpa_kernel"] else ""
+    log.info(
+        "Speed setup: autocast %s, attention %s%s, compile %s, fused_loss %s, metrics read back every %d "
+        "step(s)%s.",
+        trainer.autocast_dtype or "off (fp32)",
+        attention["backend"],
+        kernel,
+        "per block" if cfg.compile is not None else "off",
+        bool(cfg.fused_loss),
+        trainer.collect_steps,
+        f", fp32 matmul precision {cfg.float32_matmul_precision}" if device.type == "cuda" else "",
+    )
 
 
 if __name__ == "__main__":
