@@ -43,6 +43,7 @@ __all__ = [
     "build_model",
     "apply_activation_checkpointing",
     "barrier",
+    "has_replicas",
 ]
 
 log = logging.getLogger(__name__)
@@ -182,6 +183,17 @@ def _checkpointed(fn: Callable[..., torch.Tensor], preserve_rng: bool) -> Callab
     return wrapper
 
 
+def has_replicas(cfg: TrainConfig, env: DistEnv) -> bool:
+    """Whether the model is replicated over a ``replicate`` mesh dimension (DDP, NO_SHARD, hybrid sharding),
+    whose gradient all-reduce can wait for the last micro-batch of a step."""
+    fsdp = cfg.fsdp or FSDPConfig()
+    return env.world_size > 1 and (
+        cfg.distributed_strategy == DistributedStrategy.ddp
+        or fsdp.sharding_strategy
+        in (ShardingStrategy.NO_SHARD, ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+    )
+
+
 def _mesh(cfg: TrainConfig, env: DistEnv) -> DeviceMesh:
     """A 1-D mesh for full/grad-op sharding; 2-D (replicate, shard) for hybrid sharding and DDP."""
     fsdp = cfg.fsdp or FSDPConfig()
@@ -211,7 +223,8 @@ def _shard(model: OLMo, cfg: TrainConfig, env: DistEnv) -> None:
       rank and all-reduce gradients.
     * ``fsdp.wrapping_strategy``: ``by_block`` (and null, OLMo's single unit, which would all-gather the
       whole model at once) shards every block as its own unit; ``by_block_and_size`` also the embedding
-      and output layer (with tied weights the embedding stays in the root unit); ``one_in_N`` only blocks ``i % N == 0``, the rest joining the root unit.
+      and output layer (with tied weights the embedding stays in the root unit); ``one_in_N`` only blocks
+      ``i % N == 0``, the rest joining the root unit.
     * ``fsdp.precision`` on GPU: ``pure`` computes and reduces in the autocast dtype, ``mixed`` reduces
       gradients in fp32. Parameters are always kept in fp32 for the optimizer.
     """

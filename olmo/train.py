@@ -34,7 +34,7 @@ from .checkpoint import (
 )
 from .config import SchedulerUnits, TrainConfig
 from .data import DataIndexLog, IterableDataset
-from .distributed import DistEnv, all_reduce, autocast_dtype, model_config_fingerprint
+from .distributed import DistEnv, all_reduce, autocast_dtype, has_replicas, model_config_fingerprint
 from .eval import Evaluator
 from .exceptions import OLMoDataError, OLMoTrainingError
 from .metrics import MetricsLogger, SpeedMonitor, device_peak_flops, peak_memory_mb
@@ -124,6 +124,7 @@ class Trainer:
         self.pending_save: Optional[PendingCheckpoint] = None
         self.restored_step: Optional[int] = None
         self.collect_steps = cfg.metrics_collect_steps(env.device)
+        self.defer_replica_all_reduce = has_replicas(cfg, env) and hasattr(model, "set_requires_all_reduce")
         self._metrics: list[StepMetrics] = []  # steps not logged yet, oldest first
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
             log.warning("precision=%s has no effect on %s; training in fp32.", cfg.precision, env.device.type)
@@ -450,9 +451,12 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         ce_sum = torch.zeros((), device=device)
         z_sum = torch.zeros((), device=device)
-        micro = self.cfg.device_train_microbatch_size
-        for start in range(0, batch["input_ids"].size(0), micro):
+        micro, n_rows = self.cfg.device_train_microbatch_size, batch["input_ids"].size(0)
+        for start in range(0, n_rows, micro):
             rows = slice(start, start + micro)
+            if self.defer_replica_all_reduce:
+                # Replicas all-reduce the accumulated gradients once, after the last micro-batch.
+                self.model.set_requires_all_reduce(start + micro >= n_rows)  # type: ignore[operator]
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 loss = self.model(
                     batch["input_ids"][rows],

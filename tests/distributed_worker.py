@@ -23,6 +23,13 @@ SETTINGS = {
     "hybrid_2_replicas": {"fsdp.sharding_strategy": "HYBRID_SHARD", "fsdp.hybrid_sharding_num_model_replicas": 2},
     "no_shard": {"fsdp.sharding_strategy": "NO_SHARD"},
     "ddp": {"distributed_strategy": "ddp"},
+    # With accumulation, replicas all-reduce once per step (after the last micro-batch).
+    "ddp_accumulating": {"distributed_strategy": "ddp", "device_train_microbatch_size": 2},
+    "hybrid_accumulating": {
+        "fsdp.sharding_strategy": "HYBRID_SHARD",
+        "fsdp.hybrid_sharding_num_model_replicas": 2,
+        "device_train_microbatch_size": 1,
+    },
     "by_block_and_size": {"fsdp.wrapping_strategy": "by_block_and_size"},
     "one_in_two": {"fsdp.wrapping_strategy": "one_in_two", "model.n_layers": 3},
     "checkpoint_one_in_two": {"activation_checkpointing": "one_in_two"},
