@@ -4,19 +4,32 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import resource
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 
 from .config import TrainConfig
+from .distributed import all_reduce
+from .exceptions import OLMoTrainingError
 
-__all__ = ["SpeedMonitor", "MetricsLogger", "device_peak_flops", "gpu_peak_flops", "peak_memory_mb"]
+__all__ = [
+    "SpeedMonitor",
+    "MetricsLogger",
+    "StepMetrics",
+    "StepMetricsQueue",
+    "device_peak_flops",
+    "gpu_peak_flops",
+    "peak_memory_mb",
+]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +129,97 @@ class SpeedMonitor:
         if self.peak_flops:
             out["throughput/mfu"] = tps * self.flops_per_token / self.peak_flops
         return out
+
+
+@dataclass
+class StepMetrics:
+    """One optimizer step's metrics. The loss and gradient norm stay on the device (``device``) until
+    :meth:`StepMetricsQueue.collect` reads every pending step back in one transfer and fills ``values``."""
+
+    step: int
+    values: dict[str, float]
+    device: Optional[dict[str, torch.Tensor]]
+    """This rank's ``ce_sum`` and ``z_sum``, the global ``n_labels`` and ``grad_norm``; None once read."""
+
+
+class StepMetricsQueue:
+    """Training steps whose metrics are not logged yet, oldest first.
+
+    Reading a GPU value on the host waits for every kernel queued before it, so the loop reads the steps'
+    losses and gradient norms back together every ``interval`` steps (``metrics_collect_interval``): one
+    all-reduce and one host sync for all of them. With ``interval`` 1 the trainer collects before the
+    optimizer step, so a non-finite loss never reaches the weights.
+
+    :param interval: the resolved ``metrics_collect_interval``, for error messages.
+    :param rank: this process's rank, to name the rank whose loss was not finite.
+    :param z_loss: whether to report ``train/ZLoss``.
+    """
+
+    def __init__(self, interval: int, rank: int, z_loss: bool):
+        self.interval, self.rank, self.z_loss = interval, rank, z_loss
+        self.records: list[StepMetrics] = []
+
+    def add(
+        self,
+        step: int,
+        learning_rate: float,
+        ce_sum: torch.Tensor,
+        z_sum: torch.Tensor,
+        n_labels: torch.Tensor,
+        grad_norm: torch.Tensor,
+    ) -> StepMetrics:
+        """Queue a step: this rank's loss sums, the global label count and gradient norm, still on the device."""
+        device = {"ce_sum": ce_sum, "z_sum": z_sum, "n_labels": n_labels, "grad_norm": grad_norm}
+        record = StepMetrics(step, {"optim/learning_rate_group0": learning_rate}, device)
+        self.records.append(record)
+        return record
+
+    def collect(self, current_step: int) -> None:
+        """Read every pending step back and fill its ``values``; raise :class:`OLMoTrainingError` at the first
+        non-finite loss (on any rank) or gradient norm, leaving that step and later ones unread."""
+        pending = [r for r in self.records if r.device is not None]
+        queued = [r.device for r in pending if r.device is not None]
+        if not queued:
+            return
+        local = torch.stack([torch.stack([d["ce_sum"], d["z_sum"]]) for d in queued])  # (S, 2)
+        bad_rank = torch.stack([torch.where(torch.isfinite(d["ce_sum"]), 0.0, self.rank + 1.0) for d in queued])
+        n_labels = torch.stack([d["n_labels"] for d in queued]).clamp(min=1.0)  # (S,)
+        norms = torch.stack([d["grad_norm"].to(local.device) for d in queued])  # (S,)
+        losses = all_reduce(local) / n_labels[:, None]  # (S, 2)
+        table = torch.cat([losses, all_reduce(bad_rank, dist.ReduceOp.MAX)[:, None], norms[:, None]], dim=1)
+        for record, (ce, z, bad, norm) in zip(pending, table.tolist()):  # the host sync
+            if bad > 0 or not math.isfinite(norm):
+                raise OLMoTrainingError(
+                    self._non_finite_message(record.step, current_step, ce, norm, int(bad) - 1)
+                )
+            record.device = None
+            record.values.update({"train/CrossEntropyLoss": ce, "train/Perplexity": math.exp(min(ce, 50.0))})
+            record.values["optim/total_grad_norm"] = norm
+            if self.z_loss:
+                record.values["train/ZLoss"] = z
+
+    def pop_ready(self) -> list[StepMetrics]:
+        """Remove and return the oldest steps whose values have been read back."""
+        ready = 0
+        while ready < len(self.records) and self.records[ready].device is None:
+            ready += 1
+        out, self.records = self.records[:ready], self.records[ready:]
+        return out
+
+    def _non_finite_message(self, step: int, current_step: int, loss: float, norm: float, bad_rank: int) -> str:
+        what = f"loss at step {step} on rank {bad_rank}" if bad_rank >= 0 else f"gradient norm at step {step}"
+        if self.interval == 1:
+            consequence = "The optimizer step was skipped and no checkpoint was written."
+        else:
+            consequence = (
+                f"It was found {current_step - step} step(s) later (metrics_collect_interval={self.interval}); "
+                f"no checkpoint or evaluation has seen the damaged weights."
+            )
+        return (
+            f"Non-finite {what} (loss={loss}, grad norm={norm}). {consequence} Resume from the last "
+            f"checkpoint with a lower optimizer.learning_rate, max_grad_norm set, or --fast_forward_batches "
+            f"to skip the offending data."
+        )
 
 
 def _format(value: float) -> str:

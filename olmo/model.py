@@ -17,26 +17,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ActivationType, InitFnType, LayerNormType, ModelConfig
-from .loss import LossSums, cross_entropy_sums, fused_output_loss
+from .config import ActivationType, InitFnType, ModelConfig
+from .layers import (
+    LayerNorm,
+    OutputLayer,
+    RotaryTables,
+    alibi_bias,
+    apply_rotary,
+    lm_head,
+    make_dropout,
+    rotary_cos_sin,
+)
+from .loss import LossSums
 
-__all__ = [
-    "LayerNorm",
-    "OLMo",
-    "OLMoBlock",
-    "OLMoOutput",
-    "OutputLayer",
-    "lm_head",
-    "alibi_bias",
-    "apply_rotary",
-    "describe_attention",
-    "rotary_cos_sin",
-]
+__all__ = ["OLMo", "OLMoBlock", "OLMoOutput", "describe_attention"]
 
 log = logging.getLogger(__name__)
-
-RotaryTables = tuple[torch.Tensor, torch.Tensor]
-"""(cos, sin), each (T, head_dim) in fp32."""
 
 
 class OLMoOutput(NamedTuple):
@@ -65,106 +61,6 @@ def _load_flash_attn() -> Callable[..., torch.Tensor] | None:
     return flash_attn_func
 
 
-def _dropout(p: float) -> nn.Module:
-    # Identity instead of Dropout(0) keeps p == 0 (the usual pretraining setting) free of any kernel launch.
-    return nn.Dropout(p) if p > 0 else nn.Identity()
-
-
-class LayerNorm(nn.Module):
-    """OLMo's norm variants over the last dimension.
-
-    :param size: Normalized size.
-    :param norm_type: ``default`` (F.layer_norm), ``low_precision`` (layer norm in the autocast dtype) or
-        ``rms`` (RMSNorm computed in fp32, cast back, then scaled).
-    :param eps: Added to the variance.
-    :param elementwise_affine: Learnable ``weight``; without it the module has no parameters at all.
-    :param bias: Learnable ``bias`` (only with ``elementwise_affine``).
-    """
-
-    def __init__(self, size: int, norm_type: LayerNormType, eps: float, elementwise_affine: bool, bias: bool):
-        super().__init__()
-        self.size = size
-        self.norm_type = norm_type
-        self.eps = eps
-        self.weight: nn.Parameter | None = None
-        self.bias: nn.Parameter | None = None
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.ones(size))
-            if bias:
-                self.bias = nn.Parameter(torch.zeros(size))
-
-    @classmethod
-    def build(
-        cls, config: ModelConfig, size: int | None = None, elementwise_affine: bool | None = None
-    ) -> LayerNorm:
-        """A norm configured from ``config``; ``size`` defaults to d_model."""
-        return cls(
-            size if size is not None else config.d_model,
-            config.layer_norm_type,
-            config.layer_norm_eps,
-            config.layer_norm_with_affine if elementwise_affine is None else elementwise_affine,
-            config.effective_bias_for_layer_norm,
-        )
-
-    def extra_repr(self) -> str:
-        return f"{self.size}, type={self.norm_type}, eps={self.eps}, affine={self.weight is not None}"
-
-    def reset_parameters(self) -> None:
-        if self.weight is not None:
-            nn.init.ones_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.norm_type == LayerNormType.rms:
-            with torch.autocast(x.device.type, enabled=False):
-                x_fp32 = x.float()
-                x_fp32 = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
-                x = x_fp32.to(x.dtype)
-            if self.weight is not None:
-                x = self.weight * x
-                if self.bias is not None:
-                    x = x + self.bias
-            return x
-        weight: torch.Tensor | None = self.weight
-        bias: torch.Tensor | None = self.bias
-        if self.norm_type == LayerNormType.low_precision and torch.is_autocast_enabled(x.device.type):
-            # Autocast would run layer_norm in fp32; cast everything down and run it in bf16/fp16 instead.
-            dtype = torch.get_autocast_dtype(x.device.type)
-            x = x.to(dtype)
-            weight = None if weight is None else weight.to(dtype)
-            bias = None if bias is None else bias.to(dtype)
-            with torch.autocast(x.device.type, enabled=False):
-                return F.layer_norm(x, (self.size,), weight, bias, self.eps)
-        return F.layer_norm(x, (self.size,), weight, bias, self.eps)
-
-
-def rotary_cos_sin(seq_len: int, head_dim: int, theta: float, device: torch.device) -> RotaryTables:
-    """RoPE tables for positions ``0..seq_len-1`` in the NeoX layout: each (T, head_dim), fp32.
-
-    Frequency ``i`` sits at both column ``i`` and column ``i + head_dim/2`` (``cat(freqs, freqs)``).
-    """
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float) / head_dim)
-    positions = torch.arange(seq_len, device=device, dtype=torch.float)
-    freqs = torch.outer(positions, inv_freq)  # (T, hd/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd)
-    return emb.cos(), emb.sin()
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` (..., T, head_dim) by the tables from :func:`rotary_cos_sin` ("rotate_half" form)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
-def alibi_bias(n_heads: int, seq_len: int, bias_max: float, device: torch.device) -> torch.Tensor:
-    """ALiBi as in OLMo: ``bias[h, i, j] = -|i - j| * 2^-((h+1) * bias_max / n_heads)``, shape (1, H, T, T)."""
-    pos = torch.arange(seq_len, device=device, dtype=torch.float)
-    distance = -(pos[None, :] - pos[:, None]).abs()  # (T, T)
-    slopes = 2.0 ** -(torch.arange(1, n_heads + 1, device=device, dtype=torch.float) * (bias_max / n_heads))
-    return (distance[None, :, :] * slopes[:, None, None])[None]  # (1, H, T, T)
-
-
 class OLMoBlock(nn.Module):
     """OLMo's sequential block: attention then MLP, each pre-norm (or post-norm with ``norm_after``).
 
@@ -184,7 +80,7 @@ class OLMoBlock(nn.Module):
         bias = config.include_bias
 
         # Creation order follows OLMo so that parameters are listed in the same order.
-        self.dropout = _dropout(config.residual_dropout)
+        self.dropout = make_dropout(config.residual_dropout)
         self.k_norm: LayerNorm | None = None
         self.q_norm: LayerNorm | None = None
         if config.attention_layer_norm:
@@ -294,40 +190,6 @@ class OLMoBlock(nn.Module):
         return True
 
 
-def lm_head(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    labels: torch.Tensor | None,
-    z_loss_multiplier: float | None,
-    fused_loss: bool,
-    logit_scale: float,
-) -> tuple[torch.Tensor | None, LossSums | None]:
-    """Logits ``(x @ weight.T + bias) * logit_scale``, (B, T, C) -> (B, T, V), and with ``labels`` the loss
-    sums; with ``fused_loss`` only the loss, computed without the logits."""
-    if labels is not None and fused_loss:
-        return None, fused_output_loss(x, weight, labels, z_loss_multiplier, logit_scale, bias)
-    logits = F.linear(x, weight, bias)  # (B, T, V)
-    if logit_scale != 1.0:
-        logits = logits * logit_scale
-    return logits, None if labels is None else cross_entropy_sums(logits, labels, z_loss_multiplier)
-
-
-class OutputLayer(nn.Linear):
-    """The untied output layer, ``transformer.ff_out``. Its forward also computes the loss, so that FSDP
-    gathers the weight for it even when the layer is sharded as a unit of its own."""
-
-    def forward(  # type: ignore[override]
-        self,
-        x: torch.Tensor,
-        labels: torch.Tensor | None = None,
-        z_loss_multiplier: float | None = None,
-        fused_loss: bool = False,
-        logit_scale: float = 1.0,
-    ) -> tuple[torch.Tensor | None, LossSums | None]:
-        return lm_head(x, self.weight, self.bias, labels, z_loss_multiplier, fused_loss, logit_scale)
-
-
 def describe_attention(
     config: ModelConfig, device: torch.device, dtype: torch.dtype | None, has_bias: bool
 ) -> dict[str, Any]:
@@ -376,7 +238,7 @@ class OLMoTransformer(nn.Module):
         super().__init__()
         # Creation order follows OLMo so that parameters are listed in the same order.
         self.wte = nn.Embedding(config.effective_embedding_size, config.d_model)
-        self.emb_drop = _dropout(config.embedding_dropout)
+        self.emb_drop = make_dropout(config.embedding_dropout)
         self.ln_f = LayerNorm.build(config)
         self.blocks = nn.ModuleList(OLMoBlock(i, config) for i in range(config.n_layers))
         self.wpe: nn.Embedding | None = None

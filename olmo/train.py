@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import signal
 import time
 from collections.abc import Iterator, Sequence
@@ -36,13 +35,20 @@ from .config import SchedulerUnits, TrainConfig
 from .data import DataIndexLog, IterableDataset
 from .distributed import DistEnv, all_reduce, autocast_dtype, has_replicas, model_config_fingerprint
 from .eval import Evaluator
-from .exceptions import OLMoDataError, OLMoTrainingError
-from .metrics import MetricsLogger, SpeedMonitor, device_peak_flops, peak_memory_mb
+from .exceptions import OLMoDataError
+from .metrics import (
+    MetricsLogger,
+    SpeedMonitor,
+    StepMetrics,
+    StepMetricsQueue,
+    device_peak_flops,
+    peak_memory_mb,
+)
 from .model import OLMo
 from .optim import BoltOnWarmupScheduler, clip_grads, set_learning_rate
 from .rng import get_rng_state, set_rng_state
 
-__all__ = ["Trainer", "TrainerState", "StepMetrics", "EXIT_CODE_STOPPED"]
+__all__ = ["Trainer", "TrainerState", "EXIT_CODE_STOPPED"]
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +65,6 @@ class TrainerState:
     global_train_examples_seen_this_epoch: int = 0
     global_train_tokens_seen: int = 0
     epoch: int = 0
-
-
-@dataclass
-class StepMetrics:
-    """One optimizer step's metrics. The loss and gradient norm stay on the device (``device``) until
-    :meth:`Trainer.collect_metrics` reads every pending step back in one transfer and fills ``values``."""
-
-    step: int
-    values: dict[str, float]
-    device: Optional[dict[str, torch.Tensor]]
-    """This rank's ``ce_sum`` and ``z_sum``, the global ``n_labels`` and ``grad_norm``; None once read."""
 
 
 class _StopRequest:
@@ -125,7 +120,7 @@ class Trainer:
         self.restored_step: Optional[int] = None
         self.collect_steps = cfg.metrics_collect_steps(env.device)
         self.defer_replica_all_reduce = has_replicas(cfg, env) and hasattr(model, "set_requires_all_reduce")
-        self._metrics: list[StepMetrics] = []  # steps not logged yet, oldest first
+        self.step_metrics = StepMetricsQueue(self.collect_steps, env.rank, bool(self.z_loss_multiplier))
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
             log.warning("precision=%s has no effect on %s; training in fp32.", cfg.precision, env.device.type)
 
@@ -474,12 +469,7 @@ class Trainer:
         max_norm = self.scheduler.get_max_grad_norm(self.cfg.max_grad_norm, step)
         grad_norm = clip_grads(self.optimizer, max_norm, self.cfg.max_grad_norm_ratio, step)
         lr = self._learning_rate()
-        record = StepMetrics(
-            step,
-            {"optim/learning_rate_group0": lr},
-            {"ce_sum": ce_sum, "z_sum": z_sum, "n_labels": n_labels, "grad_norm": grad_norm},
-        )
-        self._metrics.append(record)
+        record = self.step_metrics.add(step, lr, ce_sum, z_sum, n_labels, grad_norm)
         if self.collect_steps == 1:
             self.collect_metrics()
         set_learning_rate(self.optimizer, lr)
@@ -487,50 +477,14 @@ class Trainer:
         return record
 
     def collect_metrics(self) -> None:
-        """Read every pending step's loss and gradient norm back from the device (one collective and one
-        host sync for all of them) and raise :class:`OLMoTrainingError` at the first non-finite one."""
-        pending = [r for r in self._metrics if r.device is not None]
-        if not pending:
-            return
-        queued = [r.device for r in pending if r.device is not None]
-        local = torch.stack([torch.stack([d["ce_sum"], d["z_sum"]]) for d in queued])  # (S, 2)
-        bad_rank = torch.stack(
-            [torch.where(torch.isfinite(d["ce_sum"]), 0.0, self.env.rank + 1.0) for d in queued]
-        )  # (S,)
-        n_labels = torch.stack([d["n_labels"] for d in queued]).clamp(min=1.0)  # (S,)
-        norms = torch.stack([d["grad_norm"].to(local.device) for d in queued])  # (S,)
-        losses = all_reduce(local) / n_labels[:, None]  # (S, 2)
-        table = torch.cat([losses, all_reduce(bad_rank, dist.ReduceOp.MAX)[:, None], norms[:, None]], dim=1)
-        for record, (ce, z, bad, norm) in zip(pending, table.tolist()):  # the host sync
-            if bad > 0 or not math.isfinite(norm):
-                raise OLMoTrainingError(self._non_finite_message(record.step, ce, norm, int(bad) - 1))
-            record.device = None
-            record.values.update({"train/CrossEntropyLoss": ce, "train/Perplexity": math.exp(min(ce, 50.0))})
-            record.values["optim/total_grad_norm"] = norm
-            if self.z_loss_multiplier:
-                record.values["train/ZLoss"] = z
-
-    def _non_finite_message(self, step: int, loss: float, norm: float, bad_rank: int) -> str:
-        what = f"loss at step {step} on rank {bad_rank}" if bad_rank >= 0 else f"gradient norm at step {step}"
-        if self.collect_steps == 1:
-            consequence = "The optimizer step was skipped and no checkpoint was written."
-        else:
-            consequence = (
-                f"It was found {self.state.global_step - step} step(s) later (metrics_collect_interval="
-                f"{self.collect_steps}); no checkpoint or evaluation has seen the damaged weights."
-            )
-        return (
-            f"Non-finite {what} (loss={loss}, grad norm={norm}). {consequence} Resume from the last "
-            f"checkpoint with a lower optimizer.learning_rate, max_grad_norm set, or --fast_forward_batches "
-            f"to skip the offending data."
-        )
+        """Read the pending steps' metrics back from the device; raise at a non-finite loss or grad norm."""
+        self.step_metrics.collect(self.state.global_step)
 
     def log_metrics(self, metrics_logger: MetricsLogger, collect: bool = True) -> None:
         """Log the steps whose metrics are ready (collecting the pending ones first, unless told not to)."""
         if collect:
             self.collect_metrics()
-        while self._metrics and self._metrics[0].device is None:
-            record = self._metrics.pop(0)
+        for record in self.step_metrics.pop_ready():
             metrics_logger.log(record.step, record.values)
 
     def _learning_rate(self) -> float:

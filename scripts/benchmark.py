@@ -71,11 +71,15 @@ from olmo.distributed import (  # noqa: E402
     init_distributed,
     teardown_distributed,
 )
-from olmo.metrics import device_peak_flops, peak_memory_mb  # noqa: E402
+from olmo.metrics import (  # noqa: E402
+    StepMetrics,  # noqa: E402
+    device_peak_flops,
+    peak_memory_mb,
+)
 from olmo.model import OLMo, describe_attention  # noqa: E402
 from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
 from olmo.rng import seed_all  # noqa: E402
-from olmo.train import StepMetrics, Trainer  # noqa: E402
+from olmo.train import Trainer  # noqa: E402
 from olmo.util import (  # noqa: E402
     env_world_size,
     machine_info,  # noqa: E402

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from olmo import model as model_module
 from olmo.config import ActivationType, InitFnType, LayerNormType, ModelConfig
-from olmo.model import LayerNorm, OLMo, alibi_bias, apply_rotary, rotary_cos_sin
+from olmo.layers import LayerNorm, alibi_bias, apply_rotary, rotary_cos_sin
+from olmo.model import OLMo
 
 VOCAB = 100
 

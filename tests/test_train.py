@@ -165,9 +165,9 @@ def test_label_masked_tokens_do_not_contribute_to_the_loss(tmp_path, corpus, mon
     ids=["collect_every_step", "collect_every_5"],
 )
 def test_non_finite_loss_stops_before_any_checkpoint(tmp_path, corpus, monkeypatch, collect, message, kept):
-    from olmo import model as model_module
+    from olmo import layers
 
-    original = model_module.cross_entropy_sums
+    original = layers.cross_entropy_sums
     calls = {"n": 0}
 
     def poisoned(logits, labels, z):
@@ -175,7 +175,7 @@ def test_non_finite_loss_stops_before_any_checkpoint(tmp_path, corpus, monkeypat
         loss = original(logits, labels, z)
         return loss._replace(ce=loss.ce * float("nan")) if calls["n"] > 6 else loss  # step 4 (2 micro-batches)
 
-    monkeypatch.setattr(model_module, "cross_entropy_sums", poisoned)
+    monkeypatch.setattr(layers, "cross_entropy_sums", poisoned)
     interval = 1 if collect == 1 else 3
     config = _setup(
         tmp_path, corpus, max_duration=10, save_interval_unsharded=interval, metrics_collect_interval=collect
