@@ -105,3 +105,23 @@ def test_smoke_ladder_measures_each_rung_on_the_same_batches(tmp_path):
     markdown = (out / "ladder.md").read_text().splitlines()
     assert markdown[0].startswith("| rung | tokens/s | MFU") and len(markdown) == 4
     assert markdown[3].startswith("| + fused loss |") and "%" in markdown[3].split("|")[-2]
+
+
+def test_loss_benchmark_compares_plain_and_fused_on_the_same_inputs(tmp_path):
+    out = tmp_path / "loss.json"
+    result = run_script(
+        "benchmark_loss.py",
+        "--tokens=300",
+        "--d-model=32",
+        "--vocab=1000",
+        "--chunk=64",
+        "--repeats=1",
+        f"--out={out}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    r = json.loads(out.read_text())["results"]
+    assert set(r) == {"plain", "fused"}
+    assert r["fused"]["mean_ce"] == pytest.approx(r["plain"]["mean_ce"], rel=1e-5)
+    assert 6.5 < r["plain"]["mean_ce"] < 7.5  # ~ln(1000) for a near-uniform prediction
+    assert all(v["median_seconds"] > 0 for v in r.values())
+    assert "| fused |" in result.stdout
