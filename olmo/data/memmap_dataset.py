@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from cached_path import cached_path
 from torch.utils.data import Dataset
 
 from ..config_validation import MEMMAP_DTYPES
@@ -248,6 +247,9 @@ class MemMapDataset(Dataset):
             if not is_url(path):
                 self._local_paths[path] = path
             else:
+                # Imported here: cached-path pulls in the cloud SDKs, which local-file runs never need.
+                from cached_path import cached_path
+
                 try:
                     self._local_paths[path] = str(cached_path(path))
                 except FileNotFoundError:
