@@ -14,7 +14,9 @@ peak is measured per process) their MFUs use the same figure. A rung that fails 
 compared with the last one that ran.
 
 On a CPU, ``bf16`` and ``flash`` change nothing (autocast and flash-attn are GPU-only here), so they are
-skipped unless named in ``--rungs``. ``--override`` applies to every rung (e.g. ``model.n_layers=2``).
+skipped unless named in ``--rungs``. ``flash`` switches to the flash-attn package; without it installed the
+model keeps PyTorch SDPA, which already runs its own flash (or cuDNN) kernel on a GPU: the table's attention
+column says which kernel each rung ran. ``--override`` applies to every rung (e.g. ``model.n_layers=2``).
 """
 
 from __future__ import annotations
@@ -114,20 +116,24 @@ def run_rung(config: str, flags: list[str], out: Path) -> tuple[Optional[dict[st
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = "| rung | tokens/s | MFU | step | peak memory | vs previous |\n|---|---|---|---|---|---|"
+    head = (
+        "| rung | tokens/s | MFU | step | peak memory | vs previous | attention |\n|---|---|---|---|---|---|---|"
+    )
     lines, previous = [head], None
     for row in rows:
         r = row["result"]
         if r is None:
-            lines.append(f"| {row['label']} | failed: {row['error'][:80]} | | | | |")
+            lines.append(f"| {row['label']} | failed: {row['error'][:80]} | | | | | |")
             continue
         res = r["results"]
         tps = res["tokens_per_second"]
         mfu = "n/a" if res["mfu"] is None else f"{100 * res['mfu']:.1f}%"
         change = "" if previous is None else f"{100 * (tps / previous - 1):+.1f}%"
+        attention = r["setup"]["attention"]
+        kernel = attention["backend"] + (f" ({attention['sdpa_kernel']})" if attention["sdpa_kernel"] else "")
         lines.append(
             f"| {row['label']} | {tps:,.0f} | {mfu} | {1e3 * res['step_time_s']:,.1f} ms "
-            f"| {res['peak_memory_mb']:,.0f} MB | {change} |"
+            f"| {res['peak_memory_mb']:,.0f} MB | {change} | {kernel} |"
         )
         previous = tps
     return "\n".join(lines)
