@@ -173,7 +173,7 @@ def test_unfetchable_url_is_a_data_error(monkeypatch):
     def offline(url):
         raise ConnectionError(f"cannot reach {url}")
 
-    monkeypatch.setattr("olmo.data.memmap_dataset.cached_path", offline)
+    monkeypatch.setattr("cached_path.cached_path", offline)  # imported when a URL is first read
     ds = MemMapDataset("https://example.org/tokens.npy", chunk_size=4)
     with pytest.raises(OLMoDataError, match=r"Could not fetch token file 'https://example\.org/tokens\.npy'"):
         ds.validate(vocab_size=256)
