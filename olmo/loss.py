@@ -111,8 +111,10 @@ class _FusedOutputLoss(torch.autograd.Function):
         acc = torch.promote_types(hidden.dtype, torch.float32)  # softmax and sums: fp32, or fp64 for fp64
         ce = torch.zeros((), dtype=acc, device=hidden.device)
         z = torch.zeros_like(ce)
-        grad_hidden = torch.empty_like(hidden) if need_grads else None  # (N, C)
-        # fp32 accumulation over chunks, as one big matmul would accumulate internally.
+        # Gradients are kept in fp32 (fp64 for fp64) until backward has scaled them: scaling a bf16 gradient
+        # by a rounded factor would bias every gradient of the step, and summing a 50k-row weight gradient
+        # over chunks in fp16 could overflow. One big matmul would also accumulate in fp32 internally.
+        grad_hidden = torch.empty(hidden.shape, dtype=acc, device=hidden.device) if need_grads else None  # (N, C)
         grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_grads else None
         grad_bias = (
             None if bias is None or not need_grads else torch.zeros(bias.shape, dtype=acc, device=bias.device)
@@ -142,17 +144,15 @@ class _FusedOutputLoss(torch.autograd.Function):
                 grad_logits.mul_(logit_scale)
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(dim=0)
-            g = grad_logits.to(hidden.dtype)
-            torch.mm(g, weight, out=grad_hidden[start : start + chunk_size])
+            g = grad_logits.to(hidden.dtype)  # the matmuls run in the compute dtype, as F.linear's backward would
             if g.dtype == acc:
+                torch.mm(g, weight, out=grad_hidden[start : start + chunk_size])
                 grad_weight.addmm_(g.t(), h)
             else:
-                grad_weight += torch.mm(g.t(), h).to(acc)
-        ctx.grads = (
-            grad_hidden,
-            None if grad_weight is None else grad_weight.to(weight.dtype),
-            None if grad_bias is None or bias is None else grad_bias.to(bias.dtype),
-        )
+                grad_hidden[start : start + chunk_size] = torch.mm(g, weight)
+                grad_weight += torch.mm(g.t(), h)  # promoted element by element, no fp32 copy of the product
+        ctx.grads = (grad_hidden, grad_weight, grad_bias)
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.mark_non_differentiable(ce, z)
         return ce + z, ce, z
 
@@ -162,10 +162,11 @@ class _FusedOutputLoss(torch.autograd.Function):
         if grad_hidden is None or grad_weight is None:
             raise RuntimeError("fused_output_loss was called without gradients enabled, or backward ran twice.")
         ctx.grads = (None, None, None)  # the stored gradients are handed over, not kept
+        hidden_dtype, weight_dtype, bias_dtype = ctx.dtypes
         return (
-            grad_hidden.mul_(grad_total.to(grad_hidden.dtype)),
-            grad_weight.mul_(grad_total.to(grad_weight.dtype)),
-            None if grad_bias is None else grad_bias.mul_(grad_total.to(grad_bias.dtype)),
+            grad_hidden.mul_(grad_total).to(hidden_dtype),
+            grad_weight.mul_(grad_total).to(weight_dtype),
+            None if grad_bias is None else grad_bias.mul_(grad_total).to(bias_dtype),
             None,
             None,
             None,

@@ -142,3 +142,18 @@ def test_model_with_fused_loss_gets_the_plain_gradients(weight_tying):
     assert fused.keys() == plain.keys()
     for name, grad in plain.items():
         torch.testing.assert_close(fused[name], grad, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_fused_loss_scales_bf16_gradients_without_rounding_the_scale():
+    # The trainer backpropagates loss * (world_size / n_labels); rounding that factor to bf16 (1/5000 is
+    # off by 0.14%) would bias every gradient of the step the same way.
+    hidden, weight, _, labels = _leaves(n=64, c=32, v=300, dtype=torch.float32)
+    grads = {}
+    for scale in (1.0, 1 / 5000):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, grads[scale] = _loss_and_grads(
+                lambda: fused_output_loss(hidden, weight, labels, 1e-4, chunk_size=16), hidden, weight, None, scale
+            )
+    for unit, scaled in zip(grads[1.0], grads[1 / 5000]):
+        ratio = (scaled.double().abs().sum() / unit.double().abs().sum()).item() * 5000
+        assert ratio == pytest.approx(1.0, abs=2e-4)
