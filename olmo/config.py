@@ -535,7 +535,8 @@ class TrainConfig:
     before the optimizer step, so a non-finite loss or gradient stops the run before it touches the
     weights. N > 1 leaves the GPU's queue full (no host sync in the hot loop); a non-finite value then
     stops the run at the next collection, up to N - 1 optimizer steps later, still before any checkpoint
-    or evaluation (both collect first). Every step still gets its own line in ``metrics.jsonl``.
+    or evaluation (both collect first). Every step still gets its own line in ``metrics.jsonl``, except
+    that a run that crashes (out of memory, a lost rank) leaves out the up to N - 1 steps not yet collected.
     None: 1 on CPU, 10 on GPU (see :meth:`metrics_collect_steps`)."""
     gen1_gc_interval: Optional[int] = 1
     """Disable automatic GC and collect generation 1 every N steps; None leaves GC alone."""

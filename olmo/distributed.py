@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from .config import (
     ActivationCheckpointingStrategy,
     CompilerConfig,
+    DDPGradSyncMode,
     DistributedStrategy,
     FSDPConfig,
     FSDPPrecision,
@@ -43,7 +44,7 @@ __all__ = [
     "build_model",
     "apply_activation_checkpointing",
     "barrier",
-    "has_replicas",
+    "defer_replica_all_reduce",
 ]
 
 log = logging.getLogger(__name__)
@@ -183,15 +184,23 @@ def _checkpointed(fn: Callable[..., torch.Tensor], preserve_rng: bool) -> Callab
     return wrapper
 
 
-def has_replicas(cfg: TrainConfig, env: DistEnv) -> bool:
-    """Whether the model is replicated over a ``replicate`` mesh dimension (DDP, NO_SHARD, hybrid sharding),
-    whose gradient all-reduce can wait for the last micro-batch of a step."""
+def defer_replica_all_reduce(cfg: TrainConfig, env: DistEnv) -> bool:
+    """Whether the gradient all-reduce over the ``replicate`` mesh dimension (DDP, NO_SHARD, hybrid sharding)
+    should wait for the last micro-batch of a step, as OLMo's ``ddp.grad_sync_mode: batch`` does.
+
+    Not with ``ddp.grad_sync_mode: micro_batch``, and not when gradients are reduced in a low-precision dtype
+    (``fsdp.precision: pure`` under autocast): FSDP sums the waiting micro-batches in the reduce dtype, where
+    per-micro-batch all-reduces are summed into the fp32 gradient.
+    """
     fsdp = cfg.fsdp or FSDPConfig()
-    return env.world_size > 1 and (
-        cfg.distributed_strategy == DistributedStrategy.ddp
-        or fsdp.sharding_strategy
-        in (ShardingStrategy.NO_SHARD, ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+    replicated = cfg.distributed_strategy == DistributedStrategy.ddp or fsdp.sharding_strategy in (
+        ShardingStrategy.NO_SHARD,
+        ShardingStrategy.HYBRID_SHARD,
+        ShardingStrategy._HYBRID_SHARD_ZERO2,
     )
+    per_micro_batch = cfg.ddp is not None and cfg.ddp.grad_sync_mode == DDPGradSyncMode.micro_batch
+    low_precision_reduce = autocast_dtype(cfg, env.device) is not None and fsdp.precision == FSDPPrecision.pure
+    return env.world_size > 1 and replicated and not per_micro_batch and not low_precision_reduce
 
 
 def _mesh(cfg: TrainConfig, env: DistEnv) -> DeviceMesh:

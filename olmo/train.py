@@ -33,7 +33,7 @@ from .checkpoint import (
 )
 from .config import SchedulerUnits, TrainConfig
 from .data import DataIndexLog, IterableDataset
-from .distributed import DistEnv, all_reduce, autocast_dtype, has_replicas, model_config_fingerprint
+from .distributed import DistEnv, all_reduce, autocast_dtype, defer_replica_all_reduce, model_config_fingerprint
 from .eval import Evaluator
 from .exceptions import OLMoDataError
 from .metrics import (
@@ -119,7 +119,9 @@ class Trainer:
         self.pending_save: Optional[PendingCheckpoint] = None
         self.restored_step: Optional[int] = None
         self.collect_steps = cfg.metrics_collect_steps(env.device)
-        self.defer_replica_all_reduce = has_replicas(cfg, env) and hasattr(model, "set_requires_all_reduce")
+        self.defer_replica_all_reduce = defer_replica_all_reduce(cfg, env) and hasattr(
+            model, "set_requires_all_reduce"
+        )
         self.step_metrics = StepMetricsQueue(self.collect_steps, env.rank, bool(self.z_loss_multiplier))
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
             log.warning("precision=%s has no effect on %s; training in fp32.", cfg.precision, env.device.type)
@@ -444,27 +446,7 @@ class Trainer:
         n_labels = all_reduce((labels != -100).sum().float())
         loss_scale = W / n_labels.clamp(min=1.0)
         self.optimizer.zero_grad(set_to_none=True)
-        ce_sum = torch.zeros((), device=device)
-        z_sum = torch.zeros((), device=device)
-        micro, n_rows = self.cfg.device_train_microbatch_size, batch["input_ids"].size(0)
-        for start in range(0, n_rows, micro):
-            rows = slice(start, start + micro)
-            if self.defer_replica_all_reduce:
-                # Replicas all-reduce the accumulated gradients once, after the last micro-batch.
-                self.model.set_requires_all_reduce(start + micro >= n_rows)  # type: ignore[operator]
-            with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                loss = self.model(
-                    batch["input_ids"][rows],
-                    attention_mask=batch["attention_mask"][rows] if "attention_mask" in batch else None,
-                    labels=labels[rows],
-                    z_loss_multiplier=self.z_loss_multiplier,
-                    fused_loss=bool(self.cfg.fused_loss),
-                ).loss
-            assert loss is not None
-            (loss.total * loss_scale).backward()
-            ce_sum += loss.ce
-            if loss.z is not None:
-                z_sum += loss.z
+        ce_sum, z_sum = self._forward_backward(batch, labels, loss_scale)
         step = self.state.global_step
         max_norm = self.scheduler.get_max_grad_norm(self.cfg.max_grad_norm, step)
         grad_norm = clip_grads(self.optimizer, max_norm, self.cfg.max_grad_norm_ratio, step)
@@ -475,6 +457,41 @@ class Trainer:
         set_learning_rate(self.optimizer, lr)
         self.optimizer.step()
         return record
+
+    def _forward_backward(
+        self, batch: dict[str, torch.Tensor], labels: torch.Tensor, loss_scale: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward over each micro-batch, accumulating gradients; return this rank's summed
+        cross entropy and z-loss (device tensors)."""
+        device = self.env.device
+        ce_sum = torch.zeros((), device=device)
+        z_sum = torch.zeros((), device=device)
+        micro, n_rows = self.cfg.device_train_microbatch_size, batch["input_ids"].size(0)
+        try:
+            for start in range(0, n_rows, micro):
+                rows = slice(start, start + micro)
+                if self.defer_replica_all_reduce:
+                    # Replicas all-reduce the accumulated gradients once, after the last micro-batch.
+                    self.model.set_requires_all_reduce(start + micro >= n_rows)  # type: ignore[operator]
+                with torch.autocast(
+                    device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+                ):
+                    loss = self.model(
+                        batch["input_ids"][rows],
+                        attention_mask=batch["attention_mask"][rows] if "attention_mask" in batch else None,
+                        labels=labels[rows],
+                        z_loss_multiplier=self.z_loss_multiplier,
+                        fused_loss=bool(self.cfg.fused_loss),
+                    ).loss
+                assert loss is not None
+                (loss.total * loss_scale).backward()
+                ce_sum += loss.ce
+                if loss.z is not None:
+                    z_sum += loss.z
+        finally:
+            if self.defer_replica_all_reduce:
+                self.model.set_requires_all_reduce(True)  # type: ignore[operator]
+        return ce_sum, z_sum
 
     def collect_metrics(self) -> None:
         """Read the pending steps' metrics back from the device; raise at a non-finite loss or grad norm."""

@@ -25,6 +25,11 @@ SETTINGS = {
     "ddp": {"distributed_strategy": "ddp"},
     # With accumulation, replicas all-reduce once per step (after the last micro-batch).
     "ddp_accumulating": {"distributed_strategy": "ddp", "device_train_microbatch_size": 2},
+    "ddp_sync_every_micro_batch": {
+        "distributed_strategy": "ddp",
+        "ddp.grad_sync_mode": "micro_batch",
+        "device_train_microbatch_size": 2,
+    },
     "hybrid_accumulating": {
         "fsdp.sharding_strategy": "HYBRID_SHARD",
         "fsdp.hybrid_sharding_num_model_replicas": 2,
