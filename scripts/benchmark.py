@@ -17,9 +17,12 @@ activation checkpointing, compile, FSDP2 under torchrun), ``build_optimizer``, `
 * ``evaluators=[]`` is always applied: no evaluation runs, so the evaluators' data files are never needed.
 * Overrides apply in this order, later ones winning: ``--smoke`` defaults, ``--override``, the flags.
 
-Every measured step is split into phases, timed from the outside (hooks on the model's forward and on the
-optimizer's step) with the device synchronized at each boundary, so each phase is charged with the GPU work
-it queued:
+``--steps`` steps run twice. The *synchronized* pass splits each step into phases, timed from the outside
+(hooks on the model's forward and on the optimizer's step) with the device synchronized at each boundary, so
+each phase is charged with the GPU work it queued. Those synchronizations keep the host from queueing work
+ahead, so the *free-running* pass then runs the steps as training does (metrics read back every
+``metrics_collect_interval`` steps) with one synchronization at each end, and gives the throughput.
+The phases:
 
     data      getting the batch from the loader (host only)
     prepare   token-id check, host-to-device copy, labels, zero_grad (freeing last step's gradients)
@@ -30,8 +33,8 @@ it queued:
     other     the rest: reading the metrics back every N steps when the interval is N > 1, and
               gen-1 garbage collection, as ``Trainer.fit`` does them
 
-Reported per device (rank 0's numbers; the slowest rank's median step time is reported too): tokens/s from
-the median step time, MFU = tokens/s x FLOPs/token / peak FLOP/s (``olmo.metrics.device_peak_flops``: a known
+Reported per device (rank 0's numbers; the slowest rank's step time is reported too): tokens/s from the
+free-running steps' mean time, MFU = tokens/s x FLOPs/token / peak FLOP/s (``olmo.metrics.device_peak_flops``: a known
 GPU's dense bf16 peak, or the measured fp32 matmul rate of this CPU), and peak memory (GPU allocations, or the
 process's resident set on CPU). ``--smoke`` shrinks the model (2 layers, d_model 64, T=128, batch 4 in
 micro-batches of 2, 3 warmup + 5 steps, no compile) for a run of seconds on a CPU.
@@ -311,25 +314,30 @@ def git_state() -> dict[str, Any]:
 
 
 def summarize(
-    steps: list[dict[str, float]], device_tokens: int, flops_per_token: int, peak: Optional[float]
+    measured: dict[str, Any], device_tokens: int, flops_per_token: int, peak: Optional[float]
 ) -> dict[str, Any]:
-    """Medians over the measured steps, and the throughput they imply."""
+    """Throughput from the free-running steps; the phase split from the synchronized ones."""
+    steps, n_free = measured["synced"], len(measured["free_losses"])
     step_times = [s["step"] for s in steps]
-    median = statistics.median(step_times)
-    tokens_per_second = device_tokens / median
+    step_time = measured["free_seconds"] / n_free
+    tokens_per_second = device_tokens / step_time
+    synced_median = statistics.median(step_times)
     return {
         "tokens_per_second": tokens_per_second,
-        "tokens_per_second_mean": device_tokens * len(steps) / sum(step_times),
-        "step_time_s": median,
-        "step_time_min_s": min(step_times),
-        "step_time_max_s": max(step_times),
-        "phases_s": {p: statistics.median(s[p] for s in steps) for p in PHASES},
-        "forward_backward_s": statistics.median(s["forward"] + s["backward"] for s in steps),
+        "step_time_s": step_time,
         "achieved_tflops": tokens_per_second * flops_per_token / 1e12,
         "mfu": tokens_per_second * flops_per_token / peak if peak else None,
         "first_loss": steps[0]["loss"],
-        "last_loss": steps[-1]["loss"],
-        "steps": steps,
+        "last_loss": measured["free_losses"][-1],
+        "synced": {
+            "tokens_per_second": device_tokens / synced_median,
+            "step_time_s": synced_median,
+            "step_time_min_s": min(step_times),
+            "step_time_max_s": max(step_times),
+            "phases_s": {p: statistics.median(s[p] for s in steps) for p in PHASES},
+            "forward_backward_s": statistics.median(s["forward"] + s["backward"] for s in steps),
+            "steps": steps,
+        },
     }
 
 
@@ -342,20 +350,22 @@ def print_table(report: dict[str, Any]) -> None:
     from rich.table import Column, Table
 
     setup, r, b = report["setup"], report["results"], report["setup"]["batch"]
-    step, peak, attn = r["step_time_s"], setup["peak_flops"], setup["attention"]
+    synced, peak, attn = r["synced"], setup["peak_flops"], setup["attention"]
     precision = setup["precision"]
     if setup["autocast_dtype"] is None and precision != "fp32":
         precision += " (runs as fp32)"  # autocast is GPU-only
     rows = [
-        ("tokens/s per device", f"{r['tokens_per_second']:,.0f}", f"mean {r['tokens_per_second_mean']:,.0f}"),
+        ("tokens/s per device", f"{r['tokens_per_second']:,.0f}", "free-running steps, as in training"),
+        ("step time", f"{r['step_time_s'] * 1e3:,.1f} ms", "mean of the free-running steps"),
         (
-            "step time",
-            f"{step * 1e3:,.1f} ms",
-            f"min {r['step_time_min_s'] * 1e3:,.1f}, max {r['step_time_max_s'] * 1e3:,.1f}",
+            "synchronized step",
+            f"{synced['step_time_s'] * 1e3:,.1f} ms",
+            f"median; min {synced['step_time_min_s'] * 1e3:,.1f}, max {synced['step_time_max_s'] * 1e3:,.1f}; "
+            f"{synced['tokens_per_second']:,.0f} tokens/s",
         ),
         *(
-            (f"  {k}", f"{v * 1e3:,.1f} ms", f"{100 * v / step:.1f}% of the step")
-            for k, v in r["phases_s"].items()
+            (f"  {k}", f"{v * 1e3:,.1f} ms", f"{100 * v / synced['step_time_s']:.1f}% of a synchronized step")
+            for k, v in synced["phases_s"].items()
         ),
         (
             "MFU",
@@ -384,7 +394,8 @@ def print_table(report: dict[str, Any]) -> None:
         title=(
             f"{Path(report['config']).name} on {setup['device']['name']} x{setup['world_size']}: "
             f"{setup['model']['n_params'] / 1e6:.1f}M params, T={b['seq_len']}, device batch {b['device_batch']} "
-            f"(micro {b['micro_batch']}), median of {report['steps']} steps after {report['warmup']} warmup"
+            f"(micro {b['micro_batch']}), {report['steps']} free-running + {report['steps']} synchronized steps "
+            f"after {report['warmup']} warmup"
         ),
     )
     for row in rows:
@@ -424,9 +435,9 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
             device_tokens,
             peak or float("nan"),
         )
-        warmup_seconds, steps = measure(trainer, forever(loader), args.warmup, args.steps)
-    results = summarize(steps, device_tokens, model.num_flops_per_token(), peak)
-    results["warmup_step_times_s"] = warmup_seconds
+        measured = measure(trainer, forever(loader), args.warmup, args.steps)
+    results = summarize(measured, device_tokens, model.num_flops_per_token(), peak)
+    results["warmup_step_times_s"] = measured["warmup_seconds"]
     if results["mfu"] is not None and results["mfu"] > 1:
         log.warning(
             "MFU %.0f%% is above 100%%: the peak of %.3g FLOP/s is too low (on CPU, measured while other work "
@@ -460,16 +471,20 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
     return 0
 
 
-def measure(
-    trainer: Trainer, batches: Iterator[dict[str, Any]], warmup: int, steps: int
-) -> tuple[list[float], list[dict[str, float]]]:
-    """Run ``warmup`` steps, then ``steps`` measured ones; return the warmup steps' seconds (compile time shows
-    there) and the measured steps' phases."""
+def measure(trainer: Trainer, batches: Iterator[dict[str, Any]], warmup: int, steps: int) -> dict[str, Any]:
+    """Run ``warmup`` steps, ``steps`` steps timed phase by phase, then ``steps`` free-running ones.
+
+    The phase clock synchronizes the device at every phase boundary, several times a step, which keeps the
+    host from queueing ahead; that is what ``metrics_collect_interval`` avoids in training. So the
+    throughput comes from the free-running steps, timed as a whole with one synchronization at each end, and
+    the phases from the others. Returns the warmup steps' seconds (compile time shows there), the
+    synchronized steps' phases and losses, and the free-running steps' total seconds and losses.
+    """
     trainer.model.train()
     clock = PhaseClock(trainer.env.device, trainer.model, trainer.optimizer)
     if trainer.cfg.gen1_gc_interval is not None:
         gc.disable()  # as Trainer.fit does
-    warmup_seconds, measured, metrics = [], [], []
+    warmup_seconds, synced, records = [], [], []
     try:
         for i in range(warmup + steps):
             timing, step_metrics = timed_step(trainer, batches, clock)
@@ -477,15 +492,40 @@ def measure(
             if i < warmup:
                 warmup_seconds.append(timing["step"])
             else:
-                measured.append(timing)
-                metrics.append(step_metrics)
+                synced.append(timing)
+                records.append(step_metrics)
+        clock.close()
+        start = clock.now()
+        free = [free_step(trainer, batches) for _ in range(steps)]
         trainer.collect_metrics()
+        free_seconds = clock.now() - start
+        log.info("free-running: %d steps in %.1f ms each", steps, free_seconds / steps * 1e3)
     finally:
         gc.enable()
         clock.close()
-    for timing, step_metrics in zip(measured, metrics):
+    for timing, step_metrics in zip(synced, records):
         timing["loss"] = step_metrics.values["train/CrossEntropyLoss"]
-    return warmup_seconds, measured
+    return {
+        "warmup_seconds": warmup_seconds,
+        "synced": synced,
+        "free_seconds": free_seconds,
+        "free_losses": [r.values["train/CrossEntropyLoss"] for r in free],
+    }
+
+
+def free_step(trainer: Trainer, batches: Iterator[dict[str, Any]]) -> StepMetrics:
+    """One training step as ``Trainer.fit`` runs it, with no timing and no synchronization."""
+    cfg, s = trainer.cfg, trainer.state
+    batch = next(batches)
+    s.global_step += 1
+    s.global_train_examples_seen_this_epoch += cfg.global_train_batch_size
+    s.global_train_tokens_seen += cfg.tokens_per_batch
+    metrics = trainer.train_step(batch)
+    if s.global_step % trainer.collect_steps == 0:
+        trainer.collect_metrics()
+    if cfg.gen1_gc_interval is not None and s.global_step % cfg.gen1_gc_interval == 0:
+        gc.collect(1)
+    return metrics
 
 
 def describe_setup(

@@ -1,5 +1,5 @@
-"""Measure throughput one change at a time: eager fp32 -> bf16 -> flash attention -> compile -> larger
-micro-batch -> fused loss -> metrics read back every 10 steps. Each rung keeps the changes of the rungs
+"""Measure throughput one change at a time: eager fp32 -> TF32 -> bf16 -> flash attention -> compile ->
+larger micro-batch -> fused loss -> metrics read back every 10 steps. Each rung keeps the changes of the rungs
 run before it.
 
     python scripts/benchmark_ladder.py CONFIG [--out-dir DIR] [--rungs eager,bf16,...] [--steps 20]
@@ -8,15 +8,17 @@ run before it.
 
 Every rung is a separate ``scripts/benchmark.py`` process (so compile caches and memory peaks do not carry
 over) writing ``DIR/NN-rung.json``; the ladder then prints a Markdown table (tokens/s, MFU, step time, peak
-memory, change against the rung before) and writes it to ``DIR/ladder.md`` with everything in
-``DIR/ladder.json``. The first rung's peak FLOP/s is passed on to the later rungs, so that on a CPU (whose
-peak is measured per process) their MFUs use the same figure. A rung that fails (out of memory, say) is reported as failed, and the next rung is
-compared with the last one that ran.
+memory, change against the rung before, attention kernel) and writes it to ``DIR/ladder.md`` with
+everything in ``DIR/ladder.json``. The first rung's peak FLOP/s is passed on to the later rungs, so that on
+a CPU (whose peak is measured per process) their MFUs use the same figure. A rung that fails (out of
+memory, say) is reported as failed, and the next rung is compared with the last one that ran.
 
-On a CPU, ``bf16`` and ``flash`` change nothing (autocast and flash-attn are GPU-only here), so they are
-skipped unless named in ``--rungs``. ``flash`` switches to the flash-attn package; without it installed the
-model keeps PyTorch SDPA, which already runs its own flash (or cuDNN) kernel on a GPU: the table's attention
-column says which kernel each rung ran. ``--override`` applies to every rung (e.g. ``model.n_layers=2``).
+The first rung is strict IEEE fp32 (``float32_matmul_precision=highest``; training's default is TF32). On
+a CPU, ``tf32``, ``bf16`` and ``flash`` change nothing (TF32, autocast and flash-attn are GPU-only here), so
+they are skipped unless named in ``--rungs``. ``flash`` switches to the flash-attn package; without it
+installed the model keeps PyTorch SDPA, which already runs its own flash (or cuDNN) kernel on a GPU: the
+table's attention column says which kernel each rung ran. ``--override`` applies to every rung (e.g.
+``model.n_layers=2``).
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ RUNGS: dict[str, tuple[str, list[str]]] = {
             "--override=model.flash_attention=false",
             "--override=fused_loss=false",
             "--override=metrics_collect_interval=1",
+            "--override=float32_matmul_precision=highest",
         ],
     ),
+    "tf32": ("+ TF32 for fp32 matmuls", ["--override=float32_matmul_precision=high"]),
     "bf16": ("+ bf16 autocast", ["--precision=amp_bf16"]),
     "flash": ("+ flash attention", ["--override=model.flash_attention=true"]),
     "compile": ("+ torch.compile per block", ["--compile"]),
@@ -49,7 +53,7 @@ RUNGS: dict[str, tuple[str, list[str]]] = {
     "fused_loss": ("+ fused loss", ["--override=fused_loss=true"]),
     "collect": ("+ metrics read back every 10 steps", ["--override=metrics_collect_interval=10"]),
 }
-GPU_ONLY = ("bf16", "flash")
+GPU_ONLY = ("tf32", "bf16", "flash")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

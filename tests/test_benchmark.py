@@ -54,12 +54,14 @@ def test_smoke_benchmark_reports_consistent_throughput(tmp_path):
         "device_tokens_per_step": 512,
     }
     assert setup["peak_flops"] > 1e9, "the CPU peak is measured, so it is always known"
-    assert len(r["steps"]) == report["steps"] == 5 and len(r["warmup_step_times_s"]) == report["warmup"] == 3
+    synced = r["synced"]
+    assert len(synced["steps"]) == report["steps"] == 5 and len(r["warmup_step_times_s"]) == report["warmup"] == 3
     assert r["tokens_per_second"] > 0 and 0 < r["mfu"] <= 1
     assert r["tokens_per_second"] == pytest.approx(512 / r["step_time_s"])
-    assert set(r["phases_s"]) == PHASES and all(v >= 0 for v in r["phases_s"].values())
-    assert sum(r["phases_s"].values()) == pytest.approx(r["step_time_s"], rel=0.2)
-    for step in r["steps"]:  # each step's phases partition it exactly
+    assert synced["tokens_per_second"] == pytest.approx(512 / synced["step_time_s"])
+    assert set(synced["phases_s"]) == PHASES and all(v >= 0 for v in synced["phases_s"].values())
+    assert sum(synced["phases_s"].values()) == pytest.approx(synced["step_time_s"], rel=0.2)
+    for step in synced["steps"]:  # each step's phases partition it exactly
         assert sum(step[p] for p in PHASES) == pytest.approx(step["step"], rel=1e-6)
     assert r["peak_memory_mb"] > 0 and 5 < r["first_loss"] < 15  # random tokens: ~ln(50280) = 10.8
     assert "tokens/s per device" in result.stdout
