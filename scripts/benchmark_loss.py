@@ -5,7 +5,7 @@
         [--precision fp32|bf16] [--repeats 3] [--z-loss 1e-4] [--out result.json]
 
 Each variant runs in its own process, so its peak memory is its own: on CUDA ``max_memory_allocated`` above
-what the inputs take, on CPU the growth of the resident set's peak over the inputs. Time is the median of
+what the inputs take, on CPU the growth of the resident set's peak (VmHWM, reset once the inputs exist). Time is the median of
 ``--repeats`` forward+backward passes after one warm-up. The defaults are OLMo-1B's output layer with a
 micro-batch of 4 × 2048 tokens. ``--precision bf16`` autocasts on CUDA (on CPU it runs fp32 either way).
 """
@@ -34,6 +34,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=50304, help="embedding size (padded vocabulary)")
     parser.add_argument("--chunk", type=int, default=None, help="fused loss chunk (default: olmo.loss's)")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument(
+        "--float32-matmul-precision",
+        choices=["highest", "high", "medium"],
+        default="high",
+        help="on CUDA, as in training",
+    )
     parser.add_argument("--z-loss", type=float, default=1e-4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # one variant, in a child process
@@ -48,11 +54,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from olmo.loss import FUSED_LOSS_CHUNK_TOKENS, cross_entropy_sums, fused_output_loss
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision(args.float32_matmul_precision)  # as build_model does
     gen = torch.Generator().manual_seed(0)
-    hidden = (torch.randn(args.tokens, args.d_model, generator=gen) * 0.5).to(device).requires_grad_()
-    weight = (
-        (torch.randn(args.vocab, args.d_model, generator=gen) * args.d_model**-0.5).to(device).requires_grad_()
-    )
+    # Scaled in place: a scaled copy would briefly take a second weight's memory before the baseline is read.
+    hidden = torch.randn(args.tokens, args.d_model, generator=gen).mul_(0.5).to(device).requires_grad_()
+    weight = torch.randn(args.vocab, args.d_model, generator=gen).mul_(args.d_model**-0.5).to(device)
+    weight.requires_grad_()
     labels = torch.randint(0, args.vocab, (args.tokens,), generator=gen).to(device)
     labels[-1] = -100  # the last position of a sequence has no label
     chunk = args.chunk or FUSED_LOSS_CHUNK_TOKENS
@@ -75,7 +83,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        base = _reset_peak_rss()
     ce = step()  # warm-up; also creates the .grad tensors, which the peak counts
     seconds = []
     for _ in range(args.repeats):
@@ -85,7 +93,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+        peak = _peak_rss() - base
     return {
         "variant": args.variant,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
@@ -95,6 +103,25 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "peak_extra_memory_mb": peak / 2**20,
         "mean_ce": ce / (args.tokens - 1),
     }
+
+
+def _reset_peak_rss() -> int:
+    """Reset the process's peak resident set to its current size (Linux), and return the peak in bytes."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # "5" resets VmHWM, the peak RSS
+    except OSError:
+        pass  # elsewhere the peak since start-up is the baseline
+    return _peak_rss()
+
+
+def _peak_rss() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main(argv: list[str]) -> int:
