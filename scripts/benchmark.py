@@ -245,19 +245,11 @@ def timed_step(
 ) -> tuple[dict[str, float], StepMetrics]:
     """One training step as ``Trainer.fit`` runs it, split into :data:`PHASES` (seconds), and its metrics
     (read back from the device every ``metrics_collect_interval`` steps, as in training)."""
-    cfg, s = trainer.cfg, trainer.state
     clock.reset()
     start = clock.now()
     batch = next(batches)
     got_batch = clock.now()
-    s.global_step += 1
-    s.global_train_examples_seen_this_epoch += cfg.global_train_batch_size
-    s.global_train_tokens_seen += cfg.tokens_per_batch
-    metrics = trainer.train_step(batch)
-    if s.global_step % trainer.collect_steps == 0:
-        trainer.collect_metrics()
-    if cfg.gen1_gc_interval is not None and s.global_step % cfg.gen1_gc_interval == 0:
-        gc.collect(1)
+    metrics = run_step(trainer, batch)
     end = clock.now()
     assert clock.first_forward is not None, "the model's forward hooks did not fire"
     return {
@@ -496,7 +488,7 @@ def measure(trainer: Trainer, batches: Iterator[dict[str, Any]], warmup: int, st
                 records.append(step_metrics)
         clock.close()
         start = clock.now()
-        free = [free_step(trainer, batches) for _ in range(steps)]
+        free = [run_step(trainer, next(batches)) for _ in range(steps)]
         trainer.collect_metrics()
         free_seconds = clock.now() - start
         log.info("free-running: %d steps in %.1f ms each", steps, free_seconds / steps * 1e3)
@@ -513,10 +505,10 @@ def measure(trainer: Trainer, batches: Iterator[dict[str, Any]], warmup: int, st
     }
 
 
-def free_step(trainer: Trainer, batches: Iterator[dict[str, Any]]) -> StepMetrics:
-    """One training step as ``Trainer.fit`` runs it, with no timing and no synchronization."""
+def run_step(trainer: Trainer, batch: dict[str, Any]) -> StepMetrics:
+    """One training step as ``Trainer.fit`` runs it: advance the state, train, read the metrics back every
+    ``metrics_collect_interval`` steps, and collect gen-1 garbage on schedule."""
     cfg, s = trainer.cfg, trainer.state
-    batch = next(batches)
     s.global_step += 1
     s.global_train_examples_seen_this_epoch += cfg.global_train_batch_size
     s.global_train_tokens_seen += cfg.tokens_per_batch
