@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -42,15 +43,31 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from .checkpoint_io import (
+    MARKER,
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    describe_os_error,
+    fetch,
+    load_state_file,
+    read_dcp_metadata,
+    read_marker,
+    root_cause,
+    safe_torch_load,
+)
 from .config import TrainConfig
-from .exceptions import OLMoCheckpointError
-from .util import is_url, resource_path
+from .exceptions import OLMoCheckpointError, OLMoError
+from .util import is_url
 
 __all__ = [
     "MARKER",
     "CheckpointInfo",
     "find_latest_checkpoint",
     "list_checkpoints",
+    "check_shapes",
+    "sharded_model_shapes",
+    "trainer_state",
+    "delete_checkpoint",
     "inspect_checkpoint",
     "save_checkpoint",
     "begin_checkpoint",
@@ -60,15 +77,10 @@ __all__ = [
     "load_checkpoint",
     "prune_checkpoints",
     "remove_ephemeral_checkpoints",
-    "RestorePlan",
-    "plan_restore",
-    "check_model_matches",
-    "prepare_save_folder",
 ]
 
 log = logging.getLogger(__name__)
 
-MARKER = ".olmo-checkpoint.json"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -123,10 +135,22 @@ def list_checkpoints(folder: os.PathLike | str) -> list[CheckpointInfo]:
     for child in root.iterdir():
         match = _STEP_DIR.match(child.name)
         if match and child.is_dir() and (child / MARKER).is_file():
-            ephemeral = bool(json.loads((child / MARKER).read_text()).get("ephemeral", False))
+            try:
+                ephemeral = bool(read_marker(child / MARKER).get("ephemeral", False))
+            except OLMoCheckpointError as e:
+                log.warning("Ignoring checkpoint %s: %s", child, e)
+                continue
             found.append(CheckpointInfo(str(child), int(match.group(1)), match.group(2) is None, True, ephemeral))
     # At equal steps the sharded checkpoint sorts last (it is the one resumes prefer, as in OLMo).
     return sorted(found, key=lambda c: (c.step, c.sharded))
+
+
+def _is_committed(path: Path) -> bool:
+    try:
+        read_marker(path / MARKER)
+        return True
+    except OLMoCheckpointError:
+        return False
 
 
 def find_latest_checkpoint(folder: os.PathLike | str) -> Optional[Path]:
@@ -135,10 +159,11 @@ def find_latest_checkpoint(folder: os.PathLike | str) -> Optional[Path]:
     return Path(checkpoints[-1].path) if checkpoints else None
 
 
-def inspect_checkpoint(path: str) -> CheckpointInfo:
+def inspect_checkpoint(path: str, flag: str = "--load_path") -> CheckpointInfo:
     """Check that ``path`` is a complete, committed checkpoint, before anything is built or written.
 
-    :raises OLMoCheckpointError: for a missing, temporary, partial or unrecognised directory.
+    :param flag: how the user gave ``path`` (``--load_path``, ``CHECKPOINT_DIR``), for the messages.
+    :raises OLMoCheckpointError: for a missing, temporary, partial, damaged or unrecognised directory.
     """
     name = path.rstrip("/").split("/")[-1]
     match = _STEP_DIR.match(name)
@@ -147,17 +172,17 @@ def inspect_checkpoint(path: str) -> CheckpointInfo:
     root = Path(path)
     if not root.is_dir():
         raise OLMoCheckpointError(
-            f"load_path '{path}' does not exist or is not a directory. Point --load_path at a checkpoint "
-            f"directory such as {Path(path).parent}/step1000-unsharded, or use --try_load_latest_save."
+            f"{flag} '{path}' does not exist or is not a directory. Point {flag} at a checkpoint directory such "
+            f"as {Path(path).parent}/step1000-unsharded (or resume with --try_load_latest_save)."
         )
     if ".tmp-" in name:
         raise OLMoCheckpointError(
-            f"load_path '{path}' is a temporary directory left by an interrupted save; it is incomplete. "
+            f"{flag} '{path}' is a temporary directory left by an interrupted save; it is incomplete. "
             f"Use the newest step*/ directory instead (or --try_load_latest_save) and delete this one."
         )
     marker = root / MARKER
     if marker.is_file():
-        meta = json.loads(marker.read_text())
+        meta = read_marker(marker)
         for rel, size in meta["files"].items():
             f = root / rel
             if not f.is_file() or f.stat().st_size != size:
@@ -165,14 +190,14 @@ def inspect_checkpoint(path: str) -> CheckpointInfo:
                     f"Checkpoint '{path}' is damaged: '{rel}' is missing or has the wrong size (expected "
                     f"{size} bytes). It may have been copied incompletely; copy it again or pick another."
                 )
-        return CheckpointInfo(str(root), int(meta["step"]), bool(meta["sharded"]), True)
+        return CheckpointInfo(str(root), meta["step"], meta["sharded"], True)
     # No marker: accept only a complete checkpoint written by the original OLMo trainer.
     has_model = (root / "model.pt").is_file() or (root / "model.safetensors").is_file()
     if (root / "config.yaml").is_file() and has_model:
         log.warning("'%s' has no %s marker; loading it as an original OLMo unsharded checkpoint.", path, MARKER)
         return CheckpointInfo(str(root), int(match.group(1)) if match else 0, False, False)
     raise OLMoCheckpointError(
-        f"load_path '{path}' is not a committed checkpoint: it has no {MARKER} marker (the save that wrote "
+        f"{flag} '{path}' is not a committed checkpoint: it has no {MARKER} marker (the save that wrote "
         f"it did not finish) and is not a complete OLMo checkpoint (config.yaml + model.pt). Pick an "
         f"earlier step*/ directory or use --try_load_latest_save."
     )
@@ -181,11 +206,17 @@ def inspect_checkpoint(path: str) -> CheckpointInfo:
 def _inspect_remote(url: str, match: Optional[re.Match]) -> CheckpointInfo:
     base = url.rstrip("/")
     try:
-        meta = json.loads(resource_path(f"{base}/{MARKER}").read_text())
-        return CheckpointInfo(base, int(meta["step"]), bool(meta["sharded"]), True)
-    except Exception:
+        marker = fetch(base, MARKER)
+    except OLMoError:
         log.warning("No %s marker at %s; treating it as an original OLMo unsharded checkpoint.", MARKER, url)
         return CheckpointInfo(base, int(match.group(1)) if match else 0, False, False)
+    meta = read_marker(marker)
+    if meta["sharded"]:
+        raise OLMoCheckpointError(
+            f"'{url}' is a sharded checkpoint; sharded checkpoints load from local directories only. Download "
+            f"it (the whole directory) and give its local path, or use an unsharded (stepN-unsharded) checkpoint."
+        )
+    return CheckpointInfo(base, meta["step"], False, True)
 
 
 @dataclass
@@ -247,7 +278,9 @@ def begin_checkpoint(
     """
     root = Path(folder)
     target = root / (f"step{step}" if sharded else f"step{step}-unsharded")
-    if target.exists() and not overwrite:
+    # A folder of that name that is not a committed checkpoint (a damaged marker) is invisible to
+    # discovery; the commit replaces it.
+    if _is_committed(target) and not overwrite:
         raise OLMoCheckpointError(
             f"Checkpoint '{target}' already exists. Resume from it with --try_load_latest_save, or pass "
             f"--save_overwrite to replace it."
@@ -257,9 +290,25 @@ def begin_checkpoint(
     if dist.is_initialized():
         dist.broadcast_object_list(token, src=0)
     tmp = root / f".{target.name}.tmp-{token[0]}"
-    if _rank() == 0:
-        tmp.mkdir(parents=True)
-    _barrier()
+    try:
+        if _rank() == 0:
+            tmp.mkdir(parents=True)
+        _barrier()
+        future = _write_state(tmp, model, optimizer, train_state, sharded, background)
+    except (OSError, CheckpointException) as e:
+        raise _save_failed(tmp, target, e) from None
+    meta = {"format_version": FORMAT_VERSION, "step": step, "sharded": sharded, "ephemeral": ephemeral}
+    return PendingCheckpoint(target, tmp, meta, config, future)
+
+
+def _write_state(
+    tmp: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train_state: dict[str, Any],
+    sharded: bool,
+    background: bool,
+) -> Optional[Future]:
     future: Any = None
     if sharded:
         model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -286,32 +335,50 @@ def begin_checkpoint(
             torch.save(model_sd, tmp / "model.pt")
             torch.save(optim_sd, tmp / "optim.pt")
             torch.save(train_state, tmp / "train.pt")
-    meta = {"format_version": FORMAT_VERSION, "step": step, "sharded": sharded, "ephemeral": ephemeral}
-    return PendingCheckpoint(target, tmp, meta, config, future)
+    return future
+
+
+def _save_failed(tmp: Path, target: Path, e: BaseException) -> OLMoCheckpointError:
+    """Remove a failed save's temporary directory and say what went wrong and what is still safe."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    cause = root_cause(e)
+    reason = describe_os_error(cause) if isinstance(cause, OSError) else f"{type(cause).__name__}: {cause}"
+    return OLMoCheckpointError(
+        f"Could not write checkpoint '{target}': {reason}. The partial save was removed and the committed "
+        f"checkpoints in '{target.parent}' are intact. Free some space (or fix the folder's permissions) and "
+        f"relaunch with --try_load_latest_save to continue from the newest committed checkpoint."
+    )
 
 
 def commit_checkpoint(pending: PendingCheckpoint) -> Path:
     """Wait for the files, then publish the checkpoint: marker last, then an atomic rename. Collective."""
-    if pending.future is not None:
-        pending.future.result()
+    try:
+        if pending.future is not None:
+            pending.future.result()
+        _barrier()
+        if _rank() == 0:
+            _publish(pending)
+    except (OSError, CheckpointException) as e:
+        raise _save_failed(pending.tmp, pending.target, e) from None
     _barrier()
+    return pending.target
+
+
+def _publish(pending: PendingCheckpoint) -> None:
     root, tmp, target = pending.target.parent, pending.tmp, pending.target
-    if _rank() == 0:
-        if pending.config is not None:
-            pending.config.save(tmp / "config.yaml")
-        meta = {**pending.meta, "files": _fsync_tree(tmp)}
-        (tmp / MARKER).write_text(json.dumps(meta, indent=1))
-        _fsync_tree(tmp)
-        if target.exists():
-            trash = root / f".{target.name}.old-{tmp.name.rsplit('-', 1)[-1]}"
-            target.rename(trash)
-            tmp.rename(target)
-            shutil.rmtree(trash)
-        else:
-            tmp.rename(target)
-        _fsync_dir(root)
-    _barrier()
-    return target
+    if pending.config is not None:
+        pending.config.save(tmp / "config.yaml")
+    meta = {**pending.meta, "files": _fsync_tree(tmp)}
+    (tmp / MARKER).write_text(json.dumps(meta, indent=1))
+    _fsync_tree(tmp)
+    if target.exists():
+        trash = root / f".{target.name}.old-{tmp.name.rsplit('-', 1)[-1]}"
+        target.rename(trash)
+        tmp.rename(target)
+        shutil.rmtree(trash)
+    else:
+        tmp.rename(target)
+    _fsync_dir(root)
 
 
 _SAVE_GROUP: list[Any] = []
@@ -357,15 +424,17 @@ def load_checkpoint(
 ) -> Optional[dict[str, Any]]:
     """Restore model (and optimizer unless None) in place; return this rank's trainer state or None.
 
-    :raises OLMoCheckpointError: if the checkpoint's tensors do not match the model's shapes.
+    Every file is read without executing code from it (see :mod:`olmo.checkpoint_io`).
+
+    :raises OLMoCheckpointError: if a file is refused or the tensors do not match the model's shapes.
     """
     if info.sharded:
         return _load_sharded(info, model, optimizer, load_trainer_state)
-    model_sd = _load_file(info.path, "model")
-    _check_shapes(info.path, model_sd, get_model_state_dict(model))
+    model_sd = load_state_file(info.path, "model")
+    check_shapes(info.path, model_sd, get_model_state_dict(model))
     set_model_state_dict(model, model_sd, options=_FULL)
     if optimizer is not None:
-        optim_sd = _load_file(info.path, "optim")
+        optim_sd = load_state_file(info.path, "optim")
         try:
             set_optimizer_state_dict(model, optimizer, optim_sd, options=_FULL)
         except (KeyError, ValueError, RuntimeError) as e:
@@ -375,41 +444,65 @@ def load_checkpoint(
             ) from None
     if not load_trainer_state:
         return None
-    return _torch_load(_fetch(info.path, "train.pt"))
+    return trainer_state(info)
+
+
+def trainer_state(info: CheckpointInfo) -> dict[str, Any]:
+    """This rank's trainer state (rank 0's when the checkpoint was saved by fewer ranks)."""
+    if not info.sharded:
+        path = fetch(info.path, "train.pt")
+    else:
+        own = Path(info.path) / "train" / f"rank{_rank()}.pt"
+        path = own if own.is_file() else Path(info.path) / "train" / "rank0.pt"
+    state = safe_torch_load(path)
+    if not isinstance(state, dict):
+        raise OLMoCheckpointError(f"'{path}' holds a {type(state).__name__}, not a trainer state.")
+    return state
 
 
 def _load_sharded(
     info: CheckpointInfo, model: nn.Module, optimizer: Optional[torch.optim.Optimizer], load_trainer_state: bool
 ) -> Optional[dict[str, Any]]:
-    root = Path(info.path)
+    folder = str(Path(info.path) / "model_and_optim")
     if optimizer is not None:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     else:
         state = {"model": get_model_state_dict(model)}
-    metadata = dcp.FileSystemReader(str(root / "model_and_optim")).read_metadata()
-    saved_shapes = {
-        k[len("model.") :]: tuple(v.size)
-        for k, v in metadata.state_dict_metadata.items()
-        if k.startswith("model.") and hasattr(v, "size")
-    }
-    _check_shapes(info.path, saved_shapes, state["model"])
-    dcp.load(state, checkpoint_id=str(root / "model_and_optim"))
+    check_shapes(info.path, sharded_model_shapes(folder), state["model"])
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(folder), planner=SafeLoadPlanner())
+    except CheckpointException as e:
+        cause = root_cause(e)
+        if isinstance(cause, OLMoError):
+            raise cause from None
+        raise OLMoCheckpointError(
+            f"Could not load the sharded checkpoint '{info.path}' ({type(cause).__name__}: {cause}). It is "
+            f"damaged or was not written by this trainer; load another checkpoint."
+        ) from None
     if optimizer is not None:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     else:
         set_model_state_dict(model, state["model"])
     if not load_trainer_state:
         return None
-    own = root / "train" / f"rank{_rank()}.pt"
-    return _torch_load(own if own.is_file() else root / "train" / "rank0.pt")
+    return trainer_state(info)
+
+
+def sharded_model_shapes(folder: str) -> dict[str, tuple]:
+    metadata = read_dcp_metadata(folder)
+    return {
+        k[len("model.") :]: tuple(v.size)
+        for k, v in metadata.state_dict_metadata.items()
+        if k.startswith("model.") and hasattr(v, "size")
+    }
 
 
 def _shape(value: Any) -> tuple:
     return tuple(value.shape) if hasattr(value, "shape") else tuple(value)
 
 
-def _check_shapes(path: str, saved: dict[str, Any], expected: dict[str, Any]) -> None:
+def check_shapes(path: str, saved: dict[str, Any], expected: dict[str, Any]) -> None:
     missing = sorted(set(expected) - set(saved))
     unexpected = sorted(set(saved) - set(expected))
     wrong = sorted(k for k in set(saved) & set(expected) if _shape(saved[k]) != _shape(expected[k]))
@@ -434,38 +527,6 @@ def _check_shapes(path: str, saved: dict[str, Any], expected: dict[str, Any]) ->
     )
 
 
-def _fetch(path: str, name: str) -> Path:
-    return resource_path(f"{path.rstrip('/')}/{name}") if is_url(path) else Path(path) / name
-
-
-def _load_file(path: str, stem: str) -> dict[str, Any]:
-    """Load ``{stem}.safetensors`` if present, else ``{stem}.pt``."""
-    if stem == "model":
-        try:
-            st = _fetch(path, "model.safetensors")
-            if st.is_file():
-                from safetensors.torch import load_file
-
-                return load_file(str(st))
-        except Exception:  # a remote checkpoint without safetensors
-            pass
-    return _torch_load(_fetch(path, f"{stem}.pt"))
-
-
-def _torch_load(path: Path) -> dict[str, Any]:
-    try:
-        # Memory-mapped: tensors are read straight from the page cache into the model and optimizer
-        # instead of first being copied into freshly allocated memory (3-10x faster for large files).
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except FileNotFoundError:
-        raise OLMoCheckpointError(f"Checkpoint file '{path}' is missing.") from None
-    except Exception as e:
-        raise OLMoCheckpointError(
-            f"Could not load '{path}' safely ({type(e).__name__}: {e}). Files written by the original "
-            f"OLMo trainer may hold pickled objects; load weights only with --reset_trainer_state."
-        ) from None
-
-
 def prune_checkpoints(folder: os.PathLike | str, sharded: bool, keep: int) -> list[Path]:
     """Delete the oldest committed checkpoints of one kind so that ``keep`` remain (-1 keeps all)."""
     if keep < 0 or _rank() != 0:
@@ -473,7 +534,7 @@ def prune_checkpoints(folder: os.PathLike | str, sharded: bool, keep: int) -> li
     mine = [c for c in list_checkpoints(folder) if c.sharded == sharded and not c.ephemeral]
     doomed = mine[: max(0, len(mine) - max(keep, 1))]
     for c in doomed:
-        _delete(c)
+        delete_checkpoint(c)
     return [Path(c.path) for c in doomed]
 
 
@@ -483,94 +544,12 @@ def remove_ephemeral_checkpoints(folder: os.PathLike | str, keep_step: Optional[
         return []
     doomed = [c for c in list_checkpoints(folder) if c.ephemeral and c.step != keep_step]
     for c in doomed:
-        _delete(c)
+        delete_checkpoint(c)
     return [Path(c.path) for c in doomed]
 
 
-def _delete(checkpoint: CheckpointInfo) -> None:
+def delete_checkpoint(checkpoint: CheckpointInfo) -> None:
     # Un-commit first (remove the marker), so a crash mid-delete never leaves a half-deleted checkpoint
     # that still looks committed.
     (Path(checkpoint.path) / MARKER).unlink()
     shutil.rmtree(checkpoint.path)
-
-
-@dataclass(frozen=True)
-class RestorePlan:
-    """Which checkpoint a launch restores and what it takes from it."""
-
-    info: CheckpointInfo
-    load_optimizer_state: bool
-    load_trainer_state: bool
-
-
-def plan_restore(cfg: TrainConfig) -> Optional[RestorePlan]:
-    """Decide, before anything is built or written, what this launch restores.
-
-    ``try_load_latest_save`` wins when ``save_folder`` holds a committed checkpoint (and then the
-    reset flags are ignored: a restarted job must continue exactly); otherwise ``load_path``.
-    """
-    if cfg.try_load_latest_save:
-        latest = find_latest_checkpoint(cfg.save_folder)
-        if latest is not None:
-            if cfg.reset_trainer_state or cfg.reset_optimizer_state or cfg.load_path:
-                log.info("try_load_latest_save found %s; ignoring load_path and the reset flags.", latest)
-            return RestorePlan(inspect_checkpoint(str(latest)), True, True)
-    if cfg.load_path is None:
-        return None
-    return RestorePlan(
-        inspect_checkpoint(cfg.load_path), not cfg.reset_optimizer_state, not cfg.reset_trainer_state
-    )
-
-
-def check_model_matches(plan: RestorePlan, model_cfg: Any) -> None:
-    """Compare parameter shapes implied by the checkpoint's config.yaml with this run's model config,
-    on the meta device, so a mismatch stops the launch before any data or checkpoint is written."""
-    from omegaconf import OmegaConf as om
-
-    from .config import ModelConfig
-    from .model import OLMo
-
-    try:
-        loaded: Any = om.load(_fetch(plan.info.path, "config.yaml"))
-        raw: Any = om.to_container(loaded.get("model", {}), resolve=False)
-    except Exception:
-        return  # no readable config.yaml: the tensor-shape check at load time still applies
-    known = {k: v for k, v in (raw or {}).items() if k in ModelConfig.__dataclass_fields__}
-    try:
-        saved_cfg: Any = om.to_object(om.merge(om.structured(ModelConfig), om.create(known)))
-    except Exception:
-        return
-    with torch.device("meta"):
-        saved = {k: tuple(v.shape) for k, v in OLMo(saved_cfg).state_dict().items()}
-        expected = {k: tuple(v.shape) for k, v in OLMo(model_cfg).state_dict().items()}
-    _check_shapes(plan.info.path, saved, expected)
-
-
-def prepare_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
-    """Refuse to mix a new run into a folder that holds another run, unless asked to overwrite.
-
-    :raises OLMoCheckpointError: naming the flag that resolves the conflict.
-    """
-    root = Path(cfg.save_folder)
-    existing = list_checkpoints(root)
-    resuming_here = (
-        plan is not None and not is_url(plan.info.path) and Path(plan.info.path).parent.resolve() == root.resolve()
-    )
-    if cfg.save_overwrite:
-        return
-    # With --try_load_latest_save and no committed checkpoint yet, the folder holds a launch of this run
-    # that died before its first save: starting over in it is exactly what a restart should do.
-    restarting_unsaved = cfg.try_load_latest_save and plan is None and not existing
-    if not resuming_here and not restarting_unsaved and (existing or (root / "config.yaml").exists()):
-        raise OLMoCheckpointError(
-            f"save_folder '{root}' already holds a run (config.yaml or checkpoints). Resume it with "
-            f"--try_load_latest_save, pick a new --save_folder, or pass --save_overwrite to replace it."
-        )
-    if resuming_here:
-        newer = [c.path for c in existing if c.step > plan.info.step]  # type: ignore[union-attr]
-        if newer:
-            raise OLMoCheckpointError(
-                f"Resuming from step {plan.info.step} would overwrite newer checkpoints in '{root}' "  # type: ignore
-                f"({', '.join(Path(p).name for p in newer[:3])}). Resume from the newest with "
-                f"--try_load_latest_save, or pass --save_overwrite to replace them."
-            )

@@ -14,9 +14,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Optional, TypeVar, Union
 
+import yaml
 from omegaconf import OmegaConf as om
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import OmegaConfBaseException
 
+from .config_cli import clean_opt, config_error, load_yaml, override_yaml_error, parse_override
 from .config_resolvers import register_resolvers
 from .exceptions import OLMoConfigurationError
 
@@ -580,37 +582,36 @@ class TrainConfig:
 
     @classmethod
     def load(cls: type[C], path: Union[str, Path], overrides: Optional[list[str]] = None) -> C:
-        """Load a YAML config, apply ``key.path=value`` overrides, then resolve interpolations.
+        """Load a YAML config, apply command-line overrides, then resolve interpolations.
+
+        :param overrides: ``--key.path=value``, ``key.path=value`` or bare boolean ``--flag`` arguments.
 
         :raises OLMoConfigurationError: naming the key for unknown keys, wrong types and bad values.
         """
         register_resolvers()
         path = Path(path)
-        if not path.is_file():
-            raise OLMoConfigurationError(
-                f"Config file '{path}' does not exist. Pass the path of a YAML config as the first "
-                f"argument, e.g. configs/tiny/OLMo-tiny.yaml."
-            )
+        raw = load_yaml(path)
         try:
-            raw = om.load(path)
-            raw = _update_legacy_settings(raw)
-            conf = om.merge(om.structured(cls), raw)
+            conf = om.merge(om.structured(cls), _update_legacy_settings(raw))
         except OmegaConfBaseException as e:
-            raise _config_error(e, str(path)) from None
-        for override in overrides or []:
+            raise config_error(e, f"in {path}") from None
+        for arg in overrides or []:
+            override = parse_override(arg, cls)
             try:
                 conf = om.merge(conf, om.from_dotlist([override]))
+            except yaml.YAMLError as e:
+                raise override_yaml_error(override, e) from None
             except OmegaConfBaseException as e:
-                raise _config_error(e, "the command line") from None
+                raise config_error(e, f"from the command-line override '--{override}'") from None
             except (TypeError, ValueError) as e:  # e.g. a dotted path into a list: evaluators.1.label=x
                 raise OLMoConfigurationError(
-                    f"Cannot apply the override '{override}': {e}. A list can only be replaced as a whole "
+                    f"Cannot apply the override '--{override}': {e}. A list can only be replaced as a whole "
                     f"(e.g. --data.paths=[a.npy,b.npy] or --evaluators=[]), not element by element."
                 ) from None
         try:
             return om.to_object(conf)  # type: ignore[return-value]
         except OmegaConfBaseException as e:
-            raise _config_error(e, str(path)) from None
+            raise config_error(e, f"in {path} or its command-line overrides") from None
 
     @classmethod
     def from_dict(cls: type[C], values: dict[str, Any]) -> C:
@@ -619,7 +620,7 @@ class TrainConfig:
         try:
             return om.to_object(om.merge(om.structured(cls), om.create(values)))  # type: ignore
         except OmegaConfBaseException as e:
-            raise _config_error(e, "dict") from None
+            raise config_error(e, "in the given dict") from None
 
     def save(self, path: Union[str, Path]) -> None:
         """Write the resolved config as YAML (no ``${...}`` left)."""
@@ -672,29 +673,24 @@ def parse_duration_steps(
 ) -> int:
     """Turn ``max_duration`` (``1000``, ``"2e12T"``, ``"3ep"``) into a number of optimizer steps."""
     text = str(duration).strip().replace("_", "")
+    unit = "T" if text.endswith("T") else "ep" if text.endswith("ep") else ""
     try:
-        if text.endswith("T"):
-            return math.ceil(float(text[:-1]) / tokens_per_batch)
-        if text.endswith("ep"):
-            return int(float(text[:-2]) * (instances_per_epoch // global_batch))
-        return int(float(text))
+        amount = float(text[: len(text) - len(unit)])
     except ValueError:
         raise OLMoConfigurationError(
             f"max_duration={duration!r} is not a duration. Use an int number of steps (1000), tokens "
             f"with a T suffix ('2e12T'), or epochs with an ep suffix ('1ep')."
         ) from None
-
-
-def clean_opt(arg: str) -> str:
-    """Turn a CLI option into an OmegaConf dotlist entry.
-
-    ``--model.n_layers=2`` -> ``model.n_layers=2``; ``--save-overwrite`` -> ``save_overwrite=true``.
-    """
-    if "=" not in arg:
-        arg = f"{arg}=true"
-    name, value = arg.split("=", 1)
-    name = name.strip("-").replace("-", "_")
-    return f"{name}={value}"
+    if not amount > 0 or math.isinf(amount) or (not unit and amount < 1):
+        raise OLMoConfigurationError(
+            f"max_duration={duration!r} must be a positive, finite duration (steps, tokens with a T suffix, or "
+            f"epochs with an ep suffix); a run of no steps would only write a checkpoint. Set --max_duration."
+        )
+    if unit == "T":
+        return math.ceil(amount / tokens_per_batch)
+    if unit == "ep":
+        return int(amount * (instances_per_epoch // global_batch))
+    return int(amount)
 
 
 def _update_legacy_settings(raw: Any) -> Any:
@@ -707,22 +703,6 @@ def _update_legacy_settings(raw: Any) -> Any:
         if "eps" in optimizer:
             del optimizer["eps"]
     return raw
-
-
-def _config_error(e: OmegaConfBaseException, source: str) -> OLMoConfigurationError:
-    key = getattr(e, "full_key", None) or "?"
-    msg = str(getattr(e, "msg", None) or e).splitlines()[0].rstrip(".")
-    cause = e.__cause__ or e.__context__
-    if cause is not None and not isinstance(cause, OmegaConfBaseException):
-        msg = f"{msg} ({cause})"
-    if isinstance(e, ConfigKeyError):
-        fix = "Remove or rename that key (see olmo/config.py for every field and its meaning)."
-    elif "[" in key:
-        list_key = key.split("[", 1)[0]
-        fix = f"Fix the value in the YAML file, or replace the whole list with --{list_key}=[...]."
-    else:
-        fix = f"Fix the value in the YAML file or override it, e.g. --{key}=VALUE."
-    return OLMoConfigurationError(f"Invalid config key '{key}' (from {source} or the command line): {msg}. {fix}")
 
 
 def _to_plain(value: Any) -> Any:

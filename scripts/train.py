@@ -3,8 +3,14 @@
     python scripts/train.py CONFIG.yaml [--key.path=value ...]
     torchrun --nproc_per_node=N scripts/train.py CONFIG.yaml [--key.path=value ...]
 
-Everything that can be checked (config values, data files, the checkpoint to restore, the save
-folder) is checked before the process group, model or data order is set up.
+Overrides use the config's key paths: --model.n_layers=2, --data.paths=[a.npy,b.npy], --x=null; a bare
+boolean flag means true (--save_overwrite), and --save-overwrite equals --save_overwrite. Resume with
+--try_load_latest_save or --load_path=CHECKPOINT (add --reset_trainer_state to fine-tune). Every field and
+its meaning is documented in olmo/config.py.
+
+Everything that can be checked (config values, the checkpoint to restore and each of its files, the
+save folder, training and evaluation data, the tokenizer) is checked before anything is written or the
+process group, model or data order is set up.
 """
 
 from __future__ import annotations
@@ -15,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from olmo.checkpoint import check_model_matches, plan_restore, prepare_save_folder  # noqa: E402
-from olmo.config import TrainConfig, clean_opt  # noqa: E402
+from olmo.checkpoint_plan import claim_save_folder, plan_restore, prepare_save_folder  # noqa: E402
+from olmo.config import TrainConfig  # noqa: E402
 from olmo.data import build_memmap_dataset, build_train_dataloader  # noqa: E402
-from olmo.distributed import build_model, init_distributed, teardown_distributed  # noqa: E402
+from olmo.distributed import barrier, build_model, init_distributed, teardown_distributed  # noqa: E402
 from olmo.eval import build_evaluators  # noqa: E402
 from olmo.exceptions import OLMoCliError  # noqa: E402
 from olmo.model import describe_attention  # noqa: E402
@@ -31,19 +37,21 @@ log = logging.getLogger("train")
 
 
 def main(argv: list) -> int:
+    if any(a in ("-h", "--help") for a in argv[1:]):
+        print(__doc__)
+        return 0
     if len(argv) < 2 or argv[1].startswith("-"):
-        raise OLMoCliError(f"Usage: {argv[0]} CONFIG.yaml [--key.path=value ...]")
-    cfg = TrainConfig.load(argv[1], [clean_opt(a) for a in argv[2:]])
+        raise OLMoCliError(f"Usage: {argv[0]} CONFIG.yaml [--key.path=value ...] (--help for more)")
+    cfg = TrainConfig.load(argv[1], argv[2:])
     cfg.validate(env_world_size())
-    plan = plan_restore(cfg)
-    if plan is not None:
-        check_model_matches(plan, cfg.model)
+    plan = plan_restore(cfg)  # opens every checkpoint file it will read
     prepare_save_folder(cfg, plan)
     # Every rank checks the files; only rank 0 pays for the full token-id scan.
     scan_tokens = 2**31 if env_rank() == 0 else 0
     build_memmap_dataset(cfg, cfg.data, include_instance_metadata=False).validate(
         cfg.model.vocab_size, scan_tokens
     )
+    evaluators = build_evaluators(cfg, world_size=env_world_size(), rank=env_rank())
 
     env = init_distributed(cfg.distributed_timeout_minutes)
     try:
@@ -56,8 +64,8 @@ def main(argv: list) -> int:
             cfg.grad_accum_steps(env.world_size),
         )
         if env.is_main and not cfg.dry_run:
-            Path(cfg.save_folder).mkdir(parents=True, exist_ok=True)
-            cfg.save(Path(cfg.save_folder) / "config.yaml")
+            claim_save_folder(cfg, plan)  # the launch's first write: cleans up, then writes config.yaml
+        barrier()  # nobody writes into save_folder before rank 0 has made it this run's
         train_loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank)
         model = build_model(cfg, env)
         log.info(
@@ -67,7 +75,6 @@ def main(argv: list) -> int:
             model.num_flops_per_token() / 1e9,
         )
         optimizer = build_optimizer(cfg.optimizer, model)
-        evaluators = build_evaluators(cfg, world_size=env.world_size, rank=env.rank)
         trainer = Trainer(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), train_loader, evaluators)
         log_speed_setup(cfg, trainer)
         if plan is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import sys
 import time
@@ -40,6 +41,8 @@ from olmo.checkpoint import (  # noqa: E402
     inspect_checkpoint,
     load_checkpoint,
 )
+from olmo.checkpoint_io import describe_os_error, safe_torch_load  # noqa: E402
+from olmo.checkpoint_plan import RestorePlan, preflight_restore  # noqa: E402
 from olmo.config import TrainConfig  # noqa: E402
 from olmo.distributed import DistEnv, build_model  # noqa: E402
 from olmo.exceptions import OLMoCheckpointError, OLMoCliError  # noqa: E402
@@ -81,7 +84,7 @@ def merged_trainer_state(root: Path, rank0_state: dict[str, Any]) -> dict[str, A
     """
     rng = dict(rank0_state.get("rng", {}))
     for path in sorted((root / "train").glob("rank*.pt")):
-        rng.update(torch.load(path, map_location="cpu", weights_only=True).get("rng", {}))
+        rng.update(safe_torch_load(path).get("rng", {}))
     return {**rank0_state, "rng": rng}
 
 
@@ -109,7 +112,7 @@ def unshard(input_dir: str, output_dir: str, model_only: bool = False, safetenso
     """
     if is_url(input_dir) or is_url(output_dir):
         raise OLMoCliError("unshard.py works on local directories; download the sharded checkpoint first.")
-    info = inspect_checkpoint(input_dir)
+    info = inspect_checkpoint(input_dir, flag="INPUT_DIR")
     if not info.sharded:
         raise OLMoCheckpointError(
             f"'{input_dir}' is already an unsharded checkpoint (model.pt/optim.pt/train.pt); there is nothing "
@@ -121,12 +124,20 @@ def unshard(input_dir: str, output_dir: str, model_only: bool = False, safetenso
             f"OUTPUT_DIR '{target}' already exists; unshard.py never writes into an existing directory. "
             f"Pick a new path (e.g. {Path(info.path).parent}/step{info.step}-unsharded) or delete it first."
         )
+    existing = target.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise OLMoCheckpointError(
+            f"OUTPUT_DIR '{target}' cannot be created: '{existing}' is a file or read-only. Pick another OUTPUT_DIR."
+        )
     start = time.perf_counter()
     root = Path(info.path)
-    n_ranks = len(list((root / "train").glob("rank*.pt")))
-    log.info("Loading sharded checkpoint %s (step %d, saved by %d rank(s)).", root, info.step, n_ranks)
     # Built exactly as the trainer builds it for one CPU process; compiling would only cost time here.
     cfg = TrainConfig.load(root / "config.yaml", ["compile=null"])
+    preflight_restore(RestorePlan(info, load_optimizer_state=not model_only, load_trainer_state=True), cfg.model)
+    n_ranks = len(list((root / "train").glob("rank*.pt")))
+    log.info("Loading sharded checkpoint %s (step %d, saved by %d rank(s)).", root, info.step, n_ranks)
     model = build_model(cfg, DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1))
     optimizer = None if model_only else build_optimizer(cfg.optimizer, model)
     train_state = load_checkpoint(info, model, optimizer, load_trainer_state=True)
@@ -143,8 +154,13 @@ def unshard(input_dir: str, output_dir: str, model_only: bool = False, safetenso
             raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' appeared while unsharding; nothing was written.")
         meta = {"format_version": FORMAT_VERSION, "step": info.step, "sharded": False, "ephemeral": False}
         commit_checkpoint(PendingCheckpoint(target, tmp, meta, config=None))
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise OLMoCheckpointError(
+                f"Could not write OUTPUT_DIR '{target}': {describe_os_error(e)}. Nothing was written; free some "
+                f"space or pick another OUTPUT_DIR."
+            ) from None
         raise
     for path in sorted(p for p in target.iterdir() if p.name != MARKER):
         log.info("  %-17s %s", path.name, _size(path.stat().st_size))

@@ -67,7 +67,11 @@ def build_evaluators(
     Downstream tasks are tokenized with ``tokenizer`` (default: ``Tokenizer.from_train_config(cfg)``,
     loaded only when there is a downstream evaluator) and truncated to ``model.max_sequence_length``.
 
+    Every LM evaluator's files are validated as training data is (:meth:`MemMapDataset.validate`) and the
+    tokenizer is loaded here, so a bad evaluator stops a launch before training, not at the first evaluation.
+
     :raises OLMoConfigurationError: listing every problem :func:`evaluator_problems` finds.
+    :raises OLMoDataError: for a missing or malformed evaluation data file.
     """
     problems = evaluator_problems(cfg)
     if problems:
@@ -91,10 +95,13 @@ def build_evaluators(
             task = build_task(ecfg.label, tokenizer, cfg.model.max_sequence_length)
             evaluators.append(DownstreamEvaluator(ecfg.label, task, **common))
         else:
+            dataset = build_memmap_dataset(cfg, ecfg.data, include_instance_metadata=True)
+            # Checked now, before training starts, not when the first evaluation runs; rank 0 scans the ids.
+            dataset.validate(cfg.model.vocab_size, 2**31 if rank == 0 else 0)
             evaluators.append(
                 LMEvaluator(
                     ecfg.label,
-                    build_memmap_dataset(cfg, ecfg.data, include_instance_metadata=True),
+                    dataset,
                     dataset_labels=sorted(ecfg.data.datasets) if ecfg.data.datasets else None,
                     num_workers=ecfg.data.num_workers,
                     collator=DataCollator(

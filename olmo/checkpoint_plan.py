@@ -1,0 +1,232 @@
+"""What a launch restores and where it saves, decided and checked before anything is built or written.
+
+:func:`plan_restore` picks the checkpoint (``--try_load_latest_save`` or ``--load_path``) and opens every
+file it will read (safely, tensors memory-mapped); :func:`prepare_save_folder` checks that the save folder
+can be written and holds no other run; after every other check has passed, rank 0 calls
+:func:`claim_save_folder`, the first write of a launch, which makes the folder this run's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from .checkpoint import (
+    CheckpointInfo,
+    check_shapes,
+    delete_checkpoint,
+    inspect_checkpoint,
+    list_checkpoints,
+    sharded_model_shapes,
+    trainer_state,
+)
+from .checkpoint_io import MARKER, describe_os_error, load_state_file, read_dcp_bytes_entries, safe_torch_load
+from .config import TrainConfig
+from .exceptions import OLMoCheckpointError
+from .util import is_url
+
+__all__ = ["RestorePlan", "plan_restore", "preflight_restore", "prepare_save_folder", "claim_save_folder"]
+
+log = logging.getLogger(__name__)
+
+# What a run writes into its save_folder; --save_overwrite removes these (and nothing else) from a folder
+# that holds another run.
+RUN_FILES = ("config.yaml", "metrics.jsonl", "train_data", "data-indices", "wandb", "plots")
+_RUN_PATTERNS = re.compile(
+    r"^(step\d+(-unsharded)?|\.step\d+(-unsharded)?\.(tmp|old|damaged)-\w+|eval-step\d+\.json)$"
+)
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """Which checkpoint a launch restores and what it takes from it."""
+
+    info: CheckpointInfo
+    load_optimizer_state: bool
+    load_trainer_state: bool
+    skipped: tuple[str, ...] = ()
+    """Newer checkpoints in save_folder that ``try_load_latest_save`` found damaged and passed over."""
+
+
+def plan_restore(cfg: TrainConfig) -> Optional[RestorePlan]:
+    """Decide what this launch restores, and open every file of it (see :func:`preflight_restore`).
+
+    ``try_load_latest_save`` wins when ``save_folder`` holds a committed checkpoint (and then the reset
+    flags are ignored: a restarted job must continue exactly); a damaged newest checkpoint is passed over,
+    with a warning, for the newest one that opens. Otherwise ``load_path``.
+
+    :raises OLMoCheckpointError: if ``load_path`` cannot be restored.
+    """
+    if cfg.try_load_latest_save:
+        skipped: list[str] = []
+        for candidate in reversed(list_checkpoints(cfg.save_folder)):
+            try:
+                plan = RestorePlan(inspect_checkpoint(candidate.path), True, True, tuple(skipped))
+                preflight_restore(plan, cfg.model)
+            except OLMoCheckpointError as e:
+                log.warning("Passing over checkpoint %s for an older one: %s", candidate.path, e)
+                skipped.append(candidate.path)
+                continue
+            if cfg.reset_trainer_state or cfg.reset_optimizer_state or cfg.load_path:
+                log.info("try_load_latest_save found %s; ignoring load_path and the reset flags.", candidate.path)
+            return plan
+        if skipped and cfg.load_path is None:
+            log.warning("No checkpoint in '%s' could be restored; starting from scratch.", cfg.save_folder)
+    if cfg.load_path is None:
+        return None
+    plan = RestorePlan(
+        inspect_checkpoint(cfg.load_path), not cfg.reset_optimizer_state, not cfg.reset_trainer_state
+    )
+    preflight_restore(plan, cfg.model)
+    return plan
+
+
+def preflight_restore(plan: RestorePlan, model_cfg: Any) -> None:
+    """Open every file the restore will read, safely, and compare the saved parameter shapes with the
+    model ``model_cfg`` builds (on the meta device).
+
+    Tensors are memory-mapped, not read, so this costs little even for large checkpoints; what it catches
+    (a crafted or damaged file, another model's weights) would otherwise surface only after the launch
+    had written ``config.yaml`` and the data order.
+
+    :raises OLMoCheckpointError: naming the file at fault.
+    """
+    from .model import OLMo
+
+    info = plan.info
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in OLMo(model_cfg).state_dict().items()}
+    if info.sharded:
+        folder = str(Path(info.path) / "model_and_optim")
+        check_shapes(info.path, sharded_model_shapes(folder), expected)
+        read_dcp_bytes_entries(folder, ("model.", "optim.") if plan.load_optimizer_state else ("model.",))
+        if plan.load_trainer_state:
+            for path in sorted((Path(info.path) / "train").glob("rank*.pt")):
+                safe_torch_load(path)
+        return
+    check_shapes(info.path, load_state_file(info.path, "model"), expected)
+    if plan.load_optimizer_state:
+        load_state_file(info.path, "optim")
+    if plan.load_trainer_state:
+        trainer_state(info)
+
+
+def _resuming_here(root: Path, plan: Optional[RestorePlan]) -> bool:
+    return (
+        plan is not None and not is_url(plan.info.path) and Path(plan.info.path).parent.resolve() == root.resolve()
+    )
+
+
+def _check_writable(root: Path) -> None:
+    if root.exists() and not root.is_dir():
+        raise OLMoCheckpointError(
+            f"save_folder '{root}' is a file, not a folder. Point --save_folder at a folder (it is created if "
+            f"missing), or move the file away."
+        )
+    existing = root
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OLMoCheckpointError(
+            f"save_folder '{root}' cannot be created: '{existing}' is a file. Choose another --save_folder."
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OLMoCheckpointError(
+            f"save_folder '{root}' cannot be written: '{existing}' is read-only for this user (or on a read-only "
+            f"file system). Choose a writable --save_folder."
+        )
+
+
+def prepare_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
+    """Check that ``save_folder`` can be written and holds no other run (unless ``save_overwrite``).
+
+    Writes nothing; :func:`claim_save_folder` acts on it once every other check has passed.
+
+    :raises OLMoCheckpointError: naming the flag that resolves the conflict.
+    """
+    root = Path(cfg.save_folder)
+    _check_writable(root)
+    if cfg.save_overwrite:
+        return
+    existing = list_checkpoints(root)
+    resuming_here = _resuming_here(root, plan)
+    # With --try_load_latest_save and no committed checkpoint yet, the folder holds a launch of this run
+    # that died before its first save: starting over in it is exactly what a restart should do.
+    restarting_unsaved = cfg.try_load_latest_save and plan is None and not existing
+    if not resuming_here and not restarting_unsaved and (existing or (root / "config.yaml").exists()):
+        raise OLMoCheckpointError(
+            f"save_folder '{root}' already holds a run (config.yaml or checkpoints). Resume it with "
+            f"--try_load_latest_save, pick a new --save_folder, or pass --save_overwrite to replace it."
+        )
+    if resuming_here:
+        assert plan is not None
+        newer = [c.path for c in existing if c.step > plan.info.step and c.path not in plan.skipped]
+        if newer:
+            raise OLMoCheckpointError(
+                f"Resuming from step {plan.info.step} would overwrite newer checkpoints in '{root}' "
+                f"({', '.join(Path(p).name for p in newer[:3])}). Resume from the newest with "
+                f"--try_load_latest_save, or pass --save_overwrite to replace them."
+            )
+
+
+def claim_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
+    """Make ``save_folder`` this run's and write its ``config.yaml``; rank 0 calls it after every check,
+    before writing anything else.
+
+    * Damaged checkpoints that ``try_load_latest_save`` passed over are moved aside (renamed to hidden
+      ``.stepN.damaged-*`` folders), so no later launch picks them up and this run can save those steps.
+    * With ``save_overwrite``, a new run removes the previous run's checkpoints and run files (the
+      :data:`RUN_FILES` and ``step*``/``eval-step*.json`` entries; nothing else in the folder), and a run
+      resuming from a checkpoint in the folder removes the checkpoints newer than it. Markers go first,
+      so an interruption never leaves a half-deleted checkpoint that still looks committed.
+    """
+    try:
+        _clean_save_folder(cfg, plan)
+        Path(cfg.save_folder).mkdir(parents=True, exist_ok=True)
+        cfg.save(Path(cfg.save_folder) / "config.yaml")
+    except OSError as e:
+        raise OLMoCheckpointError(
+            f"Could not write to save_folder '{cfg.save_folder}': {describe_os_error(e)}. Free some space or fix "
+            f"the folder's permissions, or choose another --save_folder."
+        ) from None
+
+
+def _clean_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
+    root = Path(cfg.save_folder)
+    for path in plan.skipped if plan is not None else ():
+        aside = Path(path).with_name(f".{Path(path).name}.damaged-{uuid.uuid4().hex[:8]}")
+        log.warning("Moving the damaged checkpoint %s aside to %s.", path, aside)
+        (Path(path) / MARKER).unlink(missing_ok=True)
+        Path(path).rename(aside)
+    if not cfg.save_overwrite or not root.is_dir():
+        return
+    if _resuming_here(root, plan):
+        assert plan is not None
+        for c in list_checkpoints(root):
+            if c.step > plan.info.step:
+                log.warning(
+                    "Removing %s, newer than the checkpoint this run resumes from (--save_overwrite).", c.path
+                )
+                delete_checkpoint(c)
+        return
+    doomed = sorted(p for p in root.iterdir() if p.name in RUN_FILES or _RUN_PATTERNS.match(p.name))
+    if not doomed:
+        return
+    log.warning(
+        "Removing the previous run in '%s' (--save_overwrite): %s.", root, ", ".join(p.name for p in doomed[:8])
+    )
+    for c in list_checkpoints(root):
+        (Path(c.path) / MARKER).unlink()
+    for entry in doomed:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()

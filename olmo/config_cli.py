@@ -1,0 +1,153 @@
+"""Reading a YAML config file and command-line overrides, with one-paragraph errors.
+
+Used by :meth:`olmo.config.TrainConfig.load`; knows nothing of the config classes themselves (the
+schema is passed in), so it sits below ``olmo.config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+from omegaconf import DictConfig
+from omegaconf import OmegaConf as om
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from .exceptions import OLMoCliError, OLMoConfigurationError
+
+__all__ = ["clean_opt", "load_yaml", "parse_override", "config_error", "override_yaml_error"]
+
+
+def clean_opt(arg: str) -> str:
+    """Turn a CLI option into an OmegaConf dotlist entry.
+
+    ``--model.n_layers=2`` -> ``model.n_layers=2``; ``--save-overwrite`` -> ``save_overwrite=true``.
+    """
+    if "=" not in arg:
+        arg = f"{arg}=true"
+    name, value = arg.split("=", 1)
+    name = name.strip("-").replace("-", "_")
+    return f"{name}={value}"
+
+
+def _yaml_problem(e: yaml.YAMLError, text_lines: Optional[list[str]] = None) -> str:
+    """``problem at line L, column C`` from a YAML error, with a hint for the usual causes."""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    hint = ""
+    if mark is not None and text_lines is not None and mark.line < len(text_lines):
+        line = text_lines[mark.line]
+        where += f" ({line.strip()[:60]!r})"
+        if "\t" in line[: mark.column + 1]:
+            hint = " YAML does not allow tabs for indentation: indent with spaces."
+    if "python/" in problem:
+        hint = " Configs are read with a safe YAML loader that never builds Python objects: remove the tag."
+    return f"{problem}{where}.{hint}"
+
+
+def load_yaml(path: Path) -> DictConfig:
+    """Read ``path`` with OmegaConf's YAML loader (built on ``yaml.SafeLoader``: tags such as
+    ``!!python/object`` are refused, never constructed).
+
+    :raises OLMoConfigurationError: for a missing, unreadable, non-YAML or non-mapping file.
+    """
+    if not path.exists():
+        raise OLMoConfigurationError(
+            f"Config file '{path}' does not exist. Pass the path of a YAML config as the first argument, e.g. "
+            f"configs/tiny/OLMo-tiny.yaml."
+        )
+    if not path.is_file():
+        raise OLMoConfigurationError(f"Config '{path}' is not a file. Pass the path of a YAML config file.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise OLMoConfigurationError(
+            f"Config file '{path}' cannot be read ({type(e).__name__}: {e}). Check its permissions, or that it "
+            f"is a UTF-8 text (YAML) file."
+        ) from None
+    try:
+        raw = om.load(path)
+    except yaml.YAMLError as e:
+        raise OLMoConfigurationError(
+            f"Config file '{path}' is not valid YAML: {_yaml_problem(e, text.splitlines())} Fix the file."
+        ) from None
+    except OmegaConfBaseException as e:
+        raise config_error(e, f"in {path}") from None
+    if not isinstance(raw, DictConfig):
+        raise OLMoConfigurationError(
+            f"Config file '{path}' holds a YAML {type(om.to_container(raw)).__name__}, not a mapping of keys to "
+            f"values (model:, optimizer:, ...). Check that it is a training config."
+        )
+    return raw
+
+
+def _field_type(schema: Any, dotted: str) -> Any:
+    """The annotated type of ``dotted`` in the dataclass ``schema``, or None if there is no such field."""
+    node: Any = schema
+    hint: Any = None
+    for part in dotted.split("."):
+        if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
+            return None
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return None
+        hint = hints[part]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        node = args[0] if typing.get_origin(hint) is Union and len(args) == 1 else hint
+    return hint
+
+
+def parse_override(arg: str, schema: Any) -> str:
+    """One command-line override (``--a.b=c``, ``a.b=c`` or a bare ``--flag``) as a dotlist entry.
+
+    A bare flag means ``true`` and is accepted only for boolean fields, so ``--save_folder`` given
+    without its value is an error rather than a folder named ``True``.
+
+    :raises OLMoCliError: for an argument that is not an override or a bare flag of a non-boolean field.
+    """
+    if "=" not in arg and not arg.startswith("-"):
+        raise OLMoCliError(
+            f"Unexpected argument '{arg}'. After the config file, give overrides as --key.path=value "
+            f"(e.g. --model.n_layers=2) or boolean flags such as --save_overwrite."
+        )
+    entry = clean_opt(arg)
+    name = entry.split("=", 1)[0]
+    if not name or "" in name.split("."):
+        raise OLMoCliError(f"Cannot read the override '{arg}': the key is empty. Write --key.path=value.")
+    if "=" not in arg:
+        hint = _field_type(schema, name)
+        if hint is not None and hint not in (bool, Optional[bool]):
+            raise OLMoCliError(
+                f"{arg} needs a value: write {arg}=VALUE (only boolean options such as --save_overwrite may be "
+                f"given bare, meaning true)."
+            )
+    return entry
+
+
+def config_error(e: OmegaConfBaseException, source: str) -> OLMoConfigurationError:
+    """An OmegaConf error as one paragraph naming the key, where it came from (``source``) and the fix."""
+    key = getattr(e, "full_key", None) or "?"
+    msg = str(getattr(e, "msg", None) or e).splitlines()[0].rstrip(".")
+    cause = e.__cause__ or e.__context__
+    if cause is not None and not isinstance(cause, OmegaConfBaseException):
+        msg = f"{msg} ({cause})"
+    if isinstance(e, ConfigKeyError):
+        fix = "Remove or rename that key (see olmo/config.py for every field and its meaning)."
+    elif "[" in key:
+        list_key = key.split("[", 1)[0]
+        fix = f"Fix the value in the YAML file, or replace the whole list with --{list_key}=[...]."
+    else:
+        fix = f"Fix the value in the YAML file or override it, e.g. --{key}=VALUE."
+    return OLMoConfigurationError(f"Invalid config key '{key}' ({source}): {msg}. {fix}")
+
+
+def override_yaml_error(override: str, e: yaml.YAMLError) -> OLMoCliError:
+    """A command-line override whose value is not valid YAML (an unclosed ``[``, a stray quote)."""
+    return OLMoCliError(
+        f"Cannot read the value of the override '--{override}': {getattr(e, 'problem', None) or e}. Close every "
+        f'bracket and quote, and quote the whole option for the shell, e.g. "--data.paths=[a.npy,b.npy]".'
+    )
