@@ -295,7 +295,7 @@ def begin_checkpoint(
             tmp.mkdir(parents=True)
         _barrier()
         future = _write_state(tmp, model, optimizer, train_state, sharded, background)
-    except (OSError, CheckpointException) as e:
+    except (OSError, RuntimeError, CheckpointException) as e:  # torch.save reports a full disk as RuntimeError
         raise _save_failed(tmp, target, e) from None
     meta = {"format_version": FORMAT_VERSION, "step": step, "sharded": sharded, "ephemeral": ephemeral}
     return PendingCheckpoint(target, tmp, meta, config, future)
@@ -340,9 +340,14 @@ def _write_state(
 
 def _save_failed(tmp: Path, target: Path, e: BaseException) -> OLMoCheckpointError:
     """Remove a failed save's temporary directory and say what went wrong and what is still safe."""
-    shutil.rmtree(tmp, ignore_errors=True)
     cause = root_cause(e)
-    reason = describe_os_error(cause) if isinstance(cause, OSError) else f"{type(cause).__name__}: {cause}"
+    if isinstance(cause, OSError):
+        reason = describe_os_error(cause)
+    elif shutil.disk_usage(target.parent).free < 2**20:  # measured before the partial files are removed
+        reason = "no space left on the device"
+    else:
+        reason = f"{type(cause).__name__}: {cause}"
+    shutil.rmtree(tmp, ignore_errors=True)
     return OLMoCheckpointError(
         f"Could not write checkpoint '{target}': {reason}. The partial save was removed and the committed "
         f"checkpoints in '{target.parent}' are intact. Free some space (or fix the folder's permissions) and "
@@ -358,7 +363,7 @@ def commit_checkpoint(pending: PendingCheckpoint) -> Path:
         _barrier()
         if _rank() == 0:
             _publish(pending)
-    except (OSError, CheckpointException) as e:
+    except (OSError, RuntimeError, CheckpointException) as e:
         raise _save_failed(pending.tmp, pending.target, e) from None
     _barrier()
     return pending.target
