@@ -34,7 +34,7 @@ from rich.text import Text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from olmo.config import TrainConfig, clean_opt  # noqa: E402
+from olmo.config import TrainConfig  # noqa: E402
 from olmo.data import IterableDataset, MemMapDataset, build_memmap_dataset  # noqa: E402
 from olmo.exceptions import OLMoCliError, OLMoDataError  # noqa: E402
 from olmo.tokenizer import Tokenizer  # noqa: E402
@@ -187,7 +187,7 @@ def main(argv: Optional[list[str]] = None) -> list[Row]:
             )
     else:
         config_path = args.target
-    cfg = TrainConfig.load(config_path, [clean_opt(a) for a in extra])
+    cfg = TrainConfig.load(config_path, extra)
     batch_size, world_size = cfg.global_train_batch_size, args.world_size
     if world_size is not None and (
         world_size <= 0 or batch_size % world_size or not 0 <= (args.rank or 0) < world_size
