@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -27,6 +28,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _URL = re.compile(r"^[a-z0-9]+://")
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
 
 
 def env_rank() -> int:
@@ -78,6 +80,15 @@ def _excepthook(exctype: type[BaseException], value: BaseException, tb: Optional
     elif issubclass(exctype, OLMoError):
         # A problem the user can fix: one paragraph, no traceback.
         print(f"\n{exctype.__name__}: {value}\n", file=sys.stderr)
+    elif issubclass(exctype, OSError) and getattr(value, "errno", None) in _DISK_ERRNOS:
+        # A full disk or read-only file system met outside a checkpoint save (metrics, logs, data order).
+        reason = getattr(value, "strerror", None) or value
+        print(
+            f"\n{exctype.__name__}: could not write '{getattr(value, 'filename', None)}': {reason}. Free "
+            f"some space (or fix the permissions) and relaunch with --try_load_latest_save; committed "
+            f"checkpoints are never modified after their commit.\n",
+            file=sys.stderr,
+        )
     else:
         log.critical("Uncaught %s: %s", exctype.__name__, value, exc_info=(exctype, value, tb))
 
