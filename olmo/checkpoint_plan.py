@@ -9,7 +9,6 @@ can be written and holds no other run; after every other check has passed, rank 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
 import uuid
@@ -31,7 +30,7 @@ from .checkpoint import (
 from .checkpoint_io import MARKER, describe_os_error, load_state_file, read_dcp_bytes_entries, safe_torch_load
 from .config import TrainConfig
 from .exceptions import OLMoCheckpointError
-from .util import is_url
+from .util import is_url, unwritable_reason
 
 __all__ = ["RestorePlan", "plan_restore", "preflight_restore", "prepare_save_folder", "claim_save_folder"]
 
@@ -126,22 +125,11 @@ def _resuming_here(root: Path, plan: Optional[RestorePlan]) -> bool:
 
 
 def _check_writable(root: Path) -> None:
-    if root.exists() and not root.is_dir():
+    reason = unwritable_reason(root)
+    if reason is not None:
         raise OLMoCheckpointError(
-            f"save_folder '{root}' is a file, not a folder. Point --save_folder at a folder (it is created if "
-            f"missing), or move the file away."
-        )
-    existing = root
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise OLMoCheckpointError(
-            f"save_folder '{root}' cannot be created: '{existing}' is a file. Choose another --save_folder."
-        )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise OLMoCheckpointError(
-            f"save_folder '{root}' cannot be written: '{existing}' is read-only for this user (or on a read-only "
-            f"file system). Choose a writable --save_folder."
+            f"save_folder '{root}' cannot be written: {reason}. Choose a writable folder with --save_folder "
+            f"(it is created if missing)."
         )
 
 

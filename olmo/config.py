@@ -346,7 +346,8 @@ class InstanceFilterConfig:
 @dataclass
 class DataConfig:
     paths: Optional[list[str]] = None
-    """Token memmaps (local paths or URLs), headerless, as written by ``dolma tokens``."""
+    """Token memmaps (local paths or URLs), headerless, as written by ``dolma tokens``. A file written by
+    ``np.save`` is read from after its npy header (whose dtype must be ``memmap_dtype``)."""
     memmap_dtype: str = "uint16"
     """numpy dtype of the token files: uint8, uint16, uint32 or uint64."""
     datasets: Optional[dict[str, list[str]]] = None

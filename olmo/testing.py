@@ -128,7 +128,7 @@ def write_config(path: Union[str, Path], cfg: dict[str, Any]) -> Path:
 
 
 def run_main(script: str, *args: Any) -> int:
-    """Run ``scripts/SCRIPT ARGS...`` in this process through its ``main(argv)``; return its exit code.
+    """Run ``scripts/SCRIPT ARGS...`` in this process through its ``main(sys.argv)``; return its exit code.
 
     Faster than :func:`run_script` (no interpreter start, no imports); errors propagate as exceptions.
     """

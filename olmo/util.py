@@ -23,6 +23,8 @@ __all__ = [
     "env_rank",
     "env_world_size",
     "machine_info",
+    "nearest_existing",
+    "unwritable_reason",
 ]
 
 log = logging.getLogger(__name__)
@@ -123,6 +125,24 @@ def resource_path(path: Union[str, Path]) -> Path:
         return Path(cached_path(str(path)))
     except Exception as e:  # cached-path raises many types (HTTP, boto, FileNotFound)
         raise OLMoCliError(f"Could not fetch '{path}': {e}. Check the URL and your network access.") from None
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` itself if it exists, else its closest ancestor that does."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def unwritable_reason(folder: Path) -> Optional[str]:
+    """Why ``folder`` cannot be created or written into, or None when it can: the folder (or, if it does
+    not exist yet, its closest existing ancestor) must be a folder this user may write to."""
+    anchor = nearest_existing(folder)
+    if not anchor.is_dir():
+        return f"'{anchor}' is a file, not a folder"
+    if not os.access(anchor, os.W_OK | os.X_OK):
+        return f"'{anchor}' is read-only for this user (or on a read-only file system)"
+    return None
 
 
 def _proc_field(path: str, field: str) -> Optional[str]:

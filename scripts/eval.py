@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from olmo.distributed import autocast_dtype, build_model, init_distributed, tear
 from olmo.eval import build_evaluators  # noqa: E402
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError  # noqa: E402
 from olmo.rng import seed_all  # noqa: E402
-from olmo.util import env_rank, env_world_size, prepare_cli_environment  # noqa: E402
+from olmo.util import env_rank, env_world_size, prepare_cli_environment, unwritable_reason  # noqa: E402
 
 log = logging.getLogger("eval")
 
@@ -80,20 +79,9 @@ def main(argv: list[str]) -> int:
 
 def check_output_path(path: Path) -> None:
     """Refuse an ``--out`` that cannot be written, before the (long) evaluation runs."""
-    existing = path.parent
-    while not existing.exists():
-        existing = existing.parent
-    problem = None
-    if path.is_dir():
-        problem = "it is a directory"
-    elif not existing.is_dir():
-        problem = f"'{existing}' is a file, not a folder"
-    elif not os.access(existing, os.W_OK):
-        problem = f"'{existing}' is read-only"
-    if problem:
-        raise OLMoCliError(
-            f"--out={path} cannot be written: {problem}. Give --out=FILE.json in a writable folder."
-        )
+    reason = "it is a directory" if path.is_dir() else unwritable_reason(path.parent)
+    if reason is not None:
+        raise OLMoCliError(f"--out={path} cannot be written: {reason}. Give --out=FILE.json in a writable folder.")
 
 
 def _report(metrics: dict[str, float], checkpoint: str, step: int, seconds: float) -> None:

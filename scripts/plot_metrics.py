@@ -31,11 +31,17 @@ def read_metrics(run: Path) -> Series:
     if not path.is_file():
         raise OLMoCliError(f"'{path}' does not exist; pass the save_folder of a run (it holds metrics.jsonl).")
     series: Series = defaultdict(list)
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
+    for line_no, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        try:
+            record = json.loads(line)
+            step = int(record["step"])
+        except (ValueError, KeyError, TypeError):
+            # A crash can cut the last line short; one bad line should not hide the rest of the curves.
+            log.warning("Skipping line %d of %s: not a metrics record.", line_no, path)
+            continue
         for key, value in record.items():
             if key not in ("step", "time") and isinstance(value, (int, float)):
-                series[key].append((record["step"], float(value)))
+                series[key].append((step, float(value)))
     # A resumed run appends; keep the last value logged for each step.
     return {key: sorted(dict(points).items()) for key, points in series.items()}
 

@@ -15,16 +15,24 @@ padded (``--pad``, mask False) to exactly ``--seq-len`` tokens, so instance ``i`
 
 ``input_ids.npy`` (``--dtype``) and ``label_mask.npy`` (bool) are headerless memmaps; set
 ``model.max_sequence_length`` to ``--seq-len``.
+
+A line that is not such an object (invalid JSON, not UTF-8, no ``messages`` list, a message without a
+string ``role`` and ``content``, a role other than system, user and assistant), an input that cannot be
+read or is not gzip though named ``.gz``, and an input without any example to train on each stop the run
+with an error naming the file and line. Both files are written into a hidden folder next to OUTPUT_DIR
+(inside it when it exists) and moved into place at the end, so a failed run leaves OUTPUT_DIR as it was
+(a new one is not created; a killed run leaves a hidden ``.NAME.partial-*`` folder, safe to delete).
+OUTPUT_DIR may not already hold these files unless ``--overwrite`` is passed.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,40 +45,53 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from olmo.exceptions import OLMoCliError, OLMoDataError  # noqa: E402
+from olmo.json_lines import json_type, read_json_lines  # noqa: E402
 from olmo.tokenizer import DEFAULT_TOKENIZER, Tokenizer  # noqa: E402
-from olmo.util import prepare_cli_environment  # noqa: E402
+from olmo.util import nearest_existing, prepare_cli_environment, unwritable_reason  # noqa: E402
 
 log = logging.getLogger("prepare_sft_data")
 
 BATCH_EXAMPLES = 256
 """Examples whose messages are tokenized in one ``encode_batch`` call."""
 
+ROLES = ("system", "user", "assistant")
+OUTPUT_FILES = ("input_ids.npy", "label_mask.npy")
+EXAMPLE = '{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}'
+
+
+def message_problem(message: object) -> Optional[str]:
+    """What is wrong with one element of a ``messages`` list, or None."""
+    if not isinstance(message, dict):
+        return f"is {json_type(message)}, not an object"
+    for key in ("role", "content"):
+        if key not in message:
+            return f"has no '{key}' (its keys: {', '.join(repr(k) for k in message) or 'none'})"
+        if not isinstance(message[key], str):
+            return f"has a '{key}' that is {json_type(message[key])}, not a string"
+    if message["role"] not in ROLES:
+        return f"has the role {message['role']!r}, not one of {', '.join(ROLES)}"
+    return None
+
 
 def read_conversations(path: Path) -> Iterator[tuple[int, list[dict[str, str]]]]:
     """(line number, messages) for every non-blank line, checking the shape of each message."""
-    opener: Any = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"'{path}' line {line_no}"
-            try:
-                messages = json.loads(line).get("messages")
-            except (json.JSONDecodeError, AttributeError) as e:
-                raise OLMoDataError(
-                    f"{where} is not a JSON object ({e}). Write one conversation per line."
-                ) from None
-            ok = isinstance(messages, list) and all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages
+    for line_no, line in read_json_lines(path):
+        where = f"'{path}' line {line_no}"
+        if "messages" not in line:
+            raise OLMoDataError(
+                f"{where} has no 'messages' key (its keys: {', '.join(repr(k) for k in line) or 'none'}). Every "
+                f"line must look like {EXAMPLE}."
             )
-            if not ok:
-                raise OLMoDataError(
-                    f"{where} has no valid 'messages' list. Every line must look like "
-                    f'{{"messages": [{{"role": "user", "content": "..."}}, {{"role": "assistant", ...}}]}}, '
-                    f"with string roles and contents."
-                )
-            yield line_no, messages
+        messages = line["messages"]
+        if not isinstance(messages, list):
+            raise OLMoDataError(
+                f"{where}: 'messages' is {json_type(messages)}, not a list. Every line must look like {EXAMPLE}."
+            )
+        for i, message in enumerate(messages):
+            problem = message_problem(message)
+            if problem is not None:
+                raise OLMoDataError(f"{where}: messages[{i}] {problem}. Every line must look like {EXAMPLE}.")
+        yield line_no, messages
 
 
 class Formatter:
@@ -125,7 +146,7 @@ class Summary:
     pad_tokens: int = 0
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("input", type=Path, help="JSON lines of conversations (.jsonl or .jsonl.gz)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="output directory")
@@ -138,35 +159,58 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument(
         "--dtype", default="uint16", choices=["uint16", "uint32"], help="token dtype (%(default)s)"
     )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace the input_ids.npy and label_mask.npy in OUTPUT_DIR"
+    )
     args = parser.parse_args(argv)
-
-    if not args.input.is_file():
-        raise OLMoCliError(
-            f"INPUT '{args.input}' is not a file. Pass a .jsonl or .jsonl.gz file of conversations."
-        )
+    problems = []
     if args.seq_len < 2:
-        raise OLMoCliError(f"--seq-len {args.seq_len} is too short; use the model's max_sequence_length.")
-    tokenizer = Tokenizer.from_file(args.tokenizer, eos_token_id=args.eos, pad_token_id=args.pad)
-    dtype = np.dtype(args.dtype)
+        problems.append(f"--seq-len {args.seq_len} is too short; use the model's max_sequence_length")
     for flag, value in (("--eos", args.eos), ("--pad", args.pad)):
-        if not 0 <= value < tokenizer.vocab_size:
+        if value < 0:
+            problems.append(f"{flag} {value} is negative; pass a token id of the tokenizer")
+    if problems:
+        parser.error("; ".join(problems))
+    return args
+
+
+def check_output(out: Path, overwrite: bool) -> Path:
+    """The existing folder to write the run in before it is moved to ``out``, checking that the output files
+    of an earlier run are only replaced with ``--overwrite``."""
+    reason = unwritable_reason(out)
+    if reason is not None:
+        raise OLMoCliError(f"-o/--output '{out}' cannot be written: {reason}. Pass a folder you can write to.")
+    anchor = nearest_existing(out)
+    existing = [name for name in OUTPUT_FILES if (out / name).exists()]
+    if existing and not overwrite:
+        raise OLMoCliError(
+            f"-o/--output '{out}' already holds {' and '.join(existing)} of an earlier run. Pass --overwrite to "
+            f"replace them, or choose a new output folder."
+        )
+    return anchor
+
+
+def load_tokenizer(args: argparse.Namespace) -> Tokenizer:
+    """The tokenizer, checked against ``--eos``, ``--pad`` and ``--dtype``."""
+    tokenizer = Tokenizer.from_file(args.tokenizer, eos_token_id=args.eos, pad_token_id=args.pad)
+    for flag, value in (("--eos", args.eos), ("--pad", args.pad)):
+        if value >= tokenizer.vocab_size:
             raise OLMoCliError(
                 f"{flag} {value} is not a token id of {args.tokenizer} ({tokenizer.vocab_size} tokens); pass "
                 f"the id of that token in this tokenizer."
             )
-    if tokenizer.vocab_size - 1 > np.iinfo(dtype).max:
+    if tokenizer.vocab_size - 1 > np.iinfo(np.dtype(args.dtype)).max:
         raise OLMoCliError(f"--dtype {args.dtype} cannot hold ids up to {tokenizer.vocab_size - 1}; use uint32.")
     if tokenizer.base.id_to_token(args.eos) != "<|endoftext|>":
         log.warning(
             "--eos %d is %r in this tokenizer, not <|endoftext|>.", args.eos, tokenizer.base.id_to_token(args.eos)
         )
+    return tokenizer
 
-    args.output.mkdir(parents=True, exist_ok=True)
-    final = {"ids": args.output / "input_ids.npy", "mask": args.output / "label_mask.npy"}
-    # Written next to the targets and renamed at the end, so a failed run leaves no half-written pair.
-    partial = {k: p.with_name(f".{p.name}.partial") for k, p in final.items()}
-    formatter = Formatter(tokenizer, args.seq_len, args.eos, args.pad)
-    summary, start = Summary(), time.monotonic()
+
+def write_examples(args: argparse.Namespace, formatter: Formatter, folder: Path) -> Summary:
+    """Write the examples of ``args.input`` as ``OUTPUT_FILES`` in ``folder``; return what was kept and dropped."""
+    summary, dtype = Summary(), np.dtype(args.dtype)
 
     def write(batch: list[list[dict[str, str]]], ids_file: Any, mask_file: Any) -> None:
         for messages, (ids, mask, length) in zip(batch, formatter.batch(batch)):
@@ -185,26 +229,46 @@ def main(argv: Optional[list[str]] = None) -> None:
             summary.pad_tokens += max(0, args.seq_len - length)
             summary.label_tokens += n_labels
 
+    ids_path, mask_path = (folder / name for name in OUTPUT_FILES)
+    with open(ids_path, "wb") as ids_file, open(mask_path, "wb") as mask_file:
+        pending: list[list[dict[str, str]]] = []
+        for _, messages in tqdm(read_conversations(args.input), desc="tokenizing", unit=" examples"):
+            pending.append(messages)
+            if len(pending) >= BATCH_EXAMPLES:
+                write(pending, ids_file, mask_file)
+                pending = []
+        write(pending, ids_file, mask_file)
+    return summary
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(argv)
+    if not args.input.is_file():
+        raise OLMoCliError(
+            f"INPUT '{args.input}' is not a file. Pass a .jsonl or .jsonl.gz file of conversations."
+        )
+    anchor = check_output(args.output, args.overwrite)
+    formatter = Formatter(load_tokenizer(args), args.seq_len, args.eos, args.pad)
+    start = time.monotonic()
+    staging = Path(tempfile.mkdtemp(prefix=f".{args.output.resolve().name}.partial-", dir=anchor))
     try:
-        with open(partial["ids"], "wb") as ids_file, open(partial["mask"], "wb") as mask_file:
-            pending: list[list[dict[str, str]]] = []
-            for _, messages in tqdm(read_conversations(args.input), desc="tokenizing", unit=" examples"):
-                pending.append(messages)
-                if len(pending) >= BATCH_EXAMPLES:
-                    write(pending, ids_file, mask_file)
-                    pending = []
-            write(pending, ids_file, mask_file)
+        summary = write_examples(args, formatter, staging)
+        if summary.kept + summary.no_assistant + summary.truncated_away == 0:
+            raise OLMoDataError(
+                f"'{args.input}' holds no conversation (it is empty or blank), so nothing was written to "
+                f"'{args.output}'. Write one conversation per line: {EXAMPLE}."
+            )
         if summary.kept == 0:
             raise OLMoDataError(
                 f"No example of '{args.input}' has an assistant token within --seq-len {args.seq_len}, so "
                 f"nothing would be trained on. Check that conversations have 'assistant' messages, or raise "
                 f"--seq-len."
             )
-        for key in final:
-            os.replace(partial[key], final[key])
+        args.output.mkdir(parents=True, exist_ok=True)
+        for name in OUTPUT_FILES:
+            os.replace(staging / name, args.output / name)
     finally:
-        for path in partial.values():
-            path.unlink(missing_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
 
     dropped = summary.no_assistant + summary.truncated_away
     total = summary.kept * args.seq_len
@@ -227,7 +291,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         100 * summary.label_tokens / total,
         time.monotonic() - start,
     )
-    log.info("Wrote %s and %s (%s, seq_len %d).", final["ids"], final["mask"], args.dtype, args.seq_len)
+    ids_path, mask_path = (args.output / name for name in OUTPUT_FILES)
+    log.info("Wrote %s and %s (%s, seq_len %d).", ids_path, mask_path, args.dtype, args.seq_len)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import sys
 import time
@@ -47,7 +46,7 @@ from olmo.config import TrainConfig  # noqa: E402
 from olmo.distributed import DistEnv, build_model  # noqa: E402
 from olmo.exceptions import OLMoCheckpointError, OLMoCliError  # noqa: E402
 from olmo.optim import build_optimizer  # noqa: E402
-from olmo.util import is_url, prepare_cli_environment  # noqa: E402
+from olmo.util import is_url, prepare_cli_environment, unwritable_reason  # noqa: E402
 
 log = logging.getLogger("unshard")
 
@@ -124,13 +123,9 @@ def unshard(input_dir: str, output_dir: str, model_only: bool = False, safetenso
             f"OUTPUT_DIR '{target}' already exists; unshard.py never writes into an existing directory. "
             f"Pick a new path (e.g. {Path(info.path).parent}/step{info.step}-unsharded) or delete it first."
         )
-    existing = target.parent
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK):
-        raise OLMoCheckpointError(
-            f"OUTPUT_DIR '{target}' cannot be created: '{existing}' is a file or read-only. Pick another OUTPUT_DIR."
-        )
+    reason = unwritable_reason(target.parent)
+    if reason is not None:
+        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' cannot be created: {reason}. Pick another OUTPUT_DIR.")
     start = time.perf_counter()
     root = Path(info.path)
     # Built exactly as the trainer builds it for one CPU process; compiling would only cost time here.

@@ -11,14 +11,20 @@ flags override them. Without a vocabulary size, ids are only checked against the
 Per file and in total: tokens; the smallest dtype that holds the ids; id range and the count of ids
 >= the vocabulary size; EOS count and frequency; document lengths (tokens up to and including each EOS:
 percentiles, plus a histogram of all files); instances of ``--seq-len`` tokens and the tail tokens
-dropped; for label masks, the fraction True. The checks training makes before it starts are those of
-:meth:`olmo.data.MemMapDataset.validate` (file sizes, dtype, empty files, ids, mask lengths); every
-problem they find is listed and the exit status is 1.
+dropped; for label masks, the fraction True.
+
+Files are read exactly as training reads them (through :class:`olmo.data.MemMapDataset`): a file written
+by ``np.save`` is noted in the log and read from after its npy header. The checks training makes before
+it starts are those of :meth:`olmo.data.MemMapDataset.validate` (missing or unreadable files and
+directories, file sizes, dtype and npy headers, empty files, ids, mask lengths, masks without a True):
+a label mask without a True is a warning; every problem, no True in any label mask included, is listed
+and the exit status is 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -32,11 +38,11 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from olmo.config import TrainConfig, clean_opt  # noqa: E402
+from olmo.config import TrainConfig  # noqa: E402
 from olmo.config_validation import MEMMAP_DTYPES  # noqa: E402
 from olmo.data import MemMapDataset, build_memmap_dataset  # noqa: E402
 from olmo.exceptions import OLMoCliError, OLMoDataError, OLMoError  # noqa: E402
-from olmo.util import prepare_cli_environment, resource_path  # noqa: E402
+from olmo.util import prepare_cli_environment  # noqa: E402
 
 log = logging.getLogger("validate_data")
 
@@ -60,11 +66,16 @@ class FileStats:
     mask_tokens: Optional[int] = None
 
 
-def scan(path: str, dtype: np.dtype, vocab: int, eos: int, progress: tqdm) -> Optional[FileStats]:
-    """Statistics of one token file, or None when it cannot be read (validate() reports why)."""
+def scan(
+    path: str, dtype: np.dtype, vocab: int, eos: int, progress: tqdm, mask_path: Optional[str] = None
+) -> Optional[FileStats]:
+    """Statistics of one token file (and its label mask), read exactly as training reads it, or None when
+    the token file cannot be read (validate() reports why)."""
+    masks = None if mask_path is None else [mask_path]
+    reader = MemMapDataset(path, chunk_size=1, memmap_dtype=dtype, label_mask_paths=masks)
     try:
-        tokens = np.memmap(resource_path(path), dtype=dtype, mode="r")
-    except (OSError, ValueError, OLMoError):
+        tokens = reader.tokens(0)
+    except (OSError, OLMoError):
         return None
     stats = FileStats(path, len(tokens), int(np.iinfo(dtype).max), 0)
     lengths, last_eos = [], -1
@@ -81,18 +92,14 @@ def scan(path: str, dtype: np.dtype, vocab: int, eos: int, progress: tqdm) -> Op
         progress.update(len(chunk))
     stats.eos = sum(map(len, lengths))
     stats.doc_lengths = np.concatenate(lengths) if lengths else stats.doc_lengths
+    if mask_path is not None:
+        with contextlib.suppress(OSError, OLMoError):
+            mask = reader.label_mask(0)
+            stats.mask_tokens, stats.mask_true = len(mask), 0
+            for start in range(0, len(mask), CHUNK_TOKENS):
+                stats.mask_true += int(np.count_nonzero(mask[start : start + CHUNK_TOKENS]))
+                progress.update(min(CHUNK_TOKENS, len(mask) - start))
     return stats
-
-
-def scan_mask(stats: FileStats, path: str, progress: tqdm) -> None:
-    try:
-        mask = np.memmap(resource_path(path), dtype=np.bool_, mode="r")
-    except (OSError, ValueError, OLMoError):
-        return
-    stats.mask_tokens, stats.mask_true = len(mask), 0
-    for start in range(0, len(mask), CHUNK_TOKENS):
-        stats.mask_true += int(np.count_nonzero(mask[start : start + CHUNK_TOKENS]))
-        progress.update(min(CHUNK_TOKENS, len(mask) - start))
 
 
 def smallest_dtype(max_id: int) -> str:
@@ -175,8 +182,6 @@ def warnings_about(s: FileStats, dtype: np.dtype, eos: int) -> list[str]:
             f"{100 * s.zeros / s.tokens:.0f}% of the ids in '{s.path}' are 0: it may have been written with a "
             f"wider dtype than {dtype.name} (set --dtype / data.memmap_dtype to the one it was written with)."
         )
-    if s.mask_tokens and not s.mask_true:
-        out.append(f"The label mask of '{s.path}' is all False: nothing in it is trained on.")
     return out
 
 
@@ -186,7 +191,7 @@ def build_dataset(args: argparse.Namespace, extra: list[str]) -> tuple[MemMapDat
     if first.suffix in (".yaml", ".yml"):
         if len(args.inputs) > 1 or args.label_masks:
             raise OLMoCliError("Pass either one config YAML or token files (with --label-masks), not both.")
-        cfg = TrainConfig.load(first, [clean_opt(a) for a in extra])
+        cfg = TrainConfig.load(first, extra)
         files = build_memmap_dataset(cfg, cfg.data, include_instance_metadata=False)
         paths, masks = files.paths, files.label_mask_paths
         dtype, seq_len = args.dtype or cfg.data.memmap_dtype, args.seq_len or cfg.model.max_sequence_length
@@ -236,10 +241,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     with tqdm(total=sum(sizes) * (2 if masks else 1), desc="scanning", unit="tok", unit_scale=True) as progress:
         all_stats = []
         for i, path in enumerate(dataset.paths):
-            stats = scan(path, dtype, check_vocab, eos, progress)
+            stats = scan(path, dtype, check_vocab, eos, progress, masks[i] if masks else None)
             if stats is not None:
-                if masks:
-                    scan_mask(stats, masks[i], progress)
                 all_stats.append(stats)
     report(all_stats, dtype, vocab, eos, dataset.chunk_size)
     for warning in (w for stats in all_stats for w in warnings_about(stats, dtype, eos)):

@@ -1,9 +1,17 @@
-"""Fixed-length training instances read from headerless token memmaps.
+"""Fixed-length training instances read from token memmaps.
 
-A token file is a raw ``np.memmap`` dump (no npy header, despite the usual ``.npy`` name) as written
-by ``dolma tokens``. Instance ``l`` of file ``i`` is tokens ``[l*T, (l+1)*T)`` of that file, with
+A token file is a raw ``np.memmap`` dump as written by ``dolma tokens`` (no header, despite the usual
+``.npy`` name). Instance ``l`` of file ``i`` is tokens ``[l*T, (l+1)*T)`` of that file, with
 ``T = chunk_size``; the tail of each file that does not fill an instance is dropped. Instances are
-numbered globally over the files in order.
+numbered globally over the files in order. A label mask is a bool memmap with one entry per token.
+
+A file written by ``np.save`` instead starts with an npy header (magic ``\\x93NUMPY``). Read raw, that
+header would become a few garbage tokens and shift every instance after it, so such a file is read from
+after its header: the header must describe ``data.memmap_dtype`` values (bool for a label mask) in a 1-D
+or C-ordered array (read flat), never objects, that exactly fill the rest of the file; anything else is
+an :class:`OLMoDataError`, never a guess. The header is parsed once per file by numpy's header reader (a
+Python literal, never a pickle) and its size cached with the file's length, so reading instances costs
+the same as for headerless files, which are read exactly as before.
 
 Paths may be URLs (``http(s)://``, ``s3://``, ``file://`` ...). A remote file is downloaded whole into
 the cached-path cache the first time it is needed (not range-read), then memory-mapped like a local
@@ -13,13 +21,15 @@ file, so the first ``len()`` of a dataset with remote files can take a while.
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 import torch
+from numpy.lib import format as npy_format
 from torch.utils.data import Dataset
 
 from ..config_validation import MEMMAP_DTYPES
@@ -32,7 +42,45 @@ log = logging.getLogger(__name__)
 
 PathOrStr = str | os.PathLike[str]
 SCAN_CHUNK_TOKENS = 2**24
-"""Tokens read per step while scanning for out-of-vocabulary ids (bounds the scan's memory)."""
+"""Tokens (or mask entries) read per step while scanning files (bounds the scans' memory)."""
+NPY_MAGIC = b"\x93NUMPY"
+_NPY_HEADER_READERS = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
+_TOKENS_KEY = "data.paths (or data.datasets)"
+_MASKS_KEY = "data.label_mask_paths"
+_logged_headers: set[str] = set()
+"""Files whose npy header was logged in this process (a run builds several datasets over the same files)."""
+
+
+class _NpyHeader(NamedTuple):
+    """The header of a file written by ``np.save``."""
+
+    size: int
+    """Bytes before the first item."""
+    shape: tuple[int, ...]
+    fortran_order: bool
+    dtype: np.dtype
+
+
+class _Layout(NamedTuple):
+    header_bytes: int
+    """Bytes before the first item: 0 for a headerless memmap."""
+    n_items: int
+
+
+def _read_npy_header(f: BinaryIO) -> _NpyHeader | None:
+    """The npy header that the file ``f`` (open at its start) begins with, or None when it has none.
+
+    :raises ValueError: when the file starts with the npy magic but its header cannot be parsed.
+    """
+    if f.read(len(NPY_MAGIC)) != NPY_MAGIC:
+        return None
+    f.seek(0)
+    version = npy_format.read_magic(f)
+    reader = _NPY_HEADER_READERS.get(version)
+    if reader is None:
+        raise ValueError(f"npy format version {version[0]}.{version[1]} is not supported (1.0 and 2.0 are)")
+    shape, fortran_order, dtype = reader(f)
+    return _NpyHeader(f.tell(), tuple(shape), bool(fortran_order), np.dtype(dtype))
 
 
 class MemMapDataset(Dataset):
@@ -40,7 +88,8 @@ class MemMapDataset(Dataset):
 
     Memmaps are opened lazily, once per process, so the dataset pickles cheaply into DataLoader workers.
 
-    :param paths: token files (local paths or URLs), in the order that defines global instance indices.
+    :param paths: token files (local paths or URLs), in the order that defines global instance indices:
+        headerless memmaps, or arrays written by ``np.save`` (read from after their npy header).
     :param chunk_size: tokens per instance (``model.max_sequence_length``).
     :param memmap_dtype: numpy dtype of the token files (``data.memmap_dtype``).
     :param metadata: a dict for every file, or one list entry per file; returned (with ``path``) in each
@@ -48,7 +97,8 @@ class MemMapDataset(Dataset):
     :param include_instance_metadata: add ``metadata`` to every instance.
     :param generate_attention_mask: add ``attention_mask`` (1.0 where the token is not ``pad_token_id``).
     :param pad_token_id: the padding token id used for ``attention_mask``.
-    :param label_mask_paths: one bool memmap per token file, of the same length; False means no loss.
+    :param label_mask_paths: one bool memmap (or ``np.save``'d bool array) per token file, of the same
+        length; False means no loss.
     """
 
     def __init__(
@@ -81,8 +131,9 @@ class MemMapDataset(Dataset):
         self.generate_attention_mask = generate_attention_mask
         self.pad_token_id = pad_token_id
         self._local_paths: dict[str, str] = {}  # path or URL -> local file; kept when pickled
+        self._layouts: dict[tuple[str, bool], _Layout] = {}  # (path, is label mask) -> layout; kept when pickled
         self._bounds: np.ndarray | None = None  # [0, end_0, end_1, ...] in instances
-        self._memmaps: dict[tuple[str, str], np.memmap] = {}  # per process; dropped when pickled
+        self._memmaps: dict[tuple[str, bool], np.ndarray] = {}  # per process; dropped when pickled
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -96,11 +147,11 @@ class MemMapDataset(Dataset):
         file_index, local_index = self._locate(index)
         start = local_index * self.chunk_size
         stop = start + self.chunk_size
-        tokens = self._memmap(self.paths[file_index], self.dtype)[start:stop]
+        tokens = self._memmap(self.paths[file_index], is_mask=False)[start:stop]
         input_ids = torch.from_numpy(tokens.astype(np.int64))
         item: dict[str, Any] = {"input_ids": input_ids}
         if self.label_mask_paths is not None:
-            mask = self._memmap(self.label_mask_paths[file_index], np.dtype(np.bool_))[start:stop]
+            mask = self._memmap(self.label_mask_paths[file_index], is_mask=True)[start:stop]
             item["label_mask"] = torch.from_numpy(np.array(mask, dtype=np.bool_))
         if self.generate_attention_mask:
             item["attention_mask"] = (input_ids != self.pad_token_id).float()
@@ -109,17 +160,31 @@ class MemMapDataset(Dataset):
         return item
 
     def instance_location(self, index: Any) -> tuple[str, int]:
-        """The token file (as given) and the offset, in tokens, where instance ``index`` starts."""
+        """The token file (as given) and the offset, in tokens after any npy header, where ``index`` starts."""
         file_index, local_index = self._locate(index)
         return self.paths[file_index], local_index * self.chunk_size
+
+    def tokens(self, i: int) -> np.ndarray:
+        """Every token of file ``i``, read-only and memory-mapped (after its npy header, if it has one).
+
+        :raises OLMoDataError: when the file cannot be read as ``memmap_dtype`` tokens.
+        """
+        return self._memmap(self.paths[i], is_mask=False)
+
+    def label_mask(self, i: int) -> np.ndarray:
+        """The label mask of file ``i``, like :meth:`tokens`."""
+        assert self.label_mask_paths is not None, "this dataset has no label masks"
+        return self._memmap(self.label_mask_paths[i], is_mask=True)
 
     def validate(self, vocab_size: int, scan_max_tokens: int = 2**31) -> None:
         """Check every file before training and raise one :class:`OLMoDataError` listing every problem.
 
-        Finds missing or unfetchable files, sizes that are not a whole number of ``memmap_dtype`` tokens,
-        empty files, label masks of another length, and token ids ``>= vocab_size``. Files are scanned
-        fully, in order, until ``scan_max_tokens`` tokens in total have been read. A file too short to hold
-        one instance only gets a warning, unless no file holds one.
+        Finds missing, unreadable or unfetchable files and directories, sizes that are not a whole number of
+        ``memmap_dtype`` tokens, npy headers that do not match, empty files, label masks of another length,
+        label masks without a single True in the tokens cut into instances (each one is a warning; all of
+        them, a problem), and token ids ``>= vocab_size``. Token files are scanned fully, in order, until
+        ``scan_max_tokens`` tokens in total have been read; label masks are always checked. A file too short
+        to hold one instance only gets a warning, unless no file holds one.
         """
         problems: list[str] = []
         n_tokens: dict[int, int] = {}
@@ -155,6 +220,7 @@ class MemMapDataset(Dataset):
                     n,
                     self.chunk_size,
                 )
+        problems += self._label_problems(n_tokens)
         problems += self._vocab_problems(n_tokens, vocab_size, scan_max_tokens)
         if len(problems) == 1:
             raise OLMoDataError(problems[0])
@@ -162,13 +228,35 @@ class MemMapDataset(Dataset):
             listing = "\n".join(f"  - {p}" for p in problems)
             raise OLMoDataError(f"The training data has {len(problems)} problems; fix them all:\n{listing}")
 
+    def _label_problems(self, n_tokens: dict[int, int]) -> list[str]:
+        """Warn about each label mask with no True in its instances; a problem when that is all of them."""
+        if self.label_mask_paths is None:
+            return []
+        used = {i: n // self.chunk_size * self.chunk_size for i, n in n_tokens.items() if n >= self.chunk_size}
+        unlabeled = [i for i, n in used.items() if not _holds_true(self.label_mask(i)[:n])]
+        for i in unlabeled:
+            log.warning(
+                "Label mask '%s' holds no True in the tokens cut into instances: token file '%s' contributes no "
+                "labels (none of its tokens is trained on).",
+                self.label_mask_paths[i],
+                self.paths[i],
+            )
+        if not used or len(unlabeled) < len(used):
+            return []
+        return [
+            f"No label mask in data.label_mask_paths holds a True in the tokens cut into instances ({len(used)} "
+            f"checked), so no token would be trained on and the loss would be 0.0 for the whole run. Regenerate "
+            f"the masks (True marks a token to train on, such as an assistant reply), or remove "
+            f"data.label_mask_paths to train on every token."
+        ]
+
     def _vocab_problems(self, n_tokens: dict[int, int], vocab_size: int, budget: int) -> list[str]:
         problems: list[str] = []
         scanned = 0
         for i, n in n_tokens.items():
             if n == 0 or scanned >= budget:
                 continue
-            tokens = self._memmap(self.paths[i], self.dtype)
+            tokens = self.tokens(i)
             limit = min(n, budget - scanned)
             for start in range(0, limit, SCAN_CHUNK_TOKENS):
                 chunk = np.asarray(tokens[start : min(start + SCAN_CHUNK_TOKENS, limit)])
@@ -210,20 +298,10 @@ class MemMapDataset(Dataset):
     def _file_tokens(self, i: int) -> int:
         """Tokens in file ``i``, after checking that it is a whole number of tokens and its mask matches."""
         path = self.paths[i]
-        size = self._size_bytes(path, "Token file", "data.paths (or data.datasets)")
-        itemsize = self.dtype.itemsize
-        if size % itemsize != 0:
-            fits = [d for d in MEMMAP_DTYPES if size % np.dtype(d).itemsize == 0]
-            raise OLMoDataError(
-                f"Token file '{path}' is {size} bytes, not a multiple of {itemsize} bytes "
-                f"(data.memmap_dtype={self.dtype.name}), so it was written with another dtype or is truncated. "
-                f"Set --data.memmap_dtype to the dtype it was tokenized with (its size fits {', '.join(fits)}), "
-                f"or re-create the file."
-            )
-        n = size // itemsize
+        n = self._layout(path, is_mask=False).n_items
         if self.label_mask_paths is not None:
             mask_path = self.label_mask_paths[i]
-            n_mask = self._size_bytes(mask_path, "Label mask file", "data.label_mask_paths")
+            n_mask = self._layout(mask_path, is_mask=True).n_items
             if n_mask != n:
                 raise OLMoDataError(
                     f"Label mask '{mask_path}' has {n_mask} entries but its token file '{path}' has {n} tokens. "
@@ -232,15 +310,102 @@ class MemMapDataset(Dataset):
                 )
         return n
 
-    def _size_bytes(self, path: str, kind: str, key: str) -> int:
+    def _layout(self, path: str, is_mask: bool) -> _Layout:
+        """Where the items of a token file (or label mask) lie, found and checked once per file.
+
+        This is the only place that decides how many tokens a file holds and where they start.
+        """
+        if (path, is_mask) not in self._layouts:
+            kind, key = ("Label mask file", _MASKS_KEY) if is_mask else ("Token file", _TOKENS_KEY)
+            size, header = self._read_start(path, kind, key)
+            if header is not None:
+                layout = self._header_layout(path, size, header, is_mask, f"{kind} '{path}' (an entry of {key})")
+            elif not is_mask and size % self.dtype.itemsize != 0:
+                fits = [d for d in MEMMAP_DTYPES if size % np.dtype(d).itemsize == 0]
+                raise OLMoDataError(
+                    f"Token file '{path}' is {size} bytes, not a multiple of {self.dtype.itemsize} bytes "
+                    f"(data.memmap_dtype={self.dtype.name}), so it was written with another dtype or is "
+                    f"truncated. Set --data.memmap_dtype to the dtype it was tokenized with (its size fits "
+                    f"{', '.join(fits)}), or re-create the file."
+                )
+            else:
+                layout = _Layout(0, size // (1 if is_mask else self.dtype.itemsize))
+            self._layouts[path, is_mask] = layout
+        return self._layouts[path, is_mask]
+
+    def _read_start(self, path: str, kind: str, key: str) -> tuple[int, _NpyHeader | None]:
+        """The size of a file in bytes and the npy header it starts with, if any."""
         local = self._local_path(path, kind, key)
+        what = f"{kind} '{path}' (an entry of {key})"
         try:
-            return os.path.getsize(local)
+            with open(local, "rb") as f:
+                return os.fstat(f.fileno()).st_size, _read_npy_header(f)
         except FileNotFoundError:
             raise OLMoDataError(
-                f"{kind} '{path}' (an entry of {key}) does not exist. Check the path in the config, or run the "
-                f"data preparation script (e.g. `dolma tokens`) that writes it."
+                f"{what} does not exist. Check the path in the config, or run the data preparation script "
+                f"(e.g. `dolma tokens`) that writes it."
             ) from None
+        except IsADirectoryError:
+            raise OLMoDataError(
+                f"{what} is a directory, not a file. List the files in it instead, e.g. with a glob such as "
+                f"'{path.rstrip('/')}/*.npy' (matches are used in sorted order)."
+            ) from None
+        except PermissionError:
+            raise OLMoDataError(
+                f"{what} cannot be read: permission denied. Give the user that runs training read access "
+                f"(e.g. `chmod a+r`, plus search access to its directories), or list a copy it can read."
+            ) from None
+        except OSError as e:
+            raise OLMoDataError(
+                f"{what} cannot be read: {e.strerror or e}. Check the file and its file system, or list a copy."
+            ) from None
+        except ValueError as e:
+            raise OLMoDataError(
+                f"{what} starts like an npy file (written by np.save) but its header cannot be read: {e}. "
+                f"Re-save it with np.save, or write the array headerless with ndarray.tofile."
+            ) from None
+
+    def _header_layout(self, path: str, size: int, header: _NpyHeader, is_mask: bool, what: str) -> _Layout:
+        expected = np.dtype(np.bool_) if is_mask else self.dtype
+        save_as = f"np.save(path, np.ravel(values).astype('{expected.name}'))"
+        where = f"{what} was written by np.save: its npy header"
+        if header.dtype.hasobject:
+            raise OLMoDataError(
+                f"{where} holds Python objects (dtype object), which are stored as pickles and are never loaded. "
+                f"Re-save it as {expected.name} values: {save_as}."
+            )
+        if header.dtype != expected:
+            found = f"{where} has dtype {header.dtype.name}"
+            if not header.dtype.isnative:
+                found += f" in the non-native byte order '{header.dtype.byteorder}'"
+            if is_mask:
+                raise OLMoDataError(
+                    f"{found}, but a label mask ({_MASKS_KEY}) must be bool. Re-save it: {save_as}."
+                )
+            fix = f"re-save it as {self.dtype.name}: {save_as}"
+            if header.dtype.isnative and header.dtype.name in MEMMAP_DTYPES:
+                fix = f"set --data.memmap_dtype={header.dtype.name} if all files of the run have it, or {fix}"
+            raise OLMoDataError(f"{found}, but --data.memmap_dtype is {self.dtype.name}: {fix}.")
+        if header.fortran_order and len(header.shape) > 1:
+            raise OLMoDataError(
+                f"{where} describes a Fortran-ordered {header.shape} array, whose bytes are not in the order of "
+                f"its rows. Re-save it flat in C order: {save_as}."
+            )
+        n_items = math.prod(header.shape)
+        if size - header.size != n_items * expected.itemsize:
+            raise OLMoDataError(
+                f"{where} describes {n_items} items of {expected.itemsize} bytes, but {size - header.size} bytes "
+                f"follow the header, so the file is truncated or was appended to. Re-create the file."
+            )
+        if path not in _logged_headers:
+            _logged_headers.add(path)
+            log.info(
+                "%s starts with a %d-byte npy header (written by np.save); reading its %d items after it.",
+                what,
+                header.size,
+                n_items,
+            )
+        return _Layout(header.size, n_items)
 
     def _local_path(self, path: str, kind: str = "File", key: str = "data.paths") -> str:
         if path not in self._local_paths:
@@ -265,8 +430,26 @@ class MemMapDataset(Dataset):
                     ) from e
         return self._local_paths[path]
 
-    def _memmap(self, path: str, dtype: np.dtype) -> np.memmap:
-        key = (path, dtype.str)
-        if key not in self._memmaps:
-            self._memmaps[key] = np.memmap(self._local_path(path), dtype=dtype, mode="r")
-        return self._memmaps[key]
+    def _memmap(self, path: str, is_mask: bool) -> np.ndarray:
+        if (path, is_mask) not in self._memmaps:
+            header_bytes, n_items = self._layout(path, is_mask)
+            dtype = np.dtype(np.bool_) if is_mask else self.dtype
+            if n_items == 0:  # np.memmap cannot map an empty file
+                self._memmaps[path, is_mask] = np.empty(0, dtype)
+            else:
+                local = self._local_path(path)
+                mapped = np.memmap(local, dtype=dtype, mode="r", offset=header_bytes, shape=(n_items,))
+                self._memmaps[path, is_mask] = mapped
+        return self._memmaps[path, is_mask]
+
+
+def _holds_true(mask: np.ndarray) -> bool:
+    """Whether ``mask`` holds a True, read in growing chunks: a usual mask answers within its first few
+    kilobytes, and an all-False one is read in bounded steps."""
+    start, step = 0, 2**12
+    while start < len(mask):
+        if mask[start : start + step].any():
+            return True
+        start += step
+        step = min(2 * step, SCAN_CHUNK_TOKENS)
+    return False
