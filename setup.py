@@ -29,7 +29,7 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "dev": ["pytest>=8", "ruff>=0.6", "mypy>=1.10"],
+        "dev": ["pytest>=8", "pytest-xdist>=3", "ruff>=0.6", "mypy>=1.10"],
         "flash": ["flash-attn>=2.5"],
     },
 )

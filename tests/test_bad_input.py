@@ -9,7 +9,7 @@ import pytest
 
 from olmo.checkpoint import list_checkpoints
 from olmo.exceptions import OLMoCheckpointError, OLMoCliError, OLMoConfigurationError, OLMoDataError
-from olmo.testing import run_script, run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.testing import run_main, run_train, tiny_config_dict, write_byte_memmap, write_config
 
 
 @pytest.fixture(scope="module")
@@ -200,12 +200,12 @@ def test_command_line_mistakes(tmp_path, corpus, args, error, pattern):
     assert not (tmp_path / "True").exists()
 
 
-def test_help_exits_zero_wherever_it_stands():
+def test_help_exits_zero_wherever_it_stands(capsys):
     for args in (["--help"], ["configs/tiny/OLMo-tiny.yaml", "--model.n_layers=2", "--help"]):
-        done = run_script("train.py", *args)
-        assert done.returncode == 0 and "--try_load_latest_save" in done.stdout, done.stderr
-    done = run_script("eval.py", "-h")
-    assert done.returncode == 0 and "CHECKPOINT_DIR" in done.stdout
+        assert run_main("train.py", *args) == 0
+        assert "--try_load_latest_save" in capsys.readouterr().out
+    assert run_main("eval.py", "-h") == 0
+    assert "CHECKPOINT_DIR" in capsys.readouterr().out
 
 
 def test_evaluator_data_and_tokenizer_are_checked_before_training(tmp_path, corpus):

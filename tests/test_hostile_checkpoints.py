@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from olmo.checkpoint import MARKER, list_checkpoints
-from olmo.exceptions import OLMoCheckpointError, OLMoConfigurationError
+from olmo.exceptions import OLMoCheckpointError, OLMoCliError, OLMoConfigurationError
 from olmo.testing import run_main, run_script, run_train, tiny_config_dict, write_byte_memmap, write_config
 
 
@@ -211,3 +211,27 @@ def test_a_damaged_marker_makes_a_checkpoint_invisible(run, tmp_path):
         (4, False),
         (4, True),
     }
+
+
+def test_eval_refuses_an_unwritable_out_and_names_its_own_argument(run, tmp_path):
+    checkpoint = run / "run" / "step2-unsharded"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OLMoCliError, match=r"--out=.*file' is a file, not a folder"):
+        run_main(
+            "eval.py",
+            checkpoint,
+            f"--out={tmp_path / 'file' / 'eval.json'}",
+            "--evaluators=[{label: piqa, type: downstream}]",
+        )
+    with pytest.raises(OLMoCheckpointError, match=r"^CHECKPOINT_DIR '.*' does not exist") as error:
+        run_main("eval.py", tmp_path / "step9-unsharded")
+    assert "--load_path" not in str(error.value)
+
+
+def test_refusals_carry_our_advice_not_torchs(run, tmp_path):
+    checkpoint, _ = _poisoned_copy(run, tmp_path / "copy", "unsharded/train.pt")
+    with pytest.raises(OLMoCheckpointError) as error:
+        run_train(_config(run, tmp_path), f"--load_path={checkpoint}")
+    message = str(error.value)
+    assert "train.pt" in message and "weights-only" in message
+    assert "bypass" not in message.lower() and "\x1b[" not in message and "\n" not in message
