@@ -62,6 +62,7 @@ from .util import is_url
 __all__ = [
     "MARKER",
     "CheckpointInfo",
+    "ModelMismatchError",
     "find_latest_checkpoint",
     "list_checkpoints",
     "check_shapes",
@@ -84,6 +85,10 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class ModelMismatchError(OLMoCheckpointError):
+    """A sound checkpoint of another model shape: the config is wrong, not the checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -526,7 +531,7 @@ def check_shapes(path: str, saved: dict[str, Any], expected: dict[str, Any]) -> 
         details.append(f"missing from checkpoint: {', '.join(missing[:5])}")
     if unexpected:
         details.append(f"not in model: {', '.join(unexpected[:5])}")
-    raise OLMoCheckpointError(
+    raise ModelMismatchError(
         f"Checkpoint '{path}' was saved from a different model shape ({'; '.join(details)}). Make the "
         f"model section of your config match the checkpoint's config.yaml, or load another checkpoint."
     )

@@ -20,6 +20,7 @@ import torch
 
 from .checkpoint import (
     CheckpointInfo,
+    ModelMismatchError,
     check_shapes,
     delete_checkpoint,
     inspect_checkpoint,
@@ -60,7 +61,8 @@ def plan_restore(cfg: TrainConfig) -> Optional[RestorePlan]:
 
     ``try_load_latest_save`` wins when ``save_folder`` holds a committed checkpoint (and then the reset
     flags are ignored: a restarted job must continue exactly); a damaged newest checkpoint is passed over,
-    with a warning, for the newest one that opens. Otherwise ``load_path``.
+    with a warning, for the newest one that opens (a checkpoint of another model shape is an error, not
+    damage). Otherwise ``load_path``.
 
     :raises OLMoCheckpointError: if ``load_path`` cannot be restored.
     """
@@ -70,6 +72,8 @@ def plan_restore(cfg: TrainConfig) -> Optional[RestorePlan]:
             try:
                 plan = RestorePlan(inspect_checkpoint(candidate.path), True, True, tuple(skipped))
                 preflight_restore(plan, cfg.model)
+            except ModelMismatchError:
+                raise  # the config changed, not the checkpoint: never pass over good checkpoints for that
             except OLMoCheckpointError as e:
                 log.warning("Passing over checkpoint %s for an older one: %s", candidate.path, e)
                 skipped.append(candidate.path)

@@ -235,3 +235,15 @@ def test_refusals_carry_our_advice_not_torchs(run, tmp_path):
     message = str(error.value)
     assert "train.pt" in message and "weights-only" in message
     assert "bypass" not in message.lower() and "\x1b[" not in message and "\n" not in message
+
+
+def test_a_changed_model_config_is_an_error_not_a_reason_to_pass_over_checkpoints(run, tmp_path):
+    folder = tmp_path / "run"
+    shutil.copytree(run / "run", folder)
+    cfg = tiny_config_dict(
+        folder, [str(run / "a.npy")], max_duration=4, save_interval=2, save_interval_unsharded=2
+    )
+    with pytest.raises(OLMoCheckpointError, match="different model shape"):
+        run_train(write_config(tmp_path / "c.yaml", cfg), "--try_load_latest_save", "--model.d_model=64")
+    assert {c.step for c in list_checkpoints(folder)} == {2, 4}
+    assert not list(folder.glob(".*damaged*"))
