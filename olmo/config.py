@@ -44,6 +44,8 @@ __all__ = [
     "OptimizerConfig",
     "SchedulerConfig",
     "InstanceFilterConfig",
+    "CustomDatasetCollatorConfig",
+    "CustomDatasetConfig",
     "DataConfig",
     "EvaluatorConfig",
     "TokenizerConfig",
@@ -52,6 +54,7 @@ __all__ = [
     "CompilerConfig",
     "FSDPConfig",
     "DDPConfig",
+    "SingleGPUConfig",
     "TrainConfig",
     "clean_opt",
 ]
@@ -344,6 +347,48 @@ class InstanceFilterConfig:
 
 
 @dataclass
+class CustomDatasetCollatorConfig:
+    """Field names of a custom dataset's items (OLMo's ``CustomDatasetCollatorConfig``); accepted so that
+    configs OLMo writes load, never used (see ``DataConfig.custom_dataset``)."""
+
+    input_id_field: str = "input_ids"
+    """Item key holding the token ids."""
+    attention_mask_field: Optional[str] = None
+    """Item key holding the attention mask."""
+    attention_bias_field: Optional[str] = None
+    """Item key holding the attention bias."""
+    label_mask_field: Optional[str] = None
+    """Item key holding the label mask."""
+    index_field: Optional[str] = None
+    """Item key holding the instance index."""
+    instance_mask_field: Optional[str] = None
+    """Item key holding the instance mask."""
+    doc_lens_field: Optional[str] = None
+    """Item key holding the document lengths."""
+    metadata_field: Optional[str] = None
+    """Item key holding the metadata."""
+
+
+@dataclass
+class CustomDatasetConfig:
+    """OLMo's custom dataset: a class ``name`` imported from ``module`` and built with ``args``. Accepted so
+    that configs OLMo writes load; validation refuses a non-null ``data.custom_dataset``."""
+
+    name: str = "???"
+    """The dataset class (or function) name."""
+    module: Optional[str] = None
+    """The module to import it from."""
+    args: Optional[dict[str, Any]] = None
+    """Keyword arguments for it."""
+    collate_fn: Optional[str] = None
+    """A collate function, by import path."""
+    token_field: Optional[str] = None
+    """The item key holding the tokens."""
+    collate_config: Optional[CustomDatasetCollatorConfig] = field(default_factory=CustomDatasetCollatorConfig)
+    """Field names of the items."""
+
+
+@dataclass
 class DataConfig:
     paths: Optional[list[str]] = None
     """Token memmaps (local paths or URLs), headerless, as written by ``dolma tokens``. A file written by
@@ -374,6 +419,10 @@ class DataConfig:
     """Data-order seed; None means ``TrainConfig.seed``."""
     instance_filter: Optional[InstanceFilterConfig] = None
     """Accepted for OLMo compatibility; not applied yet."""
+    custom_dataset: Optional[CustomDatasetConfig] = None
+    """OLMo's hook for a dataset class imported from ``module`` by name. Accepted as null (OLMo writes it
+    into every config.yaml); anything else is refused by validation, since it would run code named by a
+    config file: convert the data to token memmaps instead."""
 
 
 @dataclass
@@ -436,6 +485,15 @@ class FSDPConfig:
 class DDPConfig:
     grad_sync_mode: DDPGradSyncMode = DDPGradSyncMode.batch
     find_unused_params: bool = False
+
+
+@dataclass
+class SingleGPUConfig:
+    """OLMo's settings for ``distributed_strategy: single``."""
+
+    device: str = "auto"
+    """``auto`` (the default, and the only value with an effect here: CUDA when available, else CPU); any
+    other value warns at startup that the device is chosen automatically."""
 
 
 C = TypeVar("C", bound="TrainConfig")
@@ -547,6 +605,8 @@ class TrainConfig:
     """torch.compile each block with these options; null disables."""
     distributed_strategy: Optional[DistributedStrategy] = DistributedStrategy.fsdp
     """``fsdp``, ``ddp`` or ``single``; with one process every strategy trains unwrapped."""
+    single: SingleGPUConfig = field(default_factory=SingleGPUConfig)
+    """Settings for ``distributed_strategy: single`` (OLMo's one-device mode)."""
     fsdp: Optional[FSDPConfig] = field(default_factory=FSDPConfig)
     distributed_timeout_minutes: float = 30.0
     """How long a collective may wait for a peer before the job fails instead of hanging (a rank that

@@ -32,6 +32,7 @@ def validate_train_config(cfg: TrainConfig, world_size: int) -> None:
     problems += _data_problems(cfg)
     problems += _optim_problems(cfg)
     problems += _checkpoint_problems(cfg)
+    problems += _strategy_problems(cfg, world_size)
     if cfg.evaluators:
         from .eval import evaluator_problems
 
@@ -145,6 +146,12 @@ def _data_problems(cfg: TrainConfig) -> list[str]:
             )
     if d.num_workers < 0:
         out.append("data.num_workers must be >= 0.")
+    if d.custom_dataset is not None:
+        out.append(
+            f"data.custom_dataset ({d.custom_dataset.module or '?'}.{d.custom_dataset.name}) is not supported: it "
+            f"would import and run code named by the config. Tokenize the data into memmaps (dolma tokens or "
+            f"scripts/prepare_memmap_dataset.py), list them in data.paths, and set data.custom_dataset to null."
+        )
     return out
 
 
@@ -177,6 +184,15 @@ def _checkpoint_problems(cfg: TrainConfig) -> list[str]:
     return out
 
 
+def _strategy_problems(cfg: TrainConfig, world_size: int) -> list[str]:
+    if cfg.distributed_strategy == "single" and world_size > 1:
+        return [
+            f"distributed_strategy=single trains on one device, but {world_size} processes were launched. Use "
+            f"--distributed_strategy=fsdp (or ddp) under torchrun, or launch one process."
+        ]
+    return []
+
+
 def _warn_no_effect(cfg: TrainConfig) -> None:
     if cfg.load_path is None and not cfg.try_load_latest_save:
         for flag in ("reset_optimizer_state", "reset_trainer_state"):
@@ -192,6 +208,11 @@ def _warn_no_effect(cfg: TrainConfig) -> None:
         "python_profiling": cfg.python_profiling,
         "torch_profiling": cfg.torch_profiling,
     }
+    if cfg.single.device != "auto":
+        log.warning(
+            "single.device=%r has no effect: the device is chosen automatically (CUDA when available).",
+            cfg.single.device,
+        )
     for key, is_set in unused.items():
         if is_set:
             log.warning("%s is accepted for OLMo compatibility but not implemented yet; it has no effect.", key)

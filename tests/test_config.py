@@ -177,3 +177,26 @@ def test_durations(tmp_path):
 def test_overriding_one_list_element_is_a_config_error(tmp_path):
     with pytest.raises(OLMoConfigurationError, match=r"evaluators\.0\.label=x.*replaced as a whole"):
         TrainConfig.load(_config(tmp_path, evaluators=[{"label": "a"}]), ["evaluators.0.label=x"])
+
+
+def test_fields_newer_olmo_writes_load_and_what_cannot_be_honoured_is_refused(tmp_path, caplog):
+    written = tiny_config_dict(
+        tmp_path / "run",
+        ["x.npy"],
+        distributed_strategy="single",
+        single={"device": "auto"},
+        **{"data.custom_dataset": None},
+    )
+    cfg = TrainConfig.from_dict(written)
+    cfg.validate()
+    assert cfg.distributed_strategy == "single" and cfg.data.custom_dataset is None
+    with pytest.raises(OLMoConfigurationError, match=r"distributed_strategy=single .* 2 processes"):
+        cfg.validate(world_size=2)
+    custom = {"name": "MyDataset", "module": "my.module", "args": {"x": 1}, "collate_config": {"index_field": "i"}}
+    with pytest.raises(
+        OLMoConfigurationError, match=r"data\.custom_dataset \(my\.module\.MyDataset\) is not supported"
+    ):
+        TrainConfig.from_dict({**written, "data": {**written["data"], "custom_dataset": custom}}).validate()
+    with caplog.at_level("WARNING"):
+        TrainConfig.from_dict({**written, "single": {"device": "cuda"}}).validate()
+    assert "single.device='cuda' has no effect" in caplog.text
