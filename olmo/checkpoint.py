@@ -343,12 +343,19 @@ def _write_state(
     return future
 
 
+def _free_bytes(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 2**63
+
+
 def _save_failed(tmp: Path, target: Path, e: BaseException) -> OLMoCheckpointError:
     """Remove a failed save's temporary directory and say what went wrong and what is still safe."""
     cause = root_cause(e)
     if isinstance(cause, OSError):
         reason = describe_os_error(cause)
-    elif shutil.disk_usage(target.parent).free < 2**20:  # measured before the partial files are removed
+    elif _free_bytes(target.parent) < 2**20:  # measured before the partial files are removed
         reason = "no space left on the device"
     else:
         reason = f"{type(cause).__name__}: {cause}"
