@@ -342,8 +342,11 @@ class SchedulerConfig:
 @dataclass
 class InstanceFilterConfig:
     repetition_max_period: int = 13
+    """Longest repeated pattern, in tokens, the repetition filter looks for (accepted; the filter is not applied yet)."""
     repetition_min_period: int = 1
+    """Shortest repeated pattern, in tokens, the repetition filter looks for."""
     repetition_max_count: int = 32
+    """An instance repeating a pattern this many times in a row would be filtered out."""
 
 
 @dataclass
@@ -400,6 +403,7 @@ class DataConfig:
     label_mask_paths: Optional[list[str]] = None
     """One bool memmap per path; False positions get no loss (fine-tuning)."""
     pad_direction: PaddingDirection = PaddingDirection.right
+    """Where the collator pads instances shorter than the longest in a batch: ``right`` or ``left``."""
     generate_attention_mask: bool = False
     """Build an attention mask from ``pad_token_id`` positions."""
     generate_doc_lengths: bool = False
@@ -412,9 +416,11 @@ class DataConfig:
     """Pin batches in page-locked memory so host-to-GPU copies run asynchronously (the trainer copies with
     ``non_blocking=True``). None: pin when CUDA is available. Ignored without CUDA."""
     prefetch_factor: Optional[int] = None
+    """Batches each DataLoader worker loads ahead; None is PyTorch's default (ignored without workers)."""
     persistent_workers: bool = False
     """Accepted for OLMo compatibility; workers restart each epoch so they see the new data order."""
     timeout: int = 0
+    """Seconds the DataLoader waits for a worker's batch before failing; 0 waits forever."""
     seed: Optional[int] = None
     """Data-order seed; None means ``TrainConfig.seed``."""
     instance_filter: Optional[InstanceFilterConfig] = None
@@ -428,10 +434,15 @@ class DataConfig:
 @dataclass
 class EvaluatorConfig:
     label: str = "???"
+    """Name of the evaluator: the metric prefix, and for ``downstream`` the ai2-olmo-eval task label."""
     type: EvaluatorType = EvaluatorType.lm
+    """``lm`` (cross entropy and perplexity over token files) or ``downstream`` (multiple-choice task)."""
     data: DataConfig = field(default_factory=DataConfig)
+    """The token files an ``lm`` evaluator scores (``paths``, or ``datasets``: label -> files)."""
     device_eval_batch_size: Optional[int] = None
+    """Instances per batch on each rank; None uses the top-level ``device_eval_batch_size``."""
     subset_num_batches: Optional[int] = None
+    """Batches per rank to score; None uses ``eval_subset_num_batches``."""
 
 
 @dataclass
@@ -439,18 +450,27 @@ class TokenizerConfig:
     identifier: str = "allenai_gpt-neox-olmo-dolma-v1_5.json"
     """A tokenizer.json path, or the name of a file shipped in ``olmo_eval/tokenizers/``."""
     truncate_direction: TruncationDirection = TruncationDirection.right
+    """Accepted for OLMo compatibility; OLMo never applied it either."""
 
 
 @dataclass
 class WandbConfig:
     project: Optional[str] = None
+    """The wandb project; None is wandb's default."""
     entity: Optional[str] = "ai2-llm"
+    """The wandb team or user the run belongs to."""
     group: Optional[str] = None
+    """Groups related runs in the wandb UI."""
     name: Optional[str] = None
+    """The wandb run name; None uses ``run_name``."""
     tags: Optional[list[str]] = field(default_factory=lambda: ["watching"])
+    """Tags attached to the wandb run."""
     log_artifacts: bool = False
+    """Accepted for OLMo compatibility (unused there too)."""
     rank_zero_only: bool = True
+    """Log from rank 0 only (metrics are reduced across ranks first)."""
     log_interval: int = 1
+    """Steps between wandb log calls."""
     mode: Optional[str] = None
     """``offline`` (default unless WANDB_MODE is set), ``online`` or ``disabled``. Online needs
     WANDB_API_KEY in the environment; keys are never config fields."""
@@ -467,24 +487,35 @@ class SpeedMonitorConfig:
 @dataclass
 class CompilerConfig:
     mode: Optional[str] = None
+    """torch.compile's mode: ``default``, ``reduce-overhead`` or ``max-autotune``; None is the default."""
     fullgraph: bool = False
+    """Compile each block as one graph; fails on graph breaks instead of falling back."""
     backend: str = "inductor"
+    """The torch.compile backend."""
     dynamic: Optional[bool] = None
+    """torch.compile's dynamic-shape setting; None lets it decide."""
 
 
 @dataclass
 class FSDPConfig:
     use_orig_params: bool = True
+    """Accepted for OLMo compatibility: FSDP2 always keeps the original parameters."""
     sharding_strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD
+    """FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD, mapped onto FSDP2 (see the README)."""
     wrapping_strategy: Optional[FSDPWrapStrategy] = None
+    """Which modules become their own FSDP unit: by_block (and null), by_block_and_size, one_in_N."""
     precision: Optional[FSDPPrecision] = FSDPPrecision.pure
+    """``mixed``: compute in the autocast dtype, reduce gradients in fp32; ``pure``: reduce in the autocast dtype."""
     hybrid_sharding_num_model_replicas: Optional[int] = None
+    """HYBRID_SHARD replica groups; None means one per node. Must divide the world size."""
 
 
 @dataclass
 class DDPConfig:
     grad_sync_mode: DDPGradSyncMode = DDPGradSyncMode.batch
+    """``batch``: all-reduce gradients once per step; ``micro_batch``: after every micro-batch."""
     find_unused_params: bool = False
+    """Accepted for OLMo compatibility (needs grad_sync_mode micro_batch there); no effect here."""
 
 
 @dataclass
@@ -512,16 +543,23 @@ class TrainConfig:
     dry_run: bool = False
     """Build everything and restore the checkpoint, but do not train."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The model's architecture."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer and its hyperparameters."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """Learning-rate schedule."""
     data: DataConfig = field(default_factory=DataConfig)
+    """The training data."""
     restore_dataloader: bool = True
     """If False, a restored run starts at step 0 of the data (weights and optimizer still load)."""
     fast_forward_batches: Optional[int] = None
     """On restore, skip this many global batches of data (e.g. past a loss spike)."""
     evaluators: list[EvaluatorConfig] = field(default_factory=list)
+    """In-loop evaluations, run every ``eval_interval`` steps and at the last step."""
     eval_interval: int = 1000
+    """Steps between in-loop evaluations."""
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """The tokenizer the data was made with (used by downstream evaluation and data tools)."""
     save_folder: str = "./"
     """Everything the run writes goes here: config.yaml, train_data/, checkpoints, metrics.jsonl."""
     remote_save_folder: Optional[str] = None
@@ -572,8 +610,11 @@ class TrainConfig:
     device_train_microbatch_size: int = 16
     """Instances per forward/backward pass; gradient accumulation covers the rest."""
     device_eval_batch_size: int = 16
+    """Instances per evaluation batch on each rank."""
     eval_subset_num_batches: int = -1
+    """Batches per rank each evaluator scores; -1 scores the whole set."""
     eval_on_load: bool = False
+    """Evaluate right after restoring a checkpoint, before training on."""
     device_train_grad_accum: Optional[int] = None
     """Derived; leave unset. Kept so OLMo config.yaml files load."""
     max_grad_norm: Optional[float] = None
@@ -589,6 +630,7 @@ class TrainConfig:
     wandb: Optional[WandbConfig] = None
     """Weights & Biases logging (offline unless configured); null disables it."""
     speed_monitor: SpeedMonitorConfig = field(default_factory=SpeedMonitorConfig)
+    """Throughput and MFU measurement."""
     console_log_interval: int = 1
     """Steps between console metric lines."""
     metrics_collect_interval: Optional[int] = None
@@ -608,10 +650,12 @@ class TrainConfig:
     single: SingleGPUConfig = field(default_factory=SingleGPUConfig)
     """Settings for ``distributed_strategy: single`` (OLMo's one-device mode)."""
     fsdp: Optional[FSDPConfig] = field(default_factory=FSDPConfig)
+    """FSDP2 sharding options (with more than one process)."""
     distributed_timeout_minutes: float = 30.0
     """How long a collective may wait for a peer before the job fails instead of hanging (a rank that
     dies is normally detected by torchrun within seconds; this bounds hangs it cannot see)."""
     ddp: Optional[DDPConfig] = None
+    """Options for ``distributed_strategy: ddp``."""
     softmax_auxiliary_loss: bool = False
     """Add the PaLM z-loss (``auxiliary_loss_multiplier * logsumexp(logits)^2``)."""
     auxiliary_loss_multiplier: Optional[float] = 1e-4
@@ -626,12 +670,15 @@ class TrainConfig:
     """Record each rank's instance indices per step in ``save_folder/data-indices/`` (OLMo's
     ``step<TAB>index...`` lines; one file per launch, read them with ``olmo.data.read_data_indices``)."""
     python_profiling: bool = False
+    """Accepted for OLMo compatibility; not implemented yet (warns)."""
     torch_profiling: bool = False
+    """Accepted for OLMo compatibility; not implemented yet (warns)."""
     stop_at: Optional[int] = None
     """Stop after this global step (default: the step max_duration reaches)."""
     stop_after: Optional[int] = None
     """Stop after this many steps of this launch."""
     activation_checkpointing: Optional[ActivationCheckpointingStrategy] = None
+    """Recompute activations in the backward pass to save memory: whole_layer, one_in_two ... three_in_four, fine_grained."""
     fused_loss: Optional[bool] = None
     """Compute the loss chunk by chunk from the final hidden states without materializing the (tokens,
     vocab) logits (:func:`olmo.loss.fused_output_loss`; pure PyTorch, unlike OLMo's flash-attn kernel).

@@ -80,6 +80,9 @@ def measure_downstream(label: str = "piqa", batch_size: int = 16, num_batches: i
 
 
 if __name__ == "__main__":
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__)
+        sys.exit(0)
     if len(sys.argv) > 1:
         torch.set_num_threads(int(sys.argv[1]))
     print(f"torch threads: {torch.get_num_threads()}")

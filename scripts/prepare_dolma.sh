@@ -6,12 +6,20 @@
 # DOCS_GLOB: quoted glob of gzipped JSON-lines files, one document per line with a "text" (and "id") field,
 # e.g. 'data/raw/*.json.gz'. OUTPUT_DIR receives headerless uint16 token memmaps `part-*.npy` (EOS after
 # every document, documents shuffled) plus `part-*.csv.gz` (start,end,id,src_path,line_no per document).
-# Extra arguments come last, so they override the defaults below, e.g. `--processes 16 --seed 1`.
+# Extra arguments come last, so they override the defaults below, e.g. `--processes 16 --seed 1`. dolma's own
+# options: `.venv-dolma/bin/dolma tokens --help`.
 # Like dolma, and unlike scripts/prepare_memmap_dataset.py, this strips whitespace around each document.
 #
 # dolma lives in its own virtualenv (.venv-dolma, built by `make dolma-env` on first use): it pins numpy<2
 # and tokenizers<=0.19, which clash with the trainer's .venv.
 set -euo pipefail
+# --help anywhere on the line prints the comment block above (rather than being taken as DOCS_GLOB or passed to dolma).
+for arg in "$@"; do
+  if [ "$arg" = "-h" ] || [ "$arg" = "--help" ]; then
+    sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"
+    exit 0
+  fi
+done
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 DOLMA="$REPO/.venv-dolma/bin/dolma"

@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Quickstart: install, build a small real-text corpus offline (the Python standard library's own
 # source, tokenized with the OLMo tokenizer shipped in ai2-olmo-eval), and train a tiny OLMo on CPU.
-# Extra arguments are passed to scripts/train.py, e.g. --max_duration=50.
+# Extra arguments are passed to scripts/train.py, e.g. --max_duration=50. Once the data exists,
+# `.venv/bin/python scripts/train.py configs/tiny/OLMo-tiny.yaml --help` lists every config field and its value.
 set -euo pipefail
+# --help anywhere on the line prints the comment block above (before `make install` and the data preparation run).
+for arg in "$@"; do
+  if [ "$arg" = "-h" ] || [ "$arg" = "--help" ]; then
+    sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"
+    exit 0
+  fi
+done
 cd "$(dirname "$0")/.."
 
 make install

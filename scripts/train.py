@@ -6,7 +6,8 @@
 Overrides use the config's key paths: --model.n_layers=2, --data.paths=[a.npy,b.npy], --x=null; a bare
 boolean flag means true (--save_overwrite), and --save-overwrite equals --save_overwrite. Resume with
 --try_load_latest_save or --load_path=CHECKPOINT (add --reset_trainer_state to fine-tune). Every field and
-its meaning is documented in olmo/config.py.
+its meaning is documented in olmo/config.py; `scripts/train.py CONFIG.yaml [--overrides ...] --help` lists
+them all with the values that config and those overrides give them.
 
 Everything that can be checked (config values, the checkpoint to restore and each of its files, the
 save folder, training and evaluation data, the tokenizer) is checked before anything is written or the
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from olmo.checkpoint_plan import claim_save_folder, plan_restore, prepare_save_folder  # noqa: E402
 from olmo.config import TrainConfig  # noqa: E402
+from olmo.config_docs import describe_config  # noqa: E402
 from olmo.data import build_memmap_dataset, build_train_dataloader  # noqa: E402
 from olmo.distributed import barrier, build_model, init_distributed, teardown_distributed  # noqa: E402
 from olmo.eval import build_evaluators  # noqa: E402
@@ -38,7 +40,7 @@ log = logging.getLogger("train")
 
 def main(argv: list) -> int:
     if any(a in ("-h", "--help") for a in argv[1:]):
-        print(__doc__)
+        print_help([a for a in argv[1:] if a not in ("-h", "--help")])
         return 0
     if len(argv) < 2 or argv[1].startswith("-"):
         raise OLMoCliError(f"Usage: {argv[0]} CONFIG.yaml [--key.path=value ...] (--help for more)")
@@ -87,6 +89,18 @@ def main(argv: list) -> int:
         return trainer.fit()
     finally:
         teardown_distributed()
+
+
+def print_help(args: list[str]) -> None:
+    """What the script does; given a config (and overrides), also every field with its value and doc."""
+    if not args or args[0].startswith("-"):
+        print(__doc__)
+        return
+    cfg = TrainConfig.load(args[0], args[1:])  # loaded only: the values as given, before any checks
+    print(__doc__)
+    overrides = f" with {' '.join(args[1:])}" if args[1:] else ""
+    print(f"Every field of {args[0]}{overrides} (key, value, first line of its doc in olmo/config.py):\n")
+    print(describe_config(cfg))
 
 
 def log_speed_setup(cfg: TrainConfig, trainer: Trainer) -> None:

@@ -201,7 +201,8 @@ def test_command_line_mistakes(tmp_path, corpus, args, error, pattern):
 
 
 def test_help_exits_zero_wherever_it_stands(capsys):
-    for args in (["--help"], ["configs/tiny/OLMo-tiny.yaml", "--model.n_layers=2", "--help"]):
+    with_config = ["configs/tiny/OLMo-tiny.yaml", "--model.n_layers=2", "--data.paths=[a.npy]", "--evaluators=[]"]
+    for args in (["--help"], [*with_config, "--help"]):
         assert run_main("train.py", *args) == 0
         assert "--try_load_latest_save" in capsys.readouterr().out
     assert run_main("eval.py", "-h") == 0
