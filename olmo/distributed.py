@@ -1,8 +1,10 @@
 """Process groups, rank helpers, and everything applied to a built model from the outside
 (materialization, FSDP2 sharding, torch.compile). The model itself knows nothing of this.
 
-One code path serves ``python scripts/train.py`` (one process, no process group) and
-``torchrun --nproc_per_node=N scripts/train.py`` (gloo on CPU, nccl on GPU, picked automatically).
+One code path serves ``python scripts/train.py`` (one process, no process group),
+``torchrun --nproc_per_node=N scripts/train.py`` and ``srun python scripts/train.py`` (one Slurm task per
+process, no torchrun): gloo on CPU, nccl on GPU, picked automatically. Rank, world size and rendezvous address
+come from :func:`olmo.util.launch_env`, which every earlier reader of the rank uses too.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from .config import (
     ShardingStrategy,
     TrainConfig,
 )
-from .exceptions import OLMoConfigurationError
+from .exceptions import OLMoCliError, OLMoConfigurationError
+from .util import LaunchEnv, launch_env
 
 if TYPE_CHECKING:
     from .model import OLMo
@@ -52,12 +55,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DistEnv:
-    """Where this process sits: its device, rank and world size."""
+    """Where this process sits: its device, rank and world size.
+
+    :param local_world_size: processes on this node; None means all of them (one node).
+    """
 
     device: torch.device
     rank: int
     local_rank: int
     world_size: int
+    local_world_size: Optional[int] = None
 
     @property
     def is_main(self) -> bool:
@@ -65,44 +72,63 @@ class DistEnv:
 
 
 def init_distributed(timeout_minutes: float = 30.0) -> DistEnv:
-    """Initialize the default process group when launched by torchrun; otherwise run standalone."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    """Initialize the default process group when torchrun or srun started several processes; otherwise run
+    standalone. Logs which launcher's variables were used."""
+    launch = launch_env()
+    log.info("%s", launch.describe())
+    if launch.warning:
+        log.warning("%s", launch.warning)
     if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", _cuda_index(launch))
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if world_size > 1 and not dist.is_initialized():
+    if launch.world_size > 1 and not dist.is_initialized():
         # On GPU, a gloo backend for CPU tensors too: background checkpoint writes need one.
         backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
         timeout = timedelta(minutes=timeout_minutes)
         dist.init_process_group(
-            store=_rendezvous_store(rank, world_size, timeout),
-            rank=rank,
-            world_size=world_size,
+            store=_rendezvous_store(launch, timeout),
+            rank=launch.rank,
+            world_size=launch.world_size,
             backend=backend,
             timeout=timeout,
             device_id=device if device.type == "cuda" else None,
         )
-        log.info("Initialized %s process group with %d ranks.", backend, world_size)
-    return DistEnv(device=device, rank=rank, local_rank=local_rank, world_size=world_size)
+        log.info("Initialized %s process group with %d ranks.", backend, launch.world_size)
+    return DistEnv(device, launch.rank, launch.local_rank, launch.world_size, launch.local_world_size)
 
 
-def _rendezvous_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+def _cuda_index(launch: LaunchEnv) -> int:
+    """The GPU of this process: its local rank, or the only visible GPU when the launcher gave each process its
+    own (``srun --gpus-per-task=1`` sets ``CUDA_VISIBLE_DEVICES`` per task)."""
+    visible = torch.cuda.device_count()
+    if launch.local_rank < visible:
+        return launch.local_rank
+    if visible == 1:
+        return 0
+    raise OLMoCliError(
+        f"This process has local rank {launch.local_rank} but sees only {visible} GPUs "
+        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Start at most one process per GPU on "
+        f"each node (torchrun --nproc_per_node, srun --ntasks-per-node), or give each task one GPU "
+        f"(srun --gpus-per-task=1)."
+    )
+
+
+def _rendezvous_store(launch: LaunchEnv, timeout: timedelta) -> dist.Store:
     """The store ``env://`` would give, under a prefix unique to this torchrun restart attempt.
 
     After ``--max-restarts`` restarts the workers, the new attempt can share the TCP store with the dead
     one; without the prefix, a new rank could read a dead peer's address and fail (gloo "Connection
     refused") or hang (pytorch/pytorch#135712).
     """
+    assert launch.master_addr is not None and launch.master_port is not None
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(
-        host_name=os.environ["MASTER_ADDR"],
-        port=int(os.environ["MASTER_PORT"]),
-        world_size=world_size,
-        is_master=rank == 0 and not agent_hosts_store,
+        host_name=launch.master_addr,
+        port=launch.master_port,
+        world_size=launch.world_size,
+        is_master=launch.rank == 0 and not agent_hosts_store,
         timeout=timeout,
         multi_tenant=not agent_hosts_store,
     )
@@ -210,7 +236,7 @@ def _mesh(cfg: TrainConfig, env: DistEnv) -> DeviceMesh:
     if cfg.distributed_strategy == DistributedStrategy.ddp or fsdp.sharding_strategy == ShardingStrategy.NO_SHARD:
         replicas = env.world_size
     elif fsdp.sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+        local = env.local_world_size or env.world_size
         replicas = fsdp.hybrid_sharding_num_model_replicas or max(1, env.world_size // local)
         if env.world_size % replicas != 0:
             raise OLMoConfigurationError(

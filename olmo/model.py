@@ -264,9 +264,13 @@ class OLMo(nn.Module):
     ``torch.manual_seed``.
 
     :param config: The model config (already validated).
+    :param init_params: As in OLMo: False skips :meth:`reset_parameters`, for a model whose weights are loaded
+        next (``model.load_state_dict(...)``). The parameters are then allocated on the default device but
+        left uninitialized (they hold whatever that memory held, as ``torch.empty`` does), and no random
+        numbers are drawn. Under the meta device nothing is allocated either way.
     """
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, init_params: bool = True):
         super().__init__()
         self.config = config
         # RoPE tables per device, long enough for the longest sequence seen. A plain dict, not buffers: they stay
@@ -278,7 +282,8 @@ class OLMo(nn.Module):
             self.transformer = OLMoTransformer(config)
         if device.type != "meta":
             self.to_empty(device=device)
-            self.reset_parameters()
+            if init_params:
+                self.reset_parameters()
 
     def forward(
         self,

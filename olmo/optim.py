@@ -18,13 +18,14 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from .config import OptimizerConfig, OptimizerType, SchedulerConfig, SchedulerType
+from .config import OptimizerConfig, OptimizerType, SchedulerConfig, SchedulerType, TrainConfig
 from .exceptions import OLMoConfigurationError
 
 __all__ = [
     "BoltOnWarmupScheduler",
     "ConstantScheduler",
     "ConstantWithWarmup",
+    "ConstantWithWarmupScheduler",
     "CosLinearEnvelope",
     "CosWithWarmup",
     "InvSqrtWithWarmup",
@@ -171,7 +172,7 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Set the learning rate of every param group; weight decay stays as configured per group.
 
     :param optimizer: The optimizer.
-    :param lr: The new learning rate, usually ``scheduler.get_lr(group["initial_lr"], current, t_max)``.
+    :param lr: The new learning rate, usually ``scheduler.get_lr(group["initial_lr"], step, max_steps)``.
     """
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -225,59 +226,85 @@ def clip_grads(
     return total_norm
 
 
+@dataclass(kw_only=True)
 class Scheduler(ABC):
     """A learning-rate schedule plus OLMo's grad-clip warmup.
 
-    ``get_lr(initial_lr, current, t_max)`` takes the peak rate, the steps or tokens done so far and the
+    ``get_lr(initial_lr, step, max_steps)`` takes the peak rate, the steps or tokens done so far and the
     run's length in the same units (``scheduler.units``; the caller converts); a configured ``t_max``
-    overrides the passed one. ``get_max_grad_norm(initial, step)`` scales the configured clipping limit
-    by the warmup factor early on; None stays None.
+    overrides the passed one. Constructor keywords and method signatures are OLMo's, so a schedule built by
+    hand in an OLMo script carries over; a subclass implements :meth:`get_lr`.
+
+    :param grad_clip_warmup_steps: Steps (up to and including this one) during which the clipping limits are
+        multiplied by ``grad_clip_warmup_factor``; None for no grad-clip warmup.
+    :param grad_clip_warmup_factor: That multiplier; None for no grad-clip warmup.
+    :param warmup_min_lr: The rate at the start of a linear warmup; None means 10% of the peak rate.
     """
 
-    @abstractmethod
-    def get_lr(self, initial_lr: float, current: int, t_max: int) -> float: ...
-
-    @abstractmethod
-    def get_max_grad_norm(self, initial_max_grad_norm: float | None, step: int) -> float | None: ...
-
-
-@dataclass(kw_only=True)
-class _Schedule(Scheduler):
-    """Fields of the built-in schedules (see :class:`~olmo.config.SchedulerConfig`) and their warmup."""
-
-    t_warmup: int = 0
-    t_max: int | None = None
-    alpha_f: float = 0.1
-    warmup_min_lr: float | None = None
     grad_clip_warmup_steps: int | None = None
     grad_clip_warmup_factor: float | None = None
+    warmup_min_lr: float | None = None
 
-    def get_max_grad_norm(self, initial_max_grad_norm: float | None, step: int) -> float | None:
+    @abstractmethod
+    def get_lr(self, initial_lr: float, step: int, max_steps: int) -> float: ...
+
+    def get_max_grad_norm(
+        self, initial_max_grad_norm: float | None, step: int, max_steps: int | None = None
+    ) -> float | None:
+        """The clipping limit for ``step``: the configured one, times the warmup factor early on; None stays None.
+
+        :param max_steps: Unused; accepted as in OLMo.
+        """
         warming = self.grad_clip_warmup_steps is not None and step <= self.grad_clip_warmup_steps
         if initial_max_grad_norm is None or self.grad_clip_warmup_factor is None or not warming:
             return initial_max_grad_norm
         return initial_max_grad_norm * self.grad_clip_warmup_factor
 
-    def get_lr(self, initial_lr: float, current: int, t_max: int) -> float:
-        if current >= self.t_warmup:
-            return self._after_warmup(initial_lr, current, t_max)
+    def get_max_grad_norm_ratio(
+        self, initial_max_grad_norm_ratio: float | None, step: int, max_steps: int | None = None
+    ) -> float | None:
+        """The adaptive clipping ratio for ``step``, warmed up like :meth:`get_max_grad_norm` (as in OLMo)."""
+        return self.get_max_grad_norm(initial_max_grad_norm_ratio, step, max_steps)
+
+
+@dataclass(kw_only=True)
+class _Schedule(Scheduler):
+    """A linear warmup from ``warmup_min_lr`` over ``warmup_steps``, then :meth:`_after_warmup`.
+
+    :param warmup_steps: OLMo's name for ``scheduler.t_warmup``.
+    :param t_max: The end of the decay; None means the run's length (``max_steps``).
+    :param alpha_f: The final rate as a fraction of the peak.
+    """
+
+    warmup_steps: int = 0
+    t_max: int | None = None
+    alpha_f: float = 0.1
+
+    @property
+    def t_warmup(self) -> int:
+        """``warmup_steps`` under the config's name."""
+        return self.warmup_steps
+
+    def get_lr(self, initial_lr: float, step: int, max_steps: int) -> float:
+        if step >= self.warmup_steps:
+            return self._after_warmup(initial_lr, step, max_steps)
         min_lr = self.warmup_min_lr if self.warmup_min_lr is not None else 0.1 * initial_lr
         assert 0.0 <= min_lr < initial_lr, "TrainConfig.validate() checks scheduler.warmup_min_lr"
-        return min_lr + (initial_lr - min_lr) * current / self.t_warmup
+        return min_lr + (initial_lr - min_lr) * step / self.warmup_steps
 
     @abstractmethod
-    def _after_warmup(self, initial_lr: float, current: int, t_max: int) -> float: ...
+    def _after_warmup(self, initial_lr: float, step: int, max_steps: int) -> float: ...
 
 
 class _DecayToMin(_Schedule):
     """Decays from the peak after warmup to ``alpha_f * lr`` at ``t_max`` and stays there."""
 
-    def _after_warmup(self, initial_lr: float, current: int, t_max: int) -> float:
-        end = self.t_max if self.t_max is not None else t_max
+    def _after_warmup(self, initial_lr: float, step: int, max_steps: int) -> float:
+        end = self.t_max if self.t_max is not None else max_steps
         eta_min = initial_lr * self.alpha_f
-        if current >= end:
+        if step >= end:
             return eta_min
-        return self._decay(initial_lr, eta_min, (current - self.t_warmup) / (end - self.t_warmup))
+        return self._decay(initial_lr, eta_min, (step - self.warmup_steps) / (end - self.warmup_steps))
 
     @abstractmethod
     def _decay(self, initial_lr: float, eta_min: float, fraction: float) -> float:
@@ -306,38 +333,40 @@ class CosLinearEnvelope(_DecayToMin):
 
 
 class InvSqrtWithWarmup(_Schedule):
-    """Linear warmup, then ``lr * sqrt(t_warmup / current)``; ``t_max`` and ``alpha_f`` are unused."""
+    """Linear warmup, then ``lr * sqrt(warmup_steps / step)``; ``t_max`` and ``alpha_f`` are unused."""
 
-    def _after_warmup(self, initial_lr: float, current: int, t_max: int) -> float:
-        return initial_lr * math.sqrt(self.t_warmup / max(self.t_warmup, current))
+    def _after_warmup(self, initial_lr: float, step: int, max_steps: int) -> float:
+        return initial_lr * math.sqrt(self.warmup_steps / max(self.warmup_steps, step))
 
 
 class ConstantWithWarmup(_Schedule):
     """Linear warmup, then the peak learning rate."""
 
-    def _after_warmup(self, initial_lr: float, current: int, t_max: int) -> float:
+    def _after_warmup(self, initial_lr: float, step: int, max_steps: int) -> float:
         return initial_lr
 
 
-class ConstantScheduler(ConstantWithWarmup):
-    """The peak learning rate throughout; ``t_warmup`` is ignored."""
+ConstantWithWarmupScheduler = ConstantWithWarmup  # OLMo's name
 
-    def get_lr(self, initial_lr: float, current: int, t_max: int) -> float:
+
+class ConstantScheduler(ConstantWithWarmup):
+    """The peak learning rate throughout; ``warmup_steps`` is ignored."""
+
+    def get_lr(self, initial_lr: float, step: int, max_steps: int) -> float:
         return initial_lr
 
 
 @dataclass
 class MaxScheduler(Scheduler):
-    """The larger learning rate of two schedules; grad-clip warmup comes from ``first``."""
+    """The larger learning rate of two schedules; the grad-clip warmup is this scheduler's own, as in OLMo."""
 
-    first: Scheduler
-    second: Scheduler
+    sched1: Scheduler
+    sched2: Scheduler
 
-    def get_lr(self, initial_lr: float, current: int, t_max: int) -> float:
-        return max(self.first.get_lr(initial_lr, current, t_max), self.second.get_lr(initial_lr, current, t_max))
-
-    def get_max_grad_norm(self, initial_max_grad_norm: float | None, step: int) -> float | None:
-        return self.first.get_max_grad_norm(initial_max_grad_norm, step)
+    def get_lr(self, initial_lr: float, step: int, max_steps: int) -> float:
+        return max(
+            self.sched1.get_lr(initial_lr, step, max_steps), self.sched2.get_lr(initial_lr, step, max_steps)
+        )
 
 
 @dataclass
@@ -345,23 +374,36 @@ class BoltOnWarmupScheduler(Scheduler):
     """Warm up again into ``inner``, e.g. after loading a model with a fresh optimizer.
 
     0 before ``warmup_start``, then a linear ramp to ``inner``'s value at ``warmup_end``, then
-    ``inner``. Grad-clip warmup is ``inner``'s.
+    ``inner``. Grad-clip warmup is ``inner``'s; this scheduler's own grad-clip fields and
+    ``warmup_min_lr`` are unused.
     """
 
     inner: Scheduler
     warmup_start: int
     warmup_end: int
 
-    def get_lr(self, initial_lr: float, current: int, t_max: int) -> float:
-        if current < self.warmup_start:
-            return 0.0
-        if current < self.warmup_end:
-            target = self.inner.get_lr(initial_lr, self.warmup_end, t_max)
-            return target * (current - self.warmup_start) / (self.warmup_end - self.warmup_start)
-        return self.inner.get_lr(initial_lr, current, t_max)
+    @classmethod
+    def wrap(cls, scheduler: Scheduler, warmup_start: int, warmup_end: int) -> BoltOnWarmupScheduler:
+        """OLMo's constructor: ``scheduler`` warmed up again from ``warmup_start`` to ``warmup_end``."""
+        return cls(scheduler, warmup_start, warmup_end)
 
-    def get_max_grad_norm(self, initial_max_grad_norm: float | None, step: int) -> float | None:
-        return self.inner.get_max_grad_norm(initial_max_grad_norm, step)
+    def get_lr(self, initial_lr: float, step: int, max_steps: int) -> float:
+        if step < self.warmup_start:
+            return 0.0
+        if step < self.warmup_end:
+            target = self.inner.get_lr(initial_lr, self.warmup_end, max_steps)
+            return target * (step - self.warmup_start) / (self.warmup_end - self.warmup_start)
+        return self.inner.get_lr(initial_lr, step, max_steps)
+
+    def get_max_grad_norm(
+        self, initial_max_grad_norm: float | None, step: int, max_steps: int | None = None
+    ) -> float | None:
+        return self.inner.get_max_grad_norm(initial_max_grad_norm, step, max_steps)
+
+
+def _max_of_cosine_and_inv_sqrt(**fields: Any) -> MaxScheduler:
+    own = ("grad_clip_warmup_steps", "grad_clip_warmup_factor", "warmup_min_lr")
+    return MaxScheduler(CosWithWarmup(**fields), InvSqrtWithWarmup(**fields), **{k: fields[k] for k in own})
 
 
 _SCHEDULES: dict[SchedulerType, Callable[..., Scheduler]] = {
@@ -371,29 +413,31 @@ _SCHEDULES: dict[SchedulerType, Callable[..., Scheduler]] = {
     SchedulerType.constant: ConstantScheduler,
     SchedulerType.constant_with_warmup: ConstantWithWarmup,
     SchedulerType.cosine_linear_envelope: CosLinearEnvelope,
-    SchedulerType.max_scheduler: lambda **fields: MaxScheduler(
-        CosWithWarmup(**fields), InvSqrtWithWarmup(**fields)
-    ),
+    SchedulerType.max_scheduler: _max_of_cosine_and_inv_sqrt,
 }
 
 
-def build_scheduler(cfg: SchedulerConfig) -> Scheduler:
-    """Build the schedule named by ``cfg.name``; ``t_warmup``, ``t_max`` and clip-warmup steps become ints.
+def build_scheduler(cfg: SchedulerConfig | TrainConfig, sched_cfg: SchedulerConfig | None = None) -> Scheduler:
+    """Build the schedule named by the scheduler config; ``t_warmup``, ``t_max`` and clip-warmup steps become ints.
 
-    :param cfg: The scheduler config.
+    :param cfg: The scheduler config, or (OLMo's signature) the whole config, whose ``scheduler`` is used.
+    :param sched_cfg: As in OLMo: the scheduler config to use instead of ``cfg``'s.
     """
+    if sched_cfg is None:
+        sched_cfg = cfg.scheduler if isinstance(cfg, TrainConfig) else cfg
     inverse_sqrt = (SchedulerType.inverse_sqrt_with_warmup, SchedulerType.max_scheduler)
-    if cfg.name in inverse_sqrt and int(cfg.t_warmup) <= 0:
+    if sched_cfg.name in inverse_sqrt and int(sched_cfg.t_warmup) <= 0:
         raise OLMoConfigurationError(
-            f"scheduler.t_warmup={cfg.t_warmup} must be positive for scheduler.name={cfg.name}, "
+            f"scheduler.t_warmup={sched_cfg.t_warmup} must be positive for scheduler.name={sched_cfg.name}, "
             f"which decays as lr * sqrt(t_warmup / current)."
         )
+    clip_steps = sched_cfg.grad_clip_warmup_steps
     fields: dict[str, Any] = {
-        "t_warmup": int(cfg.t_warmup),
-        "t_max": None if cfg.t_max is None else int(cfg.t_max),
-        "alpha_f": cfg.alpha_f,
-        "warmup_min_lr": cfg.warmup_min_lr,
-        "grad_clip_warmup_steps": None if cfg.grad_clip_warmup_steps is None else int(cfg.grad_clip_warmup_steps),
-        "grad_clip_warmup_factor": cfg.grad_clip_warmup_factor,
+        "warmup_steps": int(sched_cfg.t_warmup),
+        "t_max": None if sched_cfg.t_max is None else int(sched_cfg.t_max),
+        "alpha_f": sched_cfg.alpha_f,
+        "warmup_min_lr": sched_cfg.warmup_min_lr,
+        "grad_clip_warmup_steps": None if clip_steps is None else int(clip_steps),
+        "grad_clip_warmup_factor": sched_cfg.grad_clip_warmup_factor,
     }
-    return _SCHEDULES[cfg.name](**fields)
+    return _SCHEDULES[sched_cfg.name](**fields)

@@ -35,9 +35,10 @@ The phases:
 
 Reported per device (rank 0's numbers; the slowest rank's step time is reported too): tokens/s from the
 free-running steps' mean time, MFU = tokens/s x FLOPs/token / peak FLOP/s (``olmo.metrics.device_peak_flops``: a known
-GPU's dense bf16 peak, or the measured fp32 matmul rate of this CPU), and peak memory (GPU allocations, or the
-process's resident set on CPU). ``--smoke`` shrinks the model (2 layers, d_model 64, T=128, batch 4 in
-micro-batches of 2, 3 warmup + 5 steps, no compile) for a run of seconds on a CPU.
+GPU's dense bf16 peak, or the fp32 matmul rate of this CPU, measured once per machine and cached; an MFU above 1 is
+null, with a warning), and peak memory (GPU allocations, or the process's resident set on CPU). ``--smoke``
+shrinks the model (2 layers, d_model 64, T=128, batch 4 in micro-batches of 2, 3 warmup + 5 steps, no compile)
+for a run of seconds on a CPU.
 """
 
 from __future__ import annotations
@@ -75,8 +76,10 @@ from olmo.distributed import (  # noqa: E402
     teardown_distributed,
 )
 from olmo.metrics import (  # noqa: E402
+    PeakFlops,
     StepMetrics,  # noqa: E402
     device_peak_flops,
+    model_flops_utilization,
     peak_memory_mb,
 )
 from olmo.model import OLMo, describe_attention  # noqa: E402
@@ -306,7 +309,7 @@ def git_state() -> dict[str, Any]:
 
 
 def summarize(
-    measured: dict[str, Any], device_tokens: int, flops_per_token: int, peak: Optional[float]
+    measured: dict[str, Any], device_tokens: int, flops_per_token: int, peak: Optional[PeakFlops]
 ) -> dict[str, Any]:
     """Throughput from the free-running steps; the phase split from the synchronized ones."""
     steps, n_free = measured["synced"], len(measured["free_losses"])
@@ -318,7 +321,7 @@ def summarize(
         "tokens_per_second": tokens_per_second,
         "step_time_s": step_time,
         "achieved_tflops": tokens_per_second * flops_per_token / 1e12,
-        "mfu": tokens_per_second * flops_per_token / peak if peak else None,
+        "mfu": model_flops_utilization(tokens_per_second * flops_per_token, peak),
         "first_loss": steps[0]["loss"],
         "last_loss": measured["free_losses"][-1],
         "synced": {
@@ -425,18 +428,11 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
             f"{model.num_params():,}",
             model.num_flops_per_token() / 1e9,
             device_tokens,
-            peak or float("nan"),
+            peak.flops if peak else float("nan"),
         )
         measured = measure(trainer, forever(loader), args.warmup, args.steps)
     results = summarize(measured, device_tokens, model.num_flops_per_token(), peak)
     results["warmup_step_times_s"] = measured["warmup_seconds"]
-    if results["mfu"] is not None and results["mfu"] > 1:
-        log.warning(
-            "MFU %.0f%% is above 100%%: the peak of %.3g FLOP/s is too low (on CPU, measured while other work "
-            "shared the cores?). Pin it with --override speed_monitor.gpu_flops_available=FLOPS.",
-            100 * results["mfu"],
-            peak,
-        )
     results["peak_memory_mb"] = peak_memory_mb(env.device)
     if env.device.type == "cuda":
         results["peak_memory_reserved_mb"] = torch.cuda.max_memory_reserved(env.device) / 2**20
@@ -526,7 +522,7 @@ def describe_setup(
     env: DistEnv,
     trainer: Trainer,
     machine: dict[str, Any],
-    peak: Optional[float],
+    peak: Optional[PeakFlops],
 ) -> dict[str, Any]:
     """What was measured: device, precision, compile, attention kernel, batch shape, model size, peak."""
     model, device = trainer.model, device_info(env, machine)
@@ -554,15 +550,8 @@ def describe_setup(
             "n_params_non_embedding": model.num_params(include_embedding=False),
             "flops_per_token": model.num_flops_per_token(),
         },
-        "peak_flops": peak,
-        "peak_flops_source": (
-            "speed_monitor.gpu_flops_available"
-            if cfg.speed_monitor.gpu_flops_available
-            else f"dense bf16 table entry for {device['name']!r}"
-            if env.device.type == "cuda"
-            # Other processes on the CPUs lower the measurement; pin it to compare runs.
-            else "measured fp32 matmul rate of this CPU (pin: --override speed_monitor.gpu_flops_available=F)"
-        ),
+        "peak_flops": peak.flops if peak else None,
+        "peak_flops_source": peak.source if peak else "unknown GPU (set speed_monitor.gpu_flops_available)",
         "memory_kind": "max GPU memory allocated" if env.device.type == "cuda" else "max resident set (RSS)",
     }
 

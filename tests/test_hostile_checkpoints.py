@@ -221,7 +221,7 @@ def test_eval_refuses_an_unwritable_out_and_names_its_own_argument(run, tmp_path
             "eval.py",
             checkpoint,
             f"--out={tmp_path / 'file' / 'eval.json'}",
-            "--evaluators=[{label: piqa, type: downstream}]",
+            f"--evaluators=[{{label: held, type: lm, data: {{paths: [{run / 'a.npy'}]}}}}]",
         )
     with pytest.raises(OLMoCheckpointError, match=r"^CHECKPOINT_DIR '.*' does not exist") as error:
         run_main("eval.py", tmp_path / "step9-unsharded")

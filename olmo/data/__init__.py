@@ -12,16 +12,18 @@ Each builder takes only the config sections it needs. Inspect the batch of any s
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from ..config import DataConfig, TrainConfig
 from ..exceptions import OLMoConfigurationError, OLMoDataError
-from ..util import is_url
+from ..util import env_rank, env_world_size, is_url
 from .collator import DataCollator
 from .data_indices import DataIndexLog, read_data_indices
 from .iterable_dataset import IterableDataset
@@ -36,6 +38,8 @@ __all__ = [
     "build_train_dataloader",
     "read_data_indices",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def build_memmap_dataset(
@@ -82,8 +86,10 @@ def build_memmap_dataset(
 def build_train_dataloader(
     train_config: TrainConfig,
     *,
-    world_size: int = 1,
-    rank: int = 0,
+    world_size: int | None = None,
+    rank: int | None = None,
+    fs_local_rank: int | None = None,
+    include_instance_metadata: bool = False,
     work_dir: str | os.PathLike[str] | None = None,
 ) -> DataLoader:
     """The training DataLoader of this rank, over epoch ``train_config.epoch or 0``.
@@ -92,9 +98,25 @@ def build_train_dataloader(
     validated here; call :meth:`MemMapDataset.validate` once before (``scripts/train.py`` does). Set
     ``loader.dataset.start_index`` (a global instance count) before iterating to resume, and call
     ``loader.dataset.reshuffle(epoch)`` for a new epoch.
+
+    :param world_size: data-parallel ranks; by default the process group's size when one is initialized,
+        otherwise the launcher's (torchrun's or srun's variables; 1 without a launcher).
+    :param rank: this process's rank, by default found the same way as ``world_size``.
+    :param fs_local_rank: accepted for OLMo's API and ignored: every rank computes the order in memory and
+        only rank 0 writes the order file, so no rank per file system needs to write it.
+    :param include_instance_metadata: also collate each instance's ``metadata`` (e.g. its dataset label).
     """
+    if fs_local_rank is not None:
+        log.warning(
+            "build_train_dataloader(fs_local_rank=%d) has no effect: only rank 0 writes the data order.",
+            fs_local_rank,
+        )
+    if world_size is None:
+        world_size = dist.get_world_size() if dist.is_initialized() else env_world_size()
+    if rank is None:
+        rank = dist.get_rank() if dist.is_initialized() else env_rank()
     cfg = train_config
-    dataset = build_memmap_dataset(cfg, cfg.data, include_instance_metadata=False)
+    dataset = build_memmap_dataset(cfg, cfg.data, include_instance_metadata=include_instance_metadata)
     seed = cfg.data.seed if cfg.data.seed is not None else cfg.seed
     order = IterableDataset(
         dataset,
@@ -110,7 +132,7 @@ def build_train_dataloader(
     return DataLoader(
         order,
         batch_size=cfg.device_batch_size(world_size),
-        collate_fn=DataCollator(pad_direction=cfg.data.pad_direction, pad_token_id=cfg.model.pad_token_id),
+        collate_fn=DataCollator.from_train_config(cfg),
         num_workers=workers,
         pin_memory=cfg.data.pin_memory is not False and torch.cuda.is_available(),
         prefetch_factor=cfg.data.prefetch_factor if workers > 0 else None,

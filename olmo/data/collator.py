@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..config import TrainConfig
 from ..exceptions import OLMoConfigurationError
 
 __all__ = ["DataCollator"]
@@ -32,6 +33,11 @@ class DataCollator:
             raise OLMoConfigurationError(
                 f"data.pad_direction={self.pad_direction!r} is not a padding side; use 'right' or 'left'."
             )
+
+    @classmethod
+    def from_train_config(cls, train_config: TrainConfig) -> DataCollator:
+        """The collator for ``train_config``: its ``data.pad_direction`` and ``model.pad_token_id`` (OLMo's API)."""
+        return cls(pad_direction=train_config.data.pad_direction, pad_token_id=train_config.model.pad_token_id)
 
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         max_len = max(len(item["input_ids"]) for item in items)
