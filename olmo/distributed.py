@@ -4,7 +4,7 @@
 One code path serves ``python scripts/train.py`` (one process, no process group),
 ``torchrun --nproc_per_node=N scripts/train.py`` and ``srun python scripts/train.py`` (one Slurm task per
 process, no torchrun): gloo on CPU, nccl on GPU, picked automatically. Rank, world size and rendezvous address
-come from :func:`olmo.util.launch_env`, which every earlier reader of the rank uses too.
+come from :func:`olmo.launch.launch_env`, which every earlier reader of the rank uses too.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .config import (
     TrainConfig,
 )
 from .exceptions import OLMoCliError, OLMoConfigurationError
-from .util import LaunchEnv, launch_env
+from .launch import LaunchEnv, launch_env
 
 if TYPE_CHECKING:
     from .model import OLMo
