@@ -78,6 +78,8 @@ class ActivationType(StrEnum):
 
 class BlockType(StrEnum):
     sequential = "sequential"
+    llama = "llama"
+    """OLMo's Llama-style block (separate q/k/v projections); accepted by name, refused by validation."""
 
 
 class LayerNormType(StrEnum):
@@ -202,7 +204,8 @@ class ModelConfig:
     activation_type: ActivationType = ActivationType.swiglu
     """MLP activation: ``swiglu``, ``gelu`` or ``relu``."""
     block_type: BlockType = BlockType.sequential
-    """Transformer block layout. Only OLMo's ``sequential`` block is implemented."""
+    """Transformer block layout. Only OLMo's ``sequential`` block is implemented; ``llama`` is refused by
+    validation with the reason."""
     block_group_size: int = 1
     """Accepted for OLMo compatibility; only 1 is supported."""
     alibi: bool = False

@@ -72,7 +72,19 @@ def _model_problems(cfg: TrainConfig) -> list[str]:
     if m.clip_qkv is not None and m.clip_qkv <= 0:
         out.append(f"model.clip_qkv={m.clip_qkv} must be positive (or null to disable).")
     if m.block_group_size != 1:
-        out.append("model.block_group_size must be 1 (block groups are not implemented).")
+        out.append(
+            f"model.block_group_size={m.block_group_size} is not supported: in OLMo, block groups only change "
+            f"how FSDP wraps the blocks (parameters named transformer.block_groups.G.i...), not what the model "
+            f"computes. Set --model.block_group_size=1 (the same model; use fsdp.wrapping_strategy one_in_N for "
+            f"coarser FSDP units); checkpoints saved with block groups do not load yet."
+        )
+    if m.block_type != "sequential":
+        out.append(
+            f"model.block_type={m.block_type} is not supported: only OLMo's sequential block (fused att_proj, "
+            f"as in every released OLMo model) is implemented; OLMo's llama block (separate q_proj/k_proj/v_proj) "
+            f"is not. Set --model.block_type=sequential for a new model; a checkpoint of a llama-block model "
+            f"cannot be loaded yet."
+        )
     for name in ("attention_dropout", "residual_dropout", "embedding_dropout"):
         p = getattr(m, name)
         if not 0.0 <= p < 1.0:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ActivationType, InitFnType, ModelConfig
+from .exceptions import OLMoConfigurationError
 from .layers import (
     LayerNorm,
     OutputLayer,
@@ -272,6 +273,12 @@ class OLMo(nn.Module):
 
     def __init__(self, config: ModelConfig, init_params: bool = True):
         super().__init__()
+        if config.block_type != "sequential" or config.block_group_size != 1:
+            # Validation explains these; a model built around validation must not silently differ.
+            raise OLMoConfigurationError(
+                f"model.block_type={config.block_type} with model.block_group_size={config.block_group_size} is "
+                f"not implemented; only sequential blocks without groups are (see TrainConfig.validate)."
+            )
         self.config = config
         # RoPE tables per device, long enough for the longest sequence seen. A plain dict, not buffers: they stay
         # out of the state dict, and a meta build or ``to_empty`` cannot leave stale values behind.

@@ -200,3 +200,26 @@ def test_fields_newer_olmo_writes_load_and_what_cannot_be_honoured_is_refused(tm
     with caplog.at_level("WARNING"):
         TrainConfig.from_dict({**written, "single": {"device": "cuda"}}).validate()
     assert "single.device='cuda' has no effect" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "overrides, pattern",
+    [
+        (
+            {"model.block_type": "llama"},
+            r"model\.block_type=llama is not supported.*--model\.block_type=sequential",
+        ),
+        (
+            {"model.block_group_size": 2},
+            r"model\.block_group_size=2 is not supported.*--model\.block_group_size=1",
+        ),
+    ],
+)
+def test_olmo_block_options_we_lack_fail_validation_with_the_reason(tmp_path, overrides, pattern):
+    cfg = TrainConfig.from_dict(tiny_config_dict(tmp_path, ["x.npy"], **overrides))
+    with pytest.raises(OLMoConfigurationError, match=pattern):
+        cfg.validate()
+    from olmo.model import OLMo
+
+    with pytest.raises(OLMoConfigurationError, match="not implemented"):
+        OLMo(cfg.model)
