@@ -17,26 +17,20 @@ only plain Python values and tensors.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import shutil
-import uuid
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
     get_model_state_dict,
-    get_optimizer_state_dict,
     get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
@@ -47,7 +41,6 @@ from .checkpoint_io import (
     MARKER,
     SafeFileSystemReader,
     SafeLoadPlanner,
-    describe_os_error,
     fetch,
     load_state_file,
     read_dcp_metadata,
@@ -55,7 +48,15 @@ from .checkpoint_io import (
     root_cause,
     safe_torch_load,
 )
-from .config import TrainConfig
+from .checkpoint_save import (
+    FORMAT_VERSION,
+    FULL_STATE,
+    PendingCheckpoint,
+    begin_checkpoint,
+    commit_checkpoint,
+    rank,
+    save_checkpoint,
+)
 from .exceptions import OLMoCheckpointError, OLMoError
 from .util import is_url
 
@@ -82,9 +83,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 class ModelMismatchError(OLMoCheckpointError):
@@ -100,35 +99,6 @@ class CheckpointInfo:
     sharded: bool
     marked: bool
     ephemeral: bool = False
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> dict[str, int]:
-    """fsync every file under ``root`` and return their sizes (relative path -> bytes)."""
-    sizes = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        with open(path, "rb+") as f:
-            os.fsync(f.fileno())
-        sizes[str(path.relative_to(root))] = path.stat().st_size
-    for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
-        _fsync_dir(d)
-    return sizes
 
 
 def list_checkpoints(folder: os.PathLike | str) -> list[CheckpointInfo]:
@@ -148,14 +118,6 @@ def list_checkpoints(folder: os.PathLike | str) -> list[CheckpointInfo]:
             found.append(CheckpointInfo(str(child), int(match.group(1)), match.group(2) is None, True, ephemeral))
     # At equal steps the sharded checkpoint sorts last (it is the one resumes prefer, as in OLMo).
     return sorted(found, key=lambda c: (c.step, c.sharded))
-
-
-def _is_committed(path: Path) -> bool:
-    try:
-        read_marker(path / MARKER)
-        return True
-    except OLMoCheckpointError:
-        return False
 
 
 def find_latest_checkpoint(folder: os.PathLike | str) -> Optional[Path]:
@@ -224,215 +186,6 @@ def _inspect_remote(url: str, match: Optional[re.Match]) -> CheckpointInfo:
     return CheckpointInfo(base, meta["step"], False, True)
 
 
-@dataclass
-class PendingCheckpoint:
-    """A checkpoint whose files are written (or being written in the background) into a temporary
-    directory but not yet committed; :func:`commit_checkpoint` finishes it."""
-
-    target: Path
-    tmp: Path
-    meta: dict[str, Any]
-    config: Optional[TrainConfig]
-    """Written as ``config.yaml`` at commit; None when the caller already put one in ``tmp``."""
-    future: Optional[Future] = None
-
-    def is_written(self) -> bool:
-        """True when this rank's background write (if any) has finished."""
-        return self.future is None or self.future.done()
-
-
-def save_checkpoint(
-    folder: os.PathLike | str,
-    step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    train_state: dict[str, Any],
-    config: TrainConfig,
-    sharded: bool,
-    overwrite: bool = False,
-    ephemeral: bool = False,
-) -> Path:
-    """Write ``stepN/`` (sharded) or ``stepN-unsharded/`` atomically; every rank must call this.
-
-    :param train_state: this rank's trainer state (plain values and tensors).
-    :param overwrite: replace an existing committed checkpoint of the same step.
-    :param ephemeral: mark a sharded checkpoint as ephemeral (see :func:`remove_ephemeral_checkpoints`).
-    :raises OLMoCheckpointError: if the target exists and ``overwrite`` is false.
-    """
-    pending = begin_checkpoint(folder, step, model, optimizer, train_state, config, sharded, overwrite, ephemeral)
-    return commit_checkpoint(pending)
-
-
-def begin_checkpoint(
-    folder: os.PathLike | str,
-    step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    train_state: dict[str, Any],
-    config: TrainConfig,
-    sharded: bool,
-    overwrite: bool = False,
-    ephemeral: bool = False,
-    background: bool = False,
-) -> PendingCheckpoint:
-    """Write a checkpoint's files into a temporary directory; every rank must call this.
-
-    With ``background`` (sharded only), the model and optimizer state is first copied into fresh CPU
-    buffers (so later optimizer steps cannot leak into this checkpoint) and then written by a background
-    thread with ``torch.distributed.checkpoint.async_save``; the call returns once the copy is done.
-    """
-    root = Path(folder)
-    target = root / (f"step{step}" if sharded else f"step{step}-unsharded")
-    # A folder of that name that is not a committed checkpoint (a damaged marker) is invisible to
-    # discovery; the commit replaces it.
-    if _is_committed(target) and not overwrite:
-        raise OLMoCheckpointError(
-            f"Checkpoint '{target}' already exists. Resume from it with --try_load_latest_save, or pass "
-            f"--save_overwrite to replace it."
-        )
-    # Every rank derives the same temporary name from rank 0's choice.
-    token = [uuid.uuid4().hex[:8]]
-    if dist.is_initialized():
-        dist.broadcast_object_list(token, src=0)
-    tmp = root / f".{target.name}.tmp-{token[0]}"
-    try:
-        if _rank() == 0:
-            tmp.mkdir(parents=True)
-        _barrier()
-        future = _write_state(tmp, model, optimizer, train_state, sharded, background)
-    except (OSError, RuntimeError, CheckpointException) as e:  # torch.save reports a full disk as RuntimeError
-        raise _save_failed(tmp, target, e) from None
-    meta = {"format_version": FORMAT_VERSION, "step": step, "sharded": sharded, "ephemeral": ephemeral}
-    return PendingCheckpoint(target, tmp, meta, config, future)
-
-
-def _write_state(
-    tmp: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    train_state: dict[str, Any],
-    sharded: bool,
-    background: bool,
-) -> Optional[Future]:
-    future: Any = None
-    if sharded:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        if background:
-            stager = _stager(pinned=any(t.is_cuda for t in model.parameters()))
-            if stager.in_flight is not None:
-                stager.in_flight.result()  # its buffers are about to be reused
-            response: Any = dcp.async_save(
-                state,
-                checkpoint_id=str(tmp / "model_and_optim"),
-                process_group=_save_group(),
-                async_stager=stager.stager,
-            )
-            future = stager.in_flight = getattr(response, "upload_completion", response)
-        else:
-            dcp.save(state, checkpoint_id=str(tmp / "model_and_optim"))
-        (tmp / "train").mkdir(exist_ok=True)
-        torch.save(train_state, tmp / "train" / f"rank{_rank()}.pt")
-    else:
-        model_sd = get_model_state_dict(model, options=_FULL)
-        optim_sd = get_optimizer_state_dict(model, optimizer, options=_FULL)
-        if _rank() == 0:
-            torch.save(model_sd, tmp / "model.pt")
-            torch.save(optim_sd, tmp / "optim.pt")
-            torch.save(train_state, tmp / "train.pt")
-    return future
-
-
-def _free_bytes(folder: Path) -> int:
-    try:
-        return shutil.disk_usage(folder).free
-    except OSError:
-        return 2**63
-
-
-def _save_failed(tmp: Path, target: Path, e: BaseException) -> OLMoCheckpointError:
-    """Remove a failed save's temporary directory and say what went wrong and what is still safe."""
-    cause = root_cause(e)
-    if isinstance(cause, OSError):
-        reason = describe_os_error(cause)
-    elif _free_bytes(target.parent) < 2**20:  # measured before the partial files are removed
-        reason = "no space left on the device"
-    else:
-        reason = f"{type(cause).__name__}: {cause}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    return OLMoCheckpointError(
-        f"Could not write checkpoint '{target}': {reason}. The partial save was removed and the committed "
-        f"checkpoints in '{target.parent}' are intact. Free some space (or fix the folder's permissions) and "
-        f"relaunch with --try_load_latest_save to continue from the newest committed checkpoint."
-    )
-
-
-def commit_checkpoint(pending: PendingCheckpoint) -> Path:
-    """Wait for the files, then publish the checkpoint: marker last, then an atomic rename. Collective."""
-    try:
-        if pending.future is not None:
-            pending.future.result()
-        _barrier()
-        if _rank() == 0:
-            _publish(pending)
-    except (OSError, RuntimeError, CheckpointException) as e:
-        raise _save_failed(pending.tmp, pending.target, e) from None
-    _barrier()
-    return pending.target
-
-
-def _publish(pending: PendingCheckpoint) -> None:
-    root, tmp, target = pending.target.parent, pending.tmp, pending.target
-    if pending.config is not None:
-        pending.config.save(tmp / "config.yaml")
-    meta = {**pending.meta, "files": _fsync_tree(tmp)}
-    (tmp / MARKER).write_text(json.dumps(meta, indent=1))
-    _fsync_tree(tmp)
-    if target.exists():
-        trash = root / f".{target.name}.old-{tmp.name.rsplit('-', 1)[-1]}"
-        target.rename(trash)
-        tmp.rename(target)
-        shutil.rmtree(trash)
-    else:
-        tmp.rename(target)
-    _fsync_dir(root)
-
-
-_SAVE_GROUP: list[Any] = []
-
-
-@dataclass
-class _Stager:
-    stager: Any
-    in_flight: Optional[Future] = None
-
-
-_STAGERS: dict[bool, _Stager] = {}
-
-
-def _stager(pinned: bool) -> _Stager:
-    """One staging area per process, reused by every background save: allocating ~12 bytes per parameter
-    of fresh host memory for each save costs more than the copy. The copy is synchronous, so once
-    ``async_save`` returns, training may change the weights without affecting the checkpoint."""
-    if pinned not in _STAGERS:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-        options = StagingOptions(
-            use_pinned_memory=pinned, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False
-        )
-        _STAGERS[pinned] = _Stager(DefaultStager(options))
-    return _STAGERS[pinned]
-
-
-def _save_group() -> Any:
-    """A gloo group for background writes, so their collectives never interleave with training's."""
-    if not dist.is_initialized():
-        return None
-    if not _SAVE_GROUP:
-        _SAVE_GROUP.append(dist.new_group(backend="gloo"))
-    return _SAVE_GROUP[0]
-
-
 def load_checkpoint(
     info: CheckpointInfo,
     model: nn.Module,
@@ -449,11 +202,11 @@ def load_checkpoint(
         return _load_sharded(info, model, optimizer, load_trainer_state)
     model_sd = load_state_file(info.path, "model")
     check_shapes(info.path, model_sd, get_model_state_dict(model))
-    set_model_state_dict(model, model_sd, options=_FULL)
+    set_model_state_dict(model, model_sd, options=FULL_STATE)
     if optimizer is not None:
         optim_sd = load_state_file(info.path, "optim")
         try:
-            set_optimizer_state_dict(model, optimizer, optim_sd, options=_FULL)
+            set_optimizer_state_dict(model, optimizer, optim_sd, options=FULL_STATE)
         except (KeyError, ValueError, RuntimeError) as e:
             raise OLMoCheckpointError(
                 f"The optimizer state in '{info.path}' does not fit this optimizer ({e}). Pass "
@@ -469,7 +222,7 @@ def trainer_state(info: CheckpointInfo) -> dict[str, Any]:
     if not info.sharded:
         path = fetch(info.path, "train.pt")
     else:
-        own = Path(info.path) / "train" / f"rank{_rank()}.pt"
+        own = Path(info.path) / "train" / f"rank{rank()}.pt"
         path = own if own.is_file() else Path(info.path) / "train" / "rank0.pt"
     state = safe_torch_load(path)
     if not isinstance(state, dict):
@@ -546,7 +299,7 @@ def check_shapes(path: str, saved: dict[str, Any], expected: dict[str, Any]) -> 
 
 def prune_checkpoints(folder: os.PathLike | str, sharded: bool, keep: int) -> list[Path]:
     """Delete the oldest committed checkpoints of one kind so that ``keep`` remain (-1 keeps all)."""
-    if keep < 0 or _rank() != 0:
+    if keep < 0 or rank() != 0:
         return []
     mine = [c for c in list_checkpoints(folder) if c.sharded == sharded and not c.ephemeral]
     doomed = mine[: max(0, len(mine) - max(keep, 1))]
@@ -557,7 +310,7 @@ def prune_checkpoints(folder: os.PathLike | str, sharded: bool, keep: int) -> li
 
 def remove_ephemeral_checkpoints(folder: os.PathLike | str, keep_step: Optional[int] = None) -> list[Path]:
     """Delete ephemeral checkpoints except the one at ``keep_step`` (rank 0 does the work)."""
-    if _rank() != 0:
+    if rank() != 0:
         return []
     doomed = [c for c in list_checkpoints(folder) if c.ephemeral and c.step != keep_step]
     for c in doomed:

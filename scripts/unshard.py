@@ -27,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 from torch.distributed.checkpoint.state_dict import (  # noqa: E402
-    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
 )
@@ -42,6 +41,7 @@ from olmo.checkpoint import (  # noqa: E402
 )
 from olmo.checkpoint_io import describe_os_error, safe_torch_load  # noqa: E402
 from olmo.checkpoint_plan import RestorePlan, preflight_restore  # noqa: E402
+from olmo.checkpoint_save import FULL_STATE  # noqa: E402
 from olmo.config import TrainConfig  # noqa: E402
 from olmo.distributed import DistEnv, build_model  # noqa: E402
 from olmo.exceptions import OLMoCheckpointError, OLMoCliError  # noqa: E402
@@ -49,9 +49,6 @@ from olmo.optim import build_optimizer  # noqa: E402
 from olmo.util import is_url, prepare_cli_environment, unwritable_reason  # noqa: E402
 
 log = logging.getLogger("unshard")
-
-# The options an unsharded save_checkpoint uses, so both write identical model.pt / optim.pt.
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -91,7 +88,7 @@ def write_unsharded(
     tmp: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, safetensors: bool
 ) -> None:
     """Write the full model (and optimizer) state dicts into ``tmp`` in OLMo's unsharded layout."""
-    model_sd: dict[str, Any] = get_model_state_dict(model, options=_FULL)
+    model_sd: dict[str, Any] = get_model_state_dict(model, options=FULL_STATE)
     if safetensors:
         from safetensors.torch import save_file
 
@@ -101,7 +98,7 @@ def write_unsharded(
     else:
         torch.save(model_sd, tmp / "model.pt")
     if optimizer is not None:
-        torch.save(get_optimizer_state_dict(model, optimizer, options=_FULL), tmp / "optim.pt")
+        torch.save(get_optimizer_state_dict(model, optimizer, options=FULL_STATE), tmp / "optim.pt")
 
 
 def unshard(input_dir: str, output_dir: str, model_only: bool = False, safetensors: bool = False) -> Path:

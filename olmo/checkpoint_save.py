@@ -1,0 +1,292 @@
+"""Writing checkpoints: every file into a hidden temporary directory, fsynced, the marker last, then an
+atomic rename (see :mod:`olmo.checkpoint` for the layouts). A save that fails (a full disk, a read-only
+folder) removes its temporary directory and leaves the committed checkpoints as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+)
+
+from .checkpoint_io import MARKER, describe_os_error, read_marker, root_cause
+from .config import TrainConfig
+from .exceptions import OLMoCheckpointError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "PendingCheckpoint",
+    "save_checkpoint",
+    "begin_checkpoint",
+    "commit_checkpoint",
+    "is_committed",
+    "rank",
+    "barrier",
+]
+
+FORMAT_VERSION = 1
+FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+"""The options of an unsharded save and load: full state dicts, gathered on the CPU."""
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> dict[str, int]:
+    """fsync every file under ``root`` and return their sizes (relative path -> bytes)."""
+    sizes = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+        sizes[str(path.relative_to(root))] = path.stat().st_size
+    for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        _fsync_dir(d)
+    return sizes
+
+
+def is_committed(path: Path) -> bool:
+    try:
+        read_marker(path / MARKER)
+        return True
+    except OLMoCheckpointError:
+        return False
+
+
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint whose files are written (or being written in the background) into a temporary
+    directory but not yet committed; :func:`commit_checkpoint` finishes it."""
+
+    target: Path
+    tmp: Path
+    meta: dict[str, Any]
+    config: Optional[TrainConfig]
+    """Written as ``config.yaml`` at commit; None when the caller already put one in ``tmp``."""
+    future: Optional[Future] = None
+
+    def is_written(self) -> bool:
+        """True when this rank's background write (if any) has finished."""
+        return self.future is None or self.future.done()
+
+
+def save_checkpoint(
+    folder: os.PathLike | str,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train_state: dict[str, Any],
+    config: TrainConfig,
+    sharded: bool,
+    overwrite: bool = False,
+    ephemeral: bool = False,
+) -> Path:
+    """Write ``stepN/`` (sharded) or ``stepN-unsharded/`` atomically; every rank must call this.
+
+    :param train_state: this rank's trainer state (plain values and tensors).
+    :param overwrite: replace an existing committed checkpoint of the same step.
+    :param ephemeral: mark a sharded checkpoint as ephemeral (see :func:`remove_ephemeral_checkpoints`).
+    :raises OLMoCheckpointError: if the target exists and ``overwrite`` is false.
+    """
+    pending = begin_checkpoint(folder, step, model, optimizer, train_state, config, sharded, overwrite, ephemeral)
+    return commit_checkpoint(pending)
+
+
+def begin_checkpoint(
+    folder: os.PathLike | str,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train_state: dict[str, Any],
+    config: TrainConfig,
+    sharded: bool,
+    overwrite: bool = False,
+    ephemeral: bool = False,
+    background: bool = False,
+) -> PendingCheckpoint:
+    """Write a checkpoint's files into a temporary directory; every rank must call this.
+
+    With ``background`` (sharded only), the model and optimizer state is first copied into fresh CPU
+    buffers (so later optimizer steps cannot leak into this checkpoint) and then written by a background
+    thread with ``torch.distributed.checkpoint.async_save``; the call returns once the copy is done.
+    """
+    root = Path(folder)
+    target = root / (f"step{step}" if sharded else f"step{step}-unsharded")
+    # A folder of that name that is not a committed checkpoint (a damaged marker) is invisible to
+    # discovery; the commit replaces it.
+    if is_committed(target) and not overwrite:
+        raise OLMoCheckpointError(
+            f"Checkpoint '{target}' already exists. Resume from it with --try_load_latest_save, or pass "
+            f"--save_overwrite to replace it."
+        )
+    # Every rank derives the same temporary name from rank 0's choice.
+    token = [uuid.uuid4().hex[:8]]
+    if dist.is_initialized():
+        dist.broadcast_object_list(token, src=0)
+    tmp = root / f".{target.name}.tmp-{token[0]}"
+    try:
+        if rank() == 0:
+            tmp.mkdir(parents=True)
+        barrier()
+        future = _write_state(tmp, model, optimizer, train_state, sharded, background)
+    except (OSError, RuntimeError, CheckpointException) as e:  # torch.save reports a full disk as RuntimeError
+        raise _save_failed(tmp, target, e) from None
+    meta = {"format_version": FORMAT_VERSION, "step": step, "sharded": sharded, "ephemeral": ephemeral}
+    return PendingCheckpoint(target, tmp, meta, config, future)
+
+
+def _write_state(
+    tmp: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train_state: dict[str, Any],
+    sharded: bool,
+    background: bool,
+) -> Optional[Future]:
+    future: Any = None
+    if sharded:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        if background:
+            stager = _stager(pinned=any(t.is_cuda for t in model.parameters()))
+            if stager.in_flight is not None:
+                stager.in_flight.result()  # its buffers are about to be reused
+            response: Any = dcp.async_save(
+                state,
+                checkpoint_id=str(tmp / "model_and_optim"),
+                process_group=_save_group(),
+                async_stager=stager.stager,
+            )
+            future = stager.in_flight = getattr(response, "upload_completion", response)
+        else:
+            dcp.save(state, checkpoint_id=str(tmp / "model_and_optim"))
+        (tmp / "train").mkdir(exist_ok=True)
+        torch.save(train_state, tmp / "train" / f"rank{rank()}.pt")
+    else:
+        model_sd = get_model_state_dict(model, options=FULL_STATE)
+        optim_sd = get_optimizer_state_dict(model, optimizer, options=FULL_STATE)
+        if rank() == 0:
+            torch.save(model_sd, tmp / "model.pt")
+            torch.save(optim_sd, tmp / "optim.pt")
+            torch.save(train_state, tmp / "train.pt")
+    return future
+
+
+def _free_bytes(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 2**63
+
+
+def _save_failed(tmp: Path, target: Path, e: BaseException) -> OLMoCheckpointError:
+    """Remove a failed save's temporary directory and say what went wrong and what is still safe."""
+    cause = root_cause(e)
+    if isinstance(cause, OSError):
+        reason = describe_os_error(cause)
+    elif _free_bytes(target.parent) < 2**20:  # measured before the partial files are removed
+        reason = "no space left on the device"
+    else:
+        reason = f"{type(cause).__name__}: {cause}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    return OLMoCheckpointError(
+        f"Could not write checkpoint '{target}': {reason}. The partial save was removed and the committed "
+        f"checkpoints in '{target.parent}' are intact. Free some space (or fix the folder's permissions) and "
+        f"relaunch with --try_load_latest_save to continue from the newest committed checkpoint."
+    )
+
+
+def commit_checkpoint(pending: PendingCheckpoint) -> Path:
+    """Wait for the files, then publish the checkpoint: marker last, then an atomic rename. Collective."""
+    try:
+        if pending.future is not None:
+            pending.future.result()
+        barrier()
+        if rank() == 0:
+            _publish(pending)
+    except (OSError, RuntimeError, CheckpointException) as e:
+        raise _save_failed(pending.tmp, pending.target, e) from None
+    barrier()
+    return pending.target
+
+
+def _publish(pending: PendingCheckpoint) -> None:
+    root, tmp, target = pending.target.parent, pending.tmp, pending.target
+    if pending.config is not None:
+        pending.config.save(tmp / "config.yaml")
+    meta = {**pending.meta, "files": _fsync_tree(tmp)}
+    (tmp / MARKER).write_text(json.dumps(meta, indent=1))
+    _fsync_tree(tmp)
+    if target.exists():
+        trash = root / f".{target.name}.old-{tmp.name.rsplit('-', 1)[-1]}"
+        target.rename(trash)
+        tmp.rename(target)
+        shutil.rmtree(trash)
+    else:
+        tmp.rename(target)
+    _fsync_dir(root)
+
+
+_SAVE_GROUP: list[Any] = []
+
+
+@dataclass
+class _Stager:
+    stager: Any
+    in_flight: Optional[Future] = None
+
+
+_STAGERS: dict[bool, _Stager] = {}
+
+
+def _stager(pinned: bool) -> _Stager:
+    """One staging area per process, reused by every background save: allocating ~12 bytes per parameter
+    of fresh host memory for each save costs more than the copy. The copy is synchronous, so once
+    ``async_save`` returns, training may change the weights without affecting the checkpoint."""
+    if pinned not in _STAGERS:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        options = StagingOptions(
+            use_pinned_memory=pinned, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False
+        )
+        _STAGERS[pinned] = _Stager(DefaultStager(options))
+    return _STAGERS[pinned]
+
+
+def _save_group() -> Any:
+    """A gloo group for background writes, so their collectives never interleave with training's."""
+    if not dist.is_initialized():
+        return None
+    if not _SAVE_GROUP:
+        _SAVE_GROUP.append(dist.new_group(backend="gloo"))
+    return _SAVE_GROUP[0]
