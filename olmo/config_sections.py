@@ -1,0 +1,482 @@
+"""The sections of a run's configuration: every enum and every dataclass below ``TrainConfig``
+(model, optimizer, scheduler, data, evaluators, tokenizer, wandb, compile, FSDP, DDP ...).
+
+Field names and defaults follow the original OLMo's; every field has a docstring (``train.py CONFIG
+--help`` prints them). Import them from :mod:`olmo.config`, which re-exports all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional, Union
+
+
+class StrEnum(str, Enum):
+    """An enum whose members are their own string values, so YAML can name them either way."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"'{self.value}'"
+
+
+class ActivationType(StrEnum):
+    gelu = "gelu"
+    relu = "relu"
+    swiglu = "swiglu"
+
+
+class BlockType(StrEnum):
+    sequential = "sequential"
+    llama = "llama"
+    """OLMo's Llama-style block (separate q/k/v projections); accepted by name, refused by validation."""
+
+
+class LayerNormType(StrEnum):
+    default = "default"
+    """``F.layer_norm`` in the input's dtype (under autocast: fp32)."""
+    low_precision = "low_precision"
+    """Layer norm run in the autocast dtype (bf16/fp16) to save memory bandwidth."""
+    rms = "rms"
+    """RMSNorm, computed in fp32 and cast back."""
+
+
+class InitFnType(StrEnum):
+    normal = "normal"
+    mitchell = "mitchell"
+    full_megatron = "full_megatron"
+
+
+class ActivationCheckpointingStrategy(StrEnum):
+    whole_layer = "whole_layer"
+    one_in_two = "one_in_two"
+    one_in_three = "one_in_three"
+    one_in_four = "one_in_four"
+    one_in_eight = "one_in_eight"
+    two_in_three = "two_in_three"
+    three_in_four = "three_in_four"
+    fine_grained = "fine_grained"
+
+
+class OptimizerType(StrEnum):
+    lionw = "lionw"
+    adamw = "adamw"
+
+
+class SchedulerType(StrEnum):
+    cosine_with_warmup = "cosine_with_warmup"
+    linear_with_warmup = "linear_with_warmup"
+    inverse_sqrt_with_warmup = "inverse_sqrt_with_warmup"
+    max_scheduler = "max_scheduler"
+    constant = "constant"
+    constant_with_warmup = "constant_with_warmup"
+    cosine_linear_envelope = "cosine_linear_envelope"
+
+
+class SchedulerUnits(StrEnum):
+    steps = "steps"
+    tokens = "tokens"
+
+
+class PaddingDirection(StrEnum):
+    right = "right"
+    left = "left"
+
+
+class TruncationDirection(StrEnum):
+    right = "right"
+    left = "left"
+
+
+class EvaluatorType(StrEnum):
+    downstream = "downstream"
+    lm = "lm"
+
+
+class DistributedStrategy(StrEnum):
+    fsdp = "fsdp"
+    ddp = "ddp"
+    single = "single"
+
+
+class ShardingStrategy(StrEnum):
+    """Written by name, as in OLMo configs (``FULL_SHARD``); mapped onto FSDP2 in olmo.distributed."""
+
+    FULL_SHARD = "FULL_SHARD"
+    SHARD_GRAD_OP = "SHARD_GRAD_OP"
+    HYBRID_SHARD = "HYBRID_SHARD"
+    _HYBRID_SHARD_ZERO2 = "_HYBRID_SHARD_ZERO2"
+    NO_SHARD = "NO_SHARD"
+
+
+class FSDPWrapStrategy(StrEnum):
+    by_block = "by_block"
+    by_block_and_size = "by_block_and_size"
+    by_block_group = "by_block_group"
+    by_block_group_and_size = "by_block_group_and_size"
+    size_based = "size_based"
+    one_in_two = "one_in_two"
+    one_in_three = "one_in_three"
+    one_in_four = "one_in_four"
+    one_in_five = "one_in_five"
+
+
+class FSDPPrecision(StrEnum):
+    pure = "pure"
+    """Params, reductions and buffers all in the autocast dtype."""
+    mixed = "mixed"
+    """Params and buffers in the autocast dtype, gradient reductions in fp32."""
+
+
+class DDPGradSyncMode(StrEnum):
+    batch = "batch"
+    micro_batch = "micro_batch"
+
+
+@dataclass
+class ModelConfig:
+    """The transformer's shape and options. Parameter names follow the original OLMo."""
+
+    d_model: int = 768
+    """Hidden size."""
+    n_heads: int = 12
+    """Number of attention (query) heads; must divide ``d_model``."""
+    n_kv_heads: Optional[int] = None
+    """Key/value heads for GQA (1 = multi-query). None means ``n_heads`` (plain multi-head)."""
+    clip_qkv: Optional[float] = None
+    """Clamp the fused q/k/v projection output to [-clip_qkv, clip_qkv]. None disables."""
+    n_layers: int = 12
+    """Number of transformer blocks."""
+    mlp_ratio: int = 4
+    """MLP hidden size as a multiple of ``d_model`` (ignored when ``mlp_hidden_size`` is set)."""
+    mlp_hidden_size: Optional[int] = None
+    """Explicit MLP hidden size (before SwiGLU halves it)."""
+    activation_type: ActivationType = ActivationType.swiglu
+    """MLP activation: ``swiglu``, ``gelu`` or ``relu``."""
+    block_type: BlockType = BlockType.sequential
+    """Transformer block layout. Only OLMo's ``sequential`` block is implemented; ``llama`` is refused by
+    validation with the reason."""
+    block_group_size: int = 1
+    """Accepted for OLMo compatibility; only 1 is supported."""
+    alibi: bool = False
+    """ALiBi attention biases instead of positional embeddings (exclusive with ``rope``)."""
+    alibi_bias_max: float = 8.0
+    """Largest ALiBi slope exponent."""
+    rope: bool = False
+    """Rotary position embeddings (NeoX layout)."""
+    rope_full_precision: bool = True
+    """Apply RoPE in fp32 even under autocast."""
+    rope_theta: int = 10000
+    """RoPE base frequency."""
+    flash_attention: bool = False
+    """Use the flash-attn package when installed; otherwise warn once and use SDPA."""
+    attention_dropout: float = 0.1
+    """Dropout on attention probabilities (training only)."""
+    multi_query_attention: Optional[bool] = None
+    """Deprecated spelling of ``n_kv_heads: 1``; False or None means multi-head."""
+    attention_layer_norm: bool = False
+    """Layer norm on queries and keys (QK-norm)."""
+    residual_dropout: float = 0.1
+    """Dropout on each block's attention and MLP outputs."""
+    embedding_dropout: float = 0.1
+    """Dropout on the token embeddings."""
+    embedding_layer_norm: bool = False
+    """Layer norm right after the token embedding."""
+    layer_norm_type: LayerNormType = LayerNormType.default
+    """``default``, ``low_precision`` or ``rms``."""
+    layer_norm_with_affine: bool = True
+    """Learnable scale (and bias, see ``bias_for_layer_norm``) in the block and final norms."""
+    layer_norm_eps: float = 1e-5
+    """Epsilon of every norm."""
+    attention_layer_norm_with_affine: bool = True
+    """Learnable scale/bias in the QK norms."""
+    max_sequence_length: int = 1024
+    """Training context length T; every instance is exactly T tokens."""
+    include_bias: bool = True
+    """Biases in the linear layers."""
+    bias_for_layer_norm: Optional[bool] = None
+    """Biases in the norms; None means ``include_bias``."""
+    scale_logits: bool = False
+    """Multiply the logits by ``1/sqrt(d_model)``."""
+    vocab_size: int = 50257
+    """Number of real tokens; every token id must be below this."""
+    embedding_size: Optional[int] = 50304
+    """Rows of the embedding matrix (>= vocab_size; a multiple of 128 is fastest). None = vocab_size."""
+    weight_tying: bool = True
+    """Share the input embedding and the output projection."""
+    eos_token_id: int = 50256
+    """End-of-document token id."""
+    pad_token_id: int = 50256
+    """Padding token id."""
+    init_device: Optional[str] = None
+    """Accepted for OLMo compatibility. The trainer always builds on ``meta`` and materializes the
+    parameters directly on the training device, so this has no effect."""
+    init_fn: InitFnType = InitFnType.normal
+    """Weight initialization scheme: ``normal``, ``mitchell`` or ``full_megatron``."""
+    init_std: float = 0.02
+    """Standard deviation for the ``normal`` and ``full_megatron`` schemes."""
+    init_cutoff_factor: Optional[float] = None
+    """Truncate init draws at this many standard deviations (mitchell/megatron default: 3)."""
+    precision: Optional[str] = None
+    """Accepted for OLMo compatibility (OLMo copied ``TrainConfig.precision`` here); unused."""
+    scale_emb_init: bool = False
+    """``full_megatron`` only: scale the embedding init std by ``sqrt(d_model)``."""
+    emb_init_std: Optional[float] = None
+    """Override the embedding init std."""
+    norm_after: bool = False
+    """OLMo-2 ordering: normalize each sub-layer's output instead of its input."""
+
+    @property
+    def effective_n_kv_heads(self) -> int:
+        """Key/value heads after reconciling ``n_kv_heads`` with the deprecated ``multi_query_attention``."""
+        if self.n_kv_heads is None:
+            return 1 if self.multi_query_attention else self.n_heads
+        return self.n_kv_heads
+
+    @property
+    def effective_embedding_size(self) -> int:
+        return self.embedding_size if self.embedding_size is not None else self.vocab_size
+
+    @property
+    def effective_mlp_hidden_size(self) -> int:
+        return self.mlp_hidden_size if self.mlp_hidden_size is not None else self.mlp_ratio * self.d_model
+
+    @property
+    def effective_bias_for_layer_norm(self) -> bool:
+        return self.include_bias if self.bias_for_layer_norm is None else self.bias_for_layer_norm
+
+
+@dataclass
+class OptimizerConfig:
+    name: OptimizerType = OptimizerType.lionw
+    """``adamw`` or ``lionw`` (OLMo's default)."""
+    learning_rate: float = 1.0e-4
+    """Peak learning rate."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay for the decay group."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """(beta1, beta2)."""
+    eps: float = 1e-5
+    """AdamW epsilon."""
+    no_decay_norm_and_bias: Optional[bool] = None
+    """Deprecated: when set, overrides ``decay_norm_and_bias`` with its negation."""
+    selective_updates: bool = False
+    """Skip decay and state updates where the gradient is exactly zero."""
+    decay_norm_and_bias: bool = False
+    """Apply weight decay to norm weights and biases."""
+    decay_embeddings: bool = False
+    """Apply weight decay to the embedding matrix (and the tied output matrix)."""
+    metrics_log_interval: Optional[int] = None
+    """Accepted for OLMo compatibility (per-parameter metrics); not collected yet."""
+    record_update_metrics: bool = False
+    """Accepted for OLMo compatibility; not collected yet."""
+
+
+@dataclass
+class SchedulerConfig:
+    name: SchedulerType = SchedulerType.cosine_with_warmup
+    """Learning-rate schedule."""
+    units: SchedulerUnits = SchedulerUnits.steps
+    """Whether ``t_warmup``/``t_max`` count optimizer steps or training tokens."""
+    t_warmup: Union[int, float] = 100
+    """Warmup length in ``units``."""
+    t_max: Optional[Union[int, float]] = None
+    """Schedule length in ``units``; None means the run's max_duration."""
+    alpha_f: float = 0.1
+    """Final learning rate as a fraction of the peak."""
+    grad_clip_warmup_steps: Optional[Union[int, float]] = None
+    """For this many steps, multiply ``max_grad_norm`` by ``grad_clip_warmup_factor``."""
+    grad_clip_warmup_factor: Optional[float] = None
+    """See ``grad_clip_warmup_steps``."""
+    warmup_min_lr: Optional[float] = None
+    """Learning rate at step 0 of warmup; None means ``0.1 * learning_rate``."""
+
+
+@dataclass
+class InstanceFilterConfig:
+    repetition_max_period: int = 13
+    """Longest repeated pattern, in tokens, the repetition filter looks for (accepted; the filter is not applied yet)."""
+    repetition_min_period: int = 1
+    """Shortest repeated pattern, in tokens, the repetition filter looks for."""
+    repetition_max_count: int = 32
+    """An instance repeating a pattern this many times in a row would be filtered out."""
+
+
+@dataclass
+class CustomDatasetCollatorConfig:
+    """Field names of a custom dataset's items (OLMo's ``CustomDatasetCollatorConfig``); accepted so that
+    configs OLMo writes load, never used (see ``DataConfig.custom_dataset``)."""
+
+    input_id_field: str = "input_ids"
+    """Item key holding the token ids."""
+    attention_mask_field: Optional[str] = None
+    """Item key holding the attention mask."""
+    attention_bias_field: Optional[str] = None
+    """Item key holding the attention bias."""
+    label_mask_field: Optional[str] = None
+    """Item key holding the label mask."""
+    index_field: Optional[str] = None
+    """Item key holding the instance index."""
+    instance_mask_field: Optional[str] = None
+    """Item key holding the instance mask."""
+    doc_lens_field: Optional[str] = None
+    """Item key holding the document lengths."""
+    metadata_field: Optional[str] = None
+    """Item key holding the metadata."""
+
+
+@dataclass
+class CustomDatasetConfig:
+    """OLMo's custom dataset: a class ``name`` imported from ``module`` and built with ``args``. Accepted so
+    that configs OLMo writes load; validation refuses a non-null ``data.custom_dataset``."""
+
+    name: str = "???"
+    """The dataset class (or function) name."""
+    module: Optional[str] = None
+    """The module to import it from."""
+    args: Optional[dict[str, Any]] = None
+    """Keyword arguments for it."""
+    collate_fn: Optional[str] = None
+    """A collate function, by import path."""
+    token_field: Optional[str] = None
+    """The item key holding the tokens."""
+    collate_config: Optional[CustomDatasetCollatorConfig] = field(default_factory=CustomDatasetCollatorConfig)
+    """Field names of the items."""
+
+
+@dataclass
+class DataConfig:
+    paths: Optional[list[str]] = None
+    """Token memmaps (local paths or URLs), headerless, as written by ``dolma tokens``. A file written by
+    ``np.save`` is read from after its npy header (whose dtype must be ``memmap_dtype``)."""
+    memmap_dtype: str = "uint16"
+    """numpy dtype of the token files: uint8, uint16, uint32 or uint64."""
+    datasets: Optional[dict[str, list[str]]] = None
+    """Label -> token files (used by evaluators); exclusive with ``paths``."""
+    label_mask_paths: Optional[list[str]] = None
+    """One bool memmap per path; False positions get no loss (fine-tuning)."""
+    pad_direction: PaddingDirection = PaddingDirection.right
+    """Where the collator pads instances shorter than the longest in a batch: ``right`` or ``left``."""
+    generate_attention_mask: bool = False
+    """Build an attention mask from ``pad_token_id`` positions."""
+    generate_doc_lengths: bool = False
+    """Accepted for OLMo compatibility (document masking needs flash-attn varlen); not used yet."""
+    num_workers: int = 0
+    """DataLoader worker processes."""
+    drop_last: bool = False
+    """Accepted for OLMo compatibility: training always drops the last partial global batch."""
+    pin_memory: Optional[bool] = None
+    """Pin batches in page-locked memory so host-to-GPU copies run asynchronously (the trainer copies with
+    ``non_blocking=True``). None: pin when CUDA is available. Ignored without CUDA."""
+    prefetch_factor: Optional[int] = None
+    """Batches each DataLoader worker loads ahead; None is PyTorch's default (ignored without workers)."""
+    persistent_workers: bool = False
+    """Accepted for OLMo compatibility; workers restart each epoch so they see the new data order."""
+    timeout: int = 0
+    """Seconds the DataLoader waits for a worker's batch before failing; 0 waits forever."""
+    seed: Optional[int] = None
+    """Data-order seed; None means ``TrainConfig.seed``."""
+    instance_filter: Optional[InstanceFilterConfig] = None
+    """Accepted for OLMo compatibility; not applied yet."""
+    custom_dataset: Optional[CustomDatasetConfig] = None
+    """OLMo's hook for a dataset class imported from ``module`` by name. Accepted as null (OLMo writes it
+    into every config.yaml); anything else is refused by validation, since it would run code named by a
+    config file: convert the data to token memmaps instead."""
+
+
+@dataclass
+class EvaluatorConfig:
+    label: str = "???"
+    """Name of the evaluator: the metric prefix, and for ``downstream`` the ai2-olmo-eval task label."""
+    type: EvaluatorType = EvaluatorType.lm
+    """``lm`` (cross entropy and perplexity over token files) or ``downstream`` (multiple-choice task)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The token files an ``lm`` evaluator scores (``paths``, or ``datasets``: label -> files)."""
+    device_eval_batch_size: Optional[int] = None
+    """Instances per batch on each rank; None uses the top-level ``device_eval_batch_size``."""
+    subset_num_batches: Optional[int] = None
+    """Batches per rank to score; None uses ``eval_subset_num_batches``."""
+
+
+@dataclass
+class TokenizerConfig:
+    identifier: str = "allenai_gpt-neox-olmo-dolma-v1_5.json"
+    """A tokenizer.json path, or the name of a file shipped in ``olmo_eval/tokenizers/``."""
+    truncate_direction: TruncationDirection = TruncationDirection.right
+    """Accepted for OLMo compatibility; OLMo never applied it either."""
+
+
+@dataclass
+class WandbConfig:
+    project: Optional[str] = None
+    """The wandb project; None is wandb's default."""
+    entity: Optional[str] = "ai2-llm"
+    """The wandb team or user the run belongs to."""
+    group: Optional[str] = None
+    """Groups related runs in the wandb UI."""
+    name: Optional[str] = None
+    """The wandb run name; None uses ``run_name``."""
+    tags: Optional[list[str]] = field(default_factory=lambda: ["watching"])
+    """Tags attached to the wandb run."""
+    log_artifacts: bool = False
+    """Accepted for OLMo compatibility (unused there too)."""
+    rank_zero_only: bool = True
+    """Log from rank 0 only (metrics are reduced across ranks first)."""
+    log_interval: int = 1
+    """Steps between wandb log calls."""
+    mode: Optional[str] = None
+    """``offline`` (default unless WANDB_MODE is set), ``online`` or ``disabled``. Online needs
+    WANDB_API_KEY in the environment; keys are never config fields."""
+
+
+@dataclass
+class SpeedMonitorConfig:
+    window_size: int = 100
+    """Steps averaged for tokens/s and MFU."""
+    gpu_flops_available: Optional[float] = None
+    """Peak FLOP/s of one device for MFU; None means detect it (known GPUs, or measure the CPU)."""
+
+
+@dataclass
+class CompilerConfig:
+    mode: Optional[str] = None
+    """torch.compile's mode: ``default``, ``reduce-overhead`` or ``max-autotune``; None is the default."""
+    fullgraph: bool = False
+    """Compile each block as one graph; fails on graph breaks instead of falling back."""
+    backend: str = "inductor"
+    """The torch.compile backend."""
+    dynamic: Optional[bool] = None
+    """torch.compile's dynamic-shape setting; None lets it decide."""
+
+
+@dataclass
+class FSDPConfig:
+    use_orig_params: bool = True
+    """Accepted for OLMo compatibility: FSDP2 always keeps the original parameters."""
+    sharding_strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD
+    """FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD, mapped onto FSDP2 (see the README)."""
+    wrapping_strategy: Optional[FSDPWrapStrategy] = None
+    """Which modules become their own FSDP unit: by_block (and null), by_block_and_size, one_in_N."""
+    precision: Optional[FSDPPrecision] = FSDPPrecision.pure
+    """``mixed``: compute in the autocast dtype, reduce gradients in fp32; ``pure``: reduce in the autocast dtype."""
+    hybrid_sharding_num_model_replicas: Optional[int] = None
+    """HYBRID_SHARD replica groups; None means one per node. Must divide the world size."""
+
+
+@dataclass
+class DDPConfig:
+    grad_sync_mode: DDPGradSyncMode = DDPGradSyncMode.batch
+    """``batch``: all-reduce gradients once per step; ``micro_batch``: after every micro-batch."""
+    find_unused_params: bool = False
+    """Accepted for OLMo compatibility (needs grad_sync_mode micro_batch there); no effect here."""
+
+
+@dataclass
+class SingleGPUConfig:
+    """OLMo's settings for ``distributed_strategy: single``."""
+
+    device: str = "auto"
+    """``auto`` (the default, and the only value with an effect here: CUDA when available, else CPU); any
+    other value warns at startup that the device is chosen automatically."""
