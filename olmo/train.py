@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import signal
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -47,13 +46,11 @@ from .metrics import (
 from .model import OLMo
 from .optim import BoltOnWarmupScheduler, clip_grads, set_learning_rate
 from .rng import get_rng_state, set_rng_state
+from .stop import EXIT_CODE_STOPPED, StopRequest
 
 __all__ = ["Trainer", "TrainerState", "EXIT_CODE_STOPPED"]
 
 log = logging.getLogger(__name__)
-
-EXIT_CODE_STOPPED = 75
-"""Exit code after SIGTERM/SIGINT or ``time_limit``: a checkpoint was saved; relaunch to resume."""
 
 
 @dataclass
@@ -65,28 +62,6 @@ class TrainerState:
     global_train_examples_seen_this_epoch: int = 0
     global_train_tokens_seen: int = 0
     epoch: int = 0
-
-
-class _StopRequest:
-    """Turns SIGTERM/SIGINT into a flag checked after every step; a second signal exits at once."""
-
-    def __init__(self) -> None:
-        self.reason: Optional[str] = None
-        self._previous: dict[int, Any] = {}
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.reason = signal.Signals(signum).name
-        log.warning("Received %s: saving a checkpoint after this step, then exiting.", self.reason)
-        self.uninstall()
 
 
 class Trainer:
@@ -114,7 +89,7 @@ class Trainer:
         self.device_batch_size = cfg.device_batch_size(env.world_size)
         self.autocast_dtype = autocast_dtype(cfg, env.device)
         self.z_loss_multiplier = (cfg.auxiliary_loss_multiplier or 1e-4) if cfg.softmax_auxiliary_loss else None
-        self.stop_request = _StopRequest()
+        self.stop_request = StopRequest()
         self.last_saved_step: dict[str, int] = {}
         self.pending_save: Optional[PendingCheckpoint] = None
         self.restored_step: Optional[int] = None

@@ -1,0 +1,108 @@
+"""Pieces of ``scripts/benchmark.py`` that measure training as it runs: synthetic batches that cost nothing to
+fetch, and a clock that splits a step into its phases with hooks on the model and the optimizer."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import torch
+
+from .config import TrainConfig
+from .data import DataCollator, IterableDataset
+from .distributed import DistEnv
+
+__all__ = ["RandomTokens", "SyntheticBatches", "PhaseClock"]
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    """``n`` instances of ``seq_len`` uniformly random token ids; instance ``i`` is the same on every call."""
+
+    def __init__(self, n: int, seq_len: int, vocab_size: int, seed: int):
+        self.n, self.seq_len, self.vocab_size, self.seed = n, seq_len, vocab_size, seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(self.seed + int(index))
+        return {"input_ids": torch.randint(0, self.vocab_size, (self.seq_len,), generator=gen)}  # (T,)
+
+
+class SyntheticBatches:
+    """The first few device batches of random tokens, made up front (pinned on CUDA) and cycled, so getting a
+    batch costs nothing. Its ``dataset`` is a real :class:`olmo.data.IterableDataset`, as ``Trainer`` expects,
+    holding as many instances as the benchmark consumes.
+    """
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, n_steps: int):
+        tokens = RandomTokens(
+            n_steps * cfg.global_train_batch_size, cfg.model.max_sequence_length, cfg.model.vocab_size, cfg.seed
+        )
+        self.dataset = IterableDataset(
+            tokens,
+            cfg.global_train_batch_size,
+            seed=cfg.seed,
+            epoch=cfg.epoch or 0,
+            world_size=env.world_size,
+            rank=env.rank,
+        )
+        collate = DataCollator.from_train_config(cfg)
+        instances = iter(self.dataset)
+        size = self.dataset.device_batch_size
+        self.batches = [collate(list(itertools.islice(instances, size))) for _ in range(min(n_steps, 4))]
+        if env.device.type == "cuda":
+            self.batches = [{k: v.pin_memory() for k, v in b.items()} for b in self.batches]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return itertools.cycle(self.batches)
+
+
+class PhaseClock:
+    """Boundaries of one step's phases, recorded by hooks on the model's forward and the optimizer's step.
+
+    Each reading synchronizes the device first: without it, time spent by queued GPU kernels would land in
+    whichever phase next waits for the GPU (usually the loss's host sync).
+    """
+
+    def __init__(self, device: torch.device, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.device = device
+        self.handles = [
+            # prepend: FSDP's own pre-forward hook (the root all-gather) then counts as forward
+            model.register_forward_pre_hook(self._forward_start, prepend=True),
+            model.register_forward_hook(self._forward_end),
+            optimizer.register_step_pre_hook(self._optimizer_start),
+            optimizer.register_step_post_hook(self._optimizer_end),
+        ]
+        self.reset()
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def reset(self) -> None:
+        self.first_forward: Optional[float] = None
+        self.forward_seconds = 0.0
+        self.optimizer_start = self.optimizer_end = 0.0
+        self._started = 0.0
+
+    def _forward_start(self, *_: Any) -> None:
+        self._started = self.now()
+        if self.first_forward is None:
+            self.first_forward = self._started
+
+    def _forward_end(self, *_: Any) -> None:
+        self.forward_seconds += self.now() - self._started
+
+    def _optimizer_start(self, *_: Any) -> None:
+        self.optimizer_start = self.now()
+
+    def _optimizer_end(self, *_: Any) -> None:
+        self.optimizer_end = self.now()
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
