@@ -48,3 +48,18 @@ $(DOLMA_VENV)/bin/dolma:
 	$(DOLMA_PYTHON) -m venv $(DOLMA_VENV)
 	mkdir -p $(DOLMA_VENV)/nltk_data/tokenizers/punkt
 	$(DOLMA_VENV)/bin/pip install -q "dolma==1.2.1" "boto3==1.28.17"
+
+# The original trainer (ai2-olmo 0.6.0) in its own virtualenv, for scripts/benchmark_olmo.py and
+# tests/fixtures/olmo_checkpoints/make_fixtures.sh. Never installed into .venv: its top-level `olmo` package would shadow ours.
+# datasets<4 / pyarrow<20 / numpy<2 are the versions its code was written against; its trainer also imports
+# wandb, torchmetrics and scikit-learn, which it does not declare (about 2 minutes, 1.8 GB).
+OLMO_VENV ?= .venv-olmo
+
+.PHONY: olmo-env
+olmo-env: $(OLMO_VENV)/.installed
+
+$(OLMO_VENV)/.installed:
+	python3 -m venv $(OLMO_VENV)
+	$(OLMO_VENV)/bin/pip install -q "torch==2.13.0"
+	$(OLMO_VENV)/bin/pip install -q "ai2-olmo==0.6.0" "datasets<4" "pyarrow<20" "numpy<2" wandb torchmetrics scikit-learn
+	touch $@

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.api import CheckpointException
@@ -47,6 +48,15 @@ from .checkpoint_io import (
     read_marker,
     root_cause,
     safe_torch_load,
+)
+from .checkpoint_olmo import (
+    CONVERT_COMMAND,
+    clean_model_state,
+    convert_optim_state,
+    convert_trainer_state,
+    describe_dir,
+    detect_layout,
+    load_train_state,
 )
 from .checkpoint_save import (
     FORMAT_VERSION,
@@ -99,6 +109,8 @@ class CheckpointInfo:
     sharded: bool
     marked: bool
     ephemeral: bool = False
+    layout: str = "olmo-trainer"
+    """``olmo-trainer`` for ours, else the original OLMo trainer's layout (:mod:`olmo.checkpoint_olmo`)."""
 
 
 def list_checkpoints(folder: os.PathLike | str) -> list[CheckpointInfo]:
@@ -158,16 +170,46 @@ def inspect_checkpoint(path: str, flag: str = "--load_path") -> CheckpointInfo:
                     f"{size} bytes). It may have been copied incompletely; copy it again or pick another."
                 )
         return CheckpointInfo(str(root), meta["step"], meta["sharded"], True)
-    # No marker: accept only a complete checkpoint written by the original OLMo trainer.
-    has_model = (root / "model.pt").is_file() or (root / "model.safetensors").is_file()
-    if (root / "config.yaml").is_file() and has_model:
-        log.warning("'%s' has no %s marker; loading it as an original OLMo unsharded checkpoint.", path, MARKER)
-        return CheckpointInfo(str(root), int(match.group(1)) if match else 0, False, False)
-    raise OLMoCheckpointError(
-        f"{flag} '{path}' is not a committed checkpoint: it has no {MARKER} marker (the save that wrote "
-        f"it did not finish) and is not a complete OLMo checkpoint (config.yaml + model.pt). Pick an "
-        f"earlier step*/ directory or use --try_load_latest_save."
+    return _inspect_original(root, path, flag, int(match.group(1)) if match else 0)
+
+
+def _inspect_original(root: Path, path: str, flag: str, step: int) -> CheckpointInfo:
+    """A directory without our marker: a complete checkpoint of the original OLMo trainer, or an error saying
+    what the directory holds and what a checkpoint must hold."""
+    layout = detect_layout(root)
+    complete = (root / "config.yaml").is_file()  # the original trainer writes it last
+    if layout is None:
+        raise OLMoCheckpointError(
+            f"{flag} '{path}' is not a checkpoint: it holds {describe_dir(root)}. Expected a directory written by "
+            f"this trainer (stepN/ or stepN-unsharded/ with a {MARKER} marker; one without it is a save that did "
+            f"not finish), or one written by the original OLMo trainer (config.yaml with model.pt, "
+            f"model_and_optim/, or model/ + optim/). Pick another step*/ directory or use --try_load_latest_save."
+        )
+    if not complete:
+        raise OLMoCheckpointError(
+            f"{flag} '{path}' is not a committed checkpoint: it has neither our {MARKER} marker nor the "
+            f"config.yaml the original OLMo trainer writes last ({layout} layout), so the save that wrote it did not "
+            f"finish or the copy is incomplete (it holds {describe_dir(root)}). Copy it again or pick an earlier "
+            f"step*/ directory (or use --try_load_latest_save)."
+        )
+    if layout == "olmo_core":
+        raise OLMoCheckpointError(
+            f"{flag} '{path}' is an original OLMo sharded checkpoint in the olmo_core layout (model/, optim/, "
+            f"train/). Convert it once into a checkpoint this trainer loads directly:\n"
+            f"    {CONVERT_COMMAND} {path} {path.rstrip('/')}-converted\n"
+            f"then pass {flag}={path.rstrip('/')}-converted."
+        )
+    if layout in ("local", "torch_legacy"):
+        raise OLMoCheckpointError(
+            f"{flag} '{path}' is an original OLMo sharded checkpoint in the {layout} layout, which can be read only "
+            f"with the torch version and world size that wrote it. Unshard it with the original OLMo "
+            f"(`python scripts/unshard.py {path} OUT --type {layout}` in its repository), then pass "
+            f"{flag}=OUT (an unsharded checkpoint loads here directly)."
+        )
+    log.warning(
+        "'%s' has no %s marker; loading it as an original OLMo checkpoint (%s layout).", path, MARKER, layout
     )
+    return CheckpointInfo(str(root), step, layout == "torch_new", False, layout=layout)
 
 
 def _inspect_remote(url: str, match: Optional[re.Match]) -> CheckpointInfo:
@@ -176,7 +218,7 @@ def _inspect_remote(url: str, match: Optional[re.Match]) -> CheckpointInfo:
         marker = fetch(base, MARKER)
     except OLMoError:
         log.warning("No %s marker at %s; treating it as an original OLMo unsharded checkpoint.", MARKER, url)
-        return CheckpointInfo(base, int(match.group(1)) if match else 0, False, False)
+        return CheckpointInfo(base, int(match.group(1)) if match else 0, False, False, layout="unsharded")
     meta = read_marker(marker)
     if meta["sharded"]:
         raise OLMoCheckpointError(
@@ -200,11 +242,16 @@ def load_checkpoint(
     """
     if info.sharded:
         return _load_sharded(info, model, optimizer, load_trainer_state)
+    original = info.layout != "olmo-trainer"
     model_sd = load_state_file(info.path, "model")
+    if original:
+        model_sd = clean_model_state(model_sd)
     check_shapes(info.path, model_sd, get_model_state_dict(model))
     set_model_state_dict(model, model_sd, options=FULL_STATE)
     if optimizer is not None:
         optim_sd = load_state_file(info.path, "optim")
+        if original:
+            optim_sd = convert_optim_state(optim_sd, model, optimizer, info.path)
         try:
             set_optimizer_state_dict(model, optimizer, optim_sd, options=FULL_STATE)
         except (KeyError, ValueError, RuntimeError) as e:
@@ -224,6 +271,10 @@ def trainer_state(info: CheckpointInfo) -> dict[str, Any]:
     else:
         own = Path(info.path) / "train" / f"rank{rank()}.pt"
         path = own if own.is_file() else Path(info.path) / "train" / "rank0.pt"
+    if info.layout != "olmo-trainer":
+        world_size = dist.get_world_size() if dist.is_initialized() else 1
+        own_rng = info.sharded and path.name == f"rank{rank()}.pt"
+        return convert_trainer_state(load_train_state(path), rank(), world_size, own_rng)
     state = safe_torch_load(path)
     if not isinstance(state, dict):
         raise OLMoCheckpointError(f"'{path}' holds a {type(state).__name__}, not a trainer state.")
@@ -237,6 +288,11 @@ def _load_sharded(
     if optimizer is not None:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        if info.layout != "olmo-trainer":
+            # The original (torch_new) stores the same names, but its param groups carry OLMo's own fields: load
+            # the per-parameter tensors only and keep this run's groups and hyperparameters, as OLMo does.
+            state["optim"] = {"state": optim_sd["state"]}
+            _check_original_optim_keys(info.path, folder, optim_sd["state"])  # type: ignore[arg-type]
     else:
         state = {"model": get_model_state_dict(model)}
     check_shapes(info.path, sharded_model_shapes(folder), state["model"])
@@ -251,12 +307,30 @@ def _load_sharded(
             f"damaged or was not written by this trainer; load another checkpoint."
         ) from None
     if optimizer is not None:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        optim_loaded = {"state": state["optim"]["state"], "param_groups": optim_sd["param_groups"]}
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_loaded)
     else:
         set_model_state_dict(model, state["model"])
     if not load_trainer_state:
         return None
     return trainer_state(info)
+
+
+def _check_original_optim_keys(path: str, folder: str, wanted: dict[str, dict[str, Any]]) -> None:
+    """Every per-parameter optimizer tensor this run needs is in the original sharded checkpoint."""
+    saved = set(read_dcp_metadata(folder).state_dict_metadata)
+    missing = [
+        f"{name}.{key}"
+        for name, values in wanted.items()
+        for key in values
+        if f"optim.state.{name}.{key}" not in saved
+    ]
+    if missing:
+        raise OLMoCheckpointError(
+            f"The optimizer state in '{path}' lacks {len(missing)} of this run's optimizer tensors (e.g. "
+            f"{missing[:3]}): it was written with another optimizer or model. Set optimizer.name and model.* to the "
+            f"checkpoint's (see its config.yaml), or pass --reset_optimizer_state to load the model weights only."
+        )
 
 
 def sharded_model_shapes(folder: str) -> dict[str, tuple]:

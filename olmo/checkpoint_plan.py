@@ -29,6 +29,7 @@ from .checkpoint import (
     trainer_state,
 )
 from .checkpoint_io import MARKER, describe_os_error, load_state_file, read_dcp_bytes_entries, safe_torch_load
+from .checkpoint_olmo import clean_model_state, load_train_state
 from .config import TrainConfig
 from .exceptions import OLMoCheckpointError
 from .util import is_url, unwritable_reason
@@ -113,9 +114,10 @@ def preflight_restore(plan: RestorePlan, model_cfg: Any) -> None:
         read_dcp_bytes_entries(folder, ("model.", "optim.") if plan.load_optimizer_state else ("model.",))
         if plan.load_trainer_state:
             for path in sorted((Path(info.path) / "train").glob("rank*.pt")):
-                safe_torch_load(path)
+                load_train_state(path) if info.layout != "olmo-trainer" else safe_torch_load(path)
         return
-    check_shapes(info.path, load_state_file(info.path, "model"), expected)
+    saved = load_state_file(info.path, "model")
+    check_shapes(info.path, clean_model_state(saved) if info.layout != "olmo-trainer" else saved, expected)
     if plan.load_optimizer_state:
         load_state_file(info.path, "optim")
     if plan.load_trainer_state:

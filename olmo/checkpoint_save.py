@@ -202,6 +202,56 @@ def _write_state(
     return future
 
 
+def write_unsharded_checkpoint(
+    target: Path,
+    model: nn.Module,
+    optimizer: Optional[torch.optim.Optimizer],
+    train_state: dict[str, Any],
+    config_file: Path,
+    step: int,
+    safetensors: bool = False,
+) -> Path:
+    """Write a committed unsharded checkpoint ``target`` from one process (``scripts/unshard.py`` and
+    ``scripts/convert_olmo_checkpoint.py``): the full state dicts, ``train_state`` and a copy of ``config_file``,
+    into a temporary directory that is committed like every trainer checkpoint. Nothing is left on failure.
+
+    :raises OLMoCheckpointError: if ``target`` exists (or appears meanwhile) or the files cannot be written.
+    """
+    if target.exists():
+        raise OLMoCheckpointError(
+            f"'{target}' already exists; it is never written into. Pick a new path or delete it."
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        model_sd: dict[str, Any] = get_model_state_dict(model, options=FULL_STATE)
+        if safetensors:
+            from safetensors.torch import save_file
+
+            contiguous = {k: v.contiguous() for k, v in model_sd.items()}
+            save_file(contiguous, str(tmp / "model.safetensors"), {"format": "pt"})
+        else:
+            torch.save(model_sd, tmp / "model.pt")
+        if optimizer is not None:
+            torch.save(get_optimizer_state_dict(model, optimizer, options=FULL_STATE), tmp / "optim.pt")
+        torch.save(train_state, tmp / "train.pt")
+        shutil.copyfile(config_file, tmp / "config.yaml")
+        if target.exists():
+            raise OLMoCheckpointError(f"'{target}' appeared while it was being written; nothing was written.")
+        meta = {"format_version": FORMAT_VERSION, "step": step, "sharded": False, "ephemeral": False}
+        commit_checkpoint(PendingCheckpoint(target, tmp, meta, config=None))
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise OLMoCheckpointError(
+                f"Could not write '{target}': {describe_os_error(e)}. Nothing was written; free some space or "
+                f"pick another path."
+            ) from None
+        raise
+    return target
+
+
 def _free_bytes(folder: Path) -> int:
     try:
         return shutil.disk_usage(folder).free

@@ -16,32 +16,23 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-from torch.distributed.checkpoint.state_dict import (  # noqa: E402
-    get_model_state_dict,
-    get_optimizer_state_dict,
-)
 
 from olmo.checkpoint import (  # noqa: E402
-    FORMAT_VERSION,
     MARKER,
-    PendingCheckpoint,
-    commit_checkpoint,
     inspect_checkpoint,
     load_checkpoint,
 )
-from olmo.checkpoint_io import describe_os_error, safe_torch_load  # noqa: E402
+from olmo.checkpoint_io import safe_torch_load  # noqa: E402
 from olmo.checkpoint_plan import RestorePlan, preflight_restore  # noqa: E402
-from olmo.checkpoint_save import FULL_STATE  # noqa: E402
+from olmo.checkpoint_save import write_unsharded_checkpoint  # noqa: E402
 from olmo.config import TrainConfig  # noqa: E402
 from olmo.distributed import DistEnv, build_model  # noqa: E402
 from olmo.exceptions import OLMoCheckpointError, OLMoCliError  # noqa: E402
@@ -84,23 +75,6 @@ def merged_trainer_state(root: Path, rank0_state: dict[str, Any]) -> dict[str, A
     return {**rank0_state, "rng": rng}
 
 
-def write_unsharded(
-    tmp: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, safetensors: bool
-) -> None:
-    """Write the full model (and optimizer) state dicts into ``tmp`` in OLMo's unsharded layout."""
-    model_sd: dict[str, Any] = get_model_state_dict(model, options=FULL_STATE)
-    if safetensors:
-        from safetensors.torch import save_file
-
-        save_file(
-            {k: v.contiguous() for k, v in model_sd.items()}, str(tmp / "model.safetensors"), {"format": "pt"}
-        )
-    else:
-        torch.save(model_sd, tmp / "model.pt")
-    if optimizer is not None:
-        torch.save(get_optimizer_state_dict(model, optimizer, options=FULL_STATE), tmp / "optim.pt")
-
-
 def unshard(input_dir: str, output_dir: str, model_only: bool = False, safetensors: bool = False) -> Path:
     """Convert the sharded checkpoint ``input_dir`` into the unsharded checkpoint ``output_dir``.
 
@@ -135,25 +109,15 @@ def unshard(input_dir: str, output_dir: str, model_only: bool = False, safetenso
     train_state = load_checkpoint(info, model, optimizer, load_trainer_state=True)
     assert train_state is not None
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        write_unsharded(tmp, model, optimizer, safetensors)
-        torch.save(merged_trainer_state(root, train_state), tmp / "train.pt")
-        shutil.copyfile(root / "config.yaml", tmp / "config.yaml")
-        if target.exists():  # created while we were writing; never replace it
-            raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' appeared while unsharding; nothing was written.")
-        meta = {"format_version": FORMAT_VERSION, "step": info.step, "sharded": False, "ephemeral": False}
-        commit_checkpoint(PendingCheckpoint(target, tmp, meta, config=None))
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):
-            raise OLMoCheckpointError(
-                f"Could not write OUTPUT_DIR '{target}': {describe_os_error(e)}. Nothing was written; free some "
-                f"space or pick another OUTPUT_DIR."
-            ) from None
-        raise
+    write_unsharded_checkpoint(
+        target,
+        model,
+        optimizer,
+        merged_trainer_state(root, train_state),
+        root / "config.yaml",
+        info.step,
+        safetensors,
+    )
     for path in sorted(p for p in target.iterdir() if p.name != MARKER):
         log.info("  %-17s %s", path.name, _size(path.stat().st_size))
     log.info("Wrote unsharded checkpoint %s in %.1f s.", target, time.perf_counter() - start)

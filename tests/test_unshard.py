@@ -121,7 +121,7 @@ def test_refuses_bad_inputs_and_an_existing_output(sharded_run, tmp_path):
     not_a_checkpoint.mkdir()
     result = _run_script(not_a_checkpoint, tmp_path / "out")
     assert result.returncode != 0
-    assert "OLMoCheckpointError" in result.stderr and "not a committed checkpoint" in result.stderr
+    assert "OLMoCheckpointError" in result.stderr and "is not a checkpoint: it holds nothing" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
 
     unshard = _import_script().unshard

@@ -1,0 +1,124 @@
+"""Convert a checkpoint written by the original OLMo trainer (ai2-olmo) into this trainer's unsharded layout.
+
+    python scripts/convert_olmo_checkpoint.py INPUT_DIR OUTPUT_DIR [--model-only] [--safetensors]
+
+INPUT_DIR is any original checkpoint this trainer can read: the ``olmo_core`` sharded layout (``model/``,
+``optim/``, ``train/``; the only one that must be converted before ``--load_path`` takes it), ``torch_new``
+(``model_and_optim/``) or unsharded (``model.pt``, ``optim.pt``, ``train.pt``). OUTPUT_DIR receives
+``model.pt`` (or ``model.safetensors``), ``optim.pt``, ``train.pt`` and the original ``config.yaml``,
+committed with our ``.olmo-checkpoint.json`` marker; then ``--load_path=OUTPUT_DIR`` resumes exactly where
+the original stopped (model, AdamW moments and step counts, step, tokens and data position, and every
+rank's RNG when the world size matches).
+
+One process, no torchrun: the model and optimizer are built on the CPU from INPUT_DIR's ``config.yaml``, so
+peak memory is about the training state's full size (fp32 weights + optimizer moments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from olmo.checkpoint import MARKER, CheckpointInfo, inspect_checkpoint, load_checkpoint  # noqa: E402
+from olmo.checkpoint_olmo import describe_dir, detect_layout, load_olmo_core, merged_train_state  # noqa: E402
+from olmo.checkpoint_save import write_unsharded_checkpoint  # noqa: E402
+from olmo.config import TrainConfig  # noqa: E402
+from olmo.distributed import DistEnv, build_model  # noqa: E402
+from olmo.exceptions import OLMoCheckpointError, OLMoCliError  # noqa: E402
+from olmo.optim import build_optimizer  # noqa: E402
+from olmo.util import is_url, prepare_cli_environment, unwritable_reason  # noqa: E402
+
+log = logging.getLogger("convert_olmo_checkpoint")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=Path(argv[0]).name,
+        description="Convert an original OLMo checkpoint (olmo_core, torch_new or unsharded layout) into this "
+        "trainer's unsharded layout, which --load_path loads directly.",
+    )
+    parser.add_argument("input", metavar="INPUT_DIR", help="the original checkpoint, e.g. .../step1000")
+    parser.add_argument("output", metavar="OUTPUT_DIR", help="where to write it; must not exist yet")
+    parser.add_argument(
+        "--model-only", action="store_true", help="skip optim.pt (resume with --reset_optimizer_state)"
+    )
+    parser.add_argument("--safetensors", action="store_true", help="write model.safetensors instead of model.pt")
+    return parser.parse_args(argv[1:])
+
+
+def _original_info(root: Path) -> tuple[str, int]:
+    """The layout and step of the original checkpoint ``root``; an error for anything else."""
+    if (root / MARKER).is_file():
+        raise OLMoCheckpointError(
+            f"INPUT_DIR '{root}' was written by this trainer, not the original OLMo; there is nothing to convert. "
+            f"Load it with --load_path={root} (or unshard a sharded one with scripts/unshard.py)."
+        )
+    layout = detect_layout(root)
+    if not root.is_dir() or layout is None:
+        found = describe_dir(root) if root.is_dir() else "nothing (it does not exist)"
+        raise OLMoCheckpointError(
+            f"INPUT_DIR '{root}' is not an original OLMo checkpoint: it holds {found}. Expected config.yaml with "
+            f"model/ + optim/ (olmo_core), model_and_optim/ (torch_new) or model.pt (unsharded)."
+        )
+    if not (root / "config.yaml").is_file():
+        raise OLMoCheckpointError(
+            f"INPUT_DIR '{root}' has no config.yaml, which the original trainer writes last: the save did not "
+            f"finish or the copy is incomplete. Copy it again."
+        )
+    digits = "".join(ch for ch in root.name.split("-")[0] if ch.isdigit())
+    return layout, int(digits) if digits else 0
+
+
+def convert(input_dir: str, output_dir: str, model_only: bool = False, safetensors: bool = False) -> Path:
+    """Convert the original checkpoint ``input_dir`` into our committed unsharded checkpoint ``output_dir``."""
+    if is_url(input_dir) or is_url(output_dir):
+        raise OLMoCliError("convert_olmo_checkpoint.py works on local directories; download the checkpoint first.")
+    root, target = Path(input_dir), Path(output_dir)
+    layout, step = _original_info(root)
+    if target.exists():
+        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' already exists; pick a new path or delete it first.")
+    reason = unwritable_reason(target.parent)
+    if reason is not None:
+        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' cannot be created: {reason}. Pick another OUTPUT_DIR.")
+    start = time.perf_counter()
+    cfg = TrainConfig.load(root / "config.yaml", ["compile=null"])
+    log.info("Converting %s (original OLMo, %s layout, step %d).", root, layout, step)
+    model = build_model(cfg, DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1))
+    optimizer = None if model_only else build_optimizer(cfg.optimizer, model)
+    if layout == "olmo_core":
+        train_state = load_olmo_core(root, model, optimizer)
+    else:
+        info: CheckpointInfo = inspect_checkpoint(str(root), flag="INPUT_DIR")
+        state = load_checkpoint(info, model, optimizer, load_trainer_state=True)
+        assert state is not None
+        train_state = merged_train_state(root) if info.sharded else state
+    train_state["format_version"] = 1
+    write_unsharded_checkpoint(target, model, optimizer, train_state, root / "config.yaml", step, safetensors)
+    log.info(
+        "Wrote %s in %.1f s: step %d, %d instances into epoch %d. Resume with --load_path=%s.",
+        target,
+        time.perf_counter() - start,
+        train_state["global_step"],
+        train_state["global_train_examples_seen_this_epoch"],
+        train_state["epoch"],
+        target,
+    )
+    return target
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    convert(args.input, args.output, model_only=args.model_only, safetensors=args.safetensors)
+    return 0
+
+
+if __name__ == "__main__":
+    prepare_cli_environment()
+    sys.exit(main(sys.argv))
