@@ -10,20 +10,28 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable
-from typing import Any, NamedTuple, cast
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import (
+    DocumentSpans,
+    attention_bias,
+    check_doc_lens,
+    describe_attention,
+    document_ids,
+    document_spans,
+    flash_varlen_attention,
+)
 from .config import ActivationType, InitFnType, ModelConfig
 from .exceptions import OLMoConfigurationError
 from .layers import (
     LayerNorm,
     OutputLayer,
     RotaryTables,
-    alibi_bias,
     apply_rotary,
     lm_head,
     make_dropout,
@@ -53,13 +61,33 @@ def _warn_once(message: str) -> None:
     log.warning(message)
 
 
-def _load_flash_attn() -> Callable[..., torch.Tensor] | None:
+class _FlashAttn(NamedTuple):
+    """The flash-attn kernels the model calls (functions, not the module, so that the model can be deep-copied)."""
+
+    func: Callable[..., torch.Tensor]
+    varlen_func: Callable[..., torch.Tensor]
+
+
+def _load_flash_attn() -> _FlashAttn | None:
     try:
-        from flash_attn import flash_attn_func
+        from flash_attn import flash_attn_func, flash_attn_varlen_func
     except ImportError:
         _warn_once("model.flash_attention is set but the flash-attn package is not installed; using PyTorch SDPA.")
         return None
-    return flash_attn_func
+    return _FlashAttn(flash_attn_func, flash_attn_varlen_func)
+
+
+def _flash_usable(flash_attn: _FlashAttn | None, device: torch.device, dtype: torch.dtype, has_bias: bool) -> bool:
+    """Whether flash-attn can run attention for inputs of this device and dtype, with or without a mask."""
+    if flash_attn is None:
+        return False
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        _warn_once("flash-attn needs CUDA fp16/bf16 inputs (enable autocast); using PyTorch SDPA.")
+        return False
+    if has_bias:
+        _warn_once("flash-attn cannot take an attention mask or ALiBi; using PyTorch SDPA for those batches.")
+        return False
+    return True
 
 
 class OLMoBlock(nn.Module):
@@ -95,21 +123,26 @@ class OLMoBlock(nn.Module):
         self.ff_norm = LayerNorm.build(config)
         self.att_proj = nn.Linear(config.d_model, config.d_model + 2 * kv_dim, bias=bias)
         self.ff_proj = nn.Linear(config.d_model, hidden, bias=bias)
-        self._flash_attn_func = _load_flash_attn() if config.flash_attention else None
+        self._flash_attn = _load_flash_attn() if config.flash_attention else None
 
     def forward(
-        self, x: torch.Tensor, attn_bias: torch.Tensor | None = None, rope: RotaryTables | None = None
+        self,
+        x: torch.Tensor,
+        attn_bias: torch.Tensor | None = None,
+        rope: RotaryTables | None = None,
+        doc_spans: DocumentSpans | None = None,
     ) -> torch.Tensor:
         """
         :param x: (B, T, C) residual stream.
         :param attn_bias: Additive attention bias broadcastable to (B, H, T, T), causal part included;
             None means plain causal attention.
         :param rope: (cos, sin) tables when the model uses RoPE.
+        :param doc_spans: Run flash-attn's varlen kernel over these documents instead (``attn_bias`` is then None).
         """
         if self.config.norm_after:
-            x = x + self.dropout(self.attn_norm(self.attention(x, attn_bias, rope)))
+            x = x + self.dropout(self.attn_norm(self.attention(x, attn_bias, rope, doc_spans)))
             return x + self.dropout(self.ff_norm(self.feed_forward(x)))
-        x = x + self.dropout(self.attention(self.attn_norm(x), attn_bias, rope))
+        x = x + self.dropout(self.attention(self.attn_norm(x), attn_bias, rope, doc_spans))
         return x + self.dropout(self.feed_forward(self.ff_norm(x)))
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,7 +159,11 @@ class OLMoBlock(nn.Module):
         return self.ff_out(h)
 
     def attention(
-        self, x: torch.Tensor, attn_bias: torch.Tensor | None = None, rope: RotaryTables | None = None
+        self,
+        x: torch.Tensor,
+        attn_bias: torch.Tensor | None = None,
+        rope: RotaryTables | None = None,
+        doc_spans: DocumentSpans | None = None,
     ) -> torch.Tensor:
         """Self-attention including the output projection, (B, T, C) -> (B, T, C)."""
         B, T, C = x.shape
@@ -144,7 +181,7 @@ class OLMoBlock(nn.Module):
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
         if rope is not None:
             q, k = self._rotate(q, k, rope)
-        y = self._scaled_dot_product(q, k, v, attn_bias)  # (B, T, H, hd)
+        y = self._scaled_dot_product(q, k, v, attn_bias, doc_spans)  # (B, T, H, hd)
         return self.attn_out(y.reshape(B, T, C))
 
     def _rotate(self, q: torch.Tensor, k: torch.Tensor, rope: RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,14 +194,22 @@ class OLMoBlock(nn.Module):
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
     def _scaled_dot_product(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_bias: torch.Tensor | None,
+        doc_spans: DocumentSpans | None,
     ) -> torch.Tensor:
         """q (B, H, T, hd), k/v (B, KV, T, hd) -> (B, T, H, hd)."""
         dropout_p = self.config.attention_dropout if self.training else 0.0
-        if self.config.flash_attention and self._use_flash(q, attn_bias):
-            assert self._flash_attn_func is not None
+        if doc_spans is not None:
+            assert self._flash_attn is not None, "OLMo.forward passes doc_spans only when flash-attn runs"
+            return flash_varlen_attention(self._flash_attn.varlen_func, q, k, v, doc_spans, dropout_p)
+        if _flash_usable(self._flash_attn, q.device, q.dtype, attn_bias is not None):
+            assert self._flash_attn is not None
             # flash-attn takes (B, T, heads, hd) and handles GQA itself.
-            return self._flash_attn_func(
+            return self._flash_attn.func(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, causal=True
             )
         if self.n_kv_heads != self.n_heads:
@@ -178,55 +223,6 @@ class OLMoBlock(nn.Module):
             q, k, v, attn_mask=attn_bias, dropout_p=dropout_p, is_causal=attn_bias is None
         )  # (B, H, T, hd)
         return y.transpose(1, 2)
-
-    def _use_flash(self, q: torch.Tensor, attn_bias: torch.Tensor | None) -> bool:
-        if self._flash_attn_func is None:
-            return False
-        if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
-            _warn_once("flash-attn needs CUDA fp16/bf16 inputs (enable autocast); using PyTorch SDPA.")
-            return False
-        if attn_bias is not None:
-            _warn_once("flash-attn cannot take an attention mask or ALiBi; using PyTorch SDPA for those batches.")
-            return False
-        return True
-
-
-def describe_attention(
-    config: ModelConfig, device: torch.device, dtype: torch.dtype | None, has_bias: bool
-) -> dict[str, Any]:
-    """Which attention kernel a forward pass will run (mirrors :meth:`OLMoBlock._use_flash`): flash-attn, or
-    PyTorch SDPA and the kernel SDPA picks for this shape (asked of torch's private chooser).
-
-    :param dtype: The autocast dtype, None for fp32.
-    :param has_bias: Whether batches carry an attention mask or ALiBi bias.
-    """
-    try:
-        import flash_attn
-
-        flash_version: str | None = flash_attn.__version__
-    except ImportError:
-        flash_version = None
-    flash_runs = bool(
-        config.flash_attention and flash_version and device.type == "cuda" and dtype is not None and not has_bias
-    )
-    head_dim = config.d_model // config.n_heads
-    sdpa = None
-    if not flash_runs:
-        shape = (1, config.n_heads, config.max_sequence_length, head_dim)  # (B, H, T, hd)
-        q = torch.zeros(shape, device=device, dtype=dtype or torch.float32, requires_grad=True)
-        bias = torch.zeros(1, 1, q.size(2), q.size(2), device=device, dtype=q.dtype) if has_bias else None
-        try:
-            choice = torch._fused_sdp_choice(q, q, q, bias, config.attention_dropout, not has_bias)
-            sdpa = torch.nn.attention.SDPBackend(choice).name
-        except Exception as e:  # a private API: report rather than fail
-            sdpa = f"unknown ({type(e).__name__})"
-    return {
-        "model.flash_attention": config.flash_attention,
-        "flash_attn_version": flash_version,
-        "backend": "flash_attn.flash_attn_func" if flash_runs else "torch SDPA",
-        "sdpa_kernel": sdpa,
-        "head_dim": head_dim,
-    }
 
 
 class OLMoTransformer(nn.Module):
@@ -280,6 +276,7 @@ class OLMo(nn.Module):
                 f"not implemented; only sequential blocks without groups are (see TrainConfig.validate)."
             )
         self.config = config
+        self._flash_attn = _load_flash_attn() if config.flash_attention else None
         # RoPE tables per device, long enough for the longest sequence seen. A plain dict, not buffers: they stay
         # out of the state dict, and a meta build or ``to_empty`` cannot leave stale values behind.
         self._rope_cache: dict[torch.device, RotaryTables] = {}
@@ -300,6 +297,8 @@ class OLMo(nn.Module):
         labels: torch.Tensor | None = None,
         z_loss_multiplier: float | None = None,
         fused_loss: bool = False,
+        doc_lens: torch.Tensor | None = None,
+        max_doc_lens: Sequence[int] | None = None,
     ) -> OLMoOutput:
         """
         :param input_ids: (B, T) token ids.
@@ -312,6 +311,15 @@ class OLMo(nn.Module):
         :param z_loss_multiplier: Weight of the z-loss, or None.
         :param fused_loss: Compute the loss chunk by chunk from the hidden states without the logits
             (:func:`olmo.loss.fused_output_loss`); ``logits`` is then None.
+        :param doc_lens: (B, max_docs) lengths of the documents packed into each row, zero-padded on the right;
+            each row's lengths sum to T (padding, if any, counted in some document). A token then attends only to
+            earlier tokens of its own document, as OLMo's ``data.generate_doc_lengths`` does: flash-attn's varlen
+            kernel when it runs (CUDA, fp16/bf16, ``model.flash_attention``, no ``attention_mask`` or ALiBi), else
+            an SDPA mask built once per forward. Positions stay those of the packed row, as in OLMo: with RoPE or
+            ALiBi (relative) a document gives the logits it would give alone, but with learned absolute positions
+            (``wpe``) its logits depend on where in the row it sits.
+        :param max_doc_lens: At least the longest document (OLMo passes each row's longest); only flash-attn uses
+            it, and it saves a host sync there.
         """
         cfg = self.config
         t = self.transformer
@@ -323,13 +331,22 @@ class OLMo(nn.Module):
             x = x + t.wpe(torch.arange(T, device=x.device))  # (B, T, C)
         x = t.emb_drop(x)
 
-        attn_bias = self._attention_bias(attention_mask, T, x.device)  # (B or 1, H or 1, T, T) or None
+        doc_ids: torch.Tensor | None = None
+        doc_spans: DocumentSpans | None = None
+        if doc_lens is not None:
+            doc_lens = doc_lens.to(x.device)
+            check_doc_lens(doc_lens, input_ids.shape, max_doc_lens)
+            if self._flash_runs_documents(x, attention_mask):
+                doc_spans = document_spans(doc_lens, max_doc_lens)
+            else:
+                doc_ids = document_ids(doc_lens, T)  # (B, T)
+        attn_bias = attention_bias(cfg, T, x.device, attention_mask, doc_ids)  # (B or 1, H or 1, T, T) or None
         rope = self._rope_tables(T, x.device) if cfg.rope else None
         hidden_states: list[torch.Tensor] = []
         for block in t.blocks:
             if output_hidden_states:
                 hidden_states.append(x)
-            x = block(x, attn_bias, rope)  # (B, T, C)
+            x = block(x, attn_bias, rope, doc_spans)  # (B, T, C)
         x = t.ln_f(x)
         if output_hidden_states:
             hidden_states.append(x)
@@ -342,20 +359,11 @@ class OLMo(nn.Module):
             logits, loss = t.ff_out(x, *head)
         return OLMoOutput(logits, None, hidden, loss)
 
-    def _attention_bias(
-        self, attention_mask: torch.Tensor | None, seq_len: int, device: torch.device
-    ) -> torch.Tensor | None:
-        """Additive fp32 bias with the causal mask folded in, or None for plain causal attention."""
-        if attention_mask is None and not self.config.alibi:
-            return None
-        allowed = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]  # (1, 1, T, T)
-        if attention_mask is not None:
-            allowed = allowed & attention_mask.bool()[:, None, None, :]  # (B, 1, T, T)
-        if self.config.alibi:
-            bias = alibi_bias(self.config.n_heads, seq_len, self.config.alibi_bias_max, device)  # (1, H, T, T)
-        else:
-            bias = torch.zeros((), device=device)
-        return torch.where(allowed, bias, torch.finfo(torch.float).min)
+    def _flash_runs_documents(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
+        """Whether the blocks' attention for the embeddings ``x`` can run on flash-attn's varlen kernel."""
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype  # q's dtype
+        return _flash_usable(self._flash_attn, x.device, dtype, attention_mask is not None or self.config.alibi)
 
     def _rope_tables(self, seq_len: int, device: torch.device) -> RotaryTables:
         cached = self._rope_cache.get(device)

@@ -1,0 +1,185 @@
+"""Attention inputs for :mod:`olmo.model`: the causal, padding, ALiBi and document masks folded into one additive
+bias for PyTorch SDPA, the document spans that flash-attn's varlen kernel takes instead of a mask, and
+:func:`describe_attention`, which reports the kernel that will run.
+
+Document masking is the model side of OLMo's ``data.generate_doc_lengths``: a packed row of ``T`` tokens holds
+several documents, ``doc_lens`` (B, max_docs) gives their lengths (zero-padded on the right, each row summing to
+``T``), and a token attends only to earlier tokens of its own document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .exceptions import OLMoDataError
+from .layers import alibi_bias
+
+__all__ = [
+    "DocumentSpans",
+    "attention_bias",
+    "check_doc_lens",
+    "cumulative_document_lengths",
+    "describe_attention",
+    "document_ids",
+    "document_spans",
+    "flash_varlen_attention",
+]
+
+
+class DocumentSpans(NamedTuple):
+    """The documents of a packed batch as flash-attn's varlen kernels take them: the batch is one flat stream of
+    ``B * T`` tokens, cut into documents."""
+
+    cu_seqlens: torch.Tensor
+    """(n_docs + 1,) int32: 0, then the running total of the document lengths in row-major order."""
+    max_seqlen: int
+    """The length of the longest document (an upper bound also works, only slower)."""
+
+
+def check_doc_lens(doc_lens: torch.Tensor, input_shape: torch.Size, max_doc_lens: Sequence[int] | None) -> None:
+    """Raise :class:`OLMoDataError` unless ``doc_lens`` describes every token of ``input_ids`` exactly once.
+
+    One host sync (the checks of the values), so that bad lengths fail here rather than inside a kernel.
+
+    :param doc_lens: (B, max_docs) document lengths, zero-padded on the right.
+    :param input_shape: (B, T), the shape of ``input_ids``.
+    :param max_doc_lens: When given, must be at least the longest document.
+    """
+    hint = "doc_lens must be (batch, max_docs) integer lengths whose nonzero entries sum to each row's length"
+    B, T = input_shape
+    if doc_lens.dim() != 2 or doc_lens.size(0) != B:
+        raise OLMoDataError(f"{hint}; got shape {tuple(doc_lens.shape)} for input_ids of shape {(B, T)}.")
+    if doc_lens.dtype.is_floating_point or doc_lens.dtype.is_complex or doc_lens.dtype == torch.bool:
+        raise OLMoDataError(f"{hint}; got dtype {doc_lens.dtype}.")
+    longest = int(max(max_doc_lens)) if max_doc_lens else T
+    bad_rows = (doc_lens < 0).any(dim=1) | (doc_lens.sum(dim=1) != T) | (doc_lens > longest).any(dim=1)  # (B,)
+    if bad_rows.any():
+        row = int(bad_rows.nonzero()[0])
+        limit = f" and at most max(max_doc_lens)={longest}" if max_doc_lens else ""
+        raise OLMoDataError(
+            f"{hint}{limit}; row {row} has lengths {doc_lens[row].tolist()} for {T} tokens "
+            f"({int(bad_rows.sum())} of {B} rows are wrong)."
+        )
+
+
+def document_ids(doc_lens: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """(B, T) the index, within its row, of the document each position belongs to.
+
+    :param doc_lens: (B, max_docs) lengths that passed :func:`check_doc_lens`.
+    """
+    ends = doc_lens.cumsum(dim=1)  # (B, max_docs) where each document stops (exclusive)
+    positions = torch.arange(seq_len, device=doc_lens.device).repeat(doc_lens.size(0), 1)  # (B, T)
+    # A position's document is the number of documents that end at or before it.
+    return torch.searchsorted(ends, positions, right=True)  # (B, T)
+
+
+def cumulative_document_lengths(doc_lens: torch.Tensor) -> torch.Tensor:
+    """(n_docs + 1,) int32 ``cu_seqlens`` of (B, max_docs) zero-padded lengths: 0, then the running total of the
+    nonzero lengths row by row, as the documents lie in the flattened batch."""
+    lengths = doc_lens[doc_lens != 0]  # (n_docs,)
+    return F.pad(lengths.cumsum(dim=0, dtype=torch.int32), (1, 0))
+
+
+def document_spans(doc_lens: torch.Tensor, max_doc_lens: Sequence[int] | None) -> DocumentSpans:
+    """The :class:`DocumentSpans` of lengths that passed :func:`check_doc_lens`; ``max(max_doc_lens)`` is the
+    longest document when given (saves a host sync), else it is computed."""
+    max_seqlen = int(max(max_doc_lens)) if max_doc_lens else int(doc_lens.max())
+    return DocumentSpans(cumulative_document_lengths(doc_lens), max_seqlen)
+
+
+def attention_bias(
+    config: ModelConfig,
+    seq_len: int,
+    device: torch.device,
+    attention_mask: torch.Tensor | None = None,
+    doc_ids: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """Additive fp32 bias with the causal mask folded in, broadcastable to (B, H, T, T); None when plain causal
+    attention is all that is needed (SDPA then runs with ``is_causal=True`` and no mask at all).
+
+    :param attention_mask: (B, T), 1 for real tokens and 0 for padding keys, which are hidden from every query.
+    :param doc_ids: (B, T) from :func:`document_ids`: a query sees only keys of its own document.
+    """
+    if attention_mask is None and doc_ids is None and not config.alibi:
+        return None
+    allowed = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]  # (1, 1, T, T)
+    if attention_mask is not None:
+        allowed = allowed & attention_mask.bool()[:, None, None, :]  # (B, 1, T, T)
+    if doc_ids is not None:
+        allowed = allowed & (doc_ids[:, None, :, None] == doc_ids[:, None, None, :])  # (B, 1, T, T)
+    if config.alibi:
+        bias = alibi_bias(config.n_heads, seq_len, config.alibi_bias_max, device)  # (1, H, T, T)
+    else:
+        bias = torch.zeros((), device=device)
+    return torch.where(allowed, bias, torch.finfo(torch.float).min)
+
+
+def flash_varlen_attention(
+    varlen_func: Callable[..., torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spans: DocumentSpans,
+    dropout_p: float,
+) -> torch.Tensor:
+    """Causal attention within each document with flash-attn's ``flash_attn_varlen_func``: q (B, H, T, hd),
+    k/v (B, KV, T, hd) -> (B, T, H, hd). The kernel takes GQA as it is (query head h reads kv head h // (H / KV))."""
+    B, H, T, hd = q.shape
+    y = varlen_func(
+        q.transpose(1, 2).reshape(B * T, H, hd),  # (B*T, H, hd): the rows laid end to end
+        k.transpose(1, 2).reshape(B * T, -1, hd),  # (B*T, KV, hd)
+        v.transpose(1, 2).reshape(B * T, -1, hd),  # (B*T, KV, hd)
+        spans.cu_seqlens,
+        spans.cu_seqlens,
+        spans.max_seqlen,
+        spans.max_seqlen,
+        dropout_p=dropout_p,
+        causal=True,
+    )  # (B*T, H, hd)
+    return y.view(B, T, H, hd)
+
+
+def describe_attention(
+    config: ModelConfig, device: torch.device, dtype: torch.dtype | None, has_bias: bool, doc_masking: bool = False
+) -> dict[str, Any]:
+    """Which attention kernel a forward pass will run (mirrors ``olmo.model._flash_usable``): flash-attn, or
+    PyTorch SDPA and the kernel SDPA picks for this shape (asked of torch's private chooser).
+
+    :param dtype: The autocast dtype, None for fp32.
+    :param has_bias: Whether batches carry an attention mask or ALiBi bias.
+    :param doc_masking: Whether batches carry ``doc_lens``: flash-attn's varlen kernel, or SDPA with a mask.
+    """
+    try:
+        import flash_attn
+
+        flash_version: str | None = flash_attn.__version__
+    except ImportError:
+        flash_version = None
+    flash_runs = bool(
+        config.flash_attention and flash_version and device.type == "cuda" and dtype is not None and not has_bias
+    )
+    flash_kernel = "flash_attn_varlen_func" if doc_masking else "flash_attn_func"
+    head_dim = config.d_model // config.n_heads
+    sdpa = None
+    if not flash_runs:
+        masked = has_bias or doc_masking
+        shape = (1, config.n_heads, config.max_sequence_length, head_dim)  # (B, H, T, hd)
+        q = torch.zeros(shape, device=device, dtype=dtype or torch.float32, requires_grad=True)
+        bias = torch.zeros(1, 1, q.size(2), q.size(2), device=device, dtype=q.dtype) if masked else None
+        try:
+            choice = torch._fused_sdp_choice(q, q, q, bias, config.attention_dropout, not masked)
+            sdpa = torch.nn.attention.SDPBackend(choice).name
+        except Exception as e:  # a private API: report rather than fail
+            sdpa = f"unknown ({type(e).__name__})"
+    return {
+        "model.flash_attention": config.flash_attention,
+        "flash_attn_version": flash_version,
+        "backend": f"flash_attn.{flash_kernel}" if flash_runs else "torch SDPA",
+        "sdpa_kernel": sdpa,
+        "head_dim": head_dim,
+    }
