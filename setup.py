@@ -29,7 +29,16 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "dev": ["pytest>=8", "pytest-xdist>=3", "ruff>=0.6", "mypy>=1.10"],
+        "dev": [
+            "pytest>=8",
+            "pytest-xdist>=3",
+            "ruff>=0.6",
+            "mypy>=1.10",
+            # Real S3 and GCS servers on 127.0.0.1 for the remote_save_folder upload tests (offline); their
+            # clients, boto3 and google-cloud-storage, come with cached-path.
+            "moto[server]>=5",
+            "gcp-storage-emulator",
+        ],
         "flash": ["flash-attn>=2.5"],
     },
 )

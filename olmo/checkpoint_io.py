@@ -92,7 +92,7 @@ def read_marker(path: Path) -> dict[str, Any]:
         ) from None
 
 
-def _refusal(path: Union[str, Path], e: BaseException) -> OLMoCheckpointError:
+def refusal(path: Union[str, Path], e: BaseException) -> OLMoCheckpointError:
     first_line = _ANSI.sub("", str(e)).strip().splitlines()
     reason = next(
         (line.strip() for line in first_line if "Unsupported" in line), first_line[0] if first_line else ""
@@ -117,7 +117,7 @@ def safe_torch_load(path: Path, mmap: bool = True) -> Any:
     except FileNotFoundError:
         raise OLMoCheckpointError(f"Checkpoint file '{path}' is missing.") from None
     except pickle.UnpicklingError as e:
-        raise _refusal(path, e) from None
+        raise refusal(path, e) from None
     except Exception as e:
         raise OLMoCheckpointError(
             f"Could not read checkpoint file '{path}' ({type(e).__name__}: {_ANSI.sub('', str(e)).strip()[:300]}). "
@@ -224,7 +224,7 @@ def _safe_bytes_load(value: BinaryIO, what: str) -> Any:
     try:
         return torch.load(value, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise _refusal(what, e) from None
+        raise refusal(what, e) from None
     except Exception as e:
         raise OLMoCheckpointError(
             f"Could not read '{what}' ({type(e).__name__}: {e}); the checkpoint is damaged."

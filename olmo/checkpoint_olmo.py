@@ -44,7 +44,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .checkpoint_io import _refusal
+from .checkpoint_io import refusal
 from .exceptions import OLMoCheckpointError
 
 __all__ = [
@@ -142,7 +142,7 @@ def load_train_state(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise OLMoCheckpointError(f"Checkpoint file '{path}' is missing.") from None
     except pickle.UnpicklingError as e:
-        raise _refusal(path, e) from None
+        raise refusal(path, e) from None
     except Exception as e:
         raise OLMoCheckpointError(
             f"Could not read '{path}' ({type(e).__name__}: {str(e)[:300]}). It is damaged or not an OLMo trainer "

@@ -55,7 +55,7 @@ def barrier() -> None:
         dist.barrier()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -63,7 +63,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_tree(root: Path) -> dict[str, int]:
+def fsync_tree(root: Path) -> dict[str, int]:
     """fsync every file under ``root`` and return their sizes (relative path -> bytes)."""
     sizes = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
@@ -71,7 +71,7 @@ def _fsync_tree(root: Path) -> dict[str, int]:
             os.fsync(f.fileno())
         sizes[str(path.relative_to(root))] = path.stat().st_size
     for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
-        _fsync_dir(d)
+        fsync_dir(d)
     return sizes
 
 
@@ -294,9 +294,9 @@ def _publish(pending: PendingCheckpoint) -> None:
     root, tmp, target = pending.target.parent, pending.tmp, pending.target
     if pending.config is not None:
         pending.config.save(tmp / "config.yaml")
-    meta = {**pending.meta, "files": _fsync_tree(tmp)}
+    meta = {**pending.meta, "files": fsync_tree(tmp)}
     (tmp / MARKER).write_text(json.dumps(meta, indent=1))
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
     if target.exists():
         trash = root / f".{target.name}.old-{tmp.name.rsplit('-', 1)[-1]}"
         target.rename(trash)
@@ -304,7 +304,7 @@ def _publish(pending: PendingCheckpoint) -> None:
         shutil.rmtree(trash)
     else:
         tmp.rename(target)
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
 _SAVE_GROUP: list[Any] = []

@@ -131,7 +131,9 @@ class TrainConfig:
     save_folder: str = "./"
     """Everything the run writes goes here: config.yaml, train_data/, checkpoints, metrics.jsonl."""
     remote_save_folder: Optional[str] = None
-    """Accepted for OLMo compatibility; uploading is not implemented yet."""
+    """Also upload every committed checkpoint to ``{remote_save_folder}/{stepN...}/`` (a folder, ``file://``,
+    ``s3://``, ``r2://`` or ``gs://``), in the background, from rank 0, marker last. Remote copies are never
+    pruned."""
     canceled_check_interval: int = 50
     """Accepted for OLMo compatibility: stop requests are checked every step."""
     save_interval: Optional[int] = 1000
@@ -157,7 +159,8 @@ class TrainConfig:
     load_path: Optional[str] = None
     """Checkpoint directory (local or URL) to restore model, optimizer and trainer state from."""
     load_path_sharded_checkpointer: Optional[str] = None
-    """Accepted for OLMo compatibility; the checkpoint kind is read from the directory."""
+    """OLMo's hint for ``load_path``'s layout; not needed: the layout (ours, or the original's unsharded,
+    ``torch_new`` or ``olmo_core``) is read from the directory."""
     try_load_latest_save: bool = False
     """Resume from the newest committed checkpoint in ``save_folder`` if there is one (then the
     reset flags are ignored)."""
@@ -166,7 +169,8 @@ class TrainConfig:
     reset_trainer_state: bool = False
     """Load model and optimizer but start at step 0 of the data with fresh RNG (fine-tuning)."""
     sharded_checkpointer: str = "torch_new"
-    """Accepted for OLMo compatibility; sharded checkpoints always use torch.distributed.checkpoint."""
+    """OLMo's sharded layout. Every value maps onto ours: torch.distributed.checkpoint, which is OLMo's
+    ``torch_new`` layout (``model_and_optim/`` + ``train/rank{R}.pt``), loadable at any world size."""
     new_style_checkpoints: Optional[bool] = None
     """Deprecated no-op kept so old configs load."""
     max_duration: Union[int, str] = 10000

@@ -269,7 +269,8 @@ class OptimizerConfig:
     decay_embeddings: bool = False
     """Apply weight decay to the embedding matrix (and the tied output matrix)."""
     metrics_log_interval: Optional[int] = None
-    """Accepted for OLMo compatibility (per-parameter metrics); not collected yet."""
+    """OLMo's interval for per-parameter norm metrics. Mapped onto ours: the global gradient norm is logged at
+    every step; per-parameter norms are not collected (a startup warning says so when this is set)."""
     record_update_metrics: bool = False
     """Accepted for OLMo compatibility; not collected yet."""
 
@@ -296,12 +297,15 @@ class SchedulerConfig:
 
 @dataclass
 class InstanceFilterConfig:
+    """OLMo's repetition filter: an instance that repeats a short pattern back to back too often is still read
+    but trained on with no loss, and logged (``train/FilteredInstances``, ``data-indices/filtered/``)."""
+
     repetition_max_period: int = 13
-    """Longest repeated pattern, in tokens, the repetition filter looks for (accepted; the filter is not applied yet)."""
+    """Longest repeated pattern the filter looks for, in tokens."""
     repetition_min_period: int = 1
-    """Shortest repeated pattern, in tokens, the repetition filter looks for."""
+    """Shortest repeated pattern the filter looks for, in tokens."""
     repetition_max_count: int = 32
-    """An instance repeating a pattern this many times in a row would be filtered out."""
+    """Drop an instance that repeats a pattern this many times in a row (values below 3 act as 3)."""
 
 
 @dataclass
@@ -362,7 +366,8 @@ class DataConfig:
     generate_attention_mask: bool = False
     """Build an attention mask from ``pad_token_id`` positions."""
     generate_doc_lengths: bool = False
-    """Accepted for OLMo compatibility (document masking needs flash-attn varlen); not used yet."""
+    """Give the model each instance's document lengths (split after every ``model.eos_token_id``), so that
+    attention stays within a document; off by default (tokens attend across documents)."""
     num_workers: int = 0
     """DataLoader worker processes."""
     drop_last: bool = False
@@ -373,13 +378,14 @@ class DataConfig:
     prefetch_factor: Optional[int] = None
     """Batches each DataLoader worker loads ahead; None is PyTorch's default (ignored without workers)."""
     persistent_workers: bool = False
-    """Accepted for OLMo compatibility; workers restart each epoch so they see the new data order."""
+    """OLMo's DataLoader option. Mapped onto ours: workers live for a whole epoch either way and restart at an
+    epoch boundary, so they read the new epoch's data order (persistent ones would keep the old one)."""
     timeout: int = 0
     """Seconds the DataLoader waits for a worker's batch before failing; 0 waits forever."""
     seed: Optional[int] = None
     """Data-order seed; None means ``TrainConfig.seed``."""
     instance_filter: Optional[InstanceFilterConfig] = None
-    """Accepted for OLMo compatibility; not applied yet."""
+    """Drop instances that repeat a short pattern too often (see ``InstanceFilterConfig``); null: keep all."""
     custom_dataset: Optional[CustomDatasetConfig] = None
     """OLMo's hook for a dataset class imported from ``module`` by name. Accepted as null (OLMo writes it
     into every config.yaml); anything else is refused by validation, since it would run code named by a

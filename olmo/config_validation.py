@@ -40,6 +40,9 @@ def validate_train_config(cfg: TrainConfig, world_size: int) -> None:
     from .tokenizer import tokenizer_problems
 
     problems += tokenizer_problems(cfg)
+    from .checkpoint_upload import remote_save_folder_problems
+
+    problems += remote_save_folder_problems(cfg.remote_save_folder, cfg.save_folder)
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)
         raise OLMoConfigurationError(
@@ -158,11 +161,42 @@ def _data_problems(cfg: TrainConfig) -> list[str]:
             )
     if d.num_workers < 0:
         out.append("data.num_workers must be >= 0.")
+    if d.instance_filter is not None:
+        out += _instance_filter_problems(cfg)
     if d.custom_dataset is not None:
         out.append(
             f"data.custom_dataset ({d.custom_dataset.module or '?'}.{d.custom_dataset.name}) is not supported: it "
             f"would import and run code named by the config. Tokenize the data into memmaps (dolma tokens or "
             f"scripts/prepare_memmap_dataset.py), list them in data.paths, and set data.custom_dataset to null."
+        )
+    return out
+
+
+def _instance_filter_problems(cfg: TrainConfig) -> list[str]:
+    f = cfg.data.instance_filter
+    assert f is not None
+    defaults = type(f)()
+    out = [
+        f"data.instance_filter.{name}={getattr(f, name)} must be a positive number of {unit}; set it to one, "
+        f"e.g. OLMo's default {getattr(defaults, name)}."
+        for name, unit in (
+            ("repetition_min_period", "tokens"),
+            ("repetition_max_period", "tokens"),
+            ("repetition_max_count", "repeats"),
+        )
+        if getattr(f, name) <= 0
+    ]
+    if not out and f.repetition_min_period > f.repetition_max_period:
+        out.append(
+            f"data.instance_filter.repetition_min_period={f.repetition_min_period} is above repetition_max_period="
+            f"{f.repetition_max_period}, so no pattern length is checked and nothing is ever filtered. Swap them, "
+            f"or set data.instance_filter to null to turn the filter off."
+        )
+    elif not out and f.repetition_max_count < 3:
+        log.warning(
+            "data.instance_filter.repetition_max_count=%d acts as 3: the repetition detector (as in OLMo) only sees "
+            "patterns repeated at least 3 times.",
+            f.repetition_max_count,
         )
     return out
 
@@ -187,12 +221,22 @@ def _optim_problems(cfg: TrainConfig) -> list[str]:
     return out
 
 
+_OLMO_SHARDED_CHECKPOINTERS = ("torch_new", "torch_legacy", "local", "olmo_core")
+
+
 def _checkpoint_problems(cfg: TrainConfig) -> list[str]:
     out: list[str] = []
     for name in ("save_interval", "save_interval_unsharded", "save_interval_ephemeral", "eval_interval"):
         value = getattr(cfg, name)
         if value is not None and value <= 0:
             out.append(f"{name}={value} must be a positive number of steps (or null to disable).")
+    for name in ("sharded_checkpointer", "load_path_sharded_checkpointer"):
+        value = getattr(cfg, name)
+        if value is not None and value not in _OLMO_SHARDED_CHECKPOINTERS:
+            out.append(
+                f"{name}={value!r} is not one of OLMo's sharded checkpointers "
+                f"({', '.join(_OLMO_SHARDED_CHECKPOINTERS)}); every one maps onto ours, so use torch_new or leave it out."
+            )
     return out
 
 
@@ -211,15 +255,18 @@ def _warn_no_effect(cfg: TrainConfig) -> None:
             if getattr(cfg, flag):
                 log.warning("--%s has no effect without --load_path.", flag)
     unused = {
-        "remote_save_folder": cfg.remote_save_folder is not None,
         "early_stopping_factor": cfg.early_stopping_factor is not None,
         "module_outputs_save_steps": bool(cfg.module_outputs_save_steps),
-        "data.instance_filter": cfg.data.instance_filter is not None,
-        "data.generate_doc_lengths": cfg.data.generate_doc_lengths,
         "optimizer.record_update_metrics": cfg.optimizer.record_update_metrics,
         "python_profiling": cfg.python_profiling,
         "torch_profiling": cfg.torch_profiling,
     }
+    if cfg.optimizer.metrics_log_interval is not None:
+        log.warning(
+            "optimizer.metrics_log_interval=%s: per-parameter norm metrics are not collected here; the global "
+            "gradient norm is logged at every step.",
+            cfg.optimizer.metrics_log_interval,
+        )
     if cfg.single.device != "auto":
         log.warning(
             "single.device=%r has no effect: the device is chosen automatically (CUDA when available).",

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FUSED_LOSS_CHUNK_TOKENS", "LossSums", "cross_entropy_sums", "fused_output_loss"]
+__all__ = ["FUSED_LOSS_CHUNK_TOKENS", "LossSums", "cross_entropy_sums", "fused_output_loss", "next_token_labels"]
 
 FUSED_LOSS_CHUNK_TOKENS = 2048
 """Tokens per chunk of the fused loss: a (2048, 50304) fp32 buffer is 0.4 GB, and 2048-row matmuls keep
@@ -173,3 +173,20 @@ class _FusedOutputLoss(torch.autograd.Function):
             None,
             None,
         )
+
+
+def next_token_labels(batch: dict[str, Any]) -> torch.Tensor:
+    """Next-token targets (B, T) of a batch: position t predicts token t+1; -100 where the label mask or the
+    attention mask says no loss, in every row the instance filter dropped, and at the last position, which
+    has no next token. A dropped row adds nothing to the loss or to its denominator, the number of labels
+    (OLMo divides by B*T instead, so there a dropped row dilutes the batch's loss). Keeping T positions
+    lets the loss use the logits as they are: slicing off the last position would make the backward pass
+    zero-fill and copy a full (B, T, V) gradient."""
+    labels = batch["input_ids"].clone()
+    if "label_mask" in batch:
+        labels.masked_fill_(~batch["label_mask"], -100)
+    if "attention_mask" in batch:
+        labels.masked_fill_(batch["attention_mask"] == 0, -100)
+    if "instance_mask" in batch:
+        labels.masked_fill_(~batch["instance_mask"][:, None], -100)
+    return torch.cat([labels[:, 1:], labels.new_full((labels.size(0), 1), -100)], dim=1)

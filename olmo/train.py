@@ -30,11 +30,12 @@ from .checkpoint import (
     prune_checkpoints,
     remove_ephemeral_checkpoints,
 )
+from .checkpoint_upload import build_checkpoint_uploader
 from .config import SchedulerUnits, TrainConfig
-from .data import DataIndexLog, IterableDataset
+from .data import DataIndexLog, FilteredInstanceCounter, IterableDataset, check_token_ids
 from .distributed import DistEnv, all_reduce, autocast_dtype, defer_replica_all_reduce, model_config_fingerprint
 from .eval import Evaluator
-from .exceptions import OLMoDataError
+from .loss import next_token_labels
 from .metrics import (
     MetricsLogger,
     SpeedMonitor,
@@ -92,12 +93,14 @@ class Trainer:
         self.stop_request = StopRequest()
         self.last_saved_step: dict[str, int] = {}
         self.pending_save: Optional[PendingCheckpoint] = None
+        self.uploader = build_checkpoint_uploader(cfg.remote_save_folder, env.rank)  # rank 0 only, or None
         self.restored_step: Optional[int] = None
         self.collect_steps = cfg.metrics_collect_steps(env.device)
         self.defer_replica_all_reduce = defer_replica_all_reduce(cfg, env) and hasattr(
             model, "set_requires_all_reduce"
         )
         self.step_metrics = StepMetricsQueue(self.collect_steps, env.rank, bool(self.z_loss_multiplier))
+        self.filtered = FilteredInstanceCounter()
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
             log.warning("precision=%s has no effect on %s; training in fp32.", cfg.precision, env.device.type)
 
@@ -222,6 +225,8 @@ class Trainer:
         if pending is None:
             return
         path = commit_checkpoint(pending)
+        if self.uploader is not None:  # before retention: the upload keeps a hard-linked snapshot
+            self.uploader.submit(path)
         if pending.meta["sharded"]:
             # A newer sharded checkpoint makes every older ephemeral one redundant.
             ephemeral = pending.meta["ephemeral"]
@@ -296,6 +301,8 @@ class Trainer:
         if cfg.gen1_gc_interval is not None:
             gc.disable()
         self.stop_request.install()
+        if self.uploader is not None:
+            self.uploader.submit_missing(cfg.save_folder)  # what an earlier launch did not finish uploading
         start_time, start_step, exit_code = time.monotonic(), s.global_step, 0
         if (
             s.global_step == 0
@@ -315,7 +322,7 @@ class Trainer:
                 s.global_step += 1
                 s.global_train_examples_seen_this_epoch += cfg.global_train_batch_size
                 s.global_train_tokens_seen += cfg.tokens_per_batch
-                index_log.write(s.global_step, batch["index"])
+                index_log.write(s.global_step, batch["index"], batch.get("instance_mask"))
                 metrics = self.train_step(batch).values
                 metrics.update(speed.step(device_tokens))
                 metrics["throughput/data_wait_seconds"] = data_wait
@@ -346,6 +353,8 @@ class Trainer:
             gc.enable()
             index_log.close()
             metrics_logger.close(self._summary(metrics_logger, start_step, start_time), exit_code)
+            if self.uploader is not None:
+                self.uploader.close()  # waits for the uploads and logs how each ended
         return exit_code
 
     def _batches(self) -> Iterator[dict[str, Any]]:
@@ -382,47 +391,30 @@ class Trainer:
             "tokens/s/device": round(last.get("throughput/device/tokens_per_second", 0.0)),
             "wall time (s)": round(time.monotonic() - start_time, 1),
             "save folder": self.cfg.save_folder,
+            **({"instances filtered this run": self.filtered.total} if self.cfg.data.instance_filter else {}),
         }
 
     # ----------------------------------------------------------------------------------------------
-    def _labels(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Next-token targets (B, T): position t predicts token t+1; -100 where the label mask or the
-        attention mask says no loss, and at the last position, which has no next token. Keeping T
-        positions lets the loss use the logits as they are: slicing off the last position would make the
-        backward pass zero-fill and copy a full (B, T, V) gradient."""
-        labels = batch["input_ids"].clone()
-        if "label_mask" in batch:
-            labels.masked_fill_(~batch["label_mask"], -100)
-        if "attention_mask" in batch:
-            labels.masked_fill_(batch["attention_mask"] == 0, -100)
-        return torch.cat([labels[:, 1:], labels.new_full((labels.size(0), 1), -100)], dim=1)
-
-    def _check_token_ids(self, batch: dict[str, Any]) -> None:
-        ids = batch["input_ids"]
-        if int(ids.max()) >= self.cfg.model.vocab_size or int(ids.min()) < 0:
-            bad_row = int(((ids >= self.cfg.model.vocab_size) | (ids < 0)).any(dim=1).nonzero()[0])
-            index = int(batch["index"][bad_row]) if "index" in batch else -1
-            raise OLMoDataError(
-                f"Instance {index} at step {self.state.global_step} holds token id {int(ids[bad_row].max())}, "
-                f"outside [0, model.vocab_size={self.cfg.model.vocab_size}). The data was tokenized with "
-                f"another tokenizer or data.memmap_dtype is wrong; re-tokenize or fix the config."
-            )
-
     def train_step(self, batch: dict[str, Any]) -> StepMetrics:
         """Forward/backward over every micro-batch of this device batch, clip, then one optimizer step.
 
         The step's metrics are queued on the device; with ``metrics_collect_interval`` 1 they are read back
         here, before the optimizer step, so a non-finite loss never reaches the weights.
         """
-        self._check_token_ids(batch)
-        device, W = self.env.device, self.env.world_size
+        check_token_ids(batch, self.cfg.model.vocab_size, self.state.global_step)
+        device, W, step = self.env.device, self.env.world_size, self.state.global_step
+        max_doc_lens = batch.get("max_doc_lens")  # a list, which stays on the host
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, torch.Tensor)}
-        labels = self._labels(batch)
-        n_labels = all_reduce((labels != -100).sum().float())
+        labels = next_token_labels(batch)
+        counts = [(labels != -100).sum().float()]
+        if "instance_mask" in batch:  # the instances the filter dropped, summed in the same all-reduce
+            counts.append((~batch["instance_mask"]).sum().float())
+        n_labels, *n_filtered = all_reduce(torch.stack(counts)).unbind()
+        if n_filtered:
+            self.filtered.add(step, n_filtered[0])
         loss_scale = W / n_labels.clamp(min=1.0)
         self.optimizer.zero_grad(set_to_none=True)
-        ce_sum, z_sum = self._forward_backward(batch, labels, loss_scale)
-        step = self.state.global_step
+        ce_sum, z_sum = self._forward_backward(batch, labels, loss_scale, max_doc_lens)
         max_norm = self.scheduler.get_max_grad_norm(self.cfg.max_grad_norm, step)
         grad_norm = clip_grads(self.optimizer, max_norm, self.cfg.max_grad_norm_ratio, step)
         lr = self._learning_rate()
@@ -434,10 +426,15 @@ class Trainer:
         return record
 
     def _forward_backward(
-        self, batch: dict[str, torch.Tensor], labels: torch.Tensor, loss_scale: torch.Tensor
+        self,
+        batch: dict[str, torch.Tensor],
+        labels: torch.Tensor,
+        loss_scale: torch.Tensor,
+        max_doc_lens: Optional[list[int]] = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward and backward over each micro-batch, accumulating gradients; return this rank's summed
-        cross entropy and z-loss (device tensors)."""
+        cross entropy and z-loss (device tensors). With ``doc_lens`` in the batch (``data.generate_doc_lengths``)
+        the model masks attention between the documents of an instance."""
         device = self.env.device
         ce_sum = torch.zeros((), device=device)
         z_sum = torch.zeros((), device=device)
@@ -445,6 +442,10 @@ class Trainer:
         try:
             for start in range(0, n_rows, micro):
                 rows = slice(start, start + micro)
+                documents: dict[str, Any] = {}
+                if "doc_lens" in batch:
+                    documents["doc_lens"] = batch["doc_lens"][rows]
+                    documents["max_doc_lens"] = None if max_doc_lens is None else max_doc_lens[rows]
                 if self.defer_replica_all_reduce:
                     # Replicas all-reduce the accumulated gradients once, after the last micro-batch.
                     self.model.set_requires_all_reduce(start + micro >= n_rows)  # type: ignore[operator]
@@ -457,6 +458,7 @@ class Trainer:
                         labels=labels[rows],
                         z_loss_multiplier=self.z_loss_multiplier,
                         fused_loss=bool(self.cfg.fused_loss),
+                        **documents,
                     ).loss
                 assert loss is not None
                 (loss.total * loss_scale).backward()
@@ -477,6 +479,7 @@ class Trainer:
         if collect:
             self.collect_metrics()
         for record in self.step_metrics.pop_ready():
+            record.values.update(self.filtered.pop(record.step))
             metrics_logger.log(record.step, record.values)
 
     def _learning_rate(self) -> float:

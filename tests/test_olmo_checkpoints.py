@@ -133,10 +133,14 @@ def test_optimizer_moments_and_trainer_state_carry_over(tmp_path):
     assert set(by_name) == set(params)
     for name, values in by_name.items():
         ours = optimizer.state[params[name]]
-        assert torch.equal(ours["exp_avg"], values["exp_avg"]) and torch.equal(ours["exp_avg_sq"], values["exp_avg_sq"])
+        assert torch.equal(ours["exp_avg"], values["exp_avg"]) and torch.equal(
+            ours["exp_avg_sq"], values["exp_avg_sq"]
+        )
         assert float(ours["step"]) == 2.0
     # This run's hyperparameters, not the checkpoint's (OLMo re-derives them from the config too).
-    assert [g["weight_decay"] for g in optimizer.param_groups] == [g["weight_decay"] for g in original["param_groups"]]
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [
+        g["weight_decay"] for g in original["param_groups"]
+    ]
 
 
 def test_wrapper_prefixes_in_parameter_names_are_removed(tmp_path):

@@ -24,18 +24,22 @@ from torch.utils.data import DataLoader
 from ..config import DataConfig, TrainConfig
 from ..exceptions import OLMoConfigurationError, OLMoDataError
 from ..util import env_rank, env_world_size, is_url
-from .collator import DataCollator
+from .collator import DataCollator, check_token_ids
 from .data_indices import DataIndexLog, read_data_indices
+from .instance_filter import FilteredInstanceCounter, is_repetitive
 from .iterable_dataset import IterableDataset
 from .memmap_dataset import MemMapDataset
 
 __all__ = [
     "DataCollator",
     "DataIndexLog",
+    "FilteredInstanceCounter",
     "IterableDataset",
     "MemMapDataset",
     "build_memmap_dataset",
     "build_train_dataloader",
+    "check_token_ids",
+    "is_repetitive",
     "read_data_indices",
 ]
 
@@ -47,8 +51,9 @@ def build_memmap_dataset(
 ) -> MemMapDataset:
     """The instances of ``data_config`` (``data.paths``, or ``data.datasets`` with sorted labels).
 
-    Chunk size and pad token come from ``train_config.model``. Local paths may be glob patterns; their
-    matches are used in sorted order, so the instance numbering does not depend on the file system.
+    Chunk size and the pad and EOS tokens come from ``train_config.model``. Local paths may be glob
+    patterns; their matches are used in sorted order, so the instance numbering does not depend on the file
+    system.
 
     :raises OLMoConfigurationError: when neither ``data.paths`` nor ``data.datasets`` is set.
     :raises OLMoDataError: when a glob pattern matches no file.
@@ -80,6 +85,9 @@ def build_memmap_dataset(
         generate_attention_mask=data_config.generate_attention_mask,
         pad_token_id=train_config.model.pad_token_id,
         label_mask_paths=None if label_masks is None else _expand(label_masks, "data.label_mask_paths"),
+        generate_doc_lengths=data_config.generate_doc_lengths,
+        eos_token_id=train_config.model.eos_token_id,
+        instance_filter_config=data_config.instance_filter,
     )
 
 

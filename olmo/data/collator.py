@@ -1,4 +1,4 @@
-"""Turn a list of instances into a batch of tensors."""
+"""Turn a list of instances into a batch of tensors, and check a batch's token ids."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from ..config import TrainConfig
-from ..exceptions import OLMoConfigurationError
+from ..exceptions import OLMoConfigurationError, OLMoDataError
 
-__all__ = ["DataCollator"]
+__all__ = ["DataCollator", "check_token_ids"]
 
 
 @dataclass
@@ -18,8 +18,11 @@ class DataCollator:
     """Stack instances into a batch, padding each to the longest ``input_ids`` in it.
 
     ``input_ids`` are padded with ``pad_token_id``, ``label_mask`` with False and ``attention_mask`` with 0,
-    on the side ``pad_direction`` names. ``index`` becomes a long tensor and ``metadata`` a list. Memmap
-    instances all have the same length, so pretraining batches need no padding.
+    on the side ``pad_direction`` names. ``index`` becomes a long tensor, ``instance_mask`` a bool tensor and
+    ``metadata`` a list. ``doc_lens`` become a long tensor (B, most documents in an instance), padded with 0,
+    and ``max_doc_lens`` lists each instance's longest document (ints, as in OLMo, so that the model sizes its
+    kernels without reading a device tensor back). Memmap instances all have the same length, so pretraining
+    batches need no padding.
 
     :param pad_direction: ``"right"`` or ``"left"`` (``data.pad_direction``).
     :param pad_token_id: the token id used to pad ``input_ids`` (``model.pad_token_id``).
@@ -47,9 +50,27 @@ class DataCollator:
                 batch[key] = self._stack(items, key, pad_value, max_len)
         if "index" in items[0]:
             batch["index"] = torch.tensor([int(item["index"]) for item in items], dtype=torch.long)
+        if "instance_mask" in items[0]:
+            batch["instance_mask"] = torch.tensor(
+                [bool(item["instance_mask"]) for item in items], dtype=torch.bool
+            )
+        if "doc_lens" in items[0]:
+            doc_lens = [self._with_padding(item, max_len) for item in items]
+            batch["doc_lens"] = torch.nn.utils.rnn.pad_sequence(doc_lens, batch_first=True, padding_value=0)
+            batch["max_doc_lens"] = [int(lens.max()) for lens in doc_lens]
         if "metadata" in items[0]:
             batch["metadata"] = [item["metadata"] for item in items]
         return batch
+
+    def _with_padding(self, item: dict[str, Any], max_len: int) -> torch.Tensor:
+        """An instance's document lengths, with the padding it gets here as one more document (on the padded
+        side), so the lengths still sum to the padded length."""
+        lens = torch.as_tensor(item["doc_lens"], dtype=torch.long)
+        pad = max_len - len(item["input_ids"])
+        if pad == 0:
+            return lens
+        filler = torch.tensor([pad], dtype=torch.long)
+        return torch.cat([lens, filler] if self.pad_direction == "right" else [filler, lens])
 
     def _stack(self, items: list[dict[str, Any]], key: str, pad_value: int | bool, max_len: int) -> torch.Tensor:
         rows = [torch.as_tensor(item[key]) for item in items]
@@ -63,3 +84,16 @@ class DataCollator:
             filler = torch.full((max_len - len(row),), pad_value, dtype=row.dtype)
             padded.append(torch.cat([row, filler] if self.pad_direction == "right" else [filler, row]))
         return torch.stack(padded)
+
+
+def check_token_ids(batch: dict[str, Any], vocab_size: int, step: int) -> None:
+    """Raise :class:`OLMoDataError` naming the instance when a token id of ``batch`` is outside the vocabulary."""
+    ids = batch["input_ids"]
+    if int(ids.max()) >= vocab_size or int(ids.min()) < 0:
+        bad_row = int(((ids >= vocab_size) | (ids < 0)).any(dim=1).nonzero()[0])
+        index = int(batch["index"][bad_row]) if "index" in batch else -1
+        raise OLMoDataError(
+            f"Instance {index} at step {step} holds token id {int(ids[bad_row].max())}, outside "
+            f"[0, model.vocab_size={vocab_size}). The data was tokenized with another tokenizer or "
+            f"data.memmap_dtype is wrong; re-tokenize or fix the config."
+        )

@@ -32,9 +32,11 @@ import torch
 from numpy.lib import format as npy_format
 from torch.utils.data import Dataset
 
+from ..config_sections import InstanceFilterConfig
 from ..config_validation import MEMMAP_DTYPES
 from ..exceptions import OLMoConfigurationError, OLMoDataError
 from ..util import is_url
+from .instance_filter import is_repetitive
 
 __all__ = ["MemMapDataset"]
 
@@ -99,6 +101,11 @@ class MemMapDataset(Dataset):
     :param pad_token_id: the padding token id used for ``attention_mask``.
     :param label_mask_paths: one bool memmap (or ``np.save``'d bool array) per token file, of the same
         length; False means no loss.
+    :param generate_doc_lengths: add ``doc_lens`` (a long tensor): the lengths of the documents in the
+        instance, each including its trailing ``eos_token_id``; they sum to ``chunk_size``.
+    :param eos_token_id: the token that ends a document (``model.eos_token_id``).
+    :param instance_filter_config: add ``instance_mask``, False for an instance that repeats a short
+        pattern too often (see :mod:`olmo.data.instance_filter`).
     """
 
     def __init__(
@@ -111,6 +118,9 @@ class MemMapDataset(Dataset):
         generate_attention_mask: bool = False,
         pad_token_id: int = 1,
         label_mask_paths: Sequence[PathOrStr] | None = None,
+        generate_doc_lengths: bool = False,
+        eos_token_id: int | None = None,
+        instance_filter_config: InstanceFilterConfig | None = None,
     ):
         if not paths:
             raise OLMoConfigurationError("No token files given; list at least one file in data.paths.")
@@ -130,6 +140,13 @@ class MemMapDataset(Dataset):
         self.include_instance_metadata = include_instance_metadata
         self.generate_attention_mask = generate_attention_mask
         self.pad_token_id = pad_token_id
+        if generate_doc_lengths and eos_token_id is None:
+            raise OLMoConfigurationError(
+                "data.generate_doc_lengths needs the EOS token id: set model.eos_token_id."
+            )
+        self.generate_doc_lengths = generate_doc_lengths
+        self.eos_token_id = eos_token_id
+        self.instance_filter_config = instance_filter_config
         self._local_paths: dict[str, str] = {}  # path or URL -> local file; kept when pickled
         self._layouts: dict[tuple[str, bool], _Layout] = {}  # (path, is label mask) -> layout; kept when pickled
         self._bounds: np.ndarray | None = None  # [0, end_0, end_1, ...] in instances
@@ -150,11 +167,15 @@ class MemMapDataset(Dataset):
         tokens = self._memmap(self.paths[file_index], is_mask=False)[start:stop]
         input_ids = torch.from_numpy(tokens.astype(np.int64))
         item: dict[str, Any] = {"input_ids": input_ids}
+        if self.instance_filter_config is not None:
+            item["instance_mask"] = not is_repetitive(np.asarray(tokens), self.instance_filter_config)
         if self.label_mask_paths is not None:
             mask = self._memmap(self.label_mask_paths[file_index], is_mask=True)[start:stop]
             item["label_mask"] = torch.from_numpy(np.array(mask, dtype=np.bool_))
         if self.generate_attention_mask:
             item["attention_mask"] = (input_ids != self.pad_token_id).float()
+        if self.generate_doc_lengths and self.eos_token_id is not None:  # __init__ ensures both or neither
+            item["doc_lens"] = document_lengths(input_ids, self.eos_token_id)
         if self.include_instance_metadata:
             item["metadata"] = {"path": self.paths[file_index], **self._metadata[file_index]}
         return item
@@ -441,6 +462,15 @@ class MemMapDataset(Dataset):
                 mapped = np.memmap(local, dtype=dtype, mode="r", offset=header_bytes, shape=(n_items,))
                 self._memmaps[path, is_mask] = mapped
         return self._memmaps[path, is_mask]
+
+
+def document_lengths(input_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """The lengths of the documents in an instance, as OLMo computes them: a document ends after each EOS (which
+    it includes), and the instance's end closes the last one. The lengths sum to ``len(input_ids)``."""
+    ends = torch.nonzero(input_ids == eos_token_id).flatten()
+    if len(ends) == 0 or int(ends[-1]) != len(input_ids) - 1:
+        ends = torch.cat([ends, ends.new_tensor([len(input_ids) - 1])])
+    return torch.diff(ends, prepend=ends.new_tensor([-1]))
 
 
 def _holds_true(mask: np.ndarray) -> bool:
