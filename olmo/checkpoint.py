@@ -217,6 +217,13 @@ def _inspect_remote(url: str, match: Optional[re.Match]) -> CheckpointInfo:
     try:
         marker = fetch(base, MARKER)
     except OLMoError:
+        try:
+            fetch(base, "config.yaml")  # the original trainer writes it last; our uploads send it next to last
+        except OLMoError:
+            raise OLMoCheckpointError(
+                f"--load_path '{url}' has neither our {MARKER} marker nor a config.yaml: it is not a checkpoint, "
+                f"or its upload did not finish. Point --load_path at a complete stepN-unsharded folder."
+            ) from None
         log.warning("No %s marker at %s; treating it as an original OLMo unsharded checkpoint.", MARKER, url)
         return CheckpointInfo(base, int(match.group(1)) if match else 0, False, False, layout="unsharded")
     meta = read_marker(marker)

@@ -146,7 +146,9 @@ class _Job:
 
 
 def _marker_last(files: dict[str, int]) -> list[str]:
-    return sorted(files, key=lambda rel: (rel == MARKER, rel))
+    # config.yaml next to last and the marker last: a reader that requires the marker (ours) or config.yaml
+    # (the original OLMo's own check for remote checkpoints) never takes a partial upload for a checkpoint.
+    return sorted(files, key=lambda rel: (rel == MARKER, rel == "config.yaml", rel))
 
 
 def _check_size(what: str, actual: Optional[int], expected: int) -> None:

@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from olmo.checkpoint import (
     save_checkpoint,
 )
 from olmo.config import TrainConfig
+from olmo.exceptions import OLMoCheckpointError
 from olmo.model import OLMo
 from olmo.optim import build_optimizer
 from olmo.testing import tiny_config_dict
@@ -79,8 +81,6 @@ def test_retention_keeps_the_newest(tmp_path):
 
 
 def test_existing_checkpoint_is_replaced_only_with_overwrite(tmp_path):
-    from olmo.exceptions import OLMoCheckpointError
-
     cfg, model, optimizer = _setup(tmp_path)
     save_checkpoint(tmp_path, 1, model, optimizer, {"global_step": 1}, cfg, sharded=False)
     with pytest.raises(OLMoCheckpointError, match="--save_overwrite"):
@@ -123,6 +123,12 @@ def test_load_path_can_be_a_url(tmp_path, monkeypatch):
         _, other, other_optimizer = _setup(tmp_path / "o", seed=5)
         assert load_checkpoint(info, other, other_optimizer)["global_step"] == 4
         assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+        # A remote folder with neither the marker nor config.yaml (an upload that did not finish) is refused.
+        partial = tmp_path / "served" / "step6-unsharded"
+        partial.mkdir()
+        shutil.copy(tmp_path / "served" / "step4-unsharded" / "model.pt", partial / "model.pt")
+        with pytest.raises(OLMoCheckpointError, match="upload did not finish"):
+            inspect_checkpoint(f"http://127.0.0.1:{server.server_address[1]}/step6-unsharded")
     finally:
         server.shutdown()
 
