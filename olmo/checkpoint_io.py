@@ -26,6 +26,8 @@ import json
 import pathlib
 import pickle
 import re
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Union
 
@@ -105,15 +107,19 @@ def refusal(path: Union[str, Path], e: BaseException) -> OLMoCheckpointError:
     )
 
 
-def safe_torch_load(path: Path, mmap: bool = True) -> Any:
+def safe_torch_load(path: Path, mmap: bool = True, allowed_globals: Sequence[Any] = ()) -> Any:
     """``torch.load`` of a checkpoint file, weights-only, memory-mapped by default.
 
+    :param allowed_globals: classes admitted besides tensors and plain values (``torch.serialization.safe_globals``
+        entries), for files of the original OLMo trainer that hold a few harmless ones.
     :raises OLMoCheckpointError: for a missing, unreadable or non-weights-only file.
     """
     try:
         # Memory-mapped: tensors are read straight from the page cache into the model and optimizer
         # instead of first being copied into freshly allocated memory (3-10x faster for large files).
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        with torch.serialization.safe_globals(list(allowed_globals)), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # numpy.core names in old pickles
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise OLMoCheckpointError(f"Checkpoint file '{path}' is missing.") from None
     except pickle.UnpicklingError as e:

@@ -44,7 +44,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .checkpoint_io import refusal
+from .checkpoint_io import safe_torch_load
 from .exceptions import OLMoCheckpointError
 
 __all__ = [
@@ -132,22 +132,7 @@ def load_train_state(path: Path) -> dict[str, Any]:
 
     :raises OLMoCheckpointError: for a missing or unreadable file, or one holding any other object.
     """
-    import warnings
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # numpy.core is deprecated in numpy 2
-            with torch.serialization.safe_globals(_train_state_globals()):
-                state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise OLMoCheckpointError(f"Checkpoint file '{path}' is missing.") from None
-    except pickle.UnpicklingError as e:
-        raise refusal(path, e) from None
-    except Exception as e:
-        raise OLMoCheckpointError(
-            f"Could not read '{path}' ({type(e).__name__}: {str(e)[:300]}). It is damaged or not an OLMo trainer "
-            f"state; resume with --reset_trainer_state to load the model and optimizer only."
-        ) from None
+    state = safe_torch_load(path, mmap=False, allowed_globals=_train_state_globals())
     if not isinstance(state, dict) or "global_step" not in state:
         raise OLMoCheckpointError(
             f"'{path}' is not an OLMo trainer state (no 'global_step'); resume with --reset_trainer_state."
