@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -38,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from .checkpoint_dirs import STEP_DIR, CheckpointInfo, find_latest_checkpoint, list_checkpoints
 from .checkpoint_io import (
     MARKER,
     SafeFileSystemReader,
@@ -93,49 +93,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
-
 
 class ModelMismatchError(OLMoCheckpointError):
     """A sound checkpoint of another model shape: the config is wrong, not the checkpoint."""
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """What a checkpoint directory is, as far as we can tell without loading it."""
-
-    path: str
-    step: int
-    sharded: bool
-    marked: bool
-    ephemeral: bool = False
-    layout: str = "olmo-trainer"
-    """``olmo-trainer`` for ours, else the original OLMo trainer's layout (:mod:`olmo.checkpoint_olmo`)."""
-
-
-def list_checkpoints(folder: os.PathLike | str) -> list[CheckpointInfo]:
-    """Committed checkpoints directly inside ``folder``, oldest first."""
-    root = Path(folder)
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and child.is_dir() and (child / MARKER).is_file():
-            try:
-                ephemeral = bool(read_marker(child / MARKER).get("ephemeral", False))
-            except OLMoCheckpointError as e:
-                log.warning("Ignoring checkpoint %s: %s", child, e)
-                continue
-            found.append(CheckpointInfo(str(child), int(match.group(1)), match.group(2) is None, True, ephemeral))
-    # At equal steps the sharded checkpoint sorts last (it is the one resumes prefer, as in OLMo).
-    return sorted(found, key=lambda c: (c.step, c.sharded))
-
-
-def find_latest_checkpoint(folder: os.PathLike | str) -> Optional[Path]:
-    """The newest committed checkpoint in ``folder`` (sharded wins a tie), or None."""
-    checkpoints = list_checkpoints(folder)
-    return Path(checkpoints[-1].path) if checkpoints else None
 
 
 def inspect_checkpoint(path: str, flag: str = "--load_path") -> CheckpointInfo:
@@ -145,7 +105,7 @@ def inspect_checkpoint(path: str, flag: str = "--load_path") -> CheckpointInfo:
     :raises OLMoCheckpointError: for a missing, temporary, partial, damaged or unrecognised directory.
     """
     name = path.rstrip("/").split("/")[-1]
-    match = _STEP_DIR.match(name)
+    match = STEP_DIR.match(name)
     if is_url(path):
         return _inspect_remote(path, match)
     root = Path(path)

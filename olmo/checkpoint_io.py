@@ -22,7 +22,6 @@ import dataclasses
 import enum
 import importlib
 import io
-import json
 import pathlib
 import pickle
 import re
@@ -36,6 +35,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 
+from .checkpoint_dirs import MARKER, read_marker
 from .exceptions import OLMoCheckpointError
 from .util import is_url, resource_path
 
@@ -51,7 +51,6 @@ __all__ = [
     "SafeLoadPlanner",
 ]
 
-MARKER = ".olmo-checkpoint.json"
 
 # Modules whose dataclasses and enums make up a DCP ``Metadata`` object (their constructors only store
 # the arguments they are given, so calling them with an attacker's arguments does nothing else).
@@ -69,29 +68,6 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 def fetch(checkpoint: str, name: str) -> Path:
     """The local path of file ``name`` of ``checkpoint`` (downloaded through cached-path for a URL)."""
     return resource_path(f"{checkpoint.rstrip('/')}/{name}") if is_url(checkpoint) else Path(checkpoint) / name
-
-
-def read_marker(path: Path) -> dict[str, Any]:
-    """Parse a ``.olmo-checkpoint.json`` marker and check its fields.
-
-    :raises OLMoCheckpointError: if it is unreadable, not JSON, or lacks ``step``/``sharded``/``files``.
-    """
-    try:
-        meta = json.loads(path.read_text())
-        if not isinstance(meta, dict):
-            raise ValueError("not a JSON object")
-        meta["step"] = int(meta["step"])
-        meta["sharded"] = bool(meta["sharded"])
-        if not isinstance(meta.get("files"), dict) or not all(
-            isinstance(k, str) and isinstance(v, int) for k, v in meta["files"].items()
-        ):
-            raise ValueError("'files' is not a map of file names to sizes")
-        return meta
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-        raise OLMoCheckpointError(
-            f"The commit marker '{path}' is damaged ({type(e).__name__}: {e}), so the checkpoint it marks "
-            f"cannot be trusted to be complete. Load another checkpoint, or copy this one again from its source."
-        ) from None
 
 
 def refusal(path: Union[str, Path], e: BaseException) -> OLMoCheckpointError:

@@ -55,6 +55,7 @@ from .config_sections import (
     TruncationDirection,
     WandbConfig,
 )
+from .config_validation import parse_duration_steps, validate_train_config
 from .exceptions import OLMoConfigurationError
 
 __all__ = [
@@ -235,7 +236,8 @@ class TrainConfig:
     time_limit: Optional[float] = None
     """Seconds after which the run saves a checkpoint and exits (resumable exit code)."""
     extra_steps_after_cancel: int = 10
-    """Accepted for OLMo compatibility; a canceled run saves and stops at once."""
+    """Accepted for OLMo compatibility; a canceled run saves and stops at once (values other than 0 and the
+    default warn at startup)."""
     early_stopping_factor: Optional[float] = None
     """Accepted for OLMo compatibility; not implemented yet."""
     save_data_indices: bool = True
@@ -314,8 +316,6 @@ class TrainConfig:
 
     def validate(self, world_size: int = 1) -> None:
         """Check values that types alone cannot, and report every problem at once."""
-        from .config_validation import validate_train_config
-
         validate_train_config(self, world_size)
 
     @property
@@ -346,31 +346,6 @@ class TrainConfig:
         return parse_duration_steps(
             self.max_duration, self.global_train_batch_size, self.tokens_per_batch, instances_per_epoch
         )
-
-
-def parse_duration_steps(
-    duration: Union[int, str], global_batch: int, tokens_per_batch: int, instances_per_epoch: int
-) -> int:
-    """Turn ``max_duration`` (``1000``, ``"2e12T"``, ``"3ep"``) into a number of optimizer steps."""
-    text = str(duration).strip().replace("_", "")
-    unit = "T" if text.endswith("T") else "ep" if text.endswith("ep") else ""
-    try:
-        amount = float(text[: len(text) - len(unit)])
-    except ValueError:
-        raise OLMoConfigurationError(
-            f"max_duration={duration!r} is not a duration. Use an int number of steps (1000), tokens "
-            f"with a T suffix ('2e12T'), or epochs with an ep suffix ('1ep')."
-        ) from None
-    if not amount > 0 or math.isinf(amount) or (not unit and amount < 1):
-        raise OLMoConfigurationError(
-            f"max_duration={duration!r} must be a positive, finite duration (steps, tokens with a T suffix, or "
-            f"epochs with an ep suffix); a run of no steps would only write a checkpoint. Set --max_duration."
-        )
-    if unit == "T":
-        return math.ceil(amount / tokens_per_batch)
-    if unit == "ep":
-        return int(amount * (instances_per_epoch // global_batch))
-    return int(amount)
 
 
 def _update_legacy_settings(raw: Any) -> Any:

@@ -1,17 +1,23 @@
 """OmegaConf resolvers available inside configs: ``${path.glob:...}``, ``${path.choose:...}``,
-``${path.last_checkpoint:...}``. Interpolations resolve after CLI overrides are merged."""
+``${path.last_checkpoint:...}``. Interpolations resolve after CLI overrides are merged.
+
+``path.last_checkpoint`` finds the newest committed checkpoint with :mod:`olmo.checkpoint_dirs`, which needs no
+torch. :func:`add_resolver` lets code above the config layer add its own."""
 
 from __future__ import annotations
 
 import glob
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf as om
 
+from .checkpoint_dirs import path_last_checkpoint
 from .exceptions import OLMoConfigurationError
 
-__all__ = ["register_resolvers"]
+__all__ = ["add_resolver", "register_resolvers"]
 
 _URL = re.compile(r"^[a-z0-9]+://")
 
@@ -40,20 +46,20 @@ def _path_choose(*paths: str) -> str:
     )
 
 
-def _path_last_checkpoint(folder: str) -> str:
-    from .checkpoint import find_latest_checkpoint
+_RESOLVERS: dict[str, Callable[..., Any]] = {
+    "path.glob": _path_glob,
+    "path.choose": _path_choose,
+    "path.last_checkpoint": path_last_checkpoint,
+}
 
-    latest = find_latest_checkpoint(folder)
-    if latest is None:
-        raise OLMoConfigurationError(f"${{path.last_checkpoint:{folder}}}: no committed checkpoint in '{folder}'.")
-    return str(latest)
+
+def add_resolver(name: str, fn: Callable[..., Any]) -> None:
+    """Make ``${name:...}`` available in configs, replacing an earlier resolver of that name."""
+    _RESOLVERS[name] = fn
+    om.register_resolver(name, fn, replace=True)
 
 
 def register_resolvers() -> None:
     """Register our resolvers (idempotent)."""
-    for name, fn in (
-        ("path.glob", _path_glob),
-        ("path.choose", _path_choose),
-        ("path.last_checkpoint", _path_last_checkpoint),
-    ):
+    for name, fn in _RESOLVERS.items():
         om.register_resolver(name, fn, replace=True)

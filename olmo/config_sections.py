@@ -411,7 +411,8 @@ class TokenizerConfig:
     identifier: str = "allenai_gpt-neox-olmo-dolma-v1_5.json"
     """A tokenizer.json path, or the name of a file shipped in ``olmo_eval/tokenizers/``."""
     truncate_direction: TruncationDirection = TruncationDirection.right
-    """Accepted for OLMo compatibility; OLMo never applied it either."""
+    """Accepted for OLMo compatibility; OLMo never applied it either. ``left`` warns at startup that it has no
+    effect (data is pre-tokenized; downstream tasks truncate queries on the left)."""
 
 
 @dataclass
@@ -427,9 +428,10 @@ class WandbConfig:
     tags: Optional[list[str]] = field(default_factory=lambda: ["watching"])
     """Tags attached to the wandb run."""
     log_artifacts: bool = False
-    """Accepted for OLMo compatibility (unused there too)."""
+    """Accepted for OLMo compatibility (unused there too); ``true`` warns at startup that nothing is uploaded."""
     rank_zero_only: bool = True
-    """Log from rank 0 only (metrics are reduced across ranks first)."""
+    """Rank 0 always logs alone (metrics are reduced across ranks first); ``false`` warns at startup that it
+    has no effect."""
     log_interval: int = 1
     """Steps between wandb log calls."""
     mode: Optional[str] = None
@@ -460,11 +462,13 @@ class CompilerConfig:
 @dataclass
 class FSDPConfig:
     use_orig_params: bool = True
-    """Accepted for OLMo compatibility: FSDP2 always keeps the original parameters."""
+    """Accepted for OLMo compatibility: FSDP2 always keeps the original parameters; ``false`` warns at startup."""
     sharding_strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD
     """FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD, mapped onto FSDP2 (see the README)."""
     wrapping_strategy: Optional[FSDPWrapStrategy] = None
-    """Which modules become their own FSDP unit: by_block (and null), by_block_and_size, one_in_N."""
+    """Which modules become their own FSDP unit: by_block (and null), by_block_and_size, one_in_N
+    (by_block_group_and_size acts as by_block_and_size). ``size_based`` and ``by_block_group`` act as
+    ``by_block`` and warn at startup."""
     precision: Optional[FSDPPrecision] = FSDPPrecision.pure
     """``mixed``: compute in the autocast dtype, reduce gradients in fp32; ``pure``: reduce in the autocast dtype."""
     hybrid_sharding_num_model_replicas: Optional[int] = None
@@ -476,7 +480,8 @@ class DDPConfig:
     grad_sync_mode: DDPGradSyncMode = DDPGradSyncMode.batch
     """``batch``: all-reduce gradients once per step; ``micro_batch``: after every micro-batch."""
     find_unused_params: bool = False
-    """Accepted for OLMo compatibility (needs grad_sync_mode micro_batch there); no effect here."""
+    """Accepted for OLMo compatibility (needs grad_sync_mode micro_batch there); ``true`` warns at startup that
+    it has no effect."""
 
 
 @dataclass

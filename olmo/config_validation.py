@@ -1,22 +1,39 @@
 """Checks on a loaded :class:`~olmo.config.TrainConfig` that types alone cannot express.
 
 Every problem is collected and reported together, so a user fixes a config in one pass. Settings
-that are accepted for OLMo compatibility but have no effect produce a warning.
+that are accepted for OLMo compatibility but have no effect produce a warning. Besides the values
+themselves, this checks what the config names on this machine (the tokenizer, downstream task labels,
+the remote upload client) through low-level helpers only, so the config layer imports nothing above it.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
-from typing import TYPE_CHECKING
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
+from .config_sections import EvaluatorConfig, EvaluatorType, FSDPWrapStrategy, TruncationDirection
 from .exceptions import OLMoConfigurationError
+from .tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
+from .util import remote_save_folder_problems
 
 if TYPE_CHECKING:
     from .config import TrainConfig
 
-__all__ = ["validate_train_config", "MEMMAP_DTYPES"]
+__all__ = [
+    "validate_train_config",
+    "parse_duration_steps",
+    "evaluator_problems",
+    "evaluator_batch_size",
+    "tokenizer_problems",
+    "task_labels",
+    "unknown_label_problems",
+    "MEMMAP_DTYPES",
+]
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +51,8 @@ def validate_train_config(cfg: TrainConfig, world_size: int) -> None:
     problems += _checkpoint_problems(cfg)
     problems += _strategy_problems(cfg, world_size)
     if cfg.evaluators:
-        from .eval import evaluator_problems
-
         problems += evaluator_problems(cfg)
-    from .tokenizer import tokenizer_problems
-
     problems += tokenizer_problems(cfg)
-    from .checkpoint_upload import remote_save_folder_problems
-
     problems += remote_save_folder_problems(cfg.remote_save_folder, cfg.save_folder)
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)
@@ -49,6 +60,31 @@ def validate_train_config(cfg: TrainConfig, world_size: int) -> None:
             f"The config has {len(problems)} problem(s); fix them in the YAML or with --key=value:\n{listing}"
         )
     _warn_no_effect(cfg)
+
+
+def parse_duration_steps(
+    duration: Union[int, str], global_batch: int, tokens_per_batch: int, instances_per_epoch: int
+) -> int:
+    """Turn ``max_duration`` (``1000``, ``"2e12T"``, ``"3ep"``) into a number of optimizer steps."""
+    text = str(duration).strip().replace("_", "")
+    unit = "T" if text.endswith("T") else "ep" if text.endswith("ep") else ""
+    try:
+        amount = float(text[: len(text) - len(unit)])
+    except ValueError:
+        raise OLMoConfigurationError(
+            f"max_duration={duration!r} is not a duration. Use an int number of steps (1000), tokens "
+            f"with a T suffix ('2e12T'), or epochs with an ep suffix ('1ep')."
+        ) from None
+    if not amount > 0 or math.isinf(amount) or (not unit and amount < 1):
+        raise OLMoConfigurationError(
+            f"max_duration={duration!r} must be a positive, finite duration (steps, tokens with a T suffix, or "
+            f"epochs with an ep suffix); a run of no steps would only write a checkpoint. Set --max_duration."
+        )
+    if unit == "T":
+        return math.ceil(amount / tokens_per_batch)
+    if unit == "ep":
+        return int(amount * (instances_per_epoch // global_batch))
+    return int(amount)
 
 
 def _model_problems(cfg: TrainConfig) -> list[str]:
@@ -125,8 +161,6 @@ def _batch_problems(cfg: TrainConfig, world_size: int) -> list[str]:
         out.append(f"float32_matmul_precision={cfg.float32_matmul_precision!r} must be highest, high or medium.")
     if cfg.precision is not None and cfg.precision not in PRECISIONS:
         out.append(f"precision={cfg.precision!r} must be one of {', '.join(PRECISIONS)}.")
-    from .config import parse_duration_steps
-
     try:
         parse_duration_steps(cfg.max_duration, cfg.global_train_batch_size, cfg.tokens_per_batch, 0)
     except OLMoConfigurationError as e:
@@ -275,3 +309,132 @@ def _warn_no_effect(cfg: TrainConfig) -> None:
     for key, is_set in unused.items():
         if is_set:
             log.warning("%s is accepted for OLMo compatibility but not implemented yet; it has no effect.", key)
+    _warn_ignored_options(cfg)
+
+
+def _warn_ignored_options(cfg: TrainConfig) -> None:
+    """One line for each option OLMo honours and we do not, when it is set to anything but its default."""
+    ignored: list[tuple[str, object, str]] = []
+    if cfg.fsdp is not None:
+        wrap = cfg.fsdp.wrapping_strategy
+        if wrap == FSDPWrapStrategy.size_based:
+            ignored.append(("fsdp.wrapping_strategy", wrap, "each block is its own FSDP unit, as with by_block"))
+        elif wrap == FSDPWrapStrategy.by_block_group:
+            ignored.append(
+                (
+                    "fsdp.wrapping_strategy",
+                    wrap,
+                    "it acts as by_block (model.block_group_size is 1: a group is a block)",
+                )
+            )
+        if not cfg.fsdp.use_orig_params:
+            ignored.append(("fsdp.use_orig_params", False, "FSDP2 always keeps the original parameters"))
+    if cfg.ddp is not None and cfg.ddp.find_unused_params:
+        ignored.append(("ddp.find_unused_params", True, "DDP runs as FSDP2 replication, which does not need it"))
+    if cfg.wandb is not None:
+        if not cfg.wandb.rank_zero_only:
+            ignored.append(
+                ("wandb.rank_zero_only", False, "only rank 0 logs to wandb, after reducing across ranks")
+            )
+        if cfg.wandb.log_artifacts:
+            ignored.append(
+                ("wandb.log_artifacts", True, "no artifacts are uploaded to wandb (OLMo uploads none either)")
+            )
+    if cfg.tokenizer.truncate_direction != TruncationDirection.right:
+        ignored.append(
+            (
+                "tokenizer.truncate_direction",
+                cfg.tokenizer.truncate_direction,
+                "training data is pre-tokenized and downstream tasks truncate queries on the left, as in OLMo",
+            )
+        )
+    if cfg.extra_steps_after_cancel not in (0, 10):  # 10 is the default, in every OLMo config
+        ignored.append(
+            ("extra_steps_after_cancel", cfg.extra_steps_after_cancel, "a canceled run saves and stops at once")
+        )
+    for key, value, instead in ignored:
+        log.warning("%s=%s has no effect: %s.", key, value, instead)
+
+
+def evaluator_problems(cfg: TrainConfig) -> list[str]:
+    """Every problem with ``cfg.evaluators``, one line each (empty when there is none): lm evaluators
+    without data, batch sizes below 1, unknown downstream labels. Builds nothing."""
+    problems: list[str] = []
+    downstream: dict[str, str] = {}
+    for i, ecfg in enumerate(cfg.evaluators):
+        key = f"evaluators[{i}]"
+        if evaluator_batch_size(cfg, ecfg) < 1:
+            problems.append(f"{key}.device_eval_batch_size (or device_eval_batch_size) must be at least 1.")
+        if ecfg.type == EvaluatorType.downstream:
+            downstream[f"{key}.label"] = ecfg.label
+        elif not (ecfg.data.paths or ecfg.data.datasets):
+            problems.append(
+                f"{key} (label {ecfg.label!r}) is an lm evaluator without data: set {key}.data.paths to token "
+                f"files or {key}.data.datasets to label -> files, or set {key}.type=downstream."
+            )
+    if downstream:
+        problems += unknown_label_problems(downstream)
+    return problems
+
+
+def evaluator_batch_size(cfg: TrainConfig, ecfg: EvaluatorConfig) -> int:
+    """Instances per forward pass of one evaluator: its own ``device_eval_batch_size``, else the run's."""
+    return cfg.device_eval_batch_size if ecfg.device_eval_batch_size is None else ecfg.device_eval_batch_size
+
+
+def task_labels() -> list[str]:
+    """Every downstream label ``olmo_eval`` knows (``olmo_eval.tasks.LABEL_TO_TASK_MAP``), sorted."""
+    from olmo_eval.tasks import LABEL_TO_TASK_MAP
+
+    return sorted(LABEL_TO_TASK_MAP)
+
+
+def unknown_label_problems(labels: Mapping[str, str]) -> list[str]:
+    """Problems with downstream labels (``{config key: label}``): a line for each label that ``olmo_eval``
+    does not know, with close matches, then one listing every known label, closest first. Empty when
+    every label is known. Cheap (no task is built), so config validation can call it first.
+    """
+    known = task_labels()
+    unknown = {key: label for key, label in labels.items() if label not in known}
+    if not unknown:
+        return []
+    problems = []
+    for key, label in unknown.items():
+        close = difflib.get_close_matches(label, known, n=3, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        problems.append(f"{key}={label!r} is not a downstream task in ai2-olmo-eval.{hint}")
+    close_first = {
+        c: None for label in unknown.values() for c in difflib.get_close_matches(label, known, n=10, cutoff=0.4)
+    }
+    available = [*close_first, *(label for label in known if label not in close_first)]
+    problems.append(
+        f"Available downstream labels ({len(known)}, closest first): {', '.join(available)}. "
+        "Fix the label, or make the evaluator type: lm with data."
+    )
+    return problems
+
+
+def tokenizer_problems(cfg: TrainConfig) -> list[str]:
+    """What is wrong with ``cfg.tokenizer`` for this run, found during config validation.
+
+    When something uses the tokenizer (downstream evaluators) it must load and match
+    ``model.vocab_size``. When nothing does, it is only resolved (never fetched from the hub), and a
+    name this machine cannot resolve is a warning: pre-tokenized data trains without it.
+    """
+    identifier = cfg.tokenizer.identifier
+    if not any(e.type == EvaluatorType.downstream for e in cfg.evaluators):
+        try:
+            resolve_tokenizer_path(identifier)
+        except OLMoConfigurationError as e:
+            log.warning("%s (Nothing in this run uses the tokenizer, so training goes on.)", e)
+        return []
+    try:
+        vocab = load_base_tokenizer(identifier).get_vocab_size()
+    except OLMoConfigurationError as e:
+        return [str(e)]
+    if vocab != cfg.model.vocab_size:
+        return [
+            f"tokenizer.identifier={identifier!r} has {vocab} tokens but model.vocab_size={cfg.model.vocab_size}; "
+            f"the downstream evaluators need them to match: set the tokenizer the model was trained with."
+        ]
+    return []

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import rng
-from .distributed import barrier
+from .collectives import barrier
 from .launch import launch_env
 
 __all__ = [

@@ -31,6 +31,10 @@ __all__ = [
     "machine_info",
     "nearest_existing",
     "unwritable_reason",
+    "REMOTE_SDKS",
+    "split_remote",
+    "local_path_of",
+    "remote_save_folder_problems",
 ]
 
 log = logging.getLogger(__name__)
@@ -172,3 +176,65 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
+
+
+_REMOTE = re.compile(r"^([a-z0-9]+)://([^/]*)/?(.*)$")
+REMOTE_SDKS = {"s3": "boto3", "r2": "boto3", "gs": "google.cloud.storage"}  # pip names: "." -> "-"
+
+
+def split_remote(remote: str) -> tuple[str, str, str]:
+    """(scheme, bucket, prefix) of a URL; ("", "", remote) for a plain path."""
+    match = _REMOTE.match(remote)
+    return (match.group(1), match.group(2), match.group(3)) if match else ("", "", remote)
+
+
+def local_path_of(remote: str) -> Path:
+    """The local folder a plain path or ``file://`` URL names."""
+    return Path(remote[len("file://") :] if remote.startswith("file://") else remote).expanduser()
+
+
+def remote_save_folder_problems(remote: Optional[str], save_folder: Optional[str] = None) -> list[str]:
+    """What stops checkpoints from being uploaded to ``remote`` (``remote_save_folder``), for config validation.
+
+    Checks the scheme, the bucket, the client library and (for ``r2://``) the environment; nothing is
+    contacted. Credentials are only checked by the first upload.
+
+    :param save_folder: the local ``save_folder``, which a local ``remote`` must differ from.
+    """
+    if remote is None:
+        return []
+    where = f"remote_save_folder={remote!r}"
+    if not remote.strip():
+        return [f"{where} is empty. Set it to s3://BUCKET/PREFIX, r2://, gs://, file://, a folder, or null."]
+    scheme, bucket, _ = split_remote(remote)
+    if scheme in ("", "file"):
+        path = local_path_of(remote)
+        if save_folder is not None and path.resolve() == Path(save_folder).expanduser().resolve():
+            return [f"{where} is save_folder itself; uploads must go elsewhere. Set another folder or null."]
+        reason = unwritable_reason(path)
+        return [f"{where} cannot receive checkpoints: {reason}. Set a writable folder or null."] if reason else []
+    if scheme not in REMOTE_SDKS:
+        return [
+            f"{where}: checkpoints cannot be uploaded to {scheme}:// URLs. Use s3://BUCKET/PREFIX, "
+            f"r2://BUCKET/PREFIX, gs://BUCKET/PREFIX, a file:// URL or a local folder (or null to upload nothing)."
+        ]
+    problems = []
+    if not bucket:
+        problems.append(f"{where} names no bucket. Write it as {scheme}://BUCKET/PREFIX.")
+    module, package = REMOTE_SDKS[scheme], REMOTE_SDKS[scheme].replace(".", "-")
+    try:
+        __import__(module)
+    except ImportError:
+        problems.append(f"{where} needs the {package} package, which is not installed: pip install {package}")
+    if scheme == "r2":
+        if not os.environ.get("R2_ENDPOINT_URL"):
+            problems.append(
+                f"{where} needs the R2 endpoint: export R2_ENDPOINT_URL=https://ACCOUNT_ID.r2.cloudflarestorage.com"
+            )
+        keys = os.environ.get("R2_ACCESS_KEY_ID") and os.environ.get("R2_SECRET_ACCESS_KEY")
+        if not keys and not os.environ.get("R2_PROFILE"):
+            problems.append(
+                f"{where} needs R2 credentials: export R2_PROFILE=NAME (a profile in ~/.aws/credentials) or "
+                f"both R2_ACCESS_KEY_ID and R2_SECRET_ACCESS_KEY."
+            )
+    return problems

@@ -16,11 +16,12 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from ..config import EvaluatorConfig, EvaluatorType, TrainConfig
+from ..config import EvaluatorType, TrainConfig
+from ..config_validation import evaluator_batch_size, evaluator_problems, task_labels
 from ..data import DataCollator, build_memmap_dataset
 from ..exceptions import OLMoConfigurationError
 from ..tokenizer import Tokenizer
-from .downstream import DownstreamEvaluator, build_task, task_labels, unknown_label_problems
+from .downstream import DownstreamEvaluator, build_task
 from .evaluator import Evaluator
 from .lm import LMEvaluator
 
@@ -34,27 +35,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-def evaluator_problems(cfg: TrainConfig) -> list[str]:
-    """Every problem with ``cfg.evaluators``, one line each (empty when there is none): lm evaluators
-    without data, batch sizes below 1, unknown downstream labels. Builds nothing."""
-    problems: list[str] = []
-    downstream: dict[str, str] = {}
-    for i, ecfg in enumerate(cfg.evaluators):
-        key = f"evaluators[{i}]"
-        if _batch_size(cfg, ecfg) < 1:
-            problems.append(f"{key}.device_eval_batch_size (or device_eval_batch_size) must be at least 1.")
-        if ecfg.type == EvaluatorType.downstream:
-            downstream[f"{key}.label"] = ecfg.label
-        elif not (ecfg.data.paths or ecfg.data.datasets):
-            problems.append(
-                f"{key} (label {ecfg.label!r}) is an lm evaluator without data: set {key}.data.paths to token "
-                f"files or {key}.data.datasets to label -> files, or set {key}.type=downstream."
-            )
-    if downstream:
-        problems += unknown_label_problems(downstream)
-    return problems
 
 
 def build_evaluators(
@@ -79,7 +59,7 @@ def build_evaluators(
     evaluators: list[Evaluator] = []
     for i, ecfg in enumerate(cfg.evaluators):
         common = dict(
-            batch_size=_batch_size(cfg, ecfg),
+            batch_size=evaluator_batch_size(cfg, ecfg),
             subset_num_batches=(
                 cfg.eval_subset_num_batches if ecfg.subset_num_batches is None else ecfg.subset_num_batches
             ),
@@ -111,7 +91,3 @@ def build_evaluators(
                 )
             )
     return evaluators
-
-
-def _batch_size(cfg: TrainConfig, ecfg: EvaluatorConfig) -> int:
-    return cfg.device_eval_batch_size if ecfg.device_eval_batch_size is None else ecfg.device_eval_batch_size

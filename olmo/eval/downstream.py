@@ -10,15 +10,15 @@ keeps each question's choices together, and a reduction by counts (see :class:`D
 
 from __future__ import annotations
 
-import difflib
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from ..distributed import all_reduce
+from ..collectives import all_reduce
+from ..config_validation import task_labels, unknown_label_problems
 from ..exceptions import OLMoConfigurationError
 from ..tokenizer import Tokenizer
 from .evaluator import Evaluator, forward_in_lockstep, rank_order
@@ -35,38 +35,6 @@ _REPORTED = {
     "bpb": ["ce_loss", "bpb"],
 }
 _TASKS: dict[tuple[str, str, int], Any] = {}
-
-
-def task_labels() -> list[str]:
-    """Every downstream label ``olmo_eval`` knows (``olmo_eval.tasks.LABEL_TO_TASK_MAP``), sorted."""
-    from olmo_eval.tasks import LABEL_TO_TASK_MAP
-
-    return sorted(LABEL_TO_TASK_MAP)
-
-
-def unknown_label_problems(labels: Mapping[str, str]) -> list[str]:
-    """Problems with downstream labels (``{config key: label}``): a line for each label that ``olmo_eval``
-    does not know, with close matches, then one listing every known label, closest first. Empty when
-    every label is known. Cheap (no task is built), so config validation can call it first.
-    """
-    known = task_labels()
-    unknown = {key: label for key, label in labels.items() if label not in known}
-    if not unknown:
-        return []
-    problems = []
-    for key, label in unknown.items():
-        close = difflib.get_close_matches(label, known, n=3, cutoff=0.6)
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        problems.append(f"{key}={label!r} is not a downstream task in ai2-olmo-eval.{hint}")
-    close_first = {
-        c: None for label in unknown.values() for c in difflib.get_close_matches(label, known, n=10, cutoff=0.4)
-    }
-    available = [*close_first, *(label for label in known if label not in close_first)]
-    problems.append(
-        f"Available downstream labels ({len(known)}, closest first): {', '.join(available)}. "
-        "Fix the label, or make the evaluator type: lm with data."
-    )
-    return problems
 
 
 class TaskTokenizer:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..distributed import all_reduce
+from ..collectives import all_reduce
 
 __all__ = ["Evaluator", "rank_order", "forward_in_lockstep"]
 

@@ -12,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset
 
+from ..collectives import all_reduce
 from ..data import DataCollator, MemMapDataset
-from ..distributed import all_reduce
 from .evaluator import Evaluator, forward_in_lockstep, rank_order
 
 __all__ = ["LMEvaluator"]

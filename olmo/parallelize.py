@@ -1,0 +1,193 @@
+"""Everything applied to a built model from the outside: materialization, activation checkpointing,
+torch.compile and FSDP2 sharding. The model itself knows nothing of this.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, Optional
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+from .collectives import DistEnv
+from .config import (
+    ActivationCheckpointingStrategy,
+    CompilerConfig,
+    DDPGradSyncMode,
+    DistributedStrategy,
+    FSDPConfig,
+    FSDPPrecision,
+    ModelConfig,
+    ShardingStrategy,
+    TrainConfig,
+)
+from .exceptions import OLMoConfigurationError
+from .model import OLMo
+
+__all__ = [
+    "build_model",
+    "apply_activation_checkpointing",
+    "defer_replica_all_reduce",
+    "autocast_dtype",
+    "model_config_fingerprint",
+]
+
+
+def build_model(cfg: TrainConfig, env: DistEnv) -> OLMo:
+    """Build ``OLMo(cfg.model)`` on the meta device, apply activation checkpointing, compile and (with
+    several ranks) FSDP2 from the outside, then materialize and initialize the parameters directly on the
+    training device, so no rank ever holds a full copy it does not need.
+    """
+    if env.device.type == "cuda":
+        # Process-wide, so set before the first matmul; "high" lets fp32 matmuls use TF32.
+        torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
+    with torch.device("meta"):
+        model = OLMo(cfg.model)
+    if cfg.activation_checkpointing is not None:
+        apply_activation_checkpointing(model, cfg.activation_checkpointing)
+    if cfg.compile is not None:
+        _compile_blocks(model, cfg.compile)
+    if env.world_size > 1:
+        _shard(model, cfg, env)
+    model.to_empty(device=env.device)
+    model.reset_parameters()
+    return model
+
+
+def apply_activation_checkpointing(model: OLMo, strategy: ActivationCheckpointingStrategy) -> None:
+    """Recompute the chosen blocks' activations in the backward pass instead of storing them.
+
+    Implemented by wrapping each chosen block's ``forward`` (or, for ``fine_grained``, its ``attention``
+    and ``feed_forward``) with non-reentrant ``torch.utils.checkpoint``, so module names and state-dict
+    keys do not change. RNG state is preserved when any dropout is active, so recomputation draws the
+    same dropout masks.
+    """
+    cfg = model.config
+    preserve_rng = max(cfg.attention_dropout, cfg.residual_dropout, cfg.embedding_dropout) > 0
+    selectors = {
+        "whole_layer": lambda i: True,
+        "one_in_two": lambda i: i % 2 == 0,
+        "one_in_three": lambda i: i % 3 == 0,
+        "one_in_four": lambda i: i % 4 == 0,
+        "one_in_eight": lambda i: i % 8 == 0,
+        "two_in_three": lambda i: i % 3 != 0,
+        "three_in_four": lambda i: i % 4 != 0,
+        "fine_grained": lambda i: True,
+    }
+    names = ("attention", "feed_forward") if strategy == "fine_grained" else ("forward",)
+    for block in model.transformer.typed_blocks():
+        if selectors[str(strategy)](block.layer_id):
+            for name in names:
+                setattr(block, name, _checkpointed(getattr(block, name), preserve_rng))
+
+
+def _checkpointed(fn: Callable[..., torch.Tensor], preserve_rng: bool) -> Callable[..., torch.Tensor]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch_checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=preserve_rng, **kwargs)
+
+    return wrapper
+
+
+def defer_replica_all_reduce(cfg: TrainConfig, env: DistEnv) -> bool:
+    """Whether the gradient all-reduce over the ``replicate`` mesh dimension (DDP, NO_SHARD, hybrid sharding)
+    should wait for the last micro-batch of a step, as OLMo's ``ddp.grad_sync_mode: batch`` does.
+
+    Not with ``ddp.grad_sync_mode: micro_batch``, and not when gradients are reduced in a low-precision dtype
+    (``fsdp.precision: pure`` under autocast): FSDP sums the waiting micro-batches in the reduce dtype, where
+    per-micro-batch all-reduces are summed into the fp32 gradient.
+    """
+    fsdp = cfg.fsdp or FSDPConfig()
+    replicated = cfg.distributed_strategy == DistributedStrategy.ddp or fsdp.sharding_strategy in (
+        ShardingStrategy.NO_SHARD,
+        ShardingStrategy.HYBRID_SHARD,
+        ShardingStrategy._HYBRID_SHARD_ZERO2,
+    )
+    per_micro_batch = cfg.ddp is not None and cfg.ddp.grad_sync_mode == DDPGradSyncMode.micro_batch
+    low_precision_reduce = autocast_dtype(cfg, env.device) is not None and fsdp.precision == FSDPPrecision.pure
+    return env.world_size > 1 and replicated and not per_micro_batch and not low_precision_reduce
+
+
+def _mesh(cfg: TrainConfig, env: DistEnv) -> DeviceMesh:
+    """A 1-D mesh for full/grad-op sharding; 2-D (replicate, shard) for hybrid sharding and DDP."""
+    fsdp = cfg.fsdp or FSDPConfig()
+    device_type = env.device.type
+    if cfg.distributed_strategy == DistributedStrategy.ddp or fsdp.sharding_strategy == ShardingStrategy.NO_SHARD:
+        replicas = env.world_size
+    elif fsdp.sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
+        local = env.local_world_size or env.world_size
+        replicas = fsdp.hybrid_sharding_num_model_replicas or max(1, env.world_size // local)
+        if env.world_size % replicas != 0:
+            raise OLMoConfigurationError(
+                f"fsdp.hybrid_sharding_num_model_replicas={replicas} must divide the world size {env.world_size}."
+            )
+    else:
+        return init_device_mesh(device_type, (env.world_size,), mesh_dim_names=("shard",))
+    return init_device_mesh(
+        device_type, (replicas, env.world_size // replicas), mesh_dim_names=("replicate", "shard")
+    )
+
+
+def _shard(model: OLMo, cfg: TrainConfig, env: DistEnv) -> None:
+    """Apply FSDP2 per the OLMo options.
+
+    * ``fsdp.sharding_strategy``: FULL_SHARD and HYBRID_SHARD reshard parameters after the forward pass;
+      SHARD_GRAD_OP and _HYBRID_SHARD_ZERO2 keep them gathered until the backward pass (more memory,
+      fewer all-gathers); NO_SHARD and ``distributed_strategy: ddp`` replicate the parameters on every
+      rank and all-reduce gradients.
+    * ``fsdp.wrapping_strategy``: ``by_block`` (and null, OLMo's single unit, which would all-gather the
+      whole model at once) shards every block as its own unit; ``by_block_and_size`` also the embedding
+      and output layer (with tied weights the embedding stays in the root unit); ``one_in_N`` only blocks
+      ``i % N == 0``, the rest joining the root unit.
+    * ``fsdp.precision`` on GPU: ``pure`` computes and reduces in the autocast dtype, ``mixed`` reduces
+      gradients in fp32. Parameters are always kept in fp32 for the optimizer.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    fsdp = cfg.fsdp or FSDPConfig()
+    mesh = _mesh(cfg, env)
+    reshard = fsdp.sharding_strategy not in (ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy._HYBRID_SHARD_ZERO2)
+    dtype = autocast_dtype(cfg, env.device)
+    policy = MixedPrecisionPolicy()
+    if dtype is not None and fsdp.precision is not None:
+        reduce_dtype = torch.float32 if fsdp.precision == FSDPPrecision.mixed else dtype
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
+    wrap = str(fsdp.wrapping_strategy or "by_block")
+    every = {"one_in_two": 2, "one_in_three": 3, "one_in_four": 4, "one_in_five": 5}.get(wrap, 1)
+    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard, "mp_policy": policy}
+    for block in model.transformer.typed_blocks():
+        if block.layer_id % every == 0:
+            fully_shard(block, **kwargs)
+    if wrap in ("by_block_and_size", "by_block_group_and_size"):
+        if model.transformer.ff_out is not None:
+            fully_shard(model.transformer.ff_out, **kwargs)
+            # A tied embedding stays in the root unit: the output layer reads its weight outside its forward.
+            fully_shard(model.transformer.wte, **kwargs)
+    # The root unit holds what is left; it is needed right away in backward, so never reshard it.
+    fully_shard(model, **{**kwargs, "reshard_after_forward": False})
+
+
+def _compile_blocks(model: OLMo, cfg: CompilerConfig) -> None:
+    """Compile each block separately: one small graph reused by every layer compiles fast."""
+    for block in model.transformer.typed_blocks():
+        block.compile(mode=cfg.mode, fullgraph=cfg.fullgraph, backend=cfg.backend, dynamic=cfg.dynamic)
+
+
+def model_config_fingerprint(cfg: ModelConfig) -> str:
+    """A short hash of the model config, stored in checkpoints to catch mismatched resumes."""
+    text = json.dumps(asdict(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def autocast_dtype(cfg: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
+    """The autocast dtype for this device, or None for fp32. CPUs always train in fp32."""
+    name = cfg.autocast_precision
+    if name is None or device.type != "cuda":
+        return None
+    return getattr(torch, name)

@@ -1,0 +1,144 @@
+"""The package is a stack of layers: no import cycle among ``olmo.*`` modules, and the config layer at the
+bottom imports nothing above it (DESIGN §2).
+
+Imports are read with ``ast``, so an import inside a function counts as much as one at the top of a
+module. Imports under ``if TYPE_CHECKING:`` never run; they count for the layer rule (the config layer may
+not even name a model type) but not for cycles (``config_validation`` annotates with ``TrainConfig``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "olmo"
+
+CONFIG_LAYER = {
+    "olmo.checkpoint_dirs",
+    "olmo.config",
+    "olmo.config_cli",
+    "olmo.config_docs",
+    "olmo.config_resolvers",
+    "olmo.config_sections",
+    "olmo.config_validation",
+    "olmo.exceptions",
+    "olmo.launch",
+    "olmo.tokenizer_files",
+    "olmo.util",
+}
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]) -> dict[str, bool]:
+    """``{imported olmo module: whether only under TYPE_CHECKING}`` for one module."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+    def owner(name: str) -> str:
+        # `from olmo.data import build_memmap_dataset` depends on olmo.data; `from olmo import config` on olmo.config.
+        while name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    found: dict[str, bool] = {}
+
+    def visit(node: ast.AST, type_only: bool) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, True)
+            for child in node.orelse:
+                visit(child, type_only)
+            return
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names if a.name == "olmo" or a.name.startswith("olmo.")]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            if source == "olmo" or source.startswith("olmo."):
+                targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names]
+        for target in targets:
+            dep = owner(target)
+            if dep != module:
+                found[dep] = found.get(dep, True) and type_only
+        for child in ast.iter_child_nodes(node):
+            visit(child, type_only)
+
+    visit(ast.parse(path.read_text(), filename=str(path)), False)
+    return found
+
+
+def _graph() -> dict[str, dict[str, bool]]:
+    modules = _modules()
+    return {module: _imports(module, path, modules) for module, path in modules.items()}
+
+
+def _find_cycle(edges: dict[str, list[str]]) -> list[str]:
+    """One import cycle as a path ``[a, b, ..., a]``, or [] when there is none."""
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = "open"
+        stack.append(node)
+        for dep in sorted(edges.get(node, [])):
+            if state.get(dep) == "open":
+                return [*stack[stack.index(dep) :], dep]
+            if dep not in state:
+                cycle = visit(dep)
+                if cycle:
+                    return cycle
+        state[node] = "done"
+        stack.pop()
+        return []
+
+    for node in sorted(edges):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return []
+
+
+def test_the_import_graph_of_olmo_has_no_cycle():
+    graph = _graph()
+    # The package __init__ only re-exports names on first access; importing olmo.X runs it, but it imports
+    # nothing that imports it back. Edges into it would be real dependencies and are kept.
+    runtime = {m: [d for d, type_only in deps.items() if not type_only] for m, deps in graph.items()}
+    cycle = _find_cycle(runtime)
+    assert not cycle, "import cycle (counting imports inside functions): " + " -> ".join(cycle)
+
+
+def test_the_config_layer_imports_nothing_above_it():
+    graph = _graph()
+    assert CONFIG_LAYER <= graph.keys(), f"CONFIG_LAYER names missing modules: {CONFIG_LAYER - graph.keys()}"
+    upward = {m: sorted(set(deps) - CONFIG_LAYER) for m, deps in graph.items() if m in CONFIG_LAYER}
+    assert not any(upward.values()), (
+        f"config-layer modules import from layers above: { {m: d for m, d in upward.items() if d} }"
+    )
+
+
+def test_the_finder_sees_imports_inside_functions_and_reports_the_path():
+    # Guards the test itself: a function-level import must close a cycle, and the message must show the path.
+    assert _find_cycle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ["a", "b", "c", "a"]
+    modules = _graph()
+    assert "olmo.model" in modules["olmo.parallelize"]
+    checkpoint_plan = modules["olmo.checkpoint_plan"]
+    assert checkpoint_plan.get("olmo.model") is False  # imported inside a function, still an edge
