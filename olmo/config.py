@@ -257,6 +257,9 @@ class TrainConfig:
     """Compute the loss chunk by chunk from the final hidden states without materializing the (tokens,
     vocab) logits (:func:`olmo.loss.fused_output_loss`; pure PyTorch, unlike OLMo's flash-attn kernel).
     Same loss and gradients up to rounding, less memory around the 50k-wide output layer. None = off."""
+    train_module: Optional[str] = None
+    """The TrainModule that runs each step: a dotted path (``my_pkg.modules.MyTrainModule``) or a class name
+    from :mod:`olmo.train_module`; null is :class:`olmo.train_module.TransformerTrainModule`, OLMo's step."""
     hf_datasets_cache_dir: Optional[str] = None
     """Deprecated no-op kept so old configs load."""
     module_outputs_save_steps: Optional[list[int]] = None

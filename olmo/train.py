@@ -1,10 +1,7 @@
-"""The training loop: :class:`Trainer` with a short :meth:`~Trainer.fit` and :meth:`~Trainer.train_step`.
+"""The training loop: :class:`Trainer` and its short :meth:`~Trainer.fit`.
 
-Loss normalization: each step's loss is the mean cross entropy over every *unmasked* label in the
-global batch. Each micro-batch contributes ``sum(CE) * world_size / n_labels_global`` to the
-backward pass, so the gradient does not depend on how the global batch is split into ranks and
-micro-batches (FSDP/DDP average gradients over ranks, which the ``world_size`` factor undoes). The
-original OLMo divided by B*T instead, which under-weights label-masked fine-tuning batches.
+The loop owns the data position, checkpoint and evaluation cadence, stop conditions and metrics sinks; what one
+step does (forward, loss, backward, optimizer step) is the job of a :class:`~olmo.train_module.TrainModule`.
 """
 
 from __future__ import annotations
@@ -31,11 +28,10 @@ from .checkpoint import (
     remove_ephemeral_checkpoints,
 )
 from .checkpoint_upload import build_checkpoint_uploader
-from .config import SchedulerUnits, TrainConfig
-from .data import DataIndexLog, FilteredInstanceCounter, IterableDataset, check_token_ids
-from .distributed import DistEnv, all_reduce, autocast_dtype, defer_replica_all_reduce, model_config_fingerprint
+from .config import TrainConfig
+from .data import DataIndexLog, FilteredInstanceCounter, IterableDataset
+from .distributed import DistEnv, all_reduce, autocast_dtype, model_config_fingerprint
 from .eval import Evaluator
-from .loss import next_token_labels
 from .metrics import (
     MetricsLogger,
     SpeedMonitor,
@@ -44,10 +40,9 @@ from .metrics import (
     device_peak_flops,
     peak_memory_mb,
 )
-from .model import OLMo
-from .optim import BoltOnWarmupScheduler, clip_grads, set_learning_rate
 from .rng import get_rng_state, set_rng_state
 from .stop import EXIT_CODE_STOPPED, StopRequest
+from .train_module import TrainModule
 
 __all__ = ["Trainer", "TrainerState", "EXIT_CODE_STOPPED"]
 
@@ -68,6 +63,7 @@ class TrainerState:
 class Trainer:
     """Runs training for one config on one process (and, through FSDP, on many).
 
+    :param train_module: what one step does (see :func:`olmo.train_module.build_train_module`).
     :param train_loader: a DataLoader over :class:`olmo.data.IterableDataset`.
     """
 
@@ -75,34 +71,38 @@ class Trainer:
         self,
         cfg: TrainConfig,
         env: DistEnv,
-        model: OLMo,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any,
+        train_module: TrainModule,
         train_loader: torch.utils.data.DataLoader,
         evaluators: Sequence[Evaluator] = (),
     ):
-        self.cfg, self.env, self.model, self.optimizer = cfg, env, model, optimizer
-        self.scheduler, self.train_loader = scheduler, train_loader
+        self.cfg, self.env, self.train_module, self.train_loader = cfg, env, train_module, train_loader
         self.evaluators = list(evaluators)
         self.dataset: IterableDataset = train_loader.dataset  # type: ignore[assignment]
         self.state = TrainerState(epoch=self.dataset.epoch)  # --epoch starts a fresh run at that epoch
         self.max_steps = cfg.max_steps(self.dataset.total_size)
         self.device_batch_size = cfg.device_batch_size(env.world_size)
-        self.autocast_dtype = autocast_dtype(cfg, env.device)
-        self.z_loss_multiplier = (cfg.auxiliary_loss_multiplier or 1e-4) if cfg.softmax_auxiliary_loss else None
+        self.autocast_dtype = autocast_dtype(cfg, env.device)  # for the evaluators
         self.stop_request = StopRequest()
         self.last_saved_step: dict[str, int] = {}
         self.pending_save: Optional[PendingCheckpoint] = None
         self.uploader = build_checkpoint_uploader(cfg.remote_save_folder, env.rank)  # rank 0 only, or None
         self.restored_step: Optional[int] = None
         self.collect_steps = cfg.metrics_collect_steps(env.device)
-        self.defer_replica_all_reduce = defer_replica_all_reduce(cfg, env) and hasattr(
-            model, "set_requires_all_reduce"
-        )
-        self.step_metrics = StepMetricsQueue(self.collect_steps, env.rank, bool(self.z_loss_multiplier))
+        self.step_metrics = StepMetricsQueue(self.collect_steps, env.rank, bool(cfg.softmax_auxiliary_loss))
         self.filtered = FilteredInstanceCounter()
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
             log.warning("precision=%s has no effect on %s; training in fp32.", cfg.precision, env.device.type)
+        train_module.on_attach(self)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The train module's model (what checkpoints and evaluators use)."""
+        return self.train_module.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The train module's optimizer (what checkpoints hold)."""
+        return self.train_module.optimizer
 
     # ----------------------------------------------------------------------------------------------
     def restore(self, info: CheckpointInfo, load_optimizer_state: bool, load_trainer_state: bool) -> None:
@@ -117,11 +117,7 @@ class Trainer:
             self._load_trainer_state(state)
             self.restored_step = self.state.global_step
             if not load_optimizer_state:
-                # A fresh optimizer restarting mid-schedule gets its own warmup back up to the schedule.
-                start = self.state.global_step
-                self.scheduler = BoltOnWarmupScheduler(
-                    self.scheduler, start, start + int(self.cfg.scheduler.t_warmup)
-                )
+                self.train_module.on_optimizer_reset(self.state.global_step)
         self.dataset.start_index = self.state.global_train_examples_seen_this_epoch
         log.info(
             "Restored to step %d, epoch %d, instance %d of the epoch.",
@@ -276,7 +272,7 @@ class Trainer:
             return False
         self.log_metrics(metrics_logger)  # training steps first, so metrics.jsonl stays in step order
         start, metrics = time.perf_counter(), {}
-        self.optimizer.zero_grad(set_to_none=True)  # free gradient memory for the eval batches
+        self.train_module.zero_grads()  # free gradient memory for the eval batches
         for evaluator in self.evaluators:
             metrics.update(evaluator.evaluate(self.model, self.env.device, self.autocast_dtype))
         metrics["eval/seconds"] = time.perf_counter() - start
@@ -294,7 +290,7 @@ class Trainer:
         index_log = DataIndexLog(cfg.save_folder, self.env.rank, s.global_step, cfg.save_data_indices)
         speed = SpeedMonitor(
             cfg.speed_monitor.window_size,
-            self.model.num_flops_per_token(),
+            self.train_module.num_flops_per_token(cfg.model.max_sequence_length),
             device_peak_flops(self.env.device, cfg.speed_monitor.gpu_flops_available),
         )
         device_tokens = self.device_batch_size * cfg.model.max_sequence_length
@@ -312,7 +308,7 @@ class Trainer:
             self.maybe_save(final=True)  # proves early that checkpoints can be written
         if cfg.eval_on_load and self.restored_step:
             self.maybe_eval(metrics_logger, stop_at, force=True)
-        self.model.train()
+        self.train_module.pre_train()
         batches = self._batches()
         try:
             while s.global_step < stop_at:
@@ -323,7 +319,10 @@ class Trainer:
                 s.global_train_examples_seen_this_epoch += cfg.global_train_batch_size
                 s.global_train_tokens_seen += cfg.tokens_per_batch
                 index_log.write(s.global_step, batch["index"], batch.get("instance_mask"))
-                metrics = self.train_step(batch).values
+                self.train_module.zero_grads()
+                self.train_module.train_batch(batch)
+                self.train_module.optim_step()
+                metrics = self._step_record().values
                 metrics.update(speed.step(device_tokens))
                 metrics["throughput/data_wait_seconds"] = data_wait
                 metrics["throughput/total_tokens"] = s.global_train_tokens_seen
@@ -396,79 +395,20 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------------------
     def train_step(self, batch: dict[str, Any]) -> StepMetrics:
-        """Forward/backward over every micro-batch of this device batch, clip, then one optimizer step.
+        """One step of the train module on this device batch, as :meth:`fit` runs it (for benchmarks and tests
+        that drive steps themselves); returns the step's metrics record."""
+        self.train_module.zero_grads()
+        self.train_module.train_batch(batch)
+        self.train_module.optim_step()
+        return self._step_record()
 
-        The step's metrics are queued on the device; with ``metrics_collect_interval`` 1 they are read back
-        here, before the optimizer step, so a non-finite loss never reaches the weights.
-        """
-        check_token_ids(batch, self.cfg.model.vocab_size, self.state.global_step)
-        device, W, step = self.env.device, self.env.world_size, self.state.global_step
-        max_doc_lens = batch.get("max_doc_lens")  # a list, which stays on the host
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, torch.Tensor)}
-        labels = next_token_labels(batch)
-        counts = [(labels != -100).sum().float()]
-        if "instance_mask" in batch:  # the instances the filter dropped, summed in the same all-reduce
-            counts.append((~batch["instance_mask"]).sum().float())
-        n_labels, *n_filtered = all_reduce(torch.stack(counts)).unbind()
-        if n_filtered:
-            self.filtered.add(step, n_filtered[0])
-        loss_scale = W / n_labels.clamp(min=1.0)
-        self.optimizer.zero_grad(set_to_none=True)
-        ce_sum, z_sum = self._forward_backward(batch, labels, loss_scale, max_doc_lens)
-        max_norm = self.scheduler.get_max_grad_norm(self.cfg.max_grad_norm, step)
-        grad_norm = clip_grads(self.optimizer, max_norm, self.cfg.max_grad_norm_ratio, step)
-        lr = self._learning_rate()
-        record = self.step_metrics.add(step, lr, ce_sum, z_sum, n_labels, grad_norm)
-        if self.collect_steps == 1:
-            self.collect_metrics()
-        set_learning_rate(self.optimizer, lr)
-        self.optimizer.step()
+    def _step_record(self) -> StepMetrics:
+        record = self.step_metrics.records[-1] if self.step_metrics.records else None
+        assert record is not None and record.step == self.state.global_step, (
+            f"{type(self.train_module).__name__}.optim_step did not call queue_step_metrics at step "
+            f"{self.state.global_step}"
+        )
         return record
-
-    def _forward_backward(
-        self,
-        batch: dict[str, torch.Tensor],
-        labels: torch.Tensor,
-        loss_scale: torch.Tensor,
-        max_doc_lens: Optional[list[int]] = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward and backward over each micro-batch, accumulating gradients; return this rank's summed
-        cross entropy and z-loss (device tensors). With ``doc_lens`` in the batch (``data.generate_doc_lengths``)
-        the model masks attention between the documents of an instance."""
-        device = self.env.device
-        ce_sum = torch.zeros((), device=device)
-        z_sum = torch.zeros((), device=device)
-        micro, n_rows = self.cfg.device_train_microbatch_size, batch["input_ids"].size(0)
-        try:
-            for start in range(0, n_rows, micro):
-                rows = slice(start, start + micro)
-                documents: dict[str, Any] = {}
-                if "doc_lens" in batch:
-                    documents["doc_lens"] = batch["doc_lens"][rows]
-                    documents["max_doc_lens"] = None if max_doc_lens is None else max_doc_lens[rows]
-                if self.defer_replica_all_reduce:
-                    # Replicas all-reduce the accumulated gradients once, after the last micro-batch.
-                    self.model.set_requires_all_reduce(start + micro >= n_rows)  # type: ignore[operator]
-                with torch.autocast(
-                    device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
-                ):
-                    loss = self.model(
-                        batch["input_ids"][rows],
-                        attention_mask=batch["attention_mask"][rows] if "attention_mask" in batch else None,
-                        labels=labels[rows],
-                        z_loss_multiplier=self.z_loss_multiplier,
-                        fused_loss=bool(self.cfg.fused_loss),
-                        **documents,
-                    ).loss
-                assert loss is not None
-                (loss.total * loss_scale).backward()
-                ce_sum += loss.ce
-                if loss.z is not None:
-                    z_sum += loss.z
-        finally:
-            if self.defer_replica_all_reduce:
-                self.model.set_requires_all_reduce(True)  # type: ignore[operator]
-        return ce_sum, z_sum
 
     def collect_metrics(self) -> None:
         """Read the pending steps' metrics back from the device; raise at a non-finite loss or grad norm."""
@@ -481,11 +421,3 @@ class Trainer:
         for record in self.step_metrics.pop_ready():
             record.values.update(self.filtered.pop(record.step))
             metrics_logger.log(record.step, record.values)
-
-    def _learning_rate(self) -> float:
-        """The scheduled LR for the current step (the first update uses step 1, as in OLMo)."""
-        if self.cfg.scheduler.units == SchedulerUnits.tokens:
-            current, t_max = self.state.global_train_tokens_seen, self.max_steps * self.cfg.tokens_per_batch
-        else:
-            current, t_max = self.state.global_step, self.max_steps
-        return self.scheduler.get_lr(self.cfg.optimizer.learning_rate, current, t_max)

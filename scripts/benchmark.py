@@ -85,6 +85,7 @@ from olmo.model import OLMo, describe_attention  # noqa: E402
 from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
 from olmo.rng import seed_all  # noqa: E402
 from olmo.train import Trainer  # noqa: E402
+from olmo.train_module import build_train_module  # noqa: E402
 from olmo.util import (  # noqa: E402
     env_world_size,
     machine_info,  # noqa: E402
@@ -328,7 +329,9 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
             loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank, work_dir=work_dir)
         model: OLMo = build_model(cfg, env)
         optimizer = build_optimizer(cfg.optimizer, model)
-        trainer = Trainer(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), loader)
+        trainer = Trainer(
+            cfg, env, build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler)), loader
+        )
         peak = device_peak_flops(env.device, cfg.speed_monitor.gpu_flops_available)
         device_tokens = trainer.device_batch_size * cfg.model.max_sequence_length
         log.info(

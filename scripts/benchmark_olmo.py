@@ -168,6 +168,7 @@ class OursSide(Side):
         from olmo.optim import build_optimizer, build_scheduler
         from olmo.rng import seed_all
         from olmo.train import Trainer
+        from olmo.train_module import build_train_module
 
         batch, seq = request["batch"], request["model"]["max_sequence_length"]
         cfg = TrainConfig.from_dict(
@@ -192,7 +193,8 @@ class OursSide(Side):
         self.model = model = build_model(cfg, env)
         optimizer = build_optimizer(cfg.optimizer, model)
         loader = SyntheticBatches(cfg, env, n_steps=4)  # 4 batches, cycled
-        self.trainer = Trainer(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), loader)
+        train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
+        self.trainer = Trainer(cfg, env, train_module, loader)
         self.run_step = run_step
         self.train_batches = cycle(loader.batches)
         gen = torch.Generator().manual_seed(cfg.seed)

@@ -33,6 +33,7 @@ from olmo.model import describe_attention  # noqa: E402
 from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
 from olmo.rng import seed_all  # noqa: E402
 from olmo.train import Trainer  # noqa: E402
+from olmo.train_module import build_train_module, resolve_train_module_class  # noqa: E402
 from olmo.util import env_rank, env_world_size, prepare_cli_environment  # noqa: E402
 
 log = logging.getLogger("train")
@@ -46,6 +47,8 @@ def main(argv: list) -> int:
         raise OLMoCliError(f"Usage: {argv[0]} CONFIG.yaml [--key.path=value ...] (--help for more)")
     cfg = TrainConfig.load(argv[1], argv[2:])
     cfg.validate(env_world_size())
+    if cfg.train_module is not None:
+        resolve_train_module_class(cfg.train_module)  # a bad name fails before anything is built
     plan = plan_restore(cfg)  # opens every checkpoint file it will read
     prepare_save_folder(cfg, plan)
     # Every rank checks the files; only rank 0 pays for the full token-id scan.
@@ -77,7 +80,10 @@ def main(argv: list) -> int:
             model.num_flops_per_token() / 1e9,
         )
         optimizer = build_optimizer(cfg.optimizer, model)
-        trainer = Trainer(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), train_loader, evaluators)
+        train_module = build_train_module(
+            cfg, env, model, optimizer, build_scheduler(cfg.scheduler), cfg.train_module
+        )
+        trainer = Trainer(cfg, env, train_module, train_loader, evaluators)
         log_speed_setup(cfg, trainer)
         if plan is not None:
             trainer.restore(plan.info, plan.load_optimizer_state, plan.load_trainer_state)

@@ -16,6 +16,7 @@ from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
 from olmo.rng import seed_all  # noqa: E402
 from olmo.testing import tiny_config_dict  # noqa: E402
 from olmo.train import Trainer  # noqa: E402
+from olmo.train_module import build_train_module  # noqa: E402
 
 SETTINGS = {
     "full_shard": {},
@@ -67,7 +68,8 @@ def main(out: Path, data: str) -> None:
             loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank, work_dir=out / name)
             model = build_model(cfg, env)
             optimizer = build_optimizer(cfg.optimizer, model)
-            trainer = Trainer(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), loader)
+            train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
+            trainer = Trainer(cfg, env, train_module, loader)
             records = []
             for step, batch in zip(range(1, STEPS + 1), loader):
                 trainer.state.global_step = step

@@ -11,6 +11,7 @@ from olmo.optim import build_optimizer, build_scheduler
 from olmo.rng import seed_all
 from olmo.testing import tiny_config_dict, write_byte_memmap
 from olmo.train import Trainer
+from olmo.train_module import build_train_module
 
 pytestmark = [
     pytest.mark.gpu,
@@ -32,8 +33,9 @@ def _trainer(tmp_path, corpus, **overrides):
     seed_all(cfg.seed)
     loader = build_train_dataloader(cfg, world_size=1, rank=0, work_dir=tmp_path)
     model = build_model(cfg, env)
+    optimizer = build_optimizer(cfg.optimizer, model)
     trainer = Trainer(
-        cfg, env, model, build_optimizer(cfg.optimizer, model), build_scheduler(cfg.scheduler), loader
+        cfg, env, build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler)), loader
     )
     return trainer, iter(loader)
 

@@ -99,16 +99,16 @@ def test_gradient_accumulation_does_not_change_training(tmp_path, corpus):
 
 
 def test_inspection_snippet_returns_the_tokens_the_trainer_trained_on(tmp_path, corpus, monkeypatch):
-    from olmo.train import Trainer
+    from olmo.train_module import TransformerTrainModule
 
     seen = []
-    original = Trainer.train_step
+    original = TransformerTrainModule.train_batch
 
-    def spy(self, batch):
+    def spy(self, batch, dry_run=False):
         seen.append(batch["input_ids"].clone())
-        return original(self, batch)
+        return original(self, batch, dry_run)
 
-    monkeypatch.setattr(Trainer, "train_step", spy)
+    monkeypatch.setattr(TransformerTrainModule, "train_batch", spy)
     config_path = _setup(tmp_path, corpus, max_duration=5, **{"data.seed": 7})
     assert run_train(config_path) == 0
     # The DESIGN/README snippet, verbatim apart from the two paths.
@@ -118,6 +118,7 @@ def test_inspection_snippet_returns_the_tokens_the_trainer_trained_on(tmp_path, 
     dataset = build_memmap_dataset(cfg, cfg.data)
     batch_size = cfg.global_train_batch_size
     global_indices = np.memmap(data_order_file_path, mode="r+", dtype=np.uint32)
+    assert len(seen) == 5
     for step, trained in enumerate(seen, start=1):
         s = step - 1
         snippet = []

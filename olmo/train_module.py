@@ -1,0 +1,366 @@
+"""The training step as a component: :class:`TrainModule`, with OLMo-core's API.
+
+A train module owns *what one step does* (forward, loss, backward, clipping, the optimizer step) and the model
+and optimizer a checkpoint holds; :class:`olmo.train.Trainer` owns *the loop* (data position, checkpoint and
+evaluation cadence, stop conditions, metrics sinks). Each step the loop calls :meth:`~TrainModule.zero_grads`,
+:meth:`~TrainModule.train_batch` and :meth:`~TrainModule.optim_step`, none of which waits for the device.
+
+Loss normalization (:class:`TransformerTrainModule`): each step's loss is the mean cross entropy over every
+*unmasked* label in the global batch. Each micro-batch contributes ``sum(CE) * world_size / n_labels_global`` to
+the backward pass, so the gradient does not depend on how the global batch is split into ranks and micro-batches
+(FSDP/DDP average gradients over ranks, which the ``world_size`` factor undoes). The original OLMo divided by
+B*T instead, which under-weights label-masked fine-tuning batches.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from .checkpoint_save import FULL_STATE
+from .collectives import DistEnv, all_reduce
+from .config import SchedulerUnits, TrainConfig
+from .data import check_token_ids
+from .exceptions import OLMoConfigurationError
+from .loss import next_token_labels
+from .metrics import ReduceType
+from .model import OLMo
+from .optim import BoltOnWarmupScheduler, clip_grads, set_learning_rate
+from .parallelize import autocast_dtype, defer_replica_all_reduce
+
+if TYPE_CHECKING:
+    from .train import Trainer
+
+__all__ = ["TrainModule", "TransformerTrainModule", "BasicTrainModule", "ReduceType", "build_train_module"]
+
+log = logging.getLogger(__name__)
+
+
+class TrainModule(ABC):
+    """One training step and the state a checkpoint holds. Subclass it for a new training paradigm.
+
+    A subclass sets :attr:`model` and :attr:`optimizer` (what checkpoints save and restore) and implements
+    :meth:`train_batch`, :meth:`optim_step` and :meth:`eval_batch`. Metrics are recorded on the device with
+    :meth:`record_ce_loss` and :meth:`record_metric` and queued by :meth:`queue_step_metrics`, which
+    ``optim_step`` must call once per step, before ``optimizer.step()``.
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def __init__(self) -> None:
+        self._trainer: Optional[Trainer] = None
+        self._loss: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+        self._extra: dict[str, tuple[torch.Tensor, ReduceType]] = {}
+
+    @property
+    def trainer(self) -> Trainer:
+        """The trainer this module is attached to (see :meth:`on_attach`)."""
+        assert self._trainer is not None, "the train module is not attached to a Trainer yet"
+        return self._trainer
+
+    @classmethod
+    def from_config(
+        cls, cfg: TrainConfig, env: DistEnv, model: OLMo, optimizer: torch.optim.Optimizer, scheduler: Any
+    ) -> TrainModule:
+        """Build this module for a run (what :func:`build_train_module` calls); by default
+        ``cls(cfg, env, model, optimizer, scheduler)``."""
+        return cls(cfg, env, model, optimizer, scheduler)  # type: ignore[call-arg]
+
+    def on_attach(self, trainer: Trainer) -> None:
+        """Called once by the :class:`~olmo.train.Trainer` that will drive this module."""
+        self._trainer = trainer
+
+    def pre_train(self) -> None:
+        """Called by ``Trainer.fit`` right before the first step."""
+        self.model.train()
+
+    @abstractmethod
+    def train_batch(self, batch: dict[str, Any], dry_run: bool = False) -> None:
+        """Forward and backward over every micro-batch of this rank's device batch, accumulating gradients and
+        recording the step's metrics on the device. ``dry_run``: record nothing (a warm-up batch)."""
+
+    @abstractmethod
+    def optim_step(self) -> None:
+        """Clip, set the learning rate from the schedule, queue the step's metrics, step the optimizer."""
+
+    def zero_grads(self) -> None:
+        """Drop the gradients (set to None, freeing their memory)."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @abstractmethod
+    def eval_batch(self, batch: dict[str, Any], labels: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Forward only: the logits (B, T, V) of ``batch``, or with ``labels`` the per-token cross entropy (B, T)."""
+
+    def on_optimizer_reset(self, step: int) -> None:
+        """Called when a checkpoint of ``step`` was restored with a fresh optimizer (``--reset_optimizer_state``)."""
+        log.info("Step %d restored with a fresh optimizer; %s keeps its schedule.", step, type(self).__name__)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"model": ..., "optim": ...}``, full (unsharded) on CPU: what ``stepN-unsharded/model.pt`` and
+        ``optim.pt`` hold."""
+        return {
+            "model": get_model_state_dict(self.model, options=FULL_STATE),
+            "optim": get_optimizer_state_dict(self.model, self.optimizer, options=FULL_STATE),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load what :meth:`state_dict` returned (the optimizer only when ``state`` has ``"optim"``)."""
+        set_model_state_dict(self.model, state["model"], options=FULL_STATE)
+        if "optim" in state:
+            set_optimizer_state_dict(self.model, self.optimizer, state["optim"], options=FULL_STATE)
+
+    def num_flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token at context length ``seq_len`` (for MFU)."""
+        assert isinstance(self.model, OLMo), "override num_flops_per_token for a model other than OLMo"
+        return self.model.num_flops_per_token(seq_len)
+
+    def global_num_flops_in_batch(self, batch: dict[str, Any]) -> int:
+        """Training FLOPs of one global batch, given this rank's device batch."""
+        rows, seq_len = batch["input_ids"].shape
+        world_size = self.trainer.env.world_size
+        return self.num_flops_per_token(seq_len) * rows * seq_len * world_size
+
+    def record_ce_loss(
+        self, ce_sum: torch.Tensor, n_labels: torch.Tensor, z_sum: Optional[torch.Tensor] = None
+    ) -> None:
+        """Record this step's loss: this rank's summed cross entropy (and z-loss) and the *global* label count.
+        The trainer logs ``sum over ranks / n_labels`` as ``train/CrossEntropyLoss`` (and ``train/ZLoss``)."""
+        self._loss = (ce_sum, torch.zeros_like(ce_sum) if z_sum is None else z_sum, n_labels)
+
+    def record_metric(self, name: str, value: torch.Tensor, reduce_type: ReduceType = ReduceType.mean) -> None:
+        """Record a scalar metric of this step on this rank; it is reduced over ranks and logged as ``name``."""
+        self._extra[name] = (value, reduce_type)
+
+    def queue_step_metrics(self, learning_rate: float, grad_norm: torch.Tensor) -> None:
+        """Hand the step's recorded metrics to the trainer. With ``metrics_collect_interval`` 1 they are read back
+        now, so a non-finite loss or gradient norm stops the run before ``optimizer.step()`` touches the weights."""
+        assert self._loss is not None, "record_ce_loss was not called in this step"
+        ce_sum, z_sum, n_labels = self._loss
+        trainer = self.trainer
+        trainer.step_metrics.add(
+            trainer.state.global_step, learning_rate, ce_sum, z_sum, n_labels, grad_norm, self._extra
+        )
+        self._loss, self._extra = None, {}
+        if trainer.collect_steps == 1:
+            trainer.collect_metrics()
+
+
+class TransformerTrainModule(TrainModule):
+    """The OLMo training step: label masks, global-label-count loss normalization, fused loss, z-loss, autocast,
+    gradient accumulation with a deferred replica all-reduce, clipping and the scheduled learning rate.
+
+    :param cfg: the run's config (micro-batch size, loss, clipping and schedule options).
+    :param scheduler: an :mod:`olmo.optim` scheduler.
+    """
+
+    def __init__(
+        self, cfg: TrainConfig, env: DistEnv, model: OLMo, optimizer: torch.optim.Optimizer, scheduler: Any
+    ):
+        super().__init__()
+        self.cfg, self.env, self.model, self.optimizer, self.scheduler = cfg, env, model, optimizer, scheduler
+        self.autocast_dtype = autocast_dtype(cfg, env.device)
+        self.z_loss_multiplier = (cfg.auxiliary_loss_multiplier or 1e-4) if cfg.softmax_auxiliary_loss else None
+        self.defer_replica_all_reduce = defer_replica_all_reduce(cfg, env) and hasattr(
+            model, "set_requires_all_reduce"
+        )
+
+    def on_optimizer_reset(self, step: int) -> None:
+        # A fresh optimizer restarting mid-schedule gets its own warmup back up to the schedule.
+        self.scheduler = BoltOnWarmupScheduler(self.scheduler, step, step + int(self.cfg.scheduler.t_warmup))
+
+    def train_batch(self, batch: dict[str, Any], dry_run: bool = False) -> None:
+        step = self.trainer.state.global_step
+        check_token_ids(batch, self.cfg.model.vocab_size, step)
+        device, W = self.env.device, self.env.world_size
+        max_doc_lens = batch.get("max_doc_lens")  # a list, which stays on the host
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        labels = next_token_labels(batch)
+        counts = [(labels != -100).sum().float()]
+        if "instance_mask" in batch:  # the instances the filter dropped, summed in the same all-reduce
+            counts.append((~batch["instance_mask"]).sum().float())
+        n_labels, *n_filtered = all_reduce(torch.stack(counts)).unbind()
+        if n_filtered and not dry_run:
+            self.trainer.filtered.add(step, n_filtered[0])
+        loss_scale = W / n_labels.clamp(min=1.0)
+        ce_sum, z_sum = self._forward_backward(batch, labels, loss_scale, max_doc_lens)
+        if not dry_run:
+            self.record_ce_loss(ce_sum, n_labels, z_sum)
+
+    def _forward_backward(
+        self,
+        batch: dict[str, torch.Tensor],
+        labels: torch.Tensor,
+        loss_scale: torch.Tensor,
+        max_doc_lens: Optional[list[int]] = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward over each micro-batch, accumulating gradients; return this rank's summed
+        cross entropy and z-loss (device tensors). With ``doc_lens`` in the batch (``data.generate_doc_lengths``)
+        the model masks attention between the documents of an instance."""
+        device = self.env.device
+        ce_sum = torch.zeros((), device=device)
+        z_sum = torch.zeros((), device=device)
+        micro, n_rows = self.cfg.device_train_microbatch_size, batch["input_ids"].size(0)
+        try:
+            for start in range(0, n_rows, micro):
+                rows = slice(start, start + micro)
+                documents: dict[str, Any] = {}
+                if "doc_lens" in batch:
+                    documents["doc_lens"] = batch["doc_lens"][rows]
+                    documents["max_doc_lens"] = None if max_doc_lens is None else max_doc_lens[rows]
+                if self.defer_replica_all_reduce:
+                    # Replicas all-reduce the accumulated gradients once, after the last micro-batch.
+                    self.model.set_requires_all_reduce(start + micro >= n_rows)  # type: ignore[operator]
+                with torch.autocast(
+                    device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+                ):
+                    loss = self.model(
+                        batch["input_ids"][rows],
+                        attention_mask=batch["attention_mask"][rows] if "attention_mask" in batch else None,
+                        labels=labels[rows],
+                        z_loss_multiplier=self.z_loss_multiplier,
+                        fused_loss=bool(self.cfg.fused_loss),
+                        **documents,
+                    ).loss
+                assert loss is not None
+                (loss.total * loss_scale).backward()
+                ce_sum += loss.ce
+                if loss.z is not None:
+                    z_sum += loss.z
+        finally:
+            if self.defer_replica_all_reduce:
+                self.model.set_requires_all_reduce(True)  # type: ignore[operator]
+        return ce_sum, z_sum
+
+    def optim_step(self) -> None:
+        step = self.trainer.state.global_step
+        max_norm = self.scheduler.get_max_grad_norm(self.cfg.max_grad_norm, step)
+        grad_norm = clip_grads(self.optimizer, max_norm, self.cfg.max_grad_norm_ratio, step)
+        lr = self._learning_rate()
+        self.queue_step_metrics(lr, grad_norm)
+        set_learning_rate(self.optimizer, lr)
+        self.optimizer.step()
+
+    def _learning_rate(self) -> float:
+        """The scheduled LR for the current step (the first update uses step 1, as in OLMo)."""
+        state, max_steps = self.trainer.state, self.trainer.max_steps
+        if self.cfg.scheduler.units == SchedulerUnits.tokens:
+            current, t_max = state.global_train_tokens_seen, max_steps * self.cfg.tokens_per_batch
+        else:
+            current, t_max = state.global_step, max_steps
+        return self.scheduler.get_lr(self.cfg.optimizer.learning_rate, current, t_max)
+
+    def eval_batch(self, batch: dict[str, Any], labels: Optional[torch.Tensor] = None) -> torch.Tensor:
+        device = self.env.device
+        input_ids = batch["input_ids"].to(device)
+        mask = batch.get("attention_mask")
+        with (
+            torch.no_grad(),
+            torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None),
+        ):
+            logits = self.model(input_ids, attention_mask=None if mask is None else mask.to(device)).logits
+        return logits if labels is None else _per_token_ce(logits, labels.to(device))
+
+
+class BasicTrainModule(TrainModule):
+    """The smallest useful train module: plain next-token cross entropy over the whole device batch in one
+    forward pass (no micro-batches, masks, z-loss or autocast), a fixed learning rate and optional clipping.
+
+    A starting point for a custom module; it works on one process or under DDP/FSDP.
+
+    :param learning_rate: used for every step.
+    :param max_grad_norm: clip the global gradient norm to this, or None.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        learning_rate: float,
+        max_grad_norm: Optional[float] = None,
+    ):
+        super().__init__()
+        self.model, self.optimizer = model, optimizer
+        self.learning_rate, self.max_grad_norm = learning_rate, max_grad_norm
+
+    @classmethod
+    def from_config(
+        cls, cfg: TrainConfig, env: DistEnv, model: OLMo, optimizer: torch.optim.Optimizer, scheduler: Any
+    ) -> TrainModule:
+        """``optimizer.learning_rate`` for every step (the schedule is ignored) and ``max_grad_norm``."""
+        return cls(model, optimizer, cfg.optimizer.learning_rate, cfg.max_grad_norm)
+
+    def train_batch(self, batch: dict[str, Any], dry_run: bool = False) -> None:
+        device = next(self.model.parameters()).device
+        input_ids = batch["input_ids"].to(device)  # (B, T)
+        labels = torch.cat([input_ids[:, 1:], input_ids.new_full((input_ids.size(0), 1), -100)], dim=1)  # (B, T)
+        n_labels = all_reduce((labels != -100).sum().float())
+        ce_sum = _per_token_ce(self.model(input_ids).logits, labels).sum()
+        # Scaled by the world size because DDP/FSDP average gradients over ranks.
+        (ce_sum * self.trainer.env.world_size / n_labels).backward()
+        if not dry_run:
+            self.record_ce_loss(ce_sum.detach(), n_labels)
+
+    def optim_step(self) -> None:
+        norm = clip_grads(self.optimizer, self.max_grad_norm)  # also right for FSDP's sharded gradients
+        self.queue_step_metrics(self.learning_rate, norm)
+        set_learning_rate(self.optimizer, self.learning_rate)
+        self.optimizer.step()
+
+    def eval_batch(self, batch: dict[str, Any], labels: Optional[torch.Tensor] = None) -> torch.Tensor:
+        device = next(self.model.parameters()).device
+        with torch.no_grad():
+            logits = self.model(batch["input_ids"].to(device)).logits
+        return logits if labels is None else _per_token_ce(logits, labels.to(device))
+
+
+def _per_token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross entropy (B, T) of ``logits`` (B, T, V) against ``labels`` (B, T); 0 where the label is -100."""
+    flat = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1), reduction="none")
+    return flat.view(labels.shape)
+
+
+def build_train_module(
+    cfg: TrainConfig,
+    env: DistEnv,
+    model: OLMo,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    train_module: Optional[Union[str, type[TrainModule]]] = None,
+) -> TrainModule:
+    """The run's train module: :class:`TransformerTrainModule`, or ``train_module`` (a class, or its dotted path
+    ``package.module.ClassName``, or a class name of this module) built by its :meth:`TrainModule.from_config`."""
+    cls = resolve_train_module_class(train_module) if train_module is not None else TransformerTrainModule
+    return cls.from_config(cfg, env, model, optimizer, scheduler)
+
+
+def resolve_train_module_class(name: Union[str, type[TrainModule]]) -> type[TrainModule]:
+    """The :class:`TrainModule` subclass ``name`` names (a dotted path, or a short name defined in this module);
+    an :class:`OLMoConfigurationError` when it does not import or is not a TrainModule subclass."""
+    if isinstance(name, str):
+        module_name, _, attr = name.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module_name or __name__), attr)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise OLMoConfigurationError(
+                f"train_module: cannot import {name!r} ({e}). Give the dotted path of a TrainModule subclass, "
+                f"e.g. 'my_package.modules.MyTrainModule', importable from this environment."
+            ) from e
+    else:
+        found = name
+    if not (isinstance(found, type) and issubclass(found, TrainModule)):
+        raise OLMoConfigurationError(
+            f"train_module: {name!r} is {found!r}, not a subclass of olmo.train_module.TrainModule."
+        )
+    return found
