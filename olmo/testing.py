@@ -69,6 +69,29 @@ def write_byte_memmap(
     return arr
 
 
+def tiny_model_config(**overrides: Any) -> Any:
+    """A small model config for model-level tests: 2 layers, d_model 32, 4 heads, vocabulary 100 (embedding 128),
+    16 positions, RoPE, no dropout, EOS and padding id 0; ``overrides`` replace any field."""
+    from .config import ModelConfig
+
+    fields: dict[str, Any] = dict(
+        d_model=32,
+        n_heads=4,
+        n_layers=2,
+        mlp_ratio=4,
+        vocab_size=100,
+        embedding_size=128,
+        max_sequence_length=16,
+        rope=True,
+        attention_dropout=0.0,
+        residual_dropout=0.0,
+        embedding_dropout=0.0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    return ModelConfig(**{**fields, **overrides})
+
+
 def tiny_config_dict(save_folder: Union[str, Path], data_paths: list[str], **overrides: Any) -> dict[str, Any]:
     """A small, fast OLMo config (2 layers, d_model 32, byte vocabulary) as a plain dict.
 

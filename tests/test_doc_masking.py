@@ -15,6 +15,7 @@ from olmo.attention import (
 from olmo.config import ModelConfig
 from olmo.exceptions import OLMoDataError
 from olmo.model import OLMo
+from olmo.testing import tiny_model_config
 
 VOCAB = 100
 T = 24
@@ -28,22 +29,7 @@ RELATIVE_POSITIONS = {
 
 
 def tiny_config(**overrides) -> ModelConfig:
-    fields = dict(
-        d_model=32,
-        n_heads=4,
-        n_layers=2,
-        mlp_ratio=4,
-        vocab_size=VOCAB,
-        embedding_size=128,
-        max_sequence_length=T,
-        rope=True,
-        attention_dropout=0.0,
-        residual_dropout=0.0,
-        embedding_dropout=0.0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    return ModelConfig(**{**fields, **overrides})
+    return tiny_model_config(**{"vocab_size": VOCAB, "max_sequence_length": T, **overrides})
 
 
 def build(**overrides) -> OLMo:

@@ -9,28 +9,13 @@ from olmo import model as model_module
 from olmo.config import ActivationType, InitFnType, LayerNormType, ModelConfig
 from olmo.layers import LayerNorm, alibi_bias, apply_rotary, rotary_cos_sin
 from olmo.model import OLMo
+from olmo.testing import tiny_model_config
 
 VOCAB = 100
 
 
 def tiny_config(**overrides) -> ModelConfig:
-    fields = dict(
-        d_model=32,
-        n_heads=4,
-        n_layers=2,
-        mlp_ratio=4,
-        vocab_size=VOCAB,
-        embedding_size=128,
-        max_sequence_length=16,
-        rope=True,
-        attention_dropout=0.0,
-        residual_dropout=0.0,
-        embedding_dropout=0.0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    fields.update(overrides)
-    return ModelConfig(**fields)
+    return tiny_model_config(**{"vocab_size": VOCAB, **overrides})
 
 
 def build(seed: int = 0, **overrides) -> OLMo:
