@@ -40,8 +40,10 @@ from torch.distributed.checkpoint.state_dict import (
 from .checkpoint_dirs import STEP_DIR, CheckpointInfo, find_latest_checkpoint, list_checkpoints
 from .checkpoint_io import (
     MARKER,
+    ModelMismatchError,
     SafeFileSystemReader,
     SafeLoadPlanner,
+    check_shapes,
     fetch,
     load_state_file,
     read_dcp_metadata,
@@ -94,14 +96,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class ModelMismatchError(OLMoCheckpointError):
-    """A sound checkpoint of another model shape: the config is wrong, not the checkpoint."""
-
-
-def inspect_checkpoint(path: str, flag: str = "--load_path") -> CheckpointInfo:
+def inspect_checkpoint(path: str, flag: str = "--load_path", convertible: bool = False) -> CheckpointInfo:
     """Check that ``path`` is a complete, committed checkpoint, before anything is built or written.
 
     :param flag: how the user gave ``path`` (``--load_path``, ``CHECKPOINT_DIR``), for the messages.
+    :param convertible: also accept an original OLMo ``olmo_core`` checkpoint, which only
+        ``scripts/convert_olmo_checkpoint.py`` reads.
     :raises OLMoCheckpointError: for a missing, temporary, partial, damaged or unrecognised directory.
     """
     name = path.rstrip("/").split("/")[-1]
@@ -130,10 +130,10 @@ def inspect_checkpoint(path: str, flag: str = "--load_path") -> CheckpointInfo:
                     f"{size} bytes). It may have been copied incompletely; copy it again or pick another."
                 )
         return CheckpointInfo(str(root), meta["step"], meta["sharded"], True)
-    return _inspect_original(root, path, flag, int(match.group(1)) if match else 0)
+    return _inspect_original(root, path, flag, int(match.group(1)) if match else 0, convertible)
 
 
-def _inspect_original(root: Path, path: str, flag: str, step: int) -> CheckpointInfo:
+def _inspect_original(root: Path, path: str, flag: str, step: int, convertible: bool) -> CheckpointInfo:
     """A directory without our marker: a complete checkpoint of the original OLMo trainer, or an error saying
     what the directory holds and what a checkpoint must hold."""
     layout = detect_layout(root)
@@ -152,7 +152,7 @@ def _inspect_original(root: Path, path: str, flag: str, step: int) -> Checkpoint
             f"finish or the copy is incomplete (it holds {describe_dir(root)}). Copy it again or pick an earlier "
             f"step*/ directory (or use --try_load_latest_save)."
         )
-    if layout == "olmo_core":
+    if layout == "olmo_core" and not convertible:
         raise OLMoCheckpointError(
             f"{flag} '{path}' is an original OLMo sharded checkpoint in the olmo_core layout (model/, optim/, "
             f"train/). Convert it once into a checkpoint this trainer loads directly:\n"
@@ -169,7 +169,7 @@ def _inspect_original(root: Path, path: str, flag: str, step: int) -> Checkpoint
     log.warning(
         "'%s' has no %s marker; loading it as an original OLMo checkpoint (%s layout).", path, MARKER, layout
     )
-    return CheckpointInfo(str(root), step, layout == "torch_new", False, layout=layout)
+    return CheckpointInfo(str(root), step, layout in ("torch_new", "olmo_core"), False, layout=layout)
 
 
 def _inspect_remote(url: str, match: Optional[re.Match]) -> CheckpointInfo:
@@ -307,35 +307,6 @@ def sharded_model_shapes(folder: str) -> dict[str, tuple]:
         for k, v in metadata.state_dict_metadata.items()
         if k.startswith("model.") and hasattr(v, "size")
     }
-
-
-def _shape(value: Any) -> tuple:
-    return tuple(value.shape) if hasattr(value, "shape") else tuple(value)
-
-
-def check_shapes(path: str, saved: dict[str, Any], expected: dict[str, Any]) -> None:
-    missing = sorted(set(expected) - set(saved))
-    unexpected = sorted(set(saved) - set(expected))
-    wrong = sorted(k for k in set(saved) & set(expected) if _shape(saved[k]) != _shape(expected[k]))
-    if not (missing or unexpected or wrong):
-        return
-    details = []
-    if wrong:
-        details.append(
-            "shape mismatches: "
-            + ", ".join(
-                f"{k} {list(_shape(saved[k]))} in checkpoint vs {list(_shape(expected[k]))} in model"
-                for k in wrong[:5]
-            )
-        )
-    if missing:
-        details.append(f"missing from checkpoint: {', '.join(missing[:5])}")
-    if unexpected:
-        details.append(f"not in model: {', '.join(unexpected[:5])}")
-    raise ModelMismatchError(
-        f"Checkpoint '{path}' was saved from a different model shape ({'; '.join(details)}). Make the "
-        f"model section of your config match the checkpoint's config.yaml, or load another checkpoint."
-    )
 
 
 def prune_checkpoints(folder: os.PathLike | str, sharded: bool, keep: int) -> list[Path]:

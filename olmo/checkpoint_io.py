@@ -40,6 +40,8 @@ from .exceptions import OLMoCheckpointError
 from .util import is_url, resource_path
 
 __all__ = [
+    "ModelMismatchError",
+    "check_shapes",
     "MARKER",
     "fetch",
     "read_marker",
@@ -261,3 +263,36 @@ def describe_os_error(e: OSError) -> str:
         errno.EFBIG: "the file is larger than this system allows",
     }.get(e.errno or 0, e.strerror or str(e))
     return f"{reason} ({e.filename})" if e.filename else reason
+
+
+class ModelMismatchError(OLMoCheckpointError):
+    """A sound checkpoint of another model shape: the config is wrong, not the checkpoint."""
+
+
+def _shape(value: Any) -> tuple:
+    return tuple(value.shape) if hasattr(value, "shape") else tuple(value)
+
+
+def check_shapes(path: str, saved: dict[str, Any], expected: dict[str, Any]) -> None:
+    missing = sorted(set(expected) - set(saved))
+    unexpected = sorted(set(saved) - set(expected))
+    wrong = sorted(k for k in set(saved) & set(expected) if _shape(saved[k]) != _shape(expected[k]))
+    if not (missing or unexpected or wrong):
+        return
+    details = []
+    if wrong:
+        details.append(
+            "shape mismatches: "
+            + ", ".join(
+                f"{k} {list(_shape(saved[k]))} in checkpoint vs {list(_shape(expected[k]))} in model"
+                for k in wrong[:5]
+            )
+        )
+    if missing:
+        details.append(f"missing from checkpoint: {', '.join(missing[:5])}")
+    if unexpected:
+        details.append(f"not in model: {', '.join(unexpected[:5])}")
+    raise ModelMismatchError(
+        f"Checkpoint '{path}' was saved from a different model shape ({'; '.join(details)}). Make the "
+        f"model section of your config match the checkpoint's config.yaml, or load another checkpoint."
+    )

@@ -44,7 +44,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .checkpoint_io import safe_torch_load
+from .checkpoint_io import check_shapes, safe_torch_load
 from .exceptions import OLMoCheckpointError
 
 __all__ = [
@@ -395,15 +395,7 @@ def load_olmo_core(
     from .checkpoint_save import FULL_STATE
 
     model_sd = clean_model_state(read_olmo_core(root / "model"))
-    expected = {clean_name(k): tuple(v.shape) for k, v in model.state_dict().items()}
-    wrong = sorted(
-        k for k in set(expected) | set(model_sd) if tuple(getattr(model_sd.get(k), "shape", ())) != expected.get(k)
-    )
-    if wrong:
-        raise OLMoCheckpointError(
-            f"The model in '{root}/model' does not match this config's model (e.g. {wrong[:3]}); the checkpoint's "
-            f"config.yaml describes another model."
-        )
+    check_shapes(str(root / "model"), model_sd, {clean_name(k): v for k, v in model.state_dict().items()})
     set_model_state_dict(model, model_sd, options=FULL_STATE)
     if optimizer is not None:
         by_name = olmo_core_optim_by_name(read_olmo_core(root / "optim"), root / "optim")

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from olmo.checkpoint import MARKER, CheckpointInfo, inspect_checkpoint, load_checkpoint  # noqa: E402
-from olmo.checkpoint_olmo import describe_dir, detect_layout, load_olmo_core, merged_train_state  # noqa: E402
+from olmo.checkpoint import inspect_checkpoint, load_checkpoint  # noqa: E402
+from olmo.checkpoint_olmo import load_olmo_core, merged_train_state  # noqa: E402
 from olmo.checkpoint_save import write_unsharded_checkpoint  # noqa: E402
 from olmo.config import TrainConfig  # noqa: E402
 from olmo.distributed import DistEnv, build_model  # noqa: E402
@@ -53,35 +53,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv[1:])
 
 
-def _original_info(root: Path) -> tuple[str, int]:
-    """The layout and step of the original checkpoint ``root``; an error for anything else."""
-    if (root / MARKER).is_file():
-        raise OLMoCheckpointError(
-            f"INPUT_DIR '{root}' was written by this trainer, not the original OLMo; there is nothing to convert. "
-            f"Load it with --load_path={root} (or unshard a sharded one with scripts/unshard.py)."
-        )
-    layout = detect_layout(root)
-    if not root.is_dir() or layout is None:
-        found = describe_dir(root) if root.is_dir() else "nothing (it does not exist)"
-        raise OLMoCheckpointError(
-            f"INPUT_DIR '{root}' is not an original OLMo checkpoint: it holds {found}. Expected config.yaml with "
-            f"model/ + optim/ (olmo_core), model_and_optim/ (torch_new) or model.pt (unsharded)."
-        )
-    if not (root / "config.yaml").is_file():
-        raise OLMoCheckpointError(
-            f"INPUT_DIR '{root}' has no config.yaml, which the original trainer writes last: the save did not "
-            f"finish or the copy is incomplete. Copy it again."
-        )
-    digits = "".join(ch for ch in root.name.split("-")[0] if ch.isdigit())
-    return layout, int(digits) if digits else 0
-
-
 def convert(input_dir: str, output_dir: str, model_only: bool = False, safetensors: bool = False) -> Path:
     """Convert the original checkpoint ``input_dir`` into our committed unsharded checkpoint ``output_dir``."""
     if is_url(input_dir) or is_url(output_dir):
         raise OLMoCliError("convert_olmo_checkpoint.py works on local directories; download the checkpoint first.")
-    root, target = Path(input_dir), Path(output_dir)
-    layout, step = _original_info(root)
+    info = inspect_checkpoint(input_dir, flag="INPUT_DIR", convertible=True)
+    if info.marked:
+        raise OLMoCheckpointError(
+            f"INPUT_DIR '{input_dir}' was written by this trainer, not the original OLMo; there is nothing to "
+            f"convert. Load it with --load_path={input_dir} (or unshard a sharded one with scripts/unshard.py)."
+        )
+    root, target = Path(info.path), Path(output_dir)
     if target.exists():
         raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' already exists; pick a new path or delete it first.")
     reason = unwritable_reason(target.parent)
@@ -89,18 +71,17 @@ def convert(input_dir: str, output_dir: str, model_only: bool = False, safetenso
         raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' cannot be created: {reason}. Pick another OUTPUT_DIR.")
     start = time.perf_counter()
     cfg = TrainConfig.load(root / "config.yaml", ["compile=null"])
-    log.info("Converting %s (original OLMo, %s layout, step %d).", root, layout, step)
+    log.info("Converting %s (original OLMo, %s layout, step %d).", root, info.layout, info.step)
     model = build_model(cfg, DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1))
     optimizer = None if model_only else build_optimizer(cfg.optimizer, model)
-    if layout == "olmo_core":
+    if info.layout == "olmo_core":
         train_state = load_olmo_core(root, model, optimizer)
     else:
-        info: CheckpointInfo = inspect_checkpoint(str(root), flag="INPUT_DIR")
         state = load_checkpoint(info, model, optimizer, load_trainer_state=True)
         assert state is not None
         train_state = merged_train_state(root) if info.sharded else state
     train_state["format_version"] = 1
-    write_unsharded_checkpoint(target, model, optimizer, train_state, root / "config.yaml", step, safetensors)
+    write_unsharded_checkpoint(target, model, optimizer, train_state, root / "config.yaml", info.step, safetensors)
     log.info(
         "Wrote %s in %.1f s: step %d, %d instances into epoch %d. Resume with --load_path=%s.",
         target,
