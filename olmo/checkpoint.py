@@ -66,6 +66,7 @@ from .checkpoint_save import (
     PendingCheckpoint,
     begin_checkpoint,
     commit_checkpoint,
+    model_and_optim_state,
     rank,
     save_checkpoint,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "inspect_checkpoint",
     "save_checkpoint",
     "begin_checkpoint",
+    "model_and_optim_state",
     "commit_checkpoint",
     "PendingCheckpoint",
     "FORMAT_VERSION",

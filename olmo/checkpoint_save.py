@@ -35,6 +35,7 @@ __all__ = [
     "PendingCheckpoint",
     "save_checkpoint",
     "begin_checkpoint",
+    "model_and_optim_state",
     "commit_checkpoint",
     "is_committed",
     "rank",
@@ -118,15 +119,32 @@ def save_checkpoint(
     :param ephemeral: mark a sharded checkpoint as ephemeral (see :func:`remove_ephemeral_checkpoints`).
     :raises OLMoCheckpointError: if the target exists and ``overwrite`` is false.
     """
-    pending = begin_checkpoint(folder, step, model, optimizer, train_state, config, sharded, overwrite, ephemeral)
+    state = model_and_optim_state(model, optimizer, full=not sharded)
+    pending = begin_checkpoint(folder, step, state, train_state, config, sharded, overwrite, ephemeral)
     return commit_checkpoint(pending)
+
+
+def model_and_optim_state(
+    model: nn.Module, optimizer: Optional[torch.optim.Optimizer], full: bool
+) -> dict[str, Any]:
+    """``{"model": ..., "optim": ...}`` (no ``"optim"`` when ``optimizer`` is None) as checkpoints hold them:
+    with ``full``, whole tensors gathered on the CPU (``stepN-unsharded/model.pt`` and ``optim.pt``; complete on
+    rank 0); otherwise this rank's shards (DTensors under FSDP), what ``stepN/model_and_optim`` is written from."""
+    if full:
+        state = {"model": get_model_state_dict(model, options=FULL_STATE)}
+        if optimizer is not None:
+            state["optim"] = get_optimizer_state_dict(model, optimizer, options=FULL_STATE)
+        return state
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
 
 
 def begin_checkpoint(
     folder: os.PathLike | str,
     step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
     train_state: dict[str, Any],
     config: TrainConfig,
     sharded: bool,
@@ -135,6 +153,9 @@ def begin_checkpoint(
     background: bool = False,
 ) -> PendingCheckpoint:
     """Write a checkpoint's files into a temporary directory; every rank must call this.
+
+    :param state: ``{"model": ..., "optim": ...}`` as :func:`model_and_optim_state` makes it (full when not
+        ``sharded``), or as a :class:`~olmo.train_module.TrainModule`'s ``state_dict_to_save`` returns it.
 
     With ``background`` (sharded only), the model and optimizer state is first copied into fresh CPU
     buffers (so later optimizer steps cannot leak into this checkpoint) and then written by a background
@@ -158,7 +179,7 @@ def begin_checkpoint(
         if rank() == 0:
             tmp.mkdir(parents=True)
         barrier()
-        future = _write_state(tmp, model, optimizer, train_state, sharded, background)
+        future = _write_state(tmp, state, train_state, sharded, background)
     except (OSError, RuntimeError, CheckpointException) as e:  # torch.save reports a full disk as RuntimeError
         raise _save_failed(tmp, target, e) from None
     meta = {"format_version": FORMAT_VERSION, "step": step, "sharded": sharded, "ephemeral": ephemeral}
@@ -166,19 +187,13 @@ def begin_checkpoint(
 
 
 def _write_state(
-    tmp: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    train_state: dict[str, Any],
-    sharded: bool,
-    background: bool,
+    tmp: Path, state: dict[str, Any], train_state: dict[str, Any], sharded: bool, background: bool
 ) -> Optional[Future]:
     future: Any = None
     if sharded:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
         if background:
-            stager = _stager(pinned=any(t.is_cuda for t in model.parameters()))
+            on_gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in state["model"].values())
+            stager = _stager(pinned=on_gpu)
             if stager.in_flight is not None:
                 stager.in_flight.result()  # its buffers are about to be reused
             response: Any = dcp.async_save(
@@ -192,13 +207,10 @@ def _write_state(
             dcp.save(state, checkpoint_id=str(tmp / "model_and_optim"))
         (tmp / "train").mkdir(exist_ok=True)
         torch.save(train_state, tmp / "train" / f"rank{rank()}.pt")
-    else:
-        model_sd = get_model_state_dict(model, options=FULL_STATE)
-        optim_sd = get_optimizer_state_dict(model, optimizer, options=FULL_STATE)
-        if rank() == 0:
-            torch.save(model_sd, tmp / "model.pt")
-            torch.save(optim_sd, tmp / "optim.pt")
-            torch.save(train_state, tmp / "train.pt")
+    elif rank() == 0:
+        torch.save(state["model"], tmp / "model.pt")
+        torch.save(state["optim"], tmp / "optim.pt")
+        torch.save(train_state, tmp / "train.pt")
     return future
 
 
@@ -225,7 +237,8 @@ def write_unsharded_checkpoint(
     tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        model_sd: dict[str, Any] = get_model_state_dict(model, options=FULL_STATE)
+        state = model_and_optim_state(model, optimizer, full=True)
+        model_sd: dict[str, Any] = state["model"]
         if safetensors:
             from safetensors.torch import save_file
 
@@ -233,8 +246,8 @@ def write_unsharded_checkpoint(
             save_file(contiguous, str(tmp / "model.safetensors"), {"format": "pt"})
         else:
             torch.save(model_sd, tmp / "model.pt")
-        if optimizer is not None:
-            torch.save(get_optimizer_state_dict(model, optimizer, options=FULL_STATE), tmp / "optim.pt")
+        if "optim" in state:
+            torch.save(state["optim"], tmp / "optim.pt")
         torch.save(train_state, tmp / "train.pt")
         shutil.copyfile(config_file, tmp / "config.yaml")
         if target.exists():

@@ -1,28 +1,25 @@
 """Training metrics: throughput and MFU (peak FLOP/s in :mod:`olmo.flops`), memory, the queue of steps whose
-metrics are still on the device, and the sinks (console, metrics.jsonl, wandb)."""
+metrics are still on the device, and how metrics are reduced over ranks (:class:`ReduceType`). The sinks (console,
+metrics.jsonl, wandb) are in :mod:`olmo.metrics_sinks`."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import resource
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from .config import TrainConfig
 from .distributed import all_reduce
 from .exceptions import OLMoTrainingError
 from .flops import PeakFlops, cpu_peak_flops, device_peak_flops, gpu_peak_flops, model_flops_utilization
+from .metrics_sinks import MetricsLogger
 
 __all__ = [
     "SpeedMonitor",
@@ -206,112 +203,3 @@ class StepMetricsQueue:
             f"checkpoint with a lower optimizer.learning_rate, max_grad_norm set, or --fast_forward_batches "
             f"to skip the offending data."
         )
-
-
-def _format(value: float) -> str:
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    if abs(value) >= 10:
-        return f"{value:.2f}"
-    return f"{value:.4f}"
-
-
-class MetricsLogger:
-    """Writes metrics to ``metrics.jsonl`` every step, the console every ``console_log_interval``
-    steps, and wandb (offline unless configured). Only rank 0 writes anything.
-    """
-
-    CONSOLE_KEYS = (
-        ("train/CrossEntropyLoss", "loss"),
-        ("train/Perplexity", "ppl"),
-        ("train/ZLoss", "z_loss"),
-        ("optim/total_grad_norm", "grad_norm"),
-        ("optim/learning_rate_group0", "lr"),
-        ("throughput/device/tokens_per_second", "tok/s"),
-        ("throughput/mfu", "mfu"),
-    )
-
-    def __init__(self, cfg: TrainConfig, rank: int, max_steps: int):
-        self.enabled = rank == 0
-        self.console_interval = max(1, cfg.console_log_interval)
-        self.max_steps = max_steps
-        self.wandb_run: Any = None
-        self.wandb_interval = cfg.wandb.log_interval if cfg.wandb else 1
-        self.first_loss: Optional[float] = None
-        self.last: dict[str, float] = {}
-        self.progress: Any = None
-        if not self.enabled:
-            return
-        Path(cfg.save_folder).mkdir(parents=True, exist_ok=True)
-        self.jsonl = open(Path(cfg.save_folder) / "metrics.jsonl", "a")
-        if cfg.wandb is not None:
-            self.wandb_run = _init_wandb(cfg)
-        if sys.stderr.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.progress = Progress(
-                TextColumn("train"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[status]}"),
-                transient=True,
-            )
-            self.task = self.progress.add_task("train", total=max_steps, status="")
-            self.progress.start()
-
-    def log(self, step: int, metrics: dict[str, float], console_keys: Optional[list[str]] = None) -> None:
-        """Record one step's metrics. Training metrics reach the console every ``console_log_interval``
-        steps; metrics logged with ``console_keys`` (evaluations) always do, in full."""
-        if not self.enabled:
-            return
-        loss = metrics.get("train/CrossEntropyLoss")
-        if loss is not None:
-            self.last = metrics
-            self.first_loss = loss if self.first_loss is None else self.first_loss
-        self.jsonl.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
-        self.jsonl.flush()
-        if self.wandb_run is not None and (console_keys is not None or step % self.wandb_interval == 0):
-            self.wandb_run.log(metrics, step=step)
-        if self.progress is not None and loss is not None:
-            self.progress.update(self.task, completed=step, status=f"loss {loss:.4f}")
-        if console_keys is not None:
-            log.info("[step=%d] %s", step, " ".join(f"{k}={_format(metrics[k])}" for k in console_keys))
-        elif step % self.console_interval == 0:
-            parts = [f"{short}={_format(metrics[key])}" for key, short in self.CONSOLE_KEYS if key in metrics]
-            log.info("[step=%d/%d] %s", step, self.max_steps, " ".join(parts))
-
-    def log_event(self, step: int, message: str) -> None:
-        if self.enabled:
-            log.info("[step=%d] %s", step, message)
-
-    def close(self, summary: dict[str, Any], exit_code: int = 0) -> None:
-        """Stop the progress bar, print the run summary, and close the sinks."""
-        if not self.enabled:
-            return
-        if self.progress is not None:
-            self.progress.stop()
-        lines = [f"{k}: {v}" for k, v in summary.items()]
-        log.info("Run summary:\n  %s", "\n  ".join(lines))
-        self.jsonl.close()
-        if self.wandb_run is not None:
-            self.wandb_run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
-            self.wandb_run.finish(exit_code=exit_code)
-
-
-def _init_wandb(cfg: TrainConfig) -> Any:
-    import wandb
-
-    assert cfg.wandb is not None
-    mode: Any = cfg.wandb.mode or os.environ.get("WANDB_MODE") or "offline"
-    (Path(cfg.save_folder) / "wandb").mkdir(parents=True, exist_ok=True)
-    return wandb.init(
-        dir=str(Path(cfg.save_folder)),
-        mode=mode,
-        project=cfg.wandb.project or "olmo-trainer",
-        entity=cfg.wandb.entity if mode == "online" else None,
-        group=cfg.wandb.group,
-        name=cfg.wandb.name or cfg.run_name,
-        tags=cfg.wandb.tags,
-        config=cfg.asdict(exclude=["wandb"]),
-    )

@@ -1,13 +1,21 @@
-"""Stopping a run on request: SIGTERM/SIGINT become a flag the trainer checks after every step, and the
-run then saves a checkpoint and exits with :data:`EXIT_CODE_STOPPED`."""
+"""When a run stops (:class:`StopConditions`): at its last step, or on request: SIGTERM/SIGINT become a flag
+the trainer checks after every step, as it does ``time_limit``, and the run then saves a checkpoint and exits
+with :data:`EXIT_CODE_STOPPED`."""
 
 from __future__ import annotations
 
 import logging
 import signal
+import time
 from typing import Any, Optional
 
-__all__ = ["EXIT_CODE_STOPPED", "StopRequest"]
+import torch
+import torch.distributed as dist
+
+from .collectives import all_reduce
+from .config import TrainConfig
+
+__all__ = ["EXIT_CODE_STOPPED", "StopRequest", "StopConditions"]
 
 log = logging.getLogger(__name__)
 
@@ -35,3 +43,41 @@ class StopRequest:
         self.reason = signal.Signals(signum).name
         log.warning("Received %s: saving a checkpoint after this step, then exiting.", self.reason)
         self.uninstall()
+
+
+class StopConditions:
+    """When a run stops, for :meth:`olmo.train.Trainer.fit`: at :attr:`stop_at` (``max_duration``, ``stop_at`` and
+    ``stop_after``, whichever comes first), on SIGTERM/SIGINT on any rank, or past ``time_limit`` seconds.
+
+    Use it as a context manager around the loop: it installs the signal handlers and starts the clock.
+    """
+
+    def __init__(self, cfg: TrainConfig, start_step: int, max_steps: int):
+        stop_at = min(cfg.stop_at or max_steps, max_steps)
+        if cfg.stop_after is not None:
+            stop_at = min(stop_at, start_step + cfg.stop_after)
+        self.stop_at: int = stop_at
+        self.time_limit = cfg.time_limit
+        self.request = StopRequest()
+        self.start_time = time.monotonic()
+
+    def __enter__(self) -> StopConditions:
+        self.request.install()
+        self.start_time = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.request.uninstall()
+
+    def elapsed(self) -> float:
+        """Seconds since the loop started."""
+        return time.monotonic() - self.start_time
+
+    def agree(self, writing: bool = False) -> tuple[Optional[str], bool]:
+        """One small collective per step, so that all ranks act together: the reason to stop now (a signal on any
+        rank, or the time limit), or None; and whether no rank is ``writing`` a background checkpoint any more."""
+        reason = self.request.reason
+        if reason is None and self.time_limit is not None and self.elapsed() > self.time_limit:
+            reason = "time_limit"
+        flags = all_reduce(torch.tensor([float(reason is not None), float(writing)]), dist.ReduceOp.MAX).tolist()
+        return reason or ("stop requested on another rank" if flags[0] > 0 else None), flags[1] == 0

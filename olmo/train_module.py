@@ -21,14 +21,9 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-from .checkpoint_save import FULL_STATE
+from .checkpoint_save import FULL_STATE, model_and_optim_state
 from .collectives import DistEnv, all_reduce
 from .config import SchedulerUnits, TrainConfig
 from .data import check_token_ids
@@ -107,19 +102,24 @@ class TrainModule(ABC):
         """Called when a checkpoint of ``step`` was restored with a fresh optimizer (``--reset_optimizer_state``)."""
         log.info("Step %d restored with a fresh optimizer; %s keeps its schedule.", step, type(self).__name__)
 
-    def state_dict(self) -> dict[str, Any]:
-        """``{"model": ..., "optim": ...}``, full (unsharded) on CPU: what ``stepN-unsharded/model.pt`` and
-        ``optim.pt`` hold."""
-        return {
-            "model": get_model_state_dict(self.model, options=FULL_STATE),
-            "optim": get_optimizer_state_dict(self.model, self.optimizer, options=FULL_STATE),
-        }
+    def state_dict(self, optim: Optional[bool] = None, full: bool = True) -> dict[str, Any]:
+        """``{"model": ..., "optim": ...}``: with ``full``, whole tensors on the CPU (what ``stepN-unsharded/model.pt``
+        and ``optim.pt`` hold); otherwise this rank's shards (what DCP writes into ``stepN/``). ``optim=False``
+        leaves the optimizer out."""
+        return model_and_optim_state(self.model, None if optim is False else self.optimizer, full)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def state_dict_to_save(self, sharded: bool) -> dict[str, Any]:
+        """What the trainer's checkpoints hold of this module: :meth:`state_dict`, full for an unsharded checkpoint
+        and sharded for a sharded one. The ``"model"`` and ``"optim"`` keys are the on-disk format; override to
+        leave out state that is not trained (e.g. a frozen reference model's)."""
+        return self.state_dict(full=not sharded)
+
+    def load_state_dict(self, state: dict[str, Any], full: bool = True) -> None:
         """Load what :meth:`state_dict` returned (the optimizer only when ``state`` has ``"optim"``)."""
-        set_model_state_dict(self.model, state["model"], options=FULL_STATE)
+        options = FULL_STATE if full else None
+        set_model_state_dict(self.model, state["model"], options=options)
         if "optim" in state:
-            set_optimizer_state_dict(self.model, self.optimizer, state["optim"], options=FULL_STATE)
+            set_optimizer_state_dict(self.model, self.optimizer, state["optim"], options=options)
 
     def num_flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token at context length ``seq_len`` (for MFU)."""

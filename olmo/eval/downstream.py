@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Union
 
 import torch
 import torch.nn as nn
@@ -21,7 +21,7 @@ from ..collectives import all_reduce
 from ..config_validation import task_labels, unknown_label_problems
 from ..exceptions import OLMoConfigurationError
 from ..tokenizer import Tokenizer
-from .evaluator import Evaluator, forward_in_lockstep, rank_order
+from .evaluator import EvalTarget, Evaluator, as_eval_target, forward_in_lockstep, rank_order
 
 __all__ = ["DownstreamEvaluator", "TaskTokenizer", "build_task", "task_labels", "unknown_label_problems"]
 
@@ -149,10 +149,10 @@ class DownstreamEvaluator(Evaluator):
         return out
 
     @torch.no_grad()
-    def score(self, model: nn.Module, device: torch.device) -> dict[str, Any]:
-        """Run the model over :meth:`samples`; return ``{score type: olmo_eval.ICLMetric}`` for this rank
-        alone (each metric's ``loglikelihoods``, ``celosses``, ``bpbs`` and ``labels`` hold
-        ``(doc_id, cont_id, value)`` per choice). Every rank must call it; :meth:`evaluate` calls it in
+    def score(self, target: Union[nn.Module, EvalTarget], device: torch.device) -> dict[str, Any]:
+        """Run ``target`` (a train module or a bare model) over :meth:`samples`; return ``{score type:
+        olmo_eval.ICLMetric}`` for this rank alone (each metric's ``loglikelihoods``, ``celosses``, ``bpbs`` and
+        ``labels`` hold ``(doc_id, cont_id, value)`` per choice). Every rank must call it; :meth:`evaluate` calls it in
         eval mode and reduces the scores over ranks."""
         from olmo_eval import ICLMetric
 
@@ -160,14 +160,15 @@ class DownstreamEvaluator(Evaluator):
         bs = self.batch_size
         batches = (self.task.collate_fn(samples[i : i + bs]) for i in range(0, len(samples), bs))
         metrics = {kind: ICLMetric(metric_type=kind) for kind in _SCORES[self.task.metric_type]}
-        for batch, logits in forward_in_lockstep(model, batches, -(-len(samples) // bs), device):
+        target = as_eval_target(target, device)
+        for batch, logits in forward_in_lockstep(target, batches, -(-len(samples) // bs), device):
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             for metric in metrics.values():
                 metric.update(batch, logits)
         return metrics
 
-    def _evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
-        counts = self._counts(self.score(model, device))
+    def _evaluate(self, target: EvalTarget, device: torch.device) -> dict[str, float]:
+        counts = self._counts(self.score(target, device))
         totals = all_reduce(torch.tensor(list(counts.values()), dtype=torch.float64, device=device))
         c = dict(zip(counts, totals.tolist()))
         metrics = {}

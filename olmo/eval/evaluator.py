@@ -1,20 +1,66 @@
-"""What every evaluator shares: the :class:`Evaluator` interface (eval mode, ``no_grad``, autocast, the
-previous training mode restored), how a rank picks its share of the data, and forward passes kept in
-step across ranks."""
+"""What every evaluator shares: the :class:`Evaluator` interface (eval mode, ``no_grad``, the previous training
+mode restored), how a rank picks its share of the data, forward passes kept in step across ranks, and the
+:class:`EvalRunner` that runs the evaluators on the trainer's schedule.
+
+Evaluators run forward passes through an :class:`EvalTarget`'s ``eval_batch``: in training that is the
+:class:`~olmo.train_module.TrainModule` (so a custom train module decides how it is evaluated); for a bare model
+(``scripts/eval.py``, tests) :class:`ModelEval` is the target.
+"""
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator
-from typing import Any, Optional
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Optional, Protocol, Union
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..collectives import all_reduce
 
-__all__ = ["Evaluator", "rank_order", "forward_in_lockstep"]
+__all__ = ["Evaluator", "EvalTarget", "ModelEval", "EvalRunner", "rank_order", "forward_in_lockstep"]
+
+
+class EvalTarget(Protocol):
+    """What evaluators run: a ``model`` (put in eval mode while they run) and ``eval_batch(batch)``, the logits
+    (B, T, V) of a batch's ``input_ids`` (and ``attention_mask``), under ``no_grad``. A TrainModule is one."""
+
+    model: nn.Module
+
+    def eval_batch(self, batch: dict[str, Any], labels: Optional[torch.Tensor] = None) -> torch.Tensor: ...
+
+
+class ModelEval:
+    """The :class:`EvalTarget` of a bare model: its forward pass on ``device``, under autocast to
+    ``autocast_dtype`` when given."""
+
+    def __init__(self, model: nn.Module, device: torch.device, autocast_dtype: Optional[torch.dtype] = None):
+        self.model, self.device, self.autocast_dtype = model, device, autocast_dtype
+
+    def eval_batch(self, batch: dict[str, Any], labels: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The logits (B, T, V), or with ``labels`` the per-token cross entropy (B, T; 0 where a label is -100)."""
+        device, dtype, mask = self.device, self.autocast_dtype, batch.get("attention_mask")
+        with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            logits = self.model(
+                batch["input_ids"].to(device), attention_mask=None if mask is None else mask.to(device)
+            ).logits
+        if labels is None:
+            return logits
+        flat = F.cross_entropy(logits.flatten(0, 1).float(), labels.to(device).flatten(), reduction="none")
+        return flat.view(labels.shape)
+
+
+def as_eval_target(
+    target: Union[nn.Module, EvalTarget], device: torch.device, autocast_dtype: Optional[torch.dtype] = None
+) -> EvalTarget:
+    """``target`` itself, or a bare model wrapped in :class:`ModelEval`."""
+    if isinstance(target, nn.Module):
+        return ModelEval(target, device, autocast_dtype)
+    assert autocast_dtype is None, "a train module evaluates under its own autocast"
+    return target
 
 
 class Evaluator(abc.ABC):
@@ -50,24 +96,25 @@ class Evaluator(abc.ABC):
         self.seed = seed
 
     def evaluate(
-        self, model: nn.Module, device: torch.device, autocast_dtype: Optional[torch.dtype] = None
+        self,
+        target: Union[nn.Module, EvalTarget],
+        device: torch.device,
+        autocast_dtype: Optional[torch.dtype] = None,
     ) -> dict[str, float]:
-        """Evaluate ``model`` and return ``{metric name: value}`` (the same on every rank).
+        """Evaluate ``target`` (a train module, or a bare model run under autocast to ``autocast_dtype`` when
+        given) and return ``{metric name: value}`` (the same on every rank).
 
-        Runs in ``model.eval()`` mode under ``torch.no_grad()`` and, if ``autocast_dtype`` is given, under
-        autocast to that dtype; the model's previous training mode is restored afterwards. Every rank must
-        call this (it all-reduces, and with FSDP every forward pass is a collective).
+        Runs with the model in eval mode under ``torch.no_grad()``; its previous training mode is restored
+        afterwards. Every rank must call this (it all-reduces, and with FSDP every forward pass is a collective).
         """
-        was_training = model.training
-        model.eval()
+        target = as_eval_target(target, device, autocast_dtype)
+        was_training = target.model.training
+        target.model.eval()
         try:
-            with (
-                torch.no_grad(),
-                torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None),
-            ):
-                return self._evaluate(model, device)
+            with torch.no_grad():
+                return self._evaluate(target, device)
         finally:
-            model.train(was_training)
+            target.model.train(was_training)
 
     @property
     def max_instances(self) -> Optional[int]:
@@ -75,7 +122,7 @@ class Evaluator(abc.ABC):
         return self.subset_num_batches * self.batch_size if self.subset_num_batches > 0 else None
 
     @abc.abstractmethod
-    def _evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+    def _evaluate(self, target: EvalTarget, device: torch.device) -> dict[str, float]:
         """Score this rank's share, reduce over ranks, and return the metrics."""
 
 
@@ -91,7 +138,7 @@ def rank_order(n: int, seed: int, world_size: int, rank: int) -> list[int]:
 
 
 def forward_in_lockstep(
-    model: nn.Module, batches: Iterable[dict[str, Any]], num_batches: int, device: torch.device
+    target: EvalTarget, batches: Iterable[dict[str, Any]], num_batches: int, device: torch.device
 ) -> Iterator[tuple[dict[str, Any], torch.Tensor]]:
     """Yield ``(batch, logits)`` for each of this rank's ``num_batches`` batches.
 
@@ -105,11 +152,29 @@ def forward_in_lockstep(
     for step in range(int(steps)):
         if step < num_batches:
             batch = next(it)
-            mask = batch.get("attention_mask")
-            logits = model(
-                batch["input_ids"].to(device), attention_mask=None if mask is None else mask.to(device)
-            ).logits  # (B, T, embedding_size)
+            logits = target.eval_batch(batch)  # (B, T, embedding_size)
             assert logits is not None  # only a fused loss leaves them out
             yield batch, logits
         else:
-            model(torch.zeros((1, 1), dtype=torch.long, device=device))
+            target.eval_batch({"input_ids": torch.zeros((1, 1), dtype=torch.long, device=device)})
+
+
+class EvalRunner:
+    """Runs the evaluators every ``interval`` steps and at the last step (all ranks together), through the train
+    module's ``eval_batch``; each ``eval/...`` metric plus ``eval/seconds``."""
+
+    def __init__(self, evaluators: Sequence[Evaluator], interval: int):
+        self.evaluators, self.interval = list(evaluators), interval
+
+    def due(self, step: int, last_step: int, force: bool = False) -> bool:
+        """Whether to evaluate after ``step`` (``force``: now, e.g. right after a restore with ``eval_on_load``)."""
+        return bool(self.evaluators) and (force or step % self.interval == 0 or step >= last_step)
+
+    def run(self, train_module: Any, device: torch.device) -> dict[str, float]:
+        """Every evaluator's metrics; the train module's gradients are freed first, to make room."""
+        start, metrics = time.perf_counter(), {}
+        train_module.zero_grads()
+        for evaluator in self.evaluators:
+            metrics.update(evaluator.evaluate(train_module, device))
+        metrics["eval/seconds"] = time.perf_counter() - start
+        return metrics

@@ -8,13 +8,12 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset
 
 from ..collectives import all_reduce
 from ..data import DataCollator, MemMapDataset
-from .evaluator import Evaluator, forward_in_lockstep, rank_order
+from .evaluator import EvalTarget, Evaluator, forward_in_lockstep, rank_order
 
 __all__ = ["LMEvaluator"]
 
@@ -73,7 +72,7 @@ class LMEvaluator(Evaluator):
         """The dataset indices this rank scores, in order (its share, cut to ``subset_num_batches``)."""
         return rank_order(len(self.dataset), self.seed, self.world_size, self.rank)[: self.max_instances]
 
-    def _evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+    def _evaluate(self, target: EvalTarget, device: torch.device) -> dict[str, float]:
         loader = DataLoader(
             Subset(self.dataset, self.instance_indices()),
             batch_size=self.batch_size,
@@ -82,7 +81,7 @@ class LMEvaluator(Evaluator):
         )
         row_of = {name: i for i, name in enumerate(self.dataset_labels)}
         totals = torch.zeros(len(row_of), 2, dtype=torch.float64, device=device)  # (loss sum, tokens) per label
-        for batch, logits in forward_in_lockstep(model, loader, len(loader), device):
+        for batch, logits in forward_in_lockstep(target, loader, len(loader), device):
             loss_sum, n_tokens = _instance_losses(batch, logits)  # (B,), (B,)
             rows = torch.tensor(
                 [row_of[_label_of(batch, i, self.label)] for i in range(len(loss_sum))], device=device

@@ -1,0 +1,168 @@
+"""The trainer's checkpoint component: :class:`Checkpointer` owns *when* and *what kind* of checkpoint is written
+(``save_interval``, ``save_interval_unsharded``, ``save_interval_ephemeral``, the final save), the background
+(``save_async``) write and its commit, retention, the remote upload, and restoring a checkpoint into a
+:class:`~olmo.train_module.TrainModule`.
+
+*What* a checkpoint holds of the model and optimizer is the train module's choice
+(:meth:`~olmo.train_module.TrainModule.state_dict_to_save`); the trainer's position and RNG states come from the
+``trainer_state`` callable; the on-disk layout is :mod:`olmo.checkpoint`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from .checkpoint import (
+    MARKER,
+    CheckpointInfo,
+    PendingCheckpoint,
+    begin_checkpoint,
+    commit_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    remove_ephemeral_checkpoints,
+)
+from .checkpoint_upload import build_checkpoint_uploader
+from .collectives import DistEnv
+from .config import TrainConfig
+
+if TYPE_CHECKING:
+    from .train_module import TrainModule
+
+__all__ = ["Checkpointer"]
+
+log = logging.getLogger(__name__)
+
+
+class Checkpointer:
+    """Writes the checkpoints due at each step and restores one; every rank calls every method.
+
+    :param trainer_state: ``trainer_state(gather_all_ranks)``, the trainer's position and RNG states for
+        ``train.pt`` (every rank's RNG when gathering, for an unsharded checkpoint) or ``train/rankN.pt``.
+    :param before_save: called before anything is written (the trainer reads back pending metrics, so that a
+        non-finite loss stops the run before a checkpoint of its weights exists).
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        env: DistEnv,
+        train_module: TrainModule,
+        trainer_state: Callable[[bool], dict[str, Any]],
+        before_save: Callable[[], None] = lambda: None,
+    ):
+        self.cfg, self.env, self.train_module = cfg, env, train_module
+        self.trainer_state, self.before_save = trainer_state, before_save
+        self.last_saved_step: dict[str, int] = {}  # by kind: sharded, unsharded, ephemeral
+        self.pending: Optional[PendingCheckpoint] = None
+        self.uploader = build_checkpoint_uploader(cfg.remote_save_folder, env.rank)  # rank 0 only, or None
+        self.restored_step: Optional[int] = None
+
+    def enabled(self, sharded: bool) -> bool:
+        """Whether the config saves checkpoints of this kind on a schedule."""
+        if sharded:
+            return self.cfg.save_interval is not None and self.cfg.save_num_checkpoints_to_keep != 0
+        return (
+            self.cfg.save_interval_unsharded is not None and self.cfg.save_num_unsharded_checkpoints_to_keep != 0
+        )
+
+    def load(
+        self, info: CheckpointInfo, load_optimizer_state: bool, load_trainer_state: bool
+    ) -> Optional[dict[str, Any]]:
+        """Load ``info`` into the train module's model (and optimizer, as asked); return this rank's trainer
+        state, or None when not asked for it."""
+        tm = self.train_module
+        return load_checkpoint(info, tm.model, tm.optimizer if load_optimizer_state else None, load_trainer_state)
+
+    def start(self, step: int) -> None:
+        """At the start of ``fit``: resume unfinished uploads and, for a fresh run that saves checkpoints, write
+        the step-0 checkpoint (unless ``no_pre_train_checkpoint``), which proves early that saving works."""
+        if self.uploader is not None:
+            self.uploader.submit_missing(self.cfg.save_folder)  # what an earlier launch did not finish uploading
+        if step == 0 and not self.cfg.no_pre_train_checkpoint and (self.enabled(True) or self.enabled(False)):
+            self.maybe_save(step, final=True)
+
+    def maybe_save(self, step: int, final: bool = False) -> bool:
+        """Save the checkpoints due at ``step``; with ``final`` (end of training, or a stop), also the checkpoint
+        a finished or stopped run must leave. Return whether anything was written."""
+        cfg, before = self.cfg, dict(self.last_saved_step)
+        due_sharded = self.enabled(True) and cfg.save_interval and step % cfg.save_interval == 0
+        if due_sharded:
+            self.save(step, sharded=True)
+        if self.enabled(False) and cfg.save_interval_unsharded and step % cfg.save_interval_unsharded == 0:
+            self.save(step, sharded=False)
+        if not due_sharded and cfg.save_interval_ephemeral and step % cfg.save_interval_ephemeral == 0:
+            self.save(step, sharded=True, ephemeral=True)
+        if final:
+            # As in OLMo: unsharded is the kind meant for keeping; otherwise sharded. With saving turned off a
+            # checkpoint is still written, because a stopped run must be resumable.
+            if self.enabled(False):
+                self.save(step, sharded=False)
+            else:
+                self.save(step, sharded=self.enabled(True) or self.env.world_size > 1)
+        return self.last_saved_step != before
+
+    def save(self, step: int, sharded: bool, ephemeral: bool = False) -> None:
+        """Save a checkpoint of ``step`` (a no-op if one of this kind was already saved at it). With
+        ``save_async``, a sharded checkpoint is committed later by :meth:`commit`."""
+        kind = ("ephemeral" if ephemeral else "sharded") if sharded else "unsharded"
+        if self.last_saved_step.get(kind) == step:
+            return
+        name = f"step{step}" if sharded else f"step{step}-unsharded"
+        if step == self.restored_step and (Path(self.cfg.save_folder) / name / MARKER).is_file():
+            # Nothing was trained since this very checkpoint was restored (e.g. relaunching a finished run).
+            self.last_saved_step[kind] = step
+            return
+        self.before_save()
+        self.commit()  # one background save at a time, committed in order
+        # A regular sharded checkpoint replaces an ephemeral one of the same step (same directory name).
+        replace = self.cfg.save_overwrite or (kind == "sharded" and self.last_saved_step.get("ephemeral") == step)
+        start = time.perf_counter()
+        train_state = self.trainer_state(not sharded)
+        self.pending = begin_checkpoint(
+            self.cfg.save_folder,
+            step,
+            self.train_module.state_dict_to_save(sharded),
+            train_state,
+            self.cfg,
+            sharded,
+            overwrite=replace,
+            ephemeral=ephemeral,
+            background=sharded and self.cfg.save_async,
+        )
+        self.last_saved_step[kind] = step
+        if self.pending.future is None:
+            self.commit()
+        log.info("Checkpoint of step %d blocked training for %.2f s.", step, time.perf_counter() - start)
+
+    def is_writing(self) -> bool:
+        """Whether this rank is still writing a background checkpoint."""
+        return self.pending is not None and not self.pending.is_written()
+
+    def commit(self) -> None:
+        """Publish the checkpoint being written (waiting for it if needed), then apply retention."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        path = commit_checkpoint(pending)
+        if self.uploader is not None:  # before retention: the upload keeps a hard-linked snapshot
+            self.uploader.submit(path)
+        folder = self.cfg.save_folder
+        if pending.meta["sharded"]:
+            # A newer sharded checkpoint makes every older ephemeral one redundant.
+            ephemeral = pending.meta["ephemeral"]
+            remove_ephemeral_checkpoints(folder, keep_step=pending.meta["step"] if ephemeral else None)
+            if not ephemeral:
+                prune_checkpoints(folder, True, self.cfg.save_num_checkpoints_to_keep)
+        else:
+            prune_checkpoints(folder, False, self.cfg.save_num_unsharded_checkpoints_to_keep)
+        log.info("Saved checkpoint %s", path)
+
+    def close(self) -> None:
+        """Wait for the remote uploads and log how each ended."""
+        if self.uploader is not None:
+            self.uploader.close()

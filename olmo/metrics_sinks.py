@@ -1,0 +1,163 @@
+"""Where logged metrics go: :class:`ConsoleSink` (log lines and a progress bar), :class:`JsonlSink`
+(``metrics.jsonl``) and :class:`WandbSink` (offline unless configured), fanned out by :class:`MetricsLogger`.
+Only rank 0 writes anything.
+
+A sink has ``log(step, metrics, eval_keys)`` (``eval_keys``: the metrics of an evaluation, shown in full) and
+``close(summary, exit_code)``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+from .config import TrainConfig
+
+__all__ = ["MetricsLogger", "ConsoleSink", "JsonlSink", "WandbSink"]
+
+log = logging.getLogger(__name__)
+
+
+def _format(value: float) -> str:
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.2f}"
+    return f"{value:.4f}"
+
+
+class ConsoleSink:
+    """Training metrics as a log line every ``interval`` steps, evaluations in full; a progress bar when
+    stderr is a terminal; the run summary at the end."""
+
+    KEYS = (
+        ("train/CrossEntropyLoss", "loss"),
+        ("train/Perplexity", "ppl"),
+        ("train/ZLoss", "z_loss"),
+        ("optim/total_grad_norm", "grad_norm"),
+        ("optim/learning_rate_group0", "lr"),
+        ("throughput/device/tokens_per_second", "tok/s"),
+        ("throughput/mfu", "mfu"),
+    )
+
+    def __init__(self, interval: int, max_steps: int, progress_bar: Optional[bool] = None):
+        self.interval, self.max_steps = max(1, interval), max_steps
+        self.progress: Any = None
+        if progress_bar if progress_bar is not None else sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[status]}"),
+                transient=True,
+            )
+            self.task = self.progress.add_task("train", total=max_steps, status="")
+            self.progress.start()
+
+    def log(self, step: int, metrics: dict[str, float], eval_keys: Optional[list[str]]) -> None:
+        loss = metrics.get("train/CrossEntropyLoss")
+        if self.progress is not None and loss is not None:
+            self.progress.update(self.task, completed=step, status=f"loss {loss:.4f}")
+        if eval_keys is not None:
+            log.info("[step=%d] %s", step, " ".join(f"{k}={_format(metrics[k])}" for k in eval_keys))
+        elif step % self.interval == 0:
+            parts = [f"{short}={_format(metrics[key])}" for key, short in self.KEYS if key in metrics]
+            log.info("[step=%d/%d] %s", step, self.max_steps, " ".join(parts))
+
+    def close(self, summary: dict[str, Any], exit_code: int) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        lines = [f"{k}: {v}" for k, v in summary.items()]
+        log.info("Run summary:\n  %s", "\n  ".join(lines))
+
+
+class JsonlSink:
+    """One JSON line per logged step, ``{"step", "time", **metrics}``, appended to ``path`` and flushed."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file: TextIO = open(path, "a")
+
+    def log(self, step: int, metrics: dict[str, float], eval_keys: Optional[list[str]]) -> None:
+        self.file.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        self.file.flush()
+
+    def close(self, summary: dict[str, Any], exit_code: int) -> None:
+        self.file.close()
+
+
+class WandbSink:
+    """A wandb run in ``save_folder/wandb`` (mode: ``wandb.mode``, else ``$WANDB_MODE``, else offline): training
+    metrics every ``wandb.log_interval`` steps, evaluations always, the summary's numbers at the end."""
+
+    def __init__(self, cfg: TrainConfig):
+        import wandb
+
+        assert cfg.wandb is not None
+        self.interval = cfg.wandb.log_interval
+        mode: Any = cfg.wandb.mode or os.environ.get("WANDB_MODE") or "offline"
+        (Path(cfg.save_folder) / "wandb").mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(
+            dir=str(Path(cfg.save_folder)),
+            mode=mode,
+            project=cfg.wandb.project or "olmo-trainer",
+            entity=cfg.wandb.entity if mode == "online" else None,
+            group=cfg.wandb.group,
+            name=cfg.wandb.name or cfg.run_name,
+            tags=cfg.wandb.tags,
+            config=cfg.asdict(exclude=["wandb"]),
+        )
+
+    def log(self, step: int, metrics: dict[str, float], eval_keys: Optional[list[str]]) -> None:
+        if eval_keys is not None or step % self.interval == 0:
+            self.run.log(metrics, step=step)
+
+    def close(self, summary: dict[str, Any], exit_code: int) -> None:
+        self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+        self.run.finish(exit_code=exit_code)
+
+
+class MetricsLogger:
+    """The run's sinks: :class:`JsonlSink` (``save_folder/metrics.jsonl``), :class:`ConsoleSink`
+    (``console_log_interval``) and, with a ``wandb`` section, :class:`WandbSink`; rank 0 only. It also keeps the
+    first and the last training loss for the run summary."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, max_steps: int):
+        self.enabled = rank == 0
+        self.first_loss: Optional[float] = None
+        self.last: dict[str, float] = {}
+        self.sinks: list[Any] = []
+        if self.enabled:
+            self.sinks.append(JsonlSink(Path(cfg.save_folder) / "metrics.jsonl"))
+            if cfg.wandb is not None:
+                self.sinks.append(WandbSink(cfg))
+            self.sinks.append(ConsoleSink(cfg.console_log_interval, max_steps))
+
+    def log(self, step: int, metrics: dict[str, float], console_keys: Optional[list[str]] = None) -> None:
+        """Record one step's metrics. Training metrics reach the console every ``console_log_interval`` steps and
+        wandb every ``wandb.log_interval``; metrics logged with ``console_keys`` (evaluations) always do, in full."""
+        if not self.enabled:
+            return
+        loss = metrics.get("train/CrossEntropyLoss")
+        if loss is not None:
+            self.last = metrics
+            self.first_loss = loss if self.first_loss is None else self.first_loss
+        for sink in self.sinks:
+            sink.log(step, metrics, console_keys)
+
+    def log_event(self, step: int, message: str) -> None:
+        if self.enabled:
+            log.info("[step=%d] %s", step, message)
+
+    def close(self, summary: dict[str, Any], exit_code: int = 0) -> None:
+        """Print the run summary and close the sinks."""
+        for sink in reversed(self.sinks):  # the console first: the progress bar stops before the summary
+            sink.close(summary, exit_code)
