@@ -77,6 +77,7 @@ class Trainer:
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
             log.warning("precision=%s has no effect on %s; training in fp32.", cfg.precision, env.device.type)
         train_module.on_attach(self)
+        self.eval_runner.check_batch_size(train_module.eval_batch_spec.rank_batch_size)
 
     @property
     def model(self) -> torch.nn.Module:

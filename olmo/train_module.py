@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import logging
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
@@ -37,9 +38,26 @@ from .parallelize import autocast_dtype, defer_replica_all_reduce
 if TYPE_CHECKING:
     from .train import Trainer
 
-__all__ = ["TrainModule", "TransformerTrainModule", "BasicTrainModule", "ReduceType", "build_train_module"]
+__all__ = [
+    "TrainModule",
+    "TransformerTrainModule",
+    "BasicTrainModule",
+    "EvalBatchSpec",
+    "ReduceType",
+    "build_train_module",
+]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvalBatchSpec:
+    """The batches :meth:`TrainModule.eval_batch` takes on each rank."""
+
+    rank_batch_size: int
+    """Instances per call, at most."""
+    max_sequence_length: Optional[int] = None
+    """Tokens per instance, at most (None: no limit of the module's own)."""
 
 
 class TrainModule(ABC):
@@ -97,6 +115,15 @@ class TrainModule(ABC):
     @abstractmethod
     def eval_batch(self, batch: dict[str, Any], labels: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Forward only: the logits (B, T, V) of ``batch``, or with ``labels`` the per-token cross entropy (B, T)."""
+
+    @property
+    def eval_batch_spec(self) -> EvalBatchSpec:
+        """What :meth:`eval_batch` takes. By default any batch the config's evaluators make (the largest of
+        their ``device_eval_batch_size``) of up to ``model.max_sequence_length`` tokens; a module with a smaller
+        limit overrides this, and the trainer refuses, at start-up, an evaluator whose batches exceed it."""
+        cfg = self.trainer.cfg
+        sizes = [cfg.device_eval_batch_size] + [e.device_eval_batch_size or 0 for e in cfg.evaluators]
+        return EvalBatchSpec(max(sizes), cfg.model.max_sequence_length)
 
     def on_optimizer_reset(self, step: int) -> None:
         """Called when a checkpoint of ``step`` was restored with a fresh optimizer (``--reset_optimizer_state``)."""

@@ -15,6 +15,7 @@ from olmo.exceptions import OLMoConfigurationError
 from olmo.testing import run_torchrun, run_train, tiny_config_dict, write_byte_memmap, write_config
 from olmo.train_module import (
     BasicTrainModule,
+    EvalBatchSpec,
     ReduceType,
     TrainModule,
     TransformerTrainModule,
@@ -31,6 +32,14 @@ class LabelCountingTrainModule(BasicTrainModule):
         super().train_batch(batch, dry_run)
         labels = batch["input_ids"][:, 1:].numel()
         self.record_metric("train/Labels", torch.tensor(float(labels)), ReduceType.sum)
+
+
+class SmallEvalBatchModule(LabelCountingTrainModule):
+    """A module whose eval_batch takes at most 2 instances a call."""
+
+    @property
+    def eval_batch_spec(self):
+        return EvalBatchSpec(rank_batch_size=2)
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +166,15 @@ def test_a_bad_train_module_in_the_config_stops_the_launch_before_anything_is_wr
     with pytest.raises(OLMoConfigurationError, match="train_module: cannot import"):
         run_train(config)
     assert not (tmp_path / "run").exists()
+
+
+def test_an_evaluator_batch_larger_than_the_modules_eval_batch_spec_is_refused_before_training(
+    tmp_path, corpus, custom_module
+):
+    lm_eval = [{"label": "held-out", "type": "lm", "data": {"paths": corpus}, "device_eval_batch_size": 3}]
+    config = _config(tmp_path, corpus, train_module="test_train_module.SmallEvalBatchModule", evaluators=lm_eval)
+    with pytest.raises(
+        OLMoConfigurationError, match=r"evaluators\[0\] \('held-out'\) makes batches of 3 .* at most 2"
+    ):
+        run_train(config)
+    assert not list((tmp_path / "run").glob("step*"))

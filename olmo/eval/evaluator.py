@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..collectives import all_reduce
+from ..exceptions import OLMoConfigurationError
 
 __all__ = ["Evaluator", "EvalTarget", "ModelEval", "EvalRunner", "rank_order", "forward_in_lockstep"]
 
@@ -165,6 +166,16 @@ class EvalRunner:
 
     def __init__(self, evaluators: Sequence[Evaluator], interval: int):
         self.evaluators, self.interval = list(evaluators), interval
+
+    def check_batch_size(self, rank_batch_size: int) -> None:
+        """Refuse an evaluator whose batches are larger than the train module's ``eval_batch_spec`` allows."""
+        for i, evaluator in enumerate(self.evaluators):
+            if evaluator.batch_size > rank_batch_size:
+                raise OLMoConfigurationError(
+                    f"evaluators[{i}] ({evaluator.label!r}) makes batches of {evaluator.batch_size} instances, but "
+                    f"the train module's eval_batch takes at most {rank_batch_size} (its eval_batch_spec). Set "
+                    f"evaluators[{i}].device_eval_batch_size (or device_eval_batch_size) to {rank_batch_size} or less."
+                )
 
     def due(self, step: int, last_step: int, force: bool = False) -> bool:
         """Whether to evaluate after ``step`` (``force``: now, e.g. right after a restore with ``eval_on_load``)."""
