@@ -3,6 +3,8 @@ resumes bitwise, and trains under 2 gloo ranks; a bad module name is a clear con
 
 import json
 import os
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ from olmo.train_module import (
 )
 
 TESTS = Path(__file__).resolve().parent
+README = TESTS.parent / "README.md"
 
 
 class LabelCountingTrainModule(BasicTrainModule):
@@ -178,3 +181,26 @@ def test_an_evaluator_batch_larger_than_the_modules_eval_batch_spec_is_refused_b
     ):
         run_train(config)
     assert not list((tmp_path / "run").glob("step*"))
+
+
+def _readme_module():
+    """The TrainModule example of the README, run as the module ``readme_train_module``."""
+    section = README.read_text().split("## The training step: `TrainModule`", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    module = types.ModuleType("readme_train_module")
+    exec(compile(code, str(README), "exec"), module.__dict__)
+    return module
+
+
+def test_the_readme_example_trains_checkpoints_and_resumes_bitwise(tmp_path, corpus, monkeypatch):
+    monkeypatch.setitem(sys.modules, "readme_train_module", _readme_module())
+    settings = {"max_duration": 4, "save_interval_unsharded": 2}
+    settings["train_module"] = "readme_train_module.LabelSmoothingTrainModule"
+    full, resumed = [], []
+    assert run_train(_config(tmp_path / "full", corpus, **settings), record=full) == 0
+    part = _config(tmp_path / "part", corpus, stop_at=2, **settings)
+    assert run_train(part, record=resumed) == 0
+    assert run_train(part, "--try_load_latest_save", "--stop_at=null", record=resumed) == 0
+    losses = [r["train/CrossEntropyLoss"] for r in full]
+    assert [r["train/CrossEntropyLoss"] for r in resumed] == losses and losses[-1] < losses[0]
+    assert all(r["train/SmoothedLoss"] > r["train/CrossEntropyLoss"] for r in full)  # smoothing costs loss
