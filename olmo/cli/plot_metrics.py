@@ -12,14 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from olmo.exceptions import OLMoCliError  # noqa: E402
-from olmo.util import prepare_cli_environment  # noqa: E402
+from olmo.exceptions import OLMoCliError
 
 log = logging.getLogger("plot_metrics")
 
@@ -89,11 +86,11 @@ def plot(
     return drawn
 
 
-def main() -> None:
+def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (each with metrics.jsonl)")
     parser.add_argument("--out", type=Path, help="output folder (default: FIRST_RUN/plots)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     runs = {run.resolve().name: read_metrics(run) for run in args.runs}
     out = args.out or args.runs[0] / "plots"
     out.mkdir(parents=True, exist_ok=True)
@@ -118,8 +115,3 @@ def main() -> None:
         log.info("Wrote %s", path)
     if not written:
         raise OLMoCliError(f"No metrics to plot in {', '.join(map(str, args.runs))}.")
-
-
-if __name__ == "__main__":
-    prepare_cli_environment()
-    main()

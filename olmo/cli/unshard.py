@@ -16,28 +16,25 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from olmo.checkpoint import (  # noqa: E402
+from olmo.checkpoint import (
     MARKER,
     inspect_checkpoint,
     load_checkpoint,
 )
-from olmo.checkpoint_io import safe_torch_load  # noqa: E402
-from olmo.checkpoint_plan import RestorePlan, preflight_restore  # noqa: E402
-from olmo.checkpoint_save import write_unsharded_checkpoint  # noqa: E402
-from olmo.config import TrainConfig  # noqa: E402
-from olmo.distributed import DistEnv, build_model  # noqa: E402
-from olmo.exceptions import OLMoCheckpointError, OLMoCliError  # noqa: E402
-from olmo.optim import build_optimizer  # noqa: E402
-from olmo.util import is_url, prepare_cli_environment, unwritable_reason  # noqa: E402
+from olmo.checkpoint_io import safe_torch_load
+from olmo.checkpoint_plan import RestorePlan, preflight_restore
+from olmo.checkpoint_save import write_unsharded_checkpoint
+from olmo.config import TrainConfig
+from olmo.distributed import DistEnv, build_model
+from olmo.exceptions import OLMoCheckpointError, OLMoCliError
+from olmo.optim import build_optimizer
+from olmo.util import is_url, unwritable_reason
 
 log = logging.getLogger("unshard")
 
@@ -128,8 +125,3 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     unshard(args.input, args.output, model_only=args.model_only, safetensors=args.safetensors)
     return 0
-
-
-if __name__ == "__main__":
-    prepare_cli_environment()
-    sys.exit(main(sys.argv))

@@ -22,11 +22,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from olmo.exceptions import OLMoCliError  # noqa: E402
-from olmo.tokenizer import tokenizer_cache_dir  # noqa: E402
-from olmo.util import prepare_cli_environment  # noqa: E402
+from olmo.exceptions import OLMoCliError
+from olmo.tokenizer import tokenizer_cache_dir
 
 log = logging.getLogger("fetch_tokenizers")
 
@@ -93,8 +90,3 @@ def main(argv: list[str]) -> int:
         written = extract_tokenizers(wheel, dest)
     log.info("Wrote %s to %s.", ", ".join(p.name for p in written), dest)
     return 0
-
-
-if __name__ == "__main__":
-    prepare_cli_environment()
-    sys.exit(main(sys.argv))

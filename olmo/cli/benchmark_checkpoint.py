@@ -35,24 +35,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: E402
-from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: E402
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse  # noqa: E402
-
-from olmo.checkpoint import inspect_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
-from olmo.config import TrainConfig  # noqa: E402
-from olmo.distributed import DistEnv, build_model  # noqa: E402
-from olmo.optim import build_optimizer  # noqa: E402
-from olmo.util import machine_info, prepare_cli_environment  # noqa: E402
+from olmo.checkpoint import inspect_checkpoint, load_checkpoint, save_checkpoint
+from olmo.cli import REPO
+from olmo.config import TrainConfig
+from olmo.distributed import DistEnv, build_model
+from olmo.optim import build_optimizer
+from olmo.util import machine_info
 
 log = logging.getLogger("benchmark_checkpoint")
 
-REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "configs/official/OLMo-300M.yaml"
 SMOKE_OVERRIDES = ["model.n_layers=1", "model.d_model=256"]
 PAGE_CACHE_NOTE = "The page cache is not dropped: loads right after a save read mostly from RAM."
@@ -317,8 +315,3 @@ def main(argv: list[str]) -> int:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         log.info("Wrote %s", args.out)
     return 0
-
-
-if __name__ == "__main__":
-    prepare_cli_environment()
-    sys.exit(main(sys.argv))

@@ -32,13 +32,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from olmo.config import TrainConfig  # noqa: E402
-from olmo.data import IterableDataset, MemMapDataset, build_memmap_dataset  # noqa: E402
-from olmo.exceptions import OLMoCliError, OLMoDataError  # noqa: E402
-from olmo.tokenizer import Tokenizer  # noqa: E402
-from olmo.util import prepare_cli_environment  # noqa: E402
+from olmo.config import TrainConfig
+from olmo.data import IterableDataset, MemMapDataset, build_memmap_dataset
+from olmo.exceptions import OLMoCliError, OLMoDataError
+from olmo.tokenizer import Tokenizer
 
 log = logging.getLogger("inspect_batch")
 
@@ -211,8 +208,3 @@ def main(argv: Optional[list[str]] = None) -> list[Row]:
     )
     print_table(rows, title, args.world_size)
     return rows
-
-
-if __name__ == "__main__":
-    prepare_cli_environment()
-    main()

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-REPO = Path(__file__).resolve().parent.parent
+from olmo.cli import REPO
 
 RUNGS: dict[str, tuple[str, list[str]]] = {
     "eager": (
@@ -179,7 +179,3 @@ def main(argv: list[str]) -> int:
     (out_dir / "ladder.json").write_text(json.dumps(rows, indent=1) + "\n")
     print(markdown)
     return 0 if all(row["result"] is not None for row in rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

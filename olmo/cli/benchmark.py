@@ -56,17 +56,16 @@ import tempfile
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from olmo.benchmarking import PhaseClock, SyntheticBatches  # noqa: E402
-from olmo.config import TrainConfig, clean_opt  # noqa: E402
-from olmo.data import build_train_dataloader  # noqa: E402
-from olmo.distributed import (  # noqa: E402
+from olmo.benchmarking import PhaseClock, SyntheticBatches
+from olmo.cli import REPO
+from olmo.config import TrainConfig, clean_opt
+from olmo.data import build_train_dataloader
+from olmo.distributed import (
     DistEnv,
     all_reduce,
     autocast_dtype,
@@ -74,27 +73,22 @@ from olmo.distributed import (  # noqa: E402
     init_distributed,
     teardown_distributed,
 )
-from olmo.metrics import (  # noqa: E402
+from olmo.metrics import (
     PeakFlops,
-    StepMetrics,  # noqa: E402
+    StepMetrics,
     device_peak_flops,
     model_flops_utilization,
     peak_memory_mb,
 )
-from olmo.model import OLMo, describe_attention  # noqa: E402
-from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
-from olmo.rng import seed_all  # noqa: E402
-from olmo.train import Trainer  # noqa: E402
-from olmo.train_module import build_train_module  # noqa: E402
-from olmo.util import (  # noqa: E402
-    env_world_size,
-    machine_info,  # noqa: E402
-    prepare_cli_environment,
-)
+from olmo.model import OLMo, describe_attention
+from olmo.optim import build_optimizer, build_scheduler
+from olmo.rng import seed_all
+from olmo.train import Trainer
+from olmo.train_module import build_train_module
+from olmo.util import env_world_size, machine_info
 
 log = logging.getLogger("benchmark")
 
-REPO = Path(__file__).resolve().parent.parent
 SMOKE_MODEL_OVERRIDES = ["model.n_layers=2", "model.d_model=64"]
 SMOKE_DEFAULTS = {"batch": 4, "micro_batch": 2, "seq_len": 128, "steps": 5, "warmup": 3, "compile": False}
 PHASES = ("data", "prepare", "forward", "backward", "optimizer", "other")
@@ -436,7 +430,7 @@ def describe_setup(
     peak: Optional[PeakFlops],
 ) -> dict[str, Any]:
     """What was measured: device, precision, compile, attention kernel, batch shape, model size, peak."""
-    model, device = trainer.model, device_info(env, machine)
+    model, device = cast(OLMo, trainer.model), device_info(env, machine)
     return {
         "world_size": env.world_size,
         "device": device,
@@ -465,8 +459,3 @@ def describe_setup(
         "peak_flops_source": peak.source if peak else "unknown GPU (set speed_monitor.gpu_flops_available)",
         "memory_kind": "max GPU memory allocated" if env.device.type == "cuda" else "max resident set (RSS)",
     }
-
-
-if __name__ == "__main__":
-    prepare_cli_environment()
-    sys.exit(main(sys.argv))

@@ -7,21 +7,18 @@ downstream evaluator (1-layer d_model=32 model with the OLMo vocabulary and T=20
 time is reported separately).
 """
 
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from olmo.config import TrainConfig  # noqa: E402
-from olmo.eval import DownstreamEvaluator, build_evaluators  # noqa: E402
-from olmo.eval.downstream import build_task  # noqa: E402
-from olmo.model import OLMo  # noqa: E402
-from olmo.testing import tiny_config_dict, write_byte_memmap  # noqa: E402
-from olmo.tokenizer import Tokenizer  # noqa: E402
+from olmo.config import TrainConfig
+from olmo.eval import DownstreamEvaluator, build_evaluators
+from olmo.eval.downstream import build_task
+from olmo.model import OLMo
+from olmo.testing import tiny_config_dict, write_byte_memmap
+from olmo.tokenizer import Tokenizer
 
 CPU = torch.device("cpu")
 
@@ -79,14 +76,15 @@ def measure_downstream(label: str = "piqa", batch_size: int = 16, num_batches: i
     )
 
 
-if __name__ == "__main__":
-    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv[1:]):
         print(__doc__)
-        sys.exit(0)
-    if len(sys.argv) > 1:
-        torch.set_num_threads(int(sys.argv[1]))
+        return 0
+    if len(argv) > 1:
+        torch.set_num_threads(int(argv[1]))
     print(f"torch threads: {torch.get_num_threads()}")
     with tempfile.TemporaryDirectory() as tmp:
         measure_lm(Path(tmp), seq_len=32, n_instances=2048)
         measure_lm(Path(tmp), seq_len=256, n_instances=512)
     measure_downstream()
+    return 0

@@ -33,7 +33,6 @@ import logging
 import os
 import shlex
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -43,12 +42,10 @@ from typing import Optional
 import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from olmo.exceptions import OLMoCliError, OLMoDataError  # noqa: E402
-from olmo.json_lines import json_type, read_json_lines  # noqa: E402
-from olmo.tokenizer import DEFAULT_TOKENIZER, Tokenizer  # noqa: E402
-from olmo.util import nearest_existing, prepare_cli_environment, unwritable_reason  # noqa: E402
+from olmo.exceptions import OLMoCliError, OLMoDataError
+from olmo.json_lines import json_type, read_json_lines
+from olmo.tokenizer import DEFAULT_TOKENIZER, Tokenizer
+from olmo.util import nearest_existing, unwritable_reason
 
 log = logging.getLogger("prepare_memmap_dataset")
 
@@ -304,8 +301,3 @@ def main(argv: Optional[list[str]] = None) -> None:
         elapsed,
         f"{total / max(elapsed, 1e-9):,.0f}",
     )
-
-
-if __name__ == "__main__":
-    prepare_cli_environment()
-    main()

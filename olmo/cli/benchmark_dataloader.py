@@ -36,22 +36,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from olmo.config import TrainConfig  # noqa: E402
-from olmo.data import IterableDataset, build_train_dataloader  # noqa: E402
-from olmo.testing import BYTE_EOS, stdlib_documents  # noqa: E402
-from olmo.util import (
-    machine_info,  # noqa: E402
-    prepare_cli_environment,  # noqa: E402
-)
+from olmo.cli import REPO
+from olmo.config import TrainConfig
+from olmo.data import IterableDataset, build_train_dataloader
+from olmo.testing import BYTE_EOS, stdlib_documents
+from olmo.util import machine_info
 
 log = logging.getLogger("benchmark_dataloader")
 
-REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "configs/official/OLMo-1B.yaml"
 GOAL_TOKENS_PER_S = 50e6
 NUMPY_GATHER = "numpy gather"
@@ -266,8 +261,3 @@ def main(argv: list[str]) -> int:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         log.info("Wrote %s", args.out)
     return 0
-
-
-if __name__ == "__main__":
-    prepare_cli_environment()
-    sys.exit(main(sys.argv))

@@ -18,22 +18,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from olmo.checkpoint import inspect_checkpoint, load_checkpoint  # noqa: E402
-from olmo.checkpoint_olmo import load_olmo_core, merged_train_state  # noqa: E402
-from olmo.checkpoint_save import write_unsharded_checkpoint  # noqa: E402
-from olmo.config import TrainConfig  # noqa: E402
-from olmo.distributed import DistEnv, build_model  # noqa: E402
-from olmo.exceptions import OLMoCheckpointError, OLMoCliError  # noqa: E402
-from olmo.optim import build_optimizer  # noqa: E402
-from olmo.util import is_url, prepare_cli_environment, unwritable_reason  # noqa: E402
+from olmo.checkpoint import inspect_checkpoint, load_checkpoint
+from olmo.checkpoint_olmo import load_olmo_core, merged_train_state
+from olmo.checkpoint_save import write_unsharded_checkpoint
+from olmo.config import TrainConfig
+from olmo.distributed import DistEnv, build_model
+from olmo.exceptions import OLMoCheckpointError, OLMoCliError
+from olmo.optim import build_optimizer
+from olmo.util import is_url, unwritable_reason
 
 log = logging.getLogger("convert_olmo_checkpoint")
 
@@ -98,8 +95,3 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     convert(args.input, args.output, model_only=args.model_only, safetensors=args.safetensors)
     return 0
-
-
-if __name__ == "__main__":
-    prepare_cli_environment()
-    sys.exit(main(sys.argv))

@@ -13,24 +13,21 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from rich.console import Console
+from rich.table import Table
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from olmo.checkpoint import inspect_checkpoint, load_checkpoint  # noqa: E402
-from olmo.checkpoint_io import fetch  # noqa: E402
-from olmo.checkpoint_plan import RestorePlan, preflight_restore  # noqa: E402
-from olmo.config import TrainConfig  # noqa: E402
-from olmo.distributed import autocast_dtype, build_model, init_distributed, teardown_distributed  # noqa: E402
-from olmo.eval import build_evaluators  # noqa: E402
-from olmo.exceptions import OLMoCliError, OLMoConfigurationError  # noqa: E402
-from olmo.rng import seed_all  # noqa: E402
-from olmo.util import env_rank, env_world_size, prepare_cli_environment, unwritable_reason  # noqa: E402
+from olmo.checkpoint import inspect_checkpoint, load_checkpoint
+from olmo.checkpoint_io import fetch
+from olmo.checkpoint_plan import RestorePlan, preflight_restore
+from olmo.config import TrainConfig
+from olmo.distributed import autocast_dtype, build_model, init_distributed, teardown_distributed
+from olmo.eval import build_evaluators
+from olmo.exceptions import OLMoCliError, OLMoConfigurationError
+from olmo.rng import seed_all
+from olmo.util import env_rank, env_world_size, unwritable_reason
 
 log = logging.getLogger("eval")
 
@@ -91,8 +88,3 @@ def _report(metrics: dict[str, float], checkpoint: str, step: int, seconds: floa
     for key in sorted(metrics):
         table.add_row(key, f"{metrics[key]:.4f}")
     Console(stderr=True).print(table)
-
-
-if __name__ == "__main__":
-    prepare_cli_environment()
-    sys.exit(main(sys.argv))

@@ -22,8 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from olmo.cli import REPO
 
+SCRIPT = REPO / "scripts/benchmark_loss.py"
+"""Each variant runs in a child process of this script."""
 VARIANTS = ("plain", "fused")
 
 
@@ -132,7 +134,7 @@ def main(argv: list[str]) -> int:
     results = {}
     for variant in VARIANTS:
         options = {k: v for k, v in vars(args).items() if k not in ("out", "variant") and v is not None}
-        cmd = [sys.executable, __file__, *(f"--{k.replace('_', '-')}={v}" for k, v in options.items())]
+        cmd = [sys.executable, str(SCRIPT), *(f"--{k.replace('_', '-')}={v}" for k, v in options.items())]
         cmd.append(f"--variant={variant}")
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
@@ -151,7 +153,3 @@ def main(argv: list[str]) -> int:
         report = {"args": {k: v for k, v in vars(args).items() if k != "variant"}, "results": results}
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

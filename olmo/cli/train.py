@@ -17,24 +17,20 @@ process group, model or data order is set up.
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from olmo.checkpoint_plan import claim_save_folder, plan_restore, prepare_save_folder  # noqa: E402
-from olmo.config import TrainConfig  # noqa: E402
-from olmo.config_docs import describe_config  # noqa: E402
-from olmo.data import build_memmap_dataset, build_train_dataloader  # noqa: E402
-from olmo.distributed import barrier, build_model, init_distributed, teardown_distributed  # noqa: E402
-from olmo.eval import build_evaluators  # noqa: E402
-from olmo.exceptions import OLMoCliError  # noqa: E402
-from olmo.model import describe_attention  # noqa: E402
-from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
-from olmo.rng import seed_all  # noqa: E402
-from olmo.train import Trainer  # noqa: E402
-from olmo.train_module import build_train_module, resolve_train_module_class  # noqa: E402
-from olmo.util import env_rank, env_world_size, prepare_cli_environment  # noqa: E402
+from olmo.checkpoint_plan import claim_save_folder, plan_restore, prepare_save_folder
+from olmo.config import TrainConfig
+from olmo.config_docs import describe_config
+from olmo.data import build_memmap_dataset, build_train_dataloader
+from olmo.distributed import barrier, build_model, init_distributed, teardown_distributed
+from olmo.eval import build_evaluators
+from olmo.exceptions import OLMoCliError
+from olmo.model import describe_attention
+from olmo.optim import build_optimizer, build_scheduler
+from olmo.rng import seed_all
+from olmo.train import Trainer
+from olmo.train_module import build_train_module, resolve_train_module_class
+from olmo.util import env_rank, env_world_size
 
 log = logging.getLogger("train")
 
@@ -126,8 +122,3 @@ def log_speed_setup(cfg: TrainConfig, trainer: Trainer) -> None:
         trainer.collect_steps,
         f", fp32 matmul precision {cfg.float32_matmul_precision}" if device.type == "cuda" else "",
     )
-
-
-if __name__ == "__main__":
-    prepare_cli_environment()
-    sys.exit(main(sys.argv))

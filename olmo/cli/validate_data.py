@@ -36,13 +36,10 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from olmo.config import TrainConfig  # noqa: E402
-from olmo.config_validation import MEMMAP_DTYPES  # noqa: E402
-from olmo.data import MemMapDataset, build_memmap_dataset  # noqa: E402
-from olmo.exceptions import OLMoCliError, OLMoDataError, OLMoError  # noqa: E402
-from olmo.util import prepare_cli_environment  # noqa: E402
+from olmo.config import TrainConfig
+from olmo.config_validation import MEMMAP_DTYPES
+from olmo.data import MemMapDataset, build_memmap_dataset
+from olmo.exceptions import OLMoCliError, OLMoDataError, OLMoError
 
 log = logging.getLogger("validate_data")
 
@@ -263,8 +260,3 @@ def main(argv: Optional[list[str]] = None) -> None:
             )
         raise OLMoDataError(problems)
     log.info("%d file(s), %s tokens: valid.", len(all_stats), f"{sum(s.tokens for s in all_stats):,}")
-
-
-if __name__ == "__main__":
-    prepare_cli_environment()
-    main()

@@ -22,7 +22,7 @@ mean step time. ``--warmup`` unmeasured steps per side come first.
 
 (a) forward + backward with the same plain loss: ``zero_grad``, forward to the (B, T, V) logits,
     ``F.cross_entropy`` averaged over all B*T targets, ``backward``. The same code
-    (``olmo_original_worker.Side.plain_step``) runs around both models, so only the models differ.
+    (``olmo.cli.benchmark_olmo_worker.Side.plain_step``) runs around both models, so only the models differ.
 (b) a training step. Ours: ``Trainer.train_step`` as ``scripts/benchmark.py`` runs it (its ``run_step``) on
     synthetic batches made up front by our collator: token-id check, copy to the device, labels, label count,
     ``zero_grad``, forward with ``fused_loss`` (chunked cross entropy from the hidden states, no logits
@@ -58,16 +58,12 @@ from itertools import cycle
 from pathlib import Path
 from typing import Any, Optional
 
-SCRIPTS = Path(__file__).resolve().parent
-REPO = SCRIPTS.parent
-sys.path.insert(0, str(REPO))
-sys.path.append(str(SCRIPTS))  # the shared worker module; scripts/ is already first when run as a script
+import torch
 
-import torch  # noqa: E402
-from olmo_original_worker import AUTOCAST_DTYPES, Side, serve  # noqa: E402
-
-from olmo.exceptions import OLMoError  # noqa: E402
-from olmo.util import machine_info, prepare_cli_environment  # noqa: E402
+from olmo.cli import REPO
+from olmo.cli.benchmark_olmo_worker import AUTOCAST_DTYPES, Side, serve
+from olmo.exceptions import OLMoError
+from olmo.util import machine_info
 
 log = logging.getLogger("benchmark_olmo")
 
@@ -160,9 +156,8 @@ class OursSide(Side):
 
     def build(self, request: dict[str, Any]) -> dict[str, Any]:
         # Imported in the worker only: the driver never needs the trainer.
-        from benchmark import git_state, run_step
-
         from olmo.benchmarking import SyntheticBatches
+        from olmo.cli.benchmark import git_state, run_step
         from olmo.config import TrainConfig
         from olmo.distributed import DistEnv, build_model
         from olmo.optim import build_optimizer, build_scheduler
@@ -192,7 +187,7 @@ class OursSide(Side):
         seed_all(cfg.seed)
         self.model = model = build_model(cfg, env)
         optimizer = build_optimizer(cfg.optimizer, model)
-        loader = SyntheticBatches(cfg, env, n_steps=4)  # 4 batches, cycled
+        loader: Any = SyntheticBatches(cfg, env, n_steps=4)  # 4 batches, cycled
         train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
         self.trainer = Trainer(cfg, env, train_module, loader)
         self.run_step = run_step
@@ -274,12 +269,16 @@ def start_workers(args: argparse.Namespace, work_dir: Path) -> list[Worker]:
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     workers = [
         Worker(
-            "ours", [sys.executable, str(Path(__file__).resolve()), "--worker"], REPO, env, work_dir / "ours.log"
+            "ours",
+            [sys.executable, str(REPO / "scripts/benchmark_olmo.py"), "--worker"],
+            REPO,
+            env,
+            work_dir / "ours.log",
         )
     ]
     if not args.ours_only:
         # -I and a cwd outside the repository: `import olmo` must find the original, never ours.
-        cmd = [args.olmo_python, "-I", str(SCRIPTS / "olmo_original_worker.py")]
+        cmd = [args.olmo_python, "-I", str(REPO / "scripts/olmo_original_worker.py")]
         workers.append(Worker("original", cmd, work_dir, env, work_dir / "original.log"))
     return workers
 
@@ -464,8 +463,3 @@ def print_report(report: dict[str, Any]) -> None:
         f"{s['rounds']} rounds of {s['iters']} steps per side after {s['warmup']} warmup steps\n"
     )
     print(report["markdown"])
-
-
-if __name__ == "__main__":
-    prepare_cli_environment()
-    sys.exit(main(sys.argv))

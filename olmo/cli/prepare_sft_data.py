@@ -31,7 +31,6 @@ import argparse
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -42,12 +41,10 @@ from typing import Any, Optional
 import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from olmo.exceptions import OLMoCliError, OLMoDataError  # noqa: E402
-from olmo.json_lines import json_type, read_json_lines  # noqa: E402
-from olmo.tokenizer import DEFAULT_TOKENIZER, Tokenizer  # noqa: E402
-from olmo.util import nearest_existing, prepare_cli_environment, unwritable_reason  # noqa: E402
+from olmo.exceptions import OLMoCliError, OLMoDataError
+from olmo.json_lines import json_type, read_json_lines
+from olmo.tokenizer import DEFAULT_TOKENIZER, Tokenizer
+from olmo.util import nearest_existing, unwritable_reason
 
 log = logging.getLogger("prepare_sft_data")
 
@@ -293,8 +290,3 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     ids_path, mask_path = (args.output / name for name in OUTPUT_FILES)
     log.info("Wrote %s and %s (%s, seq_len %d).", ids_path, mask_path, args.dtype, args.seq_len)
-
-
-if __name__ == "__main__":
-    prepare_cli_environment()
-    main()
