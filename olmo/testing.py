@@ -31,6 +31,8 @@ __all__ = [
 
 BYTE_EOS = 256
 BYTE_VOCAB = 257
+_SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+"""The repository's ``scripts/``, which :func:`run_script` and :func:`run_torchrun` run as a user does."""
 
 
 def stdlib_documents(max_bytes: int, skip_bytes: int = 0) -> list[bytes]:
@@ -151,17 +153,15 @@ def write_config(path: Union[str, Path], cfg: dict[str, Any]) -> Path:
 
 
 def run_main(script: str, *args: Any) -> int:
-    """Run ``scripts/SCRIPT ARGS...`` in this process through its ``main(sys.argv)``; return its exit code.
+    """Run ``scripts/SCRIPT ARGS...`` in this process: call ``olmo.cli.NAME.main([SCRIPT, *ARGS])``, NAME being
+    the script's name without ``.py``; return its exit code.
 
-    Faster than :func:`run_script` (no interpreter start, no imports); errors propagate as exceptions.
+    For the commands whose ``main`` takes ``sys.argv`` (program name first). Faster than :func:`run_script` (no
+    interpreter start, no imports); errors propagate as exceptions.
     """
-    import importlib.util
+    import importlib
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / script
-    spec = importlib.util.spec_from_file_location(f"olmo_script_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module(f"olmo.cli.{Path(script).stem}")
     return module.main([script, *map(str, args)])
 
 
@@ -194,7 +194,7 @@ def run_script(
     import os
     import sys
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / script
+    path = _SCRIPTS / script
     env = {**os.environ, "WANDB_MODE": "disabled"}
     cmd = [sys.executable, str(path), *map(str, args)]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -221,14 +221,13 @@ def run_torchrun(
     import os
     import sys
 
-    script = Path(__file__).resolve().parent.parent / "scripts" / "train.py"
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         f"--nproc_per_node={nproc}",
         f"--master_port={free_port()}",
-        str(script),
+        str(_SCRIPTS / "train.py"),
         str(config_path),
         *args,
     ]

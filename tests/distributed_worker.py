@@ -7,16 +7,14 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from olmo.config import TrainConfig  # noqa: E402
-from olmo.data import build_train_dataloader  # noqa: E402
-from olmo.distributed import build_model, init_distributed, teardown_distributed  # noqa: E402
-from olmo.optim import build_optimizer, build_scheduler  # noqa: E402
-from olmo.rng import seed_all  # noqa: E402
-from olmo.testing import tiny_config_dict  # noqa: E402
-from olmo.train import Trainer  # noqa: E402
-from olmo.train_module import build_train_module  # noqa: E402
+from olmo.config import TrainConfig
+from olmo.data import build_train_dataloader
+from olmo.distributed import build_model, init_distributed, teardown_distributed
+from olmo.optim import build_optimizer, build_scheduler
+from olmo.rng import seed_all
+from olmo.testing import tiny_config_dict
+from olmo.train import Trainer
+from olmo.train_module import build_train_module
 
 SETTINGS = {
     "full_shard": {},

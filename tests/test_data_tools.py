@@ -1,6 +1,6 @@
 """The data tools: prepare_sft_data.py, inspect_batch.py and validate_data.py, on real tokens and runs."""
 
-import importlib.util
+import importlib
 import json
 import logging
 import os
@@ -30,14 +30,8 @@ REAL_VOCAB = {
 
 
 def _script(name):
-    """The script as a module, to call its ``main(argv)`` in this process (faster than a subprocess)."""
-    module_name = f"data_tools_{name}"
-    if module_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(module_name, REPO / "scripts" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module  # dataclasses look their module up while being defined
-        spec.loader.exec_module(module)
-    return sys.modules[module_name]
+    """The script's command module, to call its ``main(argv)`` in this process (faster than a subprocess)."""
+    return importlib.import_module(f"olmo.cli.{name}")
 
 
 def _cli(name, *args):

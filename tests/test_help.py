@@ -4,7 +4,6 @@ import dataclasses
 import importlib.util
 import inspect
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
@@ -129,13 +128,12 @@ def test_field_docs_are_read_from_the_source_of_any_dataclass():
     assert undocumented_fields(_Derived) == []
 
 
-def _load_script(path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(f"olmo_help_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses defined in a script look their module up there
-    spec.loader.exec_module(module)
-    return module
+def _command(path: Path) -> Any:
+    """The ``olmo.cli`` module behind ``scripts/NAME.py``, or None for a script without one (shell scripts, and
+    ``olmo_original_worker.py``, which runs in the original OLMo's virtualenv)."""
+    if path.suffix != ".py" or importlib.util.find_spec(f"olmo.cli.{path.stem}") is None:
+        return None
+    return importlib.import_module(f"olmo.cli.{path.stem}")
 
 
 def _help_in_process(module: Any, name: str, args: list[str]) -> Any:
@@ -156,7 +154,7 @@ def test_every_script_honours_help_wherever_it_stands(config, capsys):
     scripts = sorted(p for p in (REPO / "scripts").iterdir() if p.suffix in (".py", ".sh"))
     in_process = {}
     for path in scripts:
-        module = _load_script(path) if path.suffix == ".py" else None
+        module = _command(path)
         if module is not None and inspect.signature(getattr(module, "main", lambda: None)).parameters:
             in_process[path.name] = module
     with ThreadPoolExecutor(max_workers=4) as pool:

@@ -1,8 +1,9 @@
-"""The package is a stack of layers: no import cycle among ``olmo.*`` modules, and the config layer at the
-bottom imports nothing above it (DESIGN §2).
+"""The package is a stack of layers: no import cycle among ``olmo.*`` modules, the config layer at the
+bottom imports nothing above it (DESIGN §2), and the commands (``olmo.cli``) at the top are imported by nothing
+below them. ``scripts/`` only calls the commands, and tests import them, never a script by its path.
 
 Imports are read with ``ast``, so an import inside a function counts as much as one at the top of a
-module. Imports under ``if TYPE_CHECKING:`` never run; they count for the layer rule (the config layer may
+module. Imports under ``if TYPE_CHECKING:`` never run; they count for the layer rules (the config layer may
 not even name a model type) but not for cycles (``config_validation`` annotates with ``TrainConfig``).
 """
 
@@ -11,7 +12,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "olmo"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "olmo"
+ORIGINAL_WORKER = "olmo_original_worker.py"
+"""The one script that is not a command of ``olmo.cli``: it runs in the original OLMo's virtualenv."""
 
 CONFIG_LAYER = {
     "olmo.checkpoint_dirs",
@@ -142,3 +146,44 @@ def test_the_finder_sees_imports_inside_functions_and_reports_the_path():
     assert "olmo.model" in modules["olmo.parallelize"]
     checkpoint_plan = modules["olmo.checkpoint_plan"]
     assert checkpoint_plan.get("olmo.model") is False  # imported inside a function, still an edge
+
+
+def _is_command(module: str) -> bool:
+    return module == "olmo.cli" or module.startswith("olmo.cli.")
+
+
+def test_the_command_layer_is_imported_by_nothing_below_it():
+    graph = _graph()
+    assert "olmo.cli.train" in graph, "olmo/cli is not part of the import graph"
+    downward = {m: sorted(filter(_is_command, deps)) for m, deps in graph.items() if not _is_command(m)}
+    assert not any(downward.values()), (
+        f"modules below olmo.cli import it: { {m: d for m, d in downward.items() if d} }"
+    )
+    # The original OLMo's worker loads this file into an interpreter where `olmo` is the original package.
+    assert graph["olmo.cli.benchmark_olmo_worker"] == {}, "benchmark_olmo_worker may import torch only"
+
+
+def test_scripts_only_call_their_command_in_olmo_cli():
+    problems = []
+    for path in sorted(p for p in (REPO / "scripts").iterdir() if p.is_file()):
+        text = path.read_text()
+        if "sys.path" in text:
+            problems.append(
+                f"{path.name} mentions sys.path: scripts import the installed package (pip install -e .)"
+            )
+        if path.suffix != ".py" or path.name == ORIGINAL_WORKER:
+            continue
+        if len(text.splitlines()) > 40:
+            problems.append(f"{path.name} has {len(text.splitlines())} lines: move its code into olmo/cli/")
+        if f"from olmo.cli.{path.stem} import main" not in text:
+            problems.append(f"{path.name} does not import main from olmo.cli.{path.stem}")
+    assert not problems, "\n".join(problems)
+
+
+def test_tests_never_load_a_script_by_its_path():
+    offenders = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        text = path.read_text()
+        if path != Path(__file__).resolve() and "spec_from_file_location" in text and "scripts" in text:
+            offenders.append(str(path.relative_to(REPO)))
+    assert not offenders, f"import olmo.cli.NAME instead of loading scripts/NAME.py by its path: {offenders}"

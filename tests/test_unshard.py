@@ -1,7 +1,6 @@
 """scripts/unshard.py: a sharded checkpoint becomes an unsharded one that holds the same state and resumes
 training exactly like the sharded original."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 from olmo.checkpoint import MARKER, inspect_checkpoint, load_checkpoint
+from olmo.cli import unshard as unshard_command
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoCheckpointError
 from olmo.model import OLMo
@@ -26,14 +26,6 @@ def _run_script(*args):
     return subprocess.run(
         [sys.executable, str(SCRIPT), *map(str, args)], env=env, capture_output=True, text=True, timeout=120
     )
-
-
-def _import_script():
-    spec = importlib.util.spec_from_file_location("olmo_unshard_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _config(tmp_path, name, **overrides):
@@ -108,7 +100,7 @@ def test_unsharded_output_holds_the_sharded_state_and_resumes_identically(sharde
 
 def test_model_only_and_safetensors(sharded_run):
     tmp_path, _ = sharded_run
-    out = _import_script().unshard(
+    out = unshard_command.unshard(
         str(tmp_path / "run/step3"), str(tmp_path / "weights"), model_only=True, safetensors=True
     )
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "config.yaml", "model.safetensors", "train.pt"]
@@ -124,7 +116,7 @@ def test_refuses_bad_inputs_and_an_existing_output(sharded_run, tmp_path):
     assert "OLMoCheckpointError" in result.stderr and "is not a checkpoint: it holds nothing" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
 
-    unshard = _import_script().unshard
+    unshard = unshard_command.unshard
     existing = tmp_path / "existing"
     existing.mkdir()
     with pytest.raises(OLMoCheckpointError, match="already exists"):
@@ -143,7 +135,7 @@ def test_two_rank_fsdp_checkpoint_unshards_to_what_the_trainer_writes(tmp_path):
     config = _config(tmp_path, "run", save_interval_unsharded=3)
     result = run_torchrun(2, config)
     assert result.returncode == 0, result.stderr[-4000:]
-    out = _import_script().unshard(str(tmp_path / "run/step3"), str(tmp_path / "out"))
+    out = unshard_command.unshard(str(tmp_path / "run/step3"), str(tmp_path / "out"))
     for name in ("model.pt", "optim.pt", "train.pt"):
         expected = torch.load(tmp_path / "run/step3-unsharded" / name, weights_only=True)
         assert _equal(torch.load(out / name, weights_only=True), expected), name

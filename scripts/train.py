@@ -1,0 +1,13 @@
+"""Train an OLMo model.
+
+``--help`` shows the usage; the command is :mod:`olmo.cli.train`.
+"""
+
+import sys
+
+from olmo.cli.train import main
+from olmo.util import prepare_cli_environment
+
+if __name__ == "__main__":
+    prepare_cli_environment()
+    sys.exit(main(sys.argv))
