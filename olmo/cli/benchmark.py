@@ -6,8 +6,9 @@
     torchrun --nproc_per_node=N scripts/benchmark.py CONFIG ...
 
 It runs real training steps through the code path of ``scripts/train.py``: ``build_model`` (meta init,
-activation checkpointing, compile, FSDP2 under torchrun), ``build_optimizer``, ``build_scheduler`` and
-``Trainer.train_step``. Nothing is saved and no metrics are logged, so the numbers are those of the step alone.
+activation checkpointing, compile, FSDP2 under torchrun), ``build_optimizer``, ``build_scheduler``, the train
+module and ``Trainer.step`` (the step ``Trainer.fit`` runs: data position, train module, metrics read-back, gen-1
+GC). Nothing is saved and no metrics are logged, so the numbers are those of the step alone.
 
 * ``--batch`` is the *device* batch (instances per device per optimizer step; the global batch is
   B x world size), split into ``--micro-batch`` instances per forward/backward. Unset, both come from the config.
@@ -155,7 +156,7 @@ def timed_step(
     start = clock.now()
     batch = next(batches)
     got_batch = clock.now()
-    metrics = run_step(trainer, batch)
+    metrics = trainer.step(batch)
     end = clock.now()
     assert clock.first_forward is not None, "the model's forward hooks did not fire"
     return {
@@ -389,7 +390,7 @@ def measure(trainer: Trainer, batches: Iterator[dict[str, Any]], warmup: int, st
                 records.append(step_metrics)
         clock.close()
         start = clock.now()
-        free = [run_step(trainer, next(batches)) for _ in range(steps)]
+        free = [trainer.step(next(batches)) for _ in range(steps)]
         trainer.collect_metrics()
         free_seconds = clock.now() - start
         log.info("free-running: %d steps in %.1f ms each", steps, free_seconds / steps * 1e3)
@@ -404,21 +405,6 @@ def measure(trainer: Trainer, batches: Iterator[dict[str, Any]], warmup: int, st
         "free_seconds": free_seconds,
         "free_losses": [r.values["train/CrossEntropyLoss"] for r in free],
     }
-
-
-def run_step(trainer: Trainer, batch: dict[str, Any]) -> StepMetrics:
-    """One training step as ``Trainer.fit`` runs it: advance the state, train, read the metrics back every
-    ``metrics_collect_interval`` steps, and collect gen-1 garbage on schedule."""
-    cfg, s = trainer.cfg, trainer.state
-    s.global_step += 1
-    s.global_train_examples_seen_this_epoch += cfg.global_train_batch_size
-    s.global_train_tokens_seen += cfg.tokens_per_batch
-    metrics = trainer.train_step(batch)
-    if s.global_step % trainer.collect_steps == 0:
-        trainer.collect_metrics()
-    if cfg.gen1_gc_interval is not None and s.global_step % cfg.gen1_gc_interval == 0:
-        gc.collect(1)
-    return metrics
 
 
 def describe_setup(
