@@ -131,7 +131,7 @@ def model_and_optim_state(
     with ``full``, whole tensors gathered on the CPU (``stepN-unsharded/model.pt`` and ``optim.pt``; complete on
     rank 0); otherwise this rank's shards (DTensors under FSDP), what ``stepN/model_and_optim`` is written from."""
     if full:
-        state = {"model": get_model_state_dict(model, options=FULL_STATE)}
+        state: dict[str, Any] = {"model": get_model_state_dict(model, options=FULL_STATE)}
         if optimizer is not None:
             state["optim"] = get_optimizer_state_dict(model, optimizer, options=FULL_STATE)
         return state

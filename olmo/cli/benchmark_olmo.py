@@ -23,7 +23,7 @@ mean step time. ``--warmup`` unmeasured steps per side come first.
 (a) forward + backward with the same plain loss: ``zero_grad``, forward to the (B, T, V) logits,
     ``F.cross_entropy`` averaged over all B*T targets, ``backward``. The same code
     (``olmo.cli.benchmark_olmo_worker.Side.plain_step``) runs around both models, so only the models differ.
-(b) a training step. Ours: ``Trainer.train_step`` as ``scripts/benchmark.py`` runs it (its ``run_step``) on
+(b) a training step. Ours: ``Trainer.step``, the step ``Trainer.fit`` and ``scripts/benchmark.py`` run, on
     synthetic batches made up front by our collator: token-id check, copy to the device, labels, label count,
     ``zero_grad``, forward with ``fused_loss`` (chunked cross entropy from the hidden states, no logits
     tensor), backward, the gradient norm (``clip_grads``; ``max_grad_norm`` is unset, so nothing is scaled),
@@ -157,7 +157,7 @@ class OursSide(Side):
     def build(self, request: dict[str, Any]) -> dict[str, Any]:
         # Imported in the worker only: the driver never needs the trainer.
         from olmo.benchmarking import SyntheticBatches
-        from olmo.cli.benchmark import git_state, run_step
+        from olmo.cli.benchmark import git_state
         from olmo.config import TrainConfig
         from olmo.distributed import DistEnv, build_model
         from olmo.optim import build_optimizer, build_scheduler
@@ -190,7 +190,6 @@ class OursSide(Side):
         loader: Any = SyntheticBatches(cfg, env, n_steps=4)  # 4 batches, cycled
         train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
         self.trainer = Trainer(cfg, env, train_module, loader)
-        self.run_step = run_step
         self.train_batches = cycle(loader.batches)
         gen = torch.Generator().manual_seed(cfg.seed)
         input_ids = torch.randint(0, cfg.model.vocab_size, (batch, seq), generator=gen)  # (B, T)
@@ -212,7 +211,7 @@ class OursSide(Side):
         }
 
     def train_step(self) -> Any:
-        return self.run_step(self.trainer, next(self.train_batches))
+        return self.trainer.step(next(self.train_batches))
 
     def finish_train_steps(self) -> None:
         self.trainer.collect_metrics()  # every 10 steps on GPU, so some may still be queued
