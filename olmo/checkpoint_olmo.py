@@ -404,22 +404,29 @@ def load_olmo_core(
     return merged_train_state(root)
 
 
-def merged_train_state(root: Path) -> dict[str, Any]:
-    """The trainer state of an original sharded checkpoint, with each rank's RNG from its ``train/rank{R}.pt``."""
-    files = sorted(
-        (root / "train").glob("rank*.pt"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else -1
-    )
-    if not files:
+def merged_train_state(root: Path, original: bool = True) -> dict[str, Any]:
+    """The trainer state of a sharded checkpoint as an unsharded ``train.pt`` holds it: rank 0's, with every rank's
+    RNG from its ``train/rank{R}.pt``, so a resume with the saving world size restores each rank's RNG exactly.
+
+    :param original: the checkpoint was written by the original OLMo trainer (its states are converted to ours);
+        False for one written by this trainer.
+    :raises OLMoCheckpointError: when ``train/`` holds no ``rank{R}.pt``, or one cannot be read.
+    """
+    ranks = {int(p.stem[4:]): p for p in (root / "train").glob("rank*.pt") if p.stem[4:].isdigit()}
+    if not ranks:
         raise OLMoCheckpointError(
             f"'{root}/train/' holds no rank*.pt trainer state; the checkpoint is incomplete."
         )
-    merged: Optional[dict[str, Any]] = None
-    for path in files:
-        rank = int(path.stem[4:])
-        state = convert_trainer_state(load_train_state(path), rank, 1, sharded=True)
-        if merged is None:
-            merged = state
+    states = []
+    for rank, path in sorted(ranks.items()):
+        if original:
+            state = convert_trainer_state(load_train_state(path), rank, 1, sharded=True)
         else:
-            merged["rng"].update(state["rng"])
-    assert merged is not None
-    return merged
+            state = safe_torch_load(path)
+            if not isinstance(state, dict):
+                raise OLMoCheckpointError(f"'{path}' holds a {type(state).__name__}, not a trainer state.")
+        states.append(state)
+    rng: dict[Any, Any] = {}
+    for state in states:
+        rng.update(state.get("rng", {}))
+    return {**states[0], "rng": rng}

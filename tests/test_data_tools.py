@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from olmo.data import read_data_indices
+from olmo.data import MemMapDataset, memmap_dataset, read_data_indices
 from olmo.exceptions import OLMoDataError
 from olmo.testing import BYTE_EOS, run_train, tiny_config_dict, write_byte_memmap, write_config
 from olmo.tokenizer import Tokenizer
@@ -162,13 +162,15 @@ def test_validate_data_statistics(tmp_path, tokenizer, capsys, monkeypatch):
     validate = _script("validate_data")
     data = write_byte_memmap(tmp_path / "bytes.npy", 30_000)
     ends = np.flatnonzero(data == BYTE_EOS)
-    monkeypatch.setattr(validate, "CHUNK_TOKENS", 1000)  # documents span chunks
-
-    from tqdm import tqdm
-
-    stats = validate.scan(str(tmp_path / "bytes.npy"), np.dtype(np.uint16), 257, BYTE_EOS, tqdm(disable=True))
-    assert (stats.tokens, stats.eos, stats.min_id, stats.max_id) == (30_000, len(ends), data.min(), data.max())
-    assert stats.doc_lengths.tolist() == np.diff(ends, prepend=-1).tolist()
+    # Documents span chunks, both of validate()'s one pass and of the scan of files validate() does not read.
+    monkeypatch.setattr(memmap_dataset, "SCAN_CHUNK_TOKENS", 1000)
+    monkeypatch.setattr(validate, "CHUNK_TOKENS", 1500)
+    dataset = MemMapDataset(tmp_path / "bytes.npy", chunk_size=64)
+    one_pass = validate.Scan(dataset, 257, BYTE_EOS, total=30_000)
+    dataset.validate(257, on_chunk=one_pass)
+    for stats in (*one_pass.finish(), *validate.Scan(dataset, 257, BYTE_EOS, total=30_000).finish()):
+        assert (stats.tokens, stats.eos, stats.min_id, stats.max_id) == (30_000, len(ends), data.min(), data.max())
+        assert stats.doc_lengths.tolist() == np.diff(ends, prepend=-1).tolist()
 
     capsys.readouterr()
     validate.main([str(tmp_path / "bytes.npy"), "--vocab-size", "257", "--eos", str(BYTE_EOS), "--seq-len", "64"])

@@ -33,7 +33,15 @@ from rich.table import Table
 from rich.text import Text
 
 from olmo.config import TrainConfig
-from olmo.data import IterableDataset, MemMapDataset, build_memmap_dataset
+from olmo.data import (
+    IterableDataset,
+    MemMapDataset,
+    batches_per_epoch,
+    build_memmap_dataset,
+    data_order_seed,
+    order_file_name,
+    rank_slice,
+)
 from olmo.exceptions import OLMoCliError, OLMoDataError
 from olmo.tokenizer import Tokenizer
 
@@ -53,10 +61,6 @@ class Row:
     text: Optional[str] = None
 
 
-def order_file_name(epoch: int) -> str:
-    return "global_indices.npy" if epoch == 0 else f"global_indices_epoch{epoch}.npy"
-
-
 def load_order(path: Path, explicit: bool, epoch: int, cfg: TrainConfig, dataset: MemMapDataset) -> np.ndarray:
     """The order of ``epoch``: read from ``path`` or, if the trainer's file is absent, recomputed."""
     n = len(dataset)
@@ -68,7 +72,7 @@ def load_order(path: Path, explicit: bool, epoch: int, cfg: TrainConfig, dataset
         log.warning(
             "'%s' does not exist; recomputing epoch %d's order from the seed as the trainer does.", path, epoch
         )
-        seed = cfg.data.seed if cfg.data.seed is not None else cfg.seed
+        seed = data_order_seed(cfg.data, cfg.seed)
         return IterableDataset(dataset, cfg.global_train_batch_size, seed=seed, epoch=epoch).global_indices()
     size = path.stat().st_size
     if size != 4 * n:
@@ -94,7 +98,7 @@ def batch_rows(
     """The instances of the global batch of training step ``step`` (only rank ``rank``'s if given)."""
     dataset = build_memmap_dataset(cfg, cfg.data)
     batch_size = cfg.global_train_batch_size
-    steps_per_epoch = len(dataset) // batch_size
+    steps_per_epoch = batches_per_epoch(len(dataset), batch_size)
     if steps_per_epoch == 0:
         raise OLMoDataError(
             f"The config's data holds {len(dataset)} instances, less than one global batch of {batch_size}; "
@@ -114,7 +118,7 @@ def batch_rows(
     positions = range(batch_size)
     if rank is not None:
         assert world_size is not None and batch_size % world_size == 0 and 0 <= rank < world_size
-        positions = range(rank, batch_size, world_size)
+        positions = positions[rank_slice(0, batch_size, world_size, rank)]
     # Read exactly as users do (olmo/data/__init__.py): a slice of the order, uint32 indices as they are.
     batch = global_indices[s * batch_size : (s + 1) * batch_size]
     rows = []

@@ -18,7 +18,6 @@ import argparse
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -27,7 +26,7 @@ from olmo.checkpoint import (
     inspect_checkpoint,
     load_checkpoint,
 )
-from olmo.checkpoint_io import safe_torch_load
+from olmo.checkpoint_olmo import merged_train_state
 from olmo.checkpoint_plan import RestorePlan, preflight_restore
 from olmo.checkpoint_save import write_unsharded_checkpoint
 from olmo.config import TrainConfig
@@ -58,18 +57,6 @@ def _size(n_bytes: int) -> str:
         if n_bytes >= scale:
             return f"{n_bytes / scale:.2f} {unit}"
     return f"{n_bytes} B"
-
-
-def merged_trainer_state(root: Path, rank0_state: dict[str, Any]) -> dict[str, Any]:
-    """Rank 0's trainer state with every rank's RNG state, as an unsharded save writes ``train.pt``.
-
-    A sharded save stores each rank's RNG in its own ``train/rank{R}.pt``; merging them lets a resume with
-    the original world size restore every rank's RNG exactly.
-    """
-    rng = dict(rank0_state.get("rng", {}))
-    for path in sorted((root / "train").glob("rank*.pt")):
-        rng.update(safe_torch_load(path).get("rng", {}))
-    return {**rank0_state, "rng": rng}
 
 
 def unshard(input_dir: str, output_dir: str, model_only: bool = False, safetensors: bool = False) -> Path:
@@ -103,18 +90,9 @@ def unshard(input_dir: str, output_dir: str, model_only: bool = False, safetenso
     log.info("Loading sharded checkpoint %s (step %d, saved by %d rank(s)).", root, info.step, n_ranks)
     model = build_model(cfg, DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1))
     optimizer = None if model_only else build_optimizer(cfg.optimizer, model)
-    train_state = load_checkpoint(info, model, optimizer, load_trainer_state=True)
-    assert train_state is not None
-
-    write_unsharded_checkpoint(
-        target,
-        model,
-        optimizer,
-        merged_trainer_state(root, train_state),
-        root / "config.yaml",
-        info.step,
-        safetensors,
-    )
+    load_checkpoint(info, model, optimizer, load_trainer_state=False)
+    train_state = merged_train_state(root, original=info.layout != "olmo-trainer")
+    write_unsharded_checkpoint(target, model, optimizer, train_state, root / "config.yaml", info.step, safetensors)
     for path in sorted(p for p in target.iterdir() if p.name != MARKER):
         log.info("  %-17s %s", path.name, _size(path.stat().st_size))
     log.info("Wrote unsharded checkpoint %s in %.1f s.", target, time.perf_counter() - start)

@@ -44,7 +44,8 @@ from olmo.exceptions import OLMoCliError, OLMoDataError, OLMoError
 log = logging.getLogger("validate_data")
 
 CHUNK_TOKENS = 2**23
-"""Tokens read per step (bounds memory; large enough that numpy's per-call cost is negligible)."""
+"""Tokens (or mask entries) read per step where validate() does not read them (bounds memory; large enough that
+numpy's per-call cost is negligible)."""
 PERCENTILES = (10, 50, 90, 99)
 
 
@@ -63,40 +64,76 @@ class FileStats:
     mask_tokens: Optional[int] = None
 
 
-def scan(
-    path: str, dtype: np.dtype, vocab: int, eos: int, progress: tqdm, mask_path: Optional[str] = None
-) -> Optional[FileStats]:
-    """Statistics of one token file (and its label mask), read exactly as training reads it, or None when
-    the token file cannot be read (validate() reports why)."""
-    masks = None if mask_path is None else [mask_path]
-    reader = MemMapDataset(path, chunk_size=1, memmap_dtype=dtype, label_mask_paths=masks)
-    try:
-        tokens = reader.tokens(0)
-    except (OSError, OLMoError):
-        return None
-    stats = FileStats(path, len(tokens), int(np.iinfo(dtype).max), 0)
-    lengths, last_eos = [], -1
-    for start in range(0, len(tokens), CHUNK_TOKENS):
-        chunk = np.asarray(tokens[start : start + CHUNK_TOKENS])
-        stats.min_id, stats.max_id = min(stats.min_id, int(chunk.min())), max(stats.max_id, int(chunk.max()))
-        if stats.max_id >= vocab:
-            stats.over_vocab += int(np.count_nonzero(chunk >= vocab))
-        stats.zeros += len(chunk) - int(np.count_nonzero(chunk))
-        ends = np.flatnonzero(chunk == eos) + start
-        if len(ends):
-            lengths.append(np.diff(ends, prepend=last_eos))
-            last_eos = int(ends[-1])
-        progress.update(len(chunk))
-    stats.eos = sum(map(len, lengths))
-    stats.doc_lengths = np.concatenate(lengths) if lengths else stats.doc_lengths
-    if mask_path is not None:
-        with contextlib.suppress(OSError, OLMoError):
-            mask = reader.label_mask(0)
-            stats.mask_tokens, stats.mask_true = len(mask), 0
-            for start in range(0, len(mask), CHUNK_TOKENS):
-                stats.mask_true += int(np.count_nonzero(mask[start : start + CHUNK_TOKENS]))
-                progress.update(min(CHUNK_TOKENS, len(mask) - start))
-    return stats
+class Scan:
+    """The statistics of every file, gathered while :meth:`MemMapDataset.validate` reads the ids.
+
+    validate() calls it (as ``on_chunk``) with every chunk of ids it reads, so the checks and the statistics
+    read the files once; :meth:`finish` reads only what validate() did not: files it rejects before reading
+    their ids (which training never reads either), and the label masks.
+
+    :param total: tokens plus label mask entries to read, for the progress bar.
+    """
+
+    def __init__(self, dataset: MemMapDataset, vocab: int, eos: int, total: int):
+        self.dataset, self.vocab, self.eos, self.total = dataset, vocab, eos, total
+        self.files: dict[int, FileStats] = {}
+        self.eos_offsets: dict[int, list[np.ndarray]] = {}
+        self.progress: Optional[tqdm] = None
+
+    def __call__(self, i: int, start: int, chunk: np.ndarray) -> None:
+        """Count the ids ``chunk`` of file ``i``, which start at its token ``start`` (a file's chunks come in order)."""
+        s = self._file(i)
+        s.tokens += len(chunk)
+        s.min_id, s.max_id = min(s.min_id, int(chunk.min())), max(s.max_id, int(chunk.max()))
+        if s.max_id >= self.vocab:
+            s.over_vocab += int(np.count_nonzero(chunk >= self.vocab))
+        s.zeros += len(chunk) - int(np.count_nonzero(chunk))
+        self.eos_offsets[i].append(np.flatnonzero(chunk == self.eos) + start)
+        self._advance(len(chunk))
+
+    def finish(self) -> list[FileStats]:
+        """The statistics of every file whose ids can be read, in order, with its label mask's."""
+        out = []
+        for i in range(len(self.dataset.paths)):
+            if i not in self.files and not self._read(i):
+                continue
+            s = self.files[i]
+            ends = np.concatenate(self.eos_offsets[i]) if self.eos_offsets[i] else np.zeros(0, np.int64)
+            s.eos, s.doc_lengths = len(ends), np.diff(ends, prepend=-1)
+            if self.dataset.label_mask_paths is not None:
+                with contextlib.suppress(OSError, OLMoError):
+                    mask = self.dataset.label_mask(i)
+                    s.mask_tokens, s.mask_true = len(mask), 0
+                    for start in range(0, len(mask), CHUNK_TOKENS):
+                        s.mask_true += int(np.count_nonzero(mask[start : start + CHUNK_TOKENS]))
+                        self._advance(min(CHUNK_TOKENS, len(mask) - start))
+            out.append(s)
+        if self.progress is not None:
+            self.progress.close()
+        return out
+
+    def _file(self, i: int) -> FileStats:
+        if i not in self.files:
+            self.files[i] = FileStats(self.dataset.paths[i], min_id=int(np.iinfo(self.dataset.dtype).max))
+            self.eos_offsets[i] = []
+        return self.files[i]
+
+    def _read(self, i: int) -> bool:
+        """Scan file ``i``, which validate() did not read; False when its ids cannot be read (validate() says why)."""
+        try:
+            tokens = self.dataset.tokens(i)
+        except (OSError, OLMoError):
+            return False
+        self._file(i)
+        for start in range(0, len(tokens), CHUNK_TOKENS):
+            self(i, start, np.asarray(tokens[start : start + CHUNK_TOKENS]))
+        return True
+
+    def _advance(self, n: int) -> None:
+        # Shown from the first chunk on, so the warnings validate() logs before it reads ids stay readable.
+        if self.progress is None:
+            self.progress = tqdm(total=self.total, desc="scanning", unit="tok", unit_scale=True)
+        self.progress.update(n)
 
 
 def smallest_dtype(max_id: int) -> str:
@@ -226,21 +263,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     # Without a vocabulary the ids are only bounded by the dtype (2**63 keeps uint64 comparisons exact).
     check_vocab = vocab if vocab is not None else min(int(np.iinfo(dtype).max) + 1, 2**63)
     log.info(
-        "Checking %d file(s) as training does (MemMapDataset.validate), then scanning them.", len(dataset.paths)
+        "Checking %d file(s) as training does (MemMapDataset.validate), reading them fully.", len(dataset.paths)
     )
+    sizes = [Path(p).stat().st_size // dtype.itemsize if Path(p).is_file() else 0 for p in dataset.paths]
+    scan = Scan(dataset, check_vocab, eos, sum(sizes) * (2 if dataset.label_mask_paths else 1))
     problems = None
     try:
-        dataset.validate(check_vocab, scan_max_tokens=2**62)
+        dataset.validate(check_vocab, scan_max_tokens=2**62, on_chunk=scan)
     except OLMoDataError as e:
         problems = str(e)
-    sizes = [Path(p).stat().st_size // dtype.itemsize if Path(p).is_file() else 0 for p in dataset.paths]
-    masks = dataset.label_mask_paths or []
-    with tqdm(total=sum(sizes) * (2 if masks else 1), desc="scanning", unit="tok", unit_scale=True) as progress:
-        all_stats = []
-        for i, path in enumerate(dataset.paths):
-            stats = scan(path, dtype, check_vocab, eos, progress, masks[i] if masks else None)
-            if stats is not None:
-                all_stats.append(stats)
+    all_stats = scan.finish()
     report(all_stats, dtype, vocab, eos, dataset.chunk_size)
     for warning in (w for stats in all_stats for w in warnings_about(stats, dtype, eos)):
         log.warning(warning)

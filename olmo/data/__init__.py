@@ -27,7 +27,7 @@ from ..util import env_rank, env_world_size, is_url
 from .collator import DataCollator, check_token_ids
 from .data_indices import DataIndexLog, read_data_indices
 from .instance_filter import FilteredInstanceCounter, is_repetitive
-from .iterable_dataset import IterableDataset
+from .iterable_dataset import IterableDataset, batches_per_epoch, data_order_seed, order_file_name, rank_slice
 from .memmap_dataset import MemMapDataset
 
 __all__ = [
@@ -36,10 +36,14 @@ __all__ = [
     "FilteredInstanceCounter",
     "IterableDataset",
     "MemMapDataset",
+    "batches_per_epoch",
     "build_memmap_dataset",
     "build_train_dataloader",
     "check_token_ids",
+    "data_order_seed",
     "is_repetitive",
+    "order_file_name",
+    "rank_slice",
     "read_data_indices",
 ]
 
@@ -125,7 +129,7 @@ def build_train_dataloader(
         rank = dist.get_rank() if dist.is_initialized() else env_rank()
     cfg = train_config
     dataset = build_memmap_dataset(cfg, cfg.data, include_instance_metadata=include_instance_metadata)
-    seed = cfg.data.seed if cfg.data.seed is not None else cfg.seed
+    seed = data_order_seed(cfg.data, cfg.seed)
     order = IterableDataset(
         dataset,
         cfg.global_train_batch_size,

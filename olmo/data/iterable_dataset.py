@@ -20,11 +20,35 @@ import numpy as np
 import torch.utils.data
 from torch.utils.data import Dataset, get_worker_info
 
+from ..config_sections import DataConfig
 from ..exceptions import OLMoConfigurationError, OLMoDataError
 
-__all__ = ["IterableDataset"]
+__all__ = ["IterableDataset", "batches_per_epoch", "data_order_seed", "order_file_name", "rank_slice"]
 
 log = logging.getLogger(__name__)
+
+
+def data_order_seed(data: DataConfig, seed: int) -> int:
+    """The seed of the data order: ``data.seed``, or the run's ``seed`` when that is None."""
+    return data.seed if data.seed is not None else seed
+
+
+def order_file_name(epoch: int) -> str:
+    """The name of the file holding the order of ``epoch``: ``global_indices.npy`` for epoch 0, as in OLMo."""
+    return "global_indices.npy" if epoch == 0 else f"global_indices_epoch{epoch}.npy"
+
+
+def batches_per_epoch(num_instances: int, global_batch_size: int) -> int:
+    """Global batches (optimizer steps) in an epoch of ``num_instances``; the last partial one is dropped."""
+    return num_instances // global_batch_size
+
+
+def rank_slice(start: int, stop: int, world_size: int, rank: int) -> slice:
+    """The entries of an epoch's order from ``start`` up to ``stop`` that rank ``rank`` of ``world_size`` trains
+    on: every ``world_size``-th from ``start + rank``. ``start`` is a global instance count, so whole global
+    batches (a multiple of ``world_size``) have gone before it.
+    """
+    return slice(start + rank, stop, world_size)
 
 
 class IterableDataset(torch.utils.data.IterableDataset):
@@ -106,7 +130,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
     @property
     def batches_per_epoch(self) -> int:
         """Global batches (optimizer steps) per epoch; the last partial global batch is dropped."""
-        return self.num_instances // self.global_batch_size
+        return batches_per_epoch(self.num_instances, self.global_batch_size)
 
     @property
     def device_batch_size(self) -> int:
@@ -118,7 +142,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
         if self.work_dir is None:
             return None
         epoch = self.epoch if epoch is None else epoch
-        return self.work_dir / ("global_indices.npy" if epoch == 0 else f"global_indices_epoch{epoch}.npy")
+        return self.work_dir / order_file_name(epoch)
 
     def global_indices(self) -> np.ndarray:
         """The whole order of the current epoch (N uint32 instance indices)."""
@@ -136,7 +160,8 @@ class IterableDataset(torch.utils.data.IterableDataset):
         self._write_order_file()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        rank_indices = self.global_indices()[self.start_index + self.rank : self.total_size : self.world_size]
+        order = self.global_indices()
+        rank_indices = order[rank_slice(self.start_index, self.total_size, self.world_size, self.rank)]
         for i in self._this_worker(rank_indices):
             yield dict(**self.dataset[i], index=int(i))
 

@@ -24,7 +24,7 @@ import logging
 import math
 import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 PathOrStr = str | os.PathLike[str]
 SCAN_CHUNK_TOKENS = 2**24
 """Tokens (or mask entries) read per step while scanning files (bounds the scans' memory)."""
+ChunkHook = Callable[[int, int, np.ndarray], None]
+"""``on_chunk(file index, token offset, ids)`` of :meth:`MemMapDataset.validate`."""
 NPY_MAGIC = b"\x93NUMPY"
 _NPY_HEADER_READERS = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
 _TOKENS_KEY = "data.paths (or data.datasets)"
@@ -197,7 +199,7 @@ class MemMapDataset(Dataset):
         assert self.label_mask_paths is not None, "this dataset has no label masks"
         return self._memmap(self.label_mask_paths[i], is_mask=True)
 
-    def validate(self, vocab_size: int, scan_max_tokens: int = 2**31) -> None:
+    def validate(self, vocab_size: int, scan_max_tokens: int = 2**31, on_chunk: ChunkHook | None = None) -> None:
         """Check every file before training and raise one :class:`OLMoDataError` listing every problem.
 
         Finds missing, unreadable or unfetchable files and directories, sizes that are not a whole number of
@@ -206,6 +208,10 @@ class MemMapDataset(Dataset):
         them, a problem), and token ids ``>= vocab_size``. Token files are scanned fully, in order, until
         ``scan_max_tokens`` tokens in total have been read; label masks are always checked. A file too short
         to hold one instance only gets a warning, unless no file holds one.
+
+        :param on_chunk: called with (file index, token offset, ids) for every chunk of ids the scan reads, in
+            order, so a caller can gather statistics in the same pass; files are then read to the end (within
+            ``scan_max_tokens``) even after a bad id.
         """
         problems: list[str] = []
         n_tokens: dict[int, int] = {}
@@ -242,7 +248,7 @@ class MemMapDataset(Dataset):
                     self.chunk_size,
                 )
         problems += self._label_problems(n_tokens)
-        problems += self._vocab_problems(n_tokens, vocab_size, scan_max_tokens)
+        problems += self._vocab_problems(n_tokens, vocab_size, scan_max_tokens, on_chunk)
         if len(problems) == 1:
             raise OLMoDataError(problems[0])
         if problems:
@@ -271,7 +277,9 @@ class MemMapDataset(Dataset):
             f"data.label_mask_paths to train on every token."
         ]
 
-    def _vocab_problems(self, n_tokens: dict[int, int], vocab_size: int, budget: int) -> list[str]:
+    def _vocab_problems(
+        self, n_tokens: dict[int, int], vocab_size: int, budget: int, on_chunk: ChunkHook | None
+    ) -> list[str]:
         problems: list[str] = []
         scanned = 0
         for i, n in n_tokens.items():
@@ -279,9 +287,13 @@ class MemMapDataset(Dataset):
                 continue
             tokens = self.tokens(i)
             limit = min(n, budget - scanned)
+            found = False
             for start in range(0, limit, SCAN_CHUNK_TOKENS):
                 chunk = np.asarray(tokens[start : min(start + SCAN_CHUNK_TOKENS, limit)])
-                if chunk.max() >= vocab_size:
+                if on_chunk is not None:
+                    on_chunk(i, start, chunk)
+                if not found and chunk.max() >= vocab_size:
+                    found = True
                     offset = int(np.argmax(chunk >= vocab_size))
                     problems.append(
                         f"Token file '{self.paths[i]}' holds token id {int(chunk[offset])} at token offset "
@@ -290,7 +302,8 @@ class MemMapDataset(Dataset):
                         f"small for that tokenizer, or data.memmap_dtype={self.dtype.name} is not the dtype "
                         f"the file was written with; fix whichever does not match."
                     )
-                    break
+                    if on_chunk is None:
+                        break
             scanned += limit
         total = sum(n_tokens.values())
         if scanned < total:

@@ -20,7 +20,7 @@ from typing import Optional
 
 from ..config import EvaluatorType, TrainConfig
 from ..config_validation import evaluator_batch_size, evaluator_problems, task_labels
-from ..data import DataCollator, build_memmap_dataset
+from ..data import DataCollator, build_memmap_dataset, data_order_seed
 from ..exceptions import OLMoConfigurationError
 from ..tokenizer import Tokenizer
 from .downstream import DownstreamEvaluator, build_task
@@ -70,7 +70,7 @@ def build_evaluators(
             ),
             world_size=world_size,
             rank=rank,
-            seed=cfg.seed if ecfg.data.seed is None else ecfg.data.seed,
+            seed=data_order_seed(ecfg.data, cfg.seed),
         )
         if ecfg.type == EvaluatorType.downstream:
             if ecfg.data.paths or ecfg.data.datasets:
