@@ -10,7 +10,7 @@ $(PY):
 	$(VENV)/bin/pip install -q "torch==2.13.0"
 
 install: $(PY)
-	$(VENV)/bin/pip install -q -e ".[dev]"
+	$(VENV)/bin/pip install -q -e ".[dev,hf]"
 
 checks: install
 	$(VENV)/bin/ruff check olmo scripts tests

@@ -40,5 +40,8 @@ setup(
             "gcp-storage-emulator",
         ],
         "flash": ["flash-attn>=2.5"],
+        # scripts/convert_to_hf.py and convert_from_hf.py (OlmoForCausalLM, Olmo2ForCausalLM); tested with 4.57
+        # and 5.15. Newer 5.x need tokenizers>=0.23, which ai2-olmo-eval does not allow yet, so pip picks 5.15.
+        "hf": ["transformers>=4.57"],
     },
 )

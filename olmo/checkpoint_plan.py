@@ -28,6 +28,7 @@ from .checkpoint import (
     sharded_model_shapes,
     trainer_state,
 )
+from .checkpoint_dirs import read_marker
 from .checkpoint_io import MARKER, describe_os_error, load_state_file, read_dcp_bytes_entries, safe_torch_load
 from .checkpoint_olmo import clean_model_state, load_train_state
 from .config import TrainConfig
@@ -86,11 +87,31 @@ def plan_restore(cfg: TrainConfig) -> Optional[RestorePlan]:
             log.warning("No checkpoint in '%s' could be restored; starting from scratch.", cfg.save_folder)
     if cfg.load_path is None:
         return None
-    plan = RestorePlan(
-        inspect_checkpoint(cfg.load_path), not cfg.reset_optimizer_state, not cfg.reset_trainer_state
-    )
+    info = inspect_checkpoint(cfg.load_path)
+    load_optimizer_state = not cfg.reset_optimizer_state
+    if load_optimizer_state and holds_model_only(info):
+        log.info(
+            "'%s' holds model weights only (e.g. written by convert_from_hf.py): the optimizer starts fresh, as "
+            "with --reset_optimizer_state.",
+            info.path,
+        )
+        load_optimizer_state = False
+    plan = RestorePlan(info, load_optimizer_state, not cfg.reset_trainer_state)
     preflight_restore(plan, cfg.model)
     return plan
+
+
+def holds_model_only(info: CheckpointInfo) -> bool:
+    """Whether a local unsharded checkpoint of ours was committed without optimizer state on purpose: its marker
+    lists the files committed, and ``optim.pt`` is not one of them. (A checkpoint that lost its ``optim.pt``
+    after the commit still lists it, and its restore fails with the file named.)"""
+    if info.sharded or info.layout != "olmo-trainer" or is_url(info.path):
+        return False
+    try:
+        files = read_marker(Path(info.path) / MARKER).get("files")
+    except OLMoCheckpointError:
+        return False
+    return isinstance(files, dict) and "optim.pt" not in files
 
 
 def preflight_restore(plan: RestorePlan, model_cfg: Any) -> None:

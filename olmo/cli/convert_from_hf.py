@@ -1,0 +1,105 @@
+"""Import a Hugging Face transformers OLMo or OLMo-2 model as one of our unsharded checkpoints.
+
+    python scripts/convert_from_hf.py HF_DIR OUTPUT_DIR [--safetensors]
+
+HF_DIR is a local directory written by transformers' ``save_pretrained`` (``OlmoForCausalLM`` or
+``Olmo2ForCausalLM``). OUTPUT_DIR receives ``model.pt`` (or ``model.safetensors``), ``train.pt`` (step 0) and a
+``config.yaml`` whose ``model`` section reproduces the architecture exactly (its ``tokenizer.identifier`` points
+at HF_DIR's ``tokenizer.json`` when there is one), committed like every trainer checkpoint. There is no
+optimizer state (the trainer then starts a fresh optimizer by itself), so fine-tune with
+
+    python scripts/train.py CONFIG --load_path=OUTPUT_DIR --reset_trainer_state
+
+where CONFIG carries the ``model`` section of OUTPUT_DIR/config.yaml. Everything is checked (an unknown model
+type, options our model does not implement, weights that do not match config.json) before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+from olmo.checkpoint_save import write_unsharded_checkpoint
+from olmo.config import TokenizerConfig, TrainConfig
+from olmo.exceptions import OLMoCheckpointError, OLMoCliError
+from olmo.hf import from_hf_state, model_config_from_hf
+from olmo.hf_files import hf_tokenizer_vocab_size, read_hf_config, read_hf_weights
+from olmo.model import OLMo
+from olmo.tokenizer_files import DEFAULT_TOKENIZER
+from olmo.util import is_url, unwritable_reason
+
+log = logging.getLogger("convert_from_hf")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=Path(argv[0]).name,
+        description="Convert a Hugging Face OLMo / OLMo-2 model directory into an unsharded checkpoint of ours.",
+    )
+    parser.add_argument("hf_dir", metavar="HF_DIR", help="a local transformers model directory (config.json, ...)")
+    parser.add_argument("output", metavar="OUTPUT_DIR", help="where to write the checkpoint; must not exist yet")
+    parser.add_argument("--safetensors", action="store_true", help="write model.safetensors instead of model.pt")
+    return parser.parse_args(argv[1:])
+
+
+def convert_from_hf(hf_dir: str, output_dir: str, safetensors: bool = False) -> Path:
+    """Write our committed unsharded checkpoint ``output_dir`` for the transformers model in ``hf_dir``.
+
+    :raises OLMoConfigurationError: if ``hf_dir`` is not an OLMo model directory or uses an option we lack.
+    :raises OLMoCheckpointError: if ``output_dir`` exists or cannot be written.
+    """
+    if is_url(hf_dir) or is_url(output_dir):
+        raise OLMoCliError("convert_from_hf.py works on local directories; download the model first.")
+    source, target = Path(hf_dir), Path(output_dir)
+    hf_config = read_hf_config(source)
+    if target.exists():
+        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' already exists; pick a new path or delete it first.")
+    reason = unwritable_reason(target.parent)
+    if reason is not None:
+        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' cannot be created: {reason}. Pick another OUTPUT_DIR.")
+    start = time.perf_counter()
+    model_cfg = model_config_from_hf(hf_config, hf_tokenizer_vocab_size(source))
+    state = from_hf_state(read_hf_weights(source), model_cfg, str(source))
+    model = OLMo(model_cfg, init_params=False)
+    model.load_state_dict(state, strict=True)  # casts to the model's fp32
+    del state
+
+    tokenizer_file = source / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        log.warning(
+            "'%s' has no tokenizer.json; config.yaml names %s, which may not match.", source, DEFAULT_TOKENIZER
+        )
+    identifier = str(tokenizer_file.resolve()) if tokenizer_file.is_file() else DEFAULT_TOKENIZER
+    cfg = TrainConfig(run_name=target.name, model=model_cfg, tokenizer=TokenizerConfig(identifier=identifier))
+    train_state = {
+        "format_version": 1,
+        "global_step": 0,
+        "epoch": 0,
+        "global_train_examples_seen_this_epoch": 0,
+        "global_train_tokens_seen": 0,
+        "world_size": 1,
+        "rng": {},
+    }
+    with tempfile.TemporaryDirectory() as scratch:
+        config_file = Path(scratch) / "config.yaml"
+        cfg.save(config_file)
+        write_unsharded_checkpoint(target, model, None, train_state, config_file, step=0, safetensors=safetensors)
+    log.info(
+        "Wrote %s (%s, %d parameters) in %.1f s. Fine-tune with the model section of its config.yaml and "
+        "--load_path=%s --reset_trainer_state.",
+        target,
+        hf_config.model_type,
+        model.num_params(),
+        time.perf_counter() - start,
+        target,
+    )
+    return target
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    convert_from_hf(args.hf_dir, args.output, safetensors=args.safetensors)
+    return 0

@@ -1,0 +1,134 @@
+"""Export one of our checkpoints as a Hugging Face transformers model directory.
+
+    python scripts/convert_to_hf.py CHECKPOINT_DIR OUTPUT_DIR [--dtype float32|bfloat16] [--max-shard-size 5GB]
+                                    [--tokenizer IDENTIFIER]
+
+CHECKPOINT_DIR is any checkpoint ``--load_path`` takes from a local directory: unsharded, or sharded by any
+number of ranks. OUTPUT_DIR receives ``config.json`` (``OlmoForCausalLM``, or ``Olmo2ForCausalLM`` for the
+OLMo-2 architecture), ``model.safetensors`` (or shards and ``model.safetensors.index.json``),
+``generation_config.json`` and the run's tokenizer (``tokenizer.json``, ``tokenizer_config.json``,
+``special_tokens_map.json``); ``AutoModelForCausalLM.from_pretrained(OUTPUT_DIR)`` loads it offline.
+
+Every check (an architecture transformers cannot represent, a tokenizer that is missing or larger than the
+embedding, an existing OUTPUT_DIR) runs before anything is written; the files are written into a hidden
+temporary sibling of OUTPUT_DIR and renamed into place at the end, so a failure leaves no partial directory.
+Peak memory is about the model's fp32 weights plus one output shard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from olmo.checkpoint import inspect_checkpoint, load_checkpoint
+from olmo.config import TrainConfig
+from olmo.exceptions import OLMoCheckpointError, OLMoCliError, OLMoConfigurationError
+from olmo.hf import HF_MODEL_TYPES, build_hf_config, import_transformers, to_hf_state
+from olmo.hf_files import parse_size, staging_dir, write_safetensors, write_tokenizer_files
+from olmo.model import OLMo
+from olmo.tokenizer_files import load_base_tokenizer
+from olmo.util import is_url, unwritable_reason
+
+log = logging.getLogger("convert_to_hf")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=Path(argv[0]).name,
+        description="Export a checkpoint (unsharded or sharded) as a Hugging Face transformers model directory.",
+    )
+    parser.add_argument(
+        "checkpoint", metavar="CHECKPOINT_DIR", help="e.g. runs/x/step1000-unsharded or runs/x/step1000"
+    )
+    parser.add_argument("output", metavar="OUTPUT_DIR", help="where to write the model; must not exist yet")
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), default="float32", help="weight dtype (default: float32)"
+    )
+    parser.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="split the weights into safetensors shards of at most this size (default: 5GB)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="IDENTIFIER",
+        help="the tokenizer to ship (a tokenizer.json path or OLMo tokenizer name); default: the run's "
+        "tokenizer.identifier",
+    )
+    return parser.parse_args(argv[1:])
+
+
+def convert_to_hf(
+    checkpoint_dir: str,
+    output_dir: str,
+    dtype: str = "float32",
+    max_shard_size: str = "5GB",
+    tokenizer: str | None = None,
+) -> Path:
+    """Write the transformers model directory ``output_dir`` for the checkpoint ``checkpoint_dir``.
+
+    :raises OLMoConfigurationError: for an architecture transformers cannot hold, or an unusable tokenizer.
+    :raises OLMoCheckpointError: for a missing or incomplete checkpoint, or an existing ``output_dir``.
+    """
+    if is_url(checkpoint_dir) or is_url(output_dir):
+        raise OLMoCliError("convert_to_hf.py works on local directories; download the checkpoint first.")
+    max_shard_bytes = parse_size(max_shard_size)
+    info = inspect_checkpoint(checkpoint_dir, flag="CHECKPOINT_DIR")
+    target = Path(output_dir)
+    if target.exists():
+        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' already exists; pick a new path or delete it first.")
+    reason = unwritable_reason(target.parent)
+    if reason is not None:
+        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' cannot be created: {reason}. Pick another OUTPUT_DIR.")
+    start = time.perf_counter()
+    cfg = TrainConfig.load(Path(info.path) / "config.yaml", ["compile=null"])
+    hf_config = build_hf_config(cfg.model, DTYPES[dtype])
+    identifier = tokenizer or cfg.tokenizer.identifier
+    try:
+        base_tokenizer = load_base_tokenizer(identifier)
+    except OLMoConfigurationError as e:
+        raise OLMoConfigurationError(f"{e} Or pass --tokenizer IDENTIFIER to ship another tokenizer.") from None
+    if base_tokenizer.get_vocab_size() > cfg.model.effective_embedding_size:
+        raise OLMoConfigurationError(
+            f"The tokenizer {identifier!r} has {base_tokenizer.get_vocab_size()} tokens, more than the model's "
+            f"{cfg.model.effective_embedding_size} embedding rows, so it is not the run's tokenizer. Pass --tokenizer "
+            f"with the tokenizer the model was trained with. Nothing was written."
+        )
+
+    log.info("Loading %s (step %d, %s).", info.path, info.step, "sharded" if info.sharded else "unsharded")
+    model = OLMo(cfg.model, init_params=False)
+    load_checkpoint(info, model, None, load_trainer_state=False)
+    state = to_hf_state(model.state_dict(), cfg.model)
+    generation = import_transformers().GenerationConfig(
+        bos_token_id=None, eos_token_id=cfg.model.eos_token_id, pad_token_id=cfg.model.pad_token_id
+    )
+    with staging_dir(target) as tmp:
+        hf_config.save_pretrained(str(tmp))
+        generation.save_pretrained(str(tmp))
+        files = write_safetensors(tmp, state, DTYPES[dtype], max_shard_bytes)
+        files += write_tokenizer_files(
+            tmp, base_tokenizer, cfg.model.eos_token_id, cfg.model.pad_token_id, cfg.model.max_sequence_length
+        )
+    log.info(
+        "Wrote %s (%s, %s, %d weight file(s)) in %.1f s. Load it with "
+        "transformers.AutoModelForCausalLM.from_pretrained(%r).",
+        target,
+        HF_MODEL_TYPES[hf_config.model_type],
+        dtype,
+        sum(f.endswith(".safetensors") for f in files),
+        time.perf_counter() - start,
+        str(target),
+    )
+    return target
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    convert_to_hf(args.checkpoint, args.output, args.dtype, args.max_shard_size, args.tokenizer)
+    return 0

@@ -1,0 +1,217 @@
+"""Reading and writing Hugging Face model directories for :mod:`olmo.hf`: ``config.json``, safetensors weights
+(sharded with ``model.safetensors.index.json`` above a size), ``generation_config.json`` and tokenizer files.
+
+A directory is written into a hidden temporary sibling and renamed into place at the end, so a conversion
+that fails leaves nothing behind. Weights are read with safetensors (or ``torch.load(weights_only=True)`` for
+``pytorch_model.bin``): no code from the directory ever runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+
+from .checkpoint_io import safe_torch_load
+from .exceptions import OLMoCheckpointError, OLMoConfigurationError
+from .hf import HF_MODEL_TYPES, import_transformers
+
+__all__ = [
+    "parse_size",
+    "staging_dir",
+    "write_safetensors",
+    "write_tokenizer_files",
+    "read_hf_config",
+    "read_hf_weights",
+    "hf_tokenizer_vocab_size",
+]
+
+log = logging.getLogger(__name__)
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``"5GB"``, ``"500MB"``, ``"2GiB"`` or ``"1000000"`` (decimal units, as transformers reads them).
+
+    :raises OLMoConfigurationError: for anything else.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    if match is None or match.group(2).upper() not in _UNITS or float(match.group(1)) <= 0:
+        raise OLMoConfigurationError(
+            f"--max-shard-size={text!r} is not a size; give a positive number of bytes or one with a unit, "
+            f"e.g. 5GB, 500MB or 2GiB."
+        )
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+@contextmanager
+def staging_dir(target: Path) -> Iterator[Path]:
+    """A hidden temporary sibling of ``target`` to write into; renamed to ``target`` when the block succeeds,
+    removed when it fails.
+
+    :raises OLMoCheckpointError: if ``target`` exists, now or by the time the rename would happen.
+    """
+    if target.exists():
+        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' already exists; pick a new path or delete it first.")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        if target.exists():
+            raise OLMoCheckpointError(f"'{target}' appeared while it was being written; nothing was written.")
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_safetensors(
+    folder: Path, state: Mapping[str, torch.Tensor], dtype: torch.dtype, max_shard_bytes: int
+) -> list[str]:
+    """Write ``state`` in ``dtype`` as ``model.safetensors``, or as ``model-0000i-of-0000n.safetensors`` shards of at
+    most ``max_shard_bytes`` each (a larger single tensor gets a shard of its own) plus the index; return the
+    file names. One shard's tensors are converted at a time, so memory grows by at most one shard."""
+    from safetensors.torch import save_file
+
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, tensor in state.items():
+        n = tensor.numel() * dtype.itemsize
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += n
+    files = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
+    for file, names in zip(files, shards):
+        tensors = {name: state[name].detach().to(dtype=dtype, device="cpu").contiguous() for name in names}
+        save_file(tensors, str(folder / file), metadata={"format": "pt"})
+    if len(shards) > 1:
+        index = {
+            "metadata": {"total_size": sum(t.numel() * dtype.itemsize for t in state.values())},
+            "weight_map": {name: file for file, names in zip(files, shards) for name in names},
+        }
+        (folder / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        files.append(SAFETENSORS_INDEX)
+    return files
+
+
+def write_tokenizer_files(
+    folder: Path, tokenizer: HFTokenizer, eos_token_id: int, pad_token_id: int, max_length: int
+) -> list[str]:
+    """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` for ``tokenizer``,
+    with the model's EOS and padding tokens (OLMo has no BOS token); return the file names."""
+    tokenizer.save(str(folder / "tokenizer.json"))
+    special = {
+        key: token
+        for key, token in (
+            ("eos_token", tokenizer.id_to_token(eos_token_id)),
+            ("pad_token", tokenizer.id_to_token(pad_token_id)),
+        )
+        if token is not None
+    }
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        **special,
+        "model_max_length": max_length,
+        "clean_up_tokenization_spaces": False,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+    return ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+
+
+def _not_a_model(path: Path, why: str) -> OLMoConfigurationError:
+    return OLMoConfigurationError(
+        f"HF_DIR '{path}' is not a Hugging Face OLMo model directory: {why}. Give a directory written by "
+        f"transformers' save_pretrained for an OLMo or OLMo-2 model ({', '.join(HF_MODEL_TYPES.values())}): "
+        f"config.json with model_type {' or '.join(repr(t) for t in HF_MODEL_TYPES)}, and model.safetensors "
+        f"(or its shards and {SAFETENSORS_INDEX}, or pytorch_model.bin). Nothing was written."
+    )
+
+
+def read_hf_config(path: Path) -> Any:
+    """The transformers config (``OlmoConfig`` or ``Olmo2Config``) in ``path/config.json``, read offline.
+
+    :raises OLMoConfigurationError: if ``path`` is not an OLMo model directory.
+    """
+    if not (path / "config.json").is_file():
+        raise _not_a_model(path, "it has no config.json" if path.is_dir() else "it does not exist")
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise _not_a_model(path, f"its config.json is not a JSON object ({e})") from None
+    if model_type not in HF_MODEL_TYPES:
+        raise _not_a_model(path, f"its config.json has model_type={model_type!r}")
+    transformers = import_transformers()
+    config_class = transformers.Olmo2Config if model_type == "olmo2" else transformers.OlmoConfig
+    return config_class.from_pretrained(str(path), local_files_only=True)
+
+
+def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the model in ``path``: ``model.safetensors``, the shards its index names, or
+    ``pytorch_model.bin`` (weights-only).
+
+    :raises OLMoConfigurationError: if there are no weights.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if (path / SAFETENSORS_INDEX).is_file():
+        weight_map = json.loads((path / SAFETENSORS_INDEX).read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    elif (path / "pytorch_model.bin").is_file():
+        state = safe_torch_load(path / "pytorch_model.bin")
+        if not isinstance(state, dict):
+            raise _not_a_model(path, "pytorch_model.bin holds no state dict")
+        return state
+    else:
+        raise _not_a_model(path, "it has no model.safetensors, safetensors index or pytorch_model.bin")
+    state = {}
+    for file in files:
+        try:
+            state.update(load_file(str(path / file)))
+        except (SafetensorError, OSError) as e:
+            raise OLMoCheckpointError(f"Could not read '{path / file}' ({e}); it is damaged or missing.") from None
+    return state
+
+
+def hf_tokenizer_vocab_size(path: Path) -> Optional[int]:
+    """The vocabulary of ``path/tokenizer.json`` (added tokens included), or None without one."""
+    file = path / "tokenizer.json"
+    if not file.is_file():
+        return None
+    try:
+        return HFTokenizer.from_file(str(file)).get_vocab_size()
+    except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+        log.warning("Ignoring '%s', which does not load (%s).", file, e)
+        return None

@@ -1,0 +1,13 @@
+"""Import a Hugging Face transformers OLMo / OLMo-2 model directory as one of our unsharded checkpoints.
+
+``--help`` shows the usage; the command is :mod:`olmo.cli.convert_from_hf`.
+"""
+
+import sys
+
+from olmo.cli.convert_from_hf import main
+from olmo.util import prepare_cli_environment
+
+if __name__ == "__main__":
+    prepare_cli_environment()
+    sys.exit(main(sys.argv))
