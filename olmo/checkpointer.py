@@ -1,7 +1,7 @@
 """The trainer's checkpoint component: :class:`Checkpointer` owns *when* and *what kind* of checkpoint is written
 (``save_interval``, ``save_interval_unsharded``, ``save_interval_ephemeral``, the final save), the background
-(``save_async``) write and its commit, retention, the remote upload, and restoring a checkpoint into a
-:class:`~olmo.train_module.TrainModule`.
+(``save_async``) write and its commit, retention, the remote upload, the Hugging Face export (``hf_export``), and
+restoring a checkpoint into a :class:`~olmo.train_module.TrainModule`.
 
 *What* a checkpoint holds of the model and optimizer is the train module's choice
 (:meth:`~olmo.train_module.TrainModule.state_dict_to_save`); the trainer's position and RNG states come from the
@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
+
+import torch
 
 from .checkpoint import (
     MARKER,
@@ -61,6 +63,7 @@ class Checkpointer:
         self.pending: Optional[PendingCheckpoint] = None
         self.uploader = build_checkpoint_uploader(cfg.remote_save_folder, env.rank)  # rank 0 only, or None
         self.restored_step: Optional[int] = None
+        self.exported_step: Optional[int] = None
 
     def enabled(self, sharded: bool) -> bool:
         """Whether the config saves checkpoints of this kind on a schedule."""
@@ -104,7 +107,33 @@ class Checkpointer:
                 self.save(step, sharded=False)
             else:
                 self.save(step, sharded=self.enabled(True) or self.env.world_size > 1)
+        hf = cfg.hf_export
+        unsharded_now = self.last_saved_step.get("unsharded") == step != before.get("unsharded")
+        if hf.enabled and hf.every_unsharded and unsharded_now and not final:
+            self.export_hf(step)
         return self.last_saved_step != before
+
+    def export_hf(self, step: int) -> None:
+        """With ``hf_export.enabled``, write ``save_folder/stepN-hf``, a transformers model directory of the current
+        weights (every rank calls this: the full state is gathered on rank 0, which writes it). At most once a
+        step; an existing ``stepN-hf`` (a relaunched finished run) is kept."""
+        hf = self.cfg.hf_export
+        target = Path(self.cfg.save_folder) / f"step{step}-hf"
+        if not hf.enabled or self.exported_step == step:
+            return
+        self.exported_step = step
+        if target.exists():
+            log.info("%s exists; not exporting step %d again.", target, step)
+            return
+        from .hf_files import export_tokenizer, parse_size, write_hf_model
+
+        start = time.perf_counter()
+        model_state = self.train_module.state_dict(optim=False, full=True)["model"]  # collective
+        if self.env.rank == 0:
+            tokenizer = export_tokenizer(self.cfg.tokenizer.identifier, self.cfg.model, "tokenizer.identifier")
+            dtype = torch.bfloat16 if hf.dtype == "bfloat16" else torch.float32
+            write_hf_model(target, model_state, self.cfg.model, tokenizer, dtype, parse_size(hf.max_shard_size))
+            log.info("Exported %s (%s) in %.1f s.", target, hf.dtype, time.perf_counter() - start)
 
     def save(self, step: int, sharded: bool, ephemeral: bool = False) -> None:
         """Save a checkpoint of ``step`` (a no-op if one of this kind was already saved at it). With

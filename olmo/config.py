@@ -92,11 +92,27 @@ __all__ = [
     "DDPConfig",
     "SingleGPUConfig",
     "TrainConfig",
+    "HFExportConfig",
     "clean_opt",
 ]
 
 
 C = TypeVar("C", bound="TrainConfig")
+
+
+@dataclass
+class HFExportConfig:
+    """Exporting checkpoints as Hugging Face transformers model directories (``stepN-hf/`` in ``save_folder``),
+    as ``scripts/convert_to_hf.py`` writes them; needs the ``hf`` extra."""
+
+    enabled: bool = False
+    """Export the final checkpoint of the run (the architecture and tokenizer are checked at start-up)."""
+    dtype: str = "bfloat16"
+    """``bfloat16`` or ``float32``: the dtype of the exported weights."""
+    every_unsharded: bool = False
+    """Also export at every step that writes an unsharded checkpoint (``save_interval_unsharded``)."""
+    max_shard_size: str = "5GB"
+    """Largest ``model*.safetensors`` file; above it the weights are sharded with an index."""
 
 
 @dataclass
@@ -204,6 +220,8 @@ class TrainConfig:
     """Weights & Biases logging (offline unless configured); null disables it."""
     speed_monitor: SpeedMonitorConfig = field(default_factory=SpeedMonitorConfig)
     """Throughput and MFU measurement."""
+    hf_export: HFExportConfig = field(default_factory=HFExportConfig)
+    """Export checkpoints for Hugging Face transformers (``stepN-hf/``)."""
     console_log_interval: int = 1
     """Steps between console metric lines."""
     metrics_collect_interval: Optional[int] = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 import math
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Union
 
@@ -271,6 +272,12 @@ def _checkpoint_problems(cfg: TrainConfig) -> list[str]:
                 f"{name}={value!r} is not one of OLMo's sharded checkpointers "
                 f"({', '.join(_OLMO_SHARDED_CHECKPOINTERS)}); every one maps onto ours, so use torch_new or leave it out."
             )
+    if cfg.hf_export.dtype not in ("bfloat16", "float32"):
+        out.append(f"hf_export.dtype={cfg.hf_export.dtype!r} must be bfloat16 or float32.")
+    if not re.fullmatch(r"\s*\d+(\.\d+)?\s*[KMGT]?i?B?\s*", cfg.hf_export.max_shard_size, re.IGNORECASE):
+        out.append(
+            f"hf_export.max_shard_size={cfg.hf_export.max_shard_size!r} must be a size such as 5GB or 500MB."
+        )
     return out
 
 

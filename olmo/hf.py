@@ -17,7 +17,7 @@ options at fault, before anything is written. The parameters map one to one, exc
 Both sides rotate with the same NeoX ("rotate_half") RoPE, repeat each key/value head for consecutive query
 heads, and hold ``embedding_size`` rows in the embedding (transformers calls it ``vocab_size``).
 
-Only :mod:`olmo.cli.convert_to_hf` and :mod:`olmo.cli.convert_from_hf` import this module; transformers is
+Used by :mod:`olmo.hf_files`, the two conversion commands and the trainer's ``hf_export``; transformers is
 imported inside the functions that need it (the optional ``hf`` extra), never at import time.
 """
 

@@ -22,10 +22,15 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from .checkpoint_io import safe_torch_load
+from .config import ModelConfig
 from .exceptions import OLMoCheckpointError, OLMoConfigurationError
-from .hf import HF_MODEL_TYPES, import_transformers
+from .hf import HF_MODEL_TYPES, build_hf_config, hf_model_type, import_transformers, to_hf_state
+from .tokenizer_files import load_base_tokenizer
 
 __all__ = [
+    "check_hf_export",
+    "export_tokenizer",
+    "write_hf_model",
     "parse_size",
     "staging_dir",
     "write_safetensors",
@@ -49,6 +54,68 @@ _UNITS = {
     "MIB": 2**20,
     "GIB": 2**30,
 }
+
+
+def export_tokenizer(identifier: str, model_cfg: ModelConfig, flag: str = "--tokenizer") -> HFTokenizer:
+    """The tokenizer to ship with an export, checked to fit the model's embedding.
+
+    :raises OLMoConfigurationError: if it does not resolve, or has more tokens than the embedding has rows.
+    """
+    try:
+        tokenizer = load_base_tokenizer(identifier)
+    except OLMoConfigurationError as e:
+        raise OLMoConfigurationError(f"{e} Or pass {flag} to ship another tokenizer.") from None
+    if tokenizer.get_vocab_size() > model_cfg.effective_embedding_size:
+        raise OLMoConfigurationError(
+            f"The tokenizer {identifier!r} has {tokenizer.get_vocab_size()} tokens, more than the model's "
+            f"{model_cfg.effective_embedding_size} embedding rows, so it is not the run's tokenizer. Set {flag} "
+            f"to the tokenizer the model was trained with. Nothing was written."
+        )
+    return tokenizer
+
+
+def check_hf_export(model_cfg: ModelConfig, tokenizer_identifier: str) -> None:
+    """What ``hf_export.enabled`` needs, checked at start-up: transformers installed, an architecture it can hold,
+    and a tokenizer that fits the embedding.
+
+    :raises OLMoConfigurationError: naming the option, or :class:`~olmo.exceptions.OLMoError` for a missing
+        transformers.
+    """
+    import_transformers()
+    try:
+        hf_model_type(model_cfg)
+    except OLMoConfigurationError as e:
+        raise OLMoConfigurationError(f"hf_export.enabled=true: {e}\nOr set hf_export.enabled=false.") from None
+    export_tokenizer(tokenizer_identifier, model_cfg, "tokenizer.identifier")
+
+
+def write_hf_model(
+    target: Path,
+    model_state: Mapping[str, torch.Tensor],
+    model_cfg: ModelConfig,
+    tokenizer: HFTokenizer,
+    dtype: torch.dtype,
+    max_shard_bytes: int,
+) -> list[str]:
+    """Write the transformers model directory ``target`` from our model's full state dict: ``config.json``,
+    ``generation_config.json``, the weights (sharded above ``max_shard_bytes``) and the tokenizer files. Written
+    into a hidden sibling and renamed into place; returns the file names.
+
+    :raises OLMoConfigurationError: for an architecture transformers cannot hold (before anything is written).
+    """
+    hf_config = build_hf_config(model_cfg, dtype)
+    state = to_hf_state(model_state, model_cfg)
+    generation = import_transformers().GenerationConfig(
+        bos_token_id=None, eos_token_id=model_cfg.eos_token_id, pad_token_id=model_cfg.pad_token_id
+    )
+    with staging_dir(target) as tmp:
+        hf_config.save_pretrained(str(tmp))
+        generation.save_pretrained(str(tmp))
+        files = write_safetensors(tmp, state, dtype, max_shard_bytes)
+        files += write_tokenizer_files(
+            tmp, tokenizer, model_cfg.eos_token_id, model_cfg.pad_token_id, model_cfg.max_sequence_length
+        )
+    return files
 
 
 def parse_size(text: str) -> int:

@@ -214,6 +214,7 @@ class Trainer:
                 else:
                     self.log_metrics()
                     ckpt.maybe_save(s.global_step, final=True)
+                    ckpt.export_hf(s.global_step)  # with hf_export.enabled
                 ckpt.commit()
         finally:
             self.log_metrics(collect=False)  # after an error, what was already read back

@@ -147,13 +147,15 @@ def test_an_imported_model_fine_tunes(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    """A tiny OLMo-2-architecture run: a sharded checkpoint at step 3, an unsharded one at step 6."""
+    """A tiny OLMo-2-architecture run: sharded and unsharded checkpoints at steps 3 and 6, each exported to
+    ``stepN-hf`` by ``hf_export``."""
     root = tmp_path_factory.mktemp("run")
     write_byte_memmap(root / "a.npy", 20_000)
     settings = {
         "save_interval": 3,
-        "save_interval_unsharded": 6,
+        "save_interval_unsharded": 3,
         "max_duration": 6,
+        "hf_export": {"enabled": True, "dtype": "float32", "every_unsharded": True},
         "tokenizer.identifier": str(_byte_tokenizer(root / "tokenizer.json")),
         "model.norm_after": True,
         "model.layer_norm_type": "rms",
@@ -220,7 +222,7 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     rope.model.layer_norm_with_affine = False
     rope.save(tmp_path / "rope.yaml")
     write_unsharded_checkpoint(tmp_path / "rope", OLMo(rope.model), None, {}, tmp_path / "rope.yaml", step=0)
-    monkeypatch.setattr("olmo.cli.convert_to_hf.write_tokenizer_files", _fail)
+    monkeypatch.setattr("olmo.hf_files.write_tokenizer_files", _fail)
     with pytest.raises(OSError, match="disk full"):
         run_main("convert_to_hf.py", tmp_path / "rope", tmp_path / "out")
     _assert_nothing_written(tmp_path, "out")
@@ -231,3 +233,24 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, monkeypatch):
 
 def _fail(*args, **kwargs):
     raise OSError("disk full")
+
+
+def test_hf_export_writes_each_unsharded_step_and_the_final_one(trained_run):
+    assert sorted(p.name for p in trained_run.glob("step*-hf")) == ["step3-hf", "step6-hf"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(trained_run / "step6-hf", local_files_only=True)
+    ids = torch.randint(0, BYTE_VOCAB, (2, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            _ours(trained_run / "step6-unsharded")(ids).logits, hf.eval()(ids).logits, rtol=0, atol=1e-5
+        )
+
+
+def test_hf_export_of_an_architecture_transformers_cannot_hold_stops_the_launch(tmp_path):
+    write_byte_memmap(tmp_path / "a.npy", 5_000)
+    settings = {"model.rope": False, "model.alibi": True, "hf_export": {"enabled": True}}
+    config = write_config(
+        tmp_path / "c.yaml", tiny_config_dict(tmp_path / "run", [str(tmp_path / "a.npy")], **settings)
+    )
+    with pytest.raises(OLMoConfigurationError, match=r"(?s)hf_export.enabled=true: .*model.alibi=True"):
+        run_train(config)
+    assert not (tmp_path / "run").exists()

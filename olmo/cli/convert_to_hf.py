@@ -26,11 +26,10 @@ import torch
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint
 from olmo.config import TrainConfig
-from olmo.exceptions import OLMoCheckpointError, OLMoCliError, OLMoConfigurationError
-from olmo.hf import HF_MODEL_TYPES, build_hf_config, import_transformers, to_hf_state
-from olmo.hf_files import parse_size, staging_dir, write_safetensors, write_tokenizer_files
+from olmo.exceptions import OLMoCheckpointError, OLMoCliError
+from olmo.hf import HF_MODEL_TYPES, hf_model_type, import_transformers
+from olmo.hf_files import export_tokenizer, parse_size, write_hf_model
 from olmo.model import OLMo
-from olmo.tokenizer_files import load_base_tokenizer
 from olmo.util import is_url, unwritable_reason
 
 log = logging.getLogger("convert_to_hf")
@@ -88,38 +87,19 @@ def convert_to_hf(
         raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' cannot be created: {reason}. Pick another OUTPUT_DIR.")
     start = time.perf_counter()
     cfg = TrainConfig.load(Path(info.path) / "config.yaml", ["compile=null"])
-    hf_config = build_hf_config(cfg.model, DTYPES[dtype])
-    identifier = tokenizer or cfg.tokenizer.identifier
-    try:
-        base_tokenizer = load_base_tokenizer(identifier)
-    except OLMoConfigurationError as e:
-        raise OLMoConfigurationError(f"{e} Or pass --tokenizer IDENTIFIER to ship another tokenizer.") from None
-    if base_tokenizer.get_vocab_size() > cfg.model.effective_embedding_size:
-        raise OLMoConfigurationError(
-            f"The tokenizer {identifier!r} has {base_tokenizer.get_vocab_size()} tokens, more than the model's "
-            f"{cfg.model.effective_embedding_size} embedding rows, so it is not the run's tokenizer. Pass --tokenizer "
-            f"with the tokenizer the model was trained with. Nothing was written."
-        )
+    import_transformers()
+    hf_model_type(cfg.model)  # an architecture transformers cannot hold fails before the weights are read
+    base_tokenizer = export_tokenizer(tokenizer or cfg.tokenizer.identifier, cfg.model)
 
     log.info("Loading %s (step %d, %s).", info.path, info.step, "sharded" if info.sharded else "unsharded")
     model = OLMo(cfg.model, init_params=False)
     load_checkpoint(info, model, None, load_trainer_state=False)
-    state = to_hf_state(model.state_dict(), cfg.model)
-    generation = import_transformers().GenerationConfig(
-        bos_token_id=None, eos_token_id=cfg.model.eos_token_id, pad_token_id=cfg.model.pad_token_id
-    )
-    with staging_dir(target) as tmp:
-        hf_config.save_pretrained(str(tmp))
-        generation.save_pretrained(str(tmp))
-        files = write_safetensors(tmp, state, DTYPES[dtype], max_shard_bytes)
-        files += write_tokenizer_files(
-            tmp, base_tokenizer, cfg.model.eos_token_id, cfg.model.pad_token_id, cfg.model.max_sequence_length
-        )
+    files = write_hf_model(target, model.state_dict(), cfg.model, base_tokenizer, DTYPES[dtype], max_shard_bytes)
     log.info(
         "Wrote %s (%s, %s, %d weight file(s)) in %.1f s. Load it with "
         "transformers.AutoModelForCausalLM.from_pretrained(%r).",
         target,
-        HF_MODEL_TYPES[hf_config.model_type],
+        HF_MODEL_TYPES[hf_model_type(cfg.model)],
         dtype,
         sum(f.endswith(".safetensors") for f in files),
         time.perf_counter() - start,

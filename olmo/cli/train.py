@@ -25,6 +25,7 @@ from olmo.data import build_memmap_dataset, build_train_dataloader
 from olmo.distributed import barrier, build_model, init_distributed, teardown_distributed
 from olmo.eval import build_evaluators
 from olmo.exceptions import OLMoCliError
+from olmo.hf_files import check_hf_export
 from olmo.model import describe_attention
 from olmo.optim import build_optimizer, build_scheduler
 from olmo.rng import seed_all
@@ -45,6 +46,8 @@ def main(argv: list) -> int:
     cfg.validate(env_world_size())
     if cfg.train_module is not None:
         resolve_train_module_class(cfg.train_module)  # a bad name fails before anything is built
+    if cfg.hf_export.enabled:
+        check_hf_export(cfg.model, cfg.tokenizer.identifier)  # the export at the end must not fail
     plan = plan_restore(cfg)  # opens every checkpoint file it will read
     prepare_save_folder(cfg, plan)
     # Every rank checks the files; only rank 0 pays for the full token-id scan.
