@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
 from .checkpoint_io import MARKER, describe_os_error, read_marker, root_cause
 from .config import TrainConfig
 from .exceptions import OLMoCheckpointError
+from .util import unwritable_reason
 
 __all__ = [
     "FORMAT_VERSION",
@@ -36,6 +37,7 @@ __all__ = [
     "save_checkpoint",
     "begin_checkpoint",
     "model_and_optim_state",
+    "check_new_output_dir",
     "commit_checkpoint",
     "is_committed",
     "rank",
@@ -212,6 +214,21 @@ def _write_state(
         torch.save(state["optim"], tmp / "optim.pt")
         torch.save(train_state, tmp / "train.pt")
     return future
+
+
+def check_new_output_dir(target: Path, hint: str = "") -> None:
+    """Refuse an ``OUTPUT_DIR`` of a conversion command that exists already or cannot be created, before any work.
+
+    :param hint: appended to the message for an existing directory (e.g. a suggested path).
+    :raises OLMoCheckpointError: naming the directory and the fix.
+    """
+    if target.exists():
+        raise OLMoCheckpointError(
+            f"OUTPUT_DIR '{target}' already exists; it is never written into. Pick a new path{hint} or delete it first."
+        )
+    reason = unwritable_reason(target.parent)
+    if reason is not None:
+        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' cannot be created: {reason}. Pick another OUTPUT_DIR.")
 
 
 def write_unsharded_checkpoint(

@@ -22,14 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from olmo.checkpoint_save import write_unsharded_checkpoint
+from olmo.checkpoint_save import check_new_output_dir, write_unsharded_checkpoint
 from olmo.config import TokenizerConfig, TrainConfig
-from olmo.exceptions import OLMoCheckpointError, OLMoCliError
+from olmo.exceptions import OLMoCliError
 from olmo.hf import from_hf_state, model_config_from_hf
 from olmo.hf_files import hf_tokenizer_vocab_size, read_hf_config, read_hf_weights
 from olmo.model import OLMo
 from olmo.tokenizer_files import DEFAULT_TOKENIZER
-from olmo.util import is_url, unwritable_reason
+from olmo.util import is_url
 
 log = logging.getLogger("convert_from_hf")
 
@@ -55,11 +55,7 @@ def convert_from_hf(hf_dir: str, output_dir: str, safetensors: bool = False) -> 
         raise OLMoCliError("convert_from_hf.py works on local directories; download the model first.")
     source, target = Path(hf_dir), Path(output_dir)
     hf_config = read_hf_config(source)
-    if target.exists():
-        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' already exists; pick a new path or delete it first.")
-    reason = unwritable_reason(target.parent)
-    if reason is not None:
-        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' cannot be created: {reason}. Pick another OUTPUT_DIR.")
+    check_new_output_dir(target)
     start = time.perf_counter()
     model_cfg = model_config_from_hf(hf_config, hf_tokenizer_vocab_size(source))
     state = from_hf_state(read_hf_weights(source), model_cfg, str(source))

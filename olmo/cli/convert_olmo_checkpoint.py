@@ -25,12 +25,12 @@ import torch
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint
 from olmo.checkpoint_olmo import load_olmo_core, merged_train_state
-from olmo.checkpoint_save import write_unsharded_checkpoint
+from olmo.checkpoint_save import check_new_output_dir, write_unsharded_checkpoint
 from olmo.config import TrainConfig
 from olmo.distributed import DistEnv, build_model
 from olmo.exceptions import OLMoCheckpointError, OLMoCliError
 from olmo.optim import build_optimizer
-from olmo.util import is_url, unwritable_reason
+from olmo.util import is_url
 
 log = logging.getLogger("convert_olmo_checkpoint")
 
@@ -61,11 +61,7 @@ def convert(input_dir: str, output_dir: str, model_only: bool = False, safetenso
             f"convert. Load it with --load_path={input_dir} (or unshard a sharded one with scripts/unshard.py)."
         )
     root, target = Path(info.path), Path(output_dir)
-    if target.exists():
-        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' already exists; pick a new path or delete it first.")
-    reason = unwritable_reason(target.parent)
-    if reason is not None:
-        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' cannot be created: {reason}. Pick another OUTPUT_DIR.")
+    check_new_output_dir(target)
     start = time.perf_counter()
     cfg = TrainConfig.load(root / "config.yaml", ["compile=null"])
     log.info("Converting %s (original OLMo, %s layout, step %d).", root, info.layout, info.step)

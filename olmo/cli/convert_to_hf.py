@@ -25,12 +25,13 @@ from pathlib import Path
 import torch
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint
+from olmo.checkpoint_save import check_new_output_dir
 from olmo.config import TrainConfig
-from olmo.exceptions import OLMoCheckpointError, OLMoCliError
+from olmo.exceptions import OLMoCliError
 from olmo.hf import HF_MODEL_TYPES, hf_model_type, import_transformers
 from olmo.hf_files import export_tokenizer, parse_size, write_hf_model
 from olmo.model import OLMo
-from olmo.util import is_url, unwritable_reason
+from olmo.util import is_url
 
 log = logging.getLogger("convert_to_hf")
 
@@ -80,11 +81,7 @@ def convert_to_hf(
     max_shard_bytes = parse_size(max_shard_size)
     info = inspect_checkpoint(checkpoint_dir, flag="CHECKPOINT_DIR")
     target = Path(output_dir)
-    if target.exists():
-        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' already exists; pick a new path or delete it first.")
-    reason = unwritable_reason(target.parent)
-    if reason is not None:
-        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' cannot be created: {reason}. Pick another OUTPUT_DIR.")
+    check_new_output_dir(target)
     start = time.perf_counter()
     cfg = TrainConfig.load(Path(info.path) / "config.yaml", ["compile=null"])
     import_transformers()

@@ -28,12 +28,12 @@ from olmo.checkpoint import (
 )
 from olmo.checkpoint_olmo import merged_train_state
 from olmo.checkpoint_plan import RestorePlan, preflight_restore
-from olmo.checkpoint_save import write_unsharded_checkpoint
+from olmo.checkpoint_save import check_new_output_dir, write_unsharded_checkpoint
 from olmo.config import TrainConfig
 from olmo.distributed import DistEnv, build_model
 from olmo.exceptions import OLMoCheckpointError, OLMoCliError
 from olmo.optim import build_optimizer
-from olmo.util import is_url, unwritable_reason
+from olmo.util import is_url
 
 log = logging.getLogger("unshard")
 
@@ -73,14 +73,7 @@ def unshard(input_dir: str, output_dir: str, model_only: bool = False, safetenso
             f"to convert. Load it directly with --load_path={input_dir}."
         )
     target = Path(output_dir)
-    if target.exists():
-        raise OLMoCheckpointError(
-            f"OUTPUT_DIR '{target}' already exists; unshard.py never writes into an existing directory. "
-            f"Pick a new path (e.g. {Path(info.path).parent}/step{info.step}-unsharded) or delete it first."
-        )
-    reason = unwritable_reason(target.parent)
-    if reason is not None:
-        raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' cannot be created: {reason}. Pick another OUTPUT_DIR.")
+    check_new_output_dir(target, f" (e.g. {Path(info.path).parent}/step{info.step}-unsharded)")
     start = time.perf_counter()
     root = Path(info.path)
     # Built exactly as the trainer builds it for one CPU process; compiling would only cost time here.
