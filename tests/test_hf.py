@@ -191,6 +191,12 @@ def _assert_nothing_written(parent: Path, name: str) -> None:
 
 
 def test_bad_input_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # read at import; the test must not wait
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # an empty cache: the id cannot resolve offline
+    with pytest.raises(OLMoConfigurationError, match="HF_DIR 'allenai/no-such-model' is not a local directory"):
+        run_main("convert_from_hf.py", "allenai/no-such-model", tmp_path / "out")
+    _assert_nothing_written(tmp_path, "out")
     (tmp_path / "not-hf").mkdir()
     (tmp_path / "not-hf" / "notes.txt").write_text("hello")
     with pytest.raises(OLMoConfigurationError, match="config.json"):

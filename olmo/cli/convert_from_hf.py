@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import tempfile
 import time
 from pathlib import Path
 
 from olmo.checkpoint_save import check_new_output_dir, write_unsharded_checkpoint
 from olmo.config import TokenizerConfig, TrainConfig
-from olmo.exceptions import OLMoCliError
+from olmo.exceptions import OLMoCliError, OLMoConfigurationError
 from olmo.hf import from_hf_state, model_config_from_hf
 from olmo.hf_files import hf_tokenizer_vocab_size, read_hf_config, read_hf_weights
 from olmo.model import OLMo
@@ -39,10 +40,37 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog=Path(argv[0]).name,
         description="Convert a Hugging Face OLMo / OLMo-2 model directory into an unsharded checkpoint of ours.",
     )
-    parser.add_argument("hf_dir", metavar="HF_DIR", help="a local transformers model directory (config.json, ...)")
+    parser.add_argument(
+        "hf_dir",
+        metavar="HF_DIR",
+        help="a local transformers model directory (config.json, ...), or a hub id such as allenai/OLMo-2-0425-1B "
+        "(downloaded into the Hugging Face cache when the network allows)",
+    )
     parser.add_argument("output", metavar="OUTPUT_DIR", help="where to write the checkpoint; must not exist yet")
     parser.add_argument("--safetensors", action="store_true", help="write model.safetensors instead of model.pt")
     return parser.parse_args(argv[1:])
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""``owner/name``: what a Hugging Face hub id looks like."""
+
+
+def _local_model_dir(hf_dir: str) -> Path:
+    """``hf_dir`` itself, or for a hub id that is not a local path, its snapshot in the Hugging Face cache
+    (config, weights and tokenizer files only; downloaded if the network allows and it is not cached)."""
+    if Path(hf_dir).exists() or not _HUB_ID.fullmatch(hf_dir):
+        return Path(hf_dir)
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.bin", "*.model", "*.txt"]
+    try:
+        return Path(snapshot_download(hf_dir, allow_patterns=patterns))
+    except Exception as e:  # offline, unknown id, gated model: one message, whatever the hub client raised
+        raise OLMoConfigurationError(
+            f"HF_DIR {hf_dir!r} is not a local directory, and as a hub id it could not be fetched "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Download the model where the network "
+            f"allows (e.g. huggingface-cli download {hf_dir} --local-dir DIR) and pass DIR. Nothing was written."
+        ) from None
 
 
 def convert_from_hf(hf_dir: str, output_dir: str, safetensors: bool = False) -> Path:
@@ -52,8 +80,9 @@ def convert_from_hf(hf_dir: str, output_dir: str, safetensors: bool = False) -> 
     :raises OLMoCheckpointError: if ``output_dir`` exists or cannot be written.
     """
     if is_url(hf_dir) or is_url(output_dir):
-        raise OLMoCliError("convert_from_hf.py works on local directories; download the model first.")
-    source, target = Path(hf_dir), Path(output_dir)
+        raise OLMoCliError("convert_from_hf.py works on local directories and hub ids; download the model first.")
+    check_new_output_dir(Path(output_dir))
+    source, target = _local_model_dir(hf_dir), Path(output_dir)
     hf_config = read_hf_config(source)
     check_new_output_dir(target)
     start = time.perf_counter()
