@@ -241,8 +241,12 @@ def _fail(*args, **kwargs):
     raise OSError("disk full")
 
 
-def test_hf_export_writes_each_unsharded_step_and_the_final_one(trained_run):
+def test_hf_export_writes_each_unsharded_step_and_the_final_one(trained_run, tmp_path):
     assert sorted(p.name for p in trained_run.glob("step*-hf")) == ["step3-hf", "step6-hf"]
+    # ours -> HF -> ours: the weights come back bitwise.
+    assert run_main("convert_from_hf.py", trained_run / "step6-hf", tmp_path / "back") == 0
+    trained, back = _ours(trained_run / "step6-unsharded").state_dict(), _ours(tmp_path / "back").state_dict()
+    assert trained.keys() == back.keys() and all(torch.equal(v, back[k]) for k, v in trained.items())
     hf = transformers.AutoModelForCausalLM.from_pretrained(trained_run / "step6-hf", local_files_only=True)
     ids = torch.randint(0, BYTE_VOCAB, (2, 32))
     with torch.no_grad():
