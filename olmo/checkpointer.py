@@ -31,6 +31,7 @@ from .checkpoint import (
 from .checkpoint_upload import build_checkpoint_uploader
 from .collectives import DistEnv
 from .config import TrainConfig
+from .hf_files import export_tokenizer, parse_size, write_hf_model
 
 if TYPE_CHECKING:
     from .train_module import TrainModule
@@ -125,8 +126,6 @@ class Checkpointer:
         if target.exists():
             log.info("%s exists; not exporting step %d again.", target, step)
             return
-        from .hf_files import export_tokenizer, parse_size, write_hf_model
-
         start = time.perf_counter()
         model_state = self.train_module.state_dict(optim=False, full=True)["model"]  # collective
         if self.env.rank == 0:

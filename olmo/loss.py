@@ -23,7 +23,14 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FUSED_LOSS_CHUNK_TOKENS", "LossSums", "cross_entropy_sums", "fused_output_loss", "next_token_labels"]
+__all__ = [
+    "FUSED_LOSS_CHUNK_TOKENS",
+    "LossSums",
+    "cross_entropy_sums",
+    "fused_output_loss",
+    "next_token_labels",
+    "per_token_cross_entropy",
+]
 
 FUSED_LOSS_CHUNK_TOKENS = 2048
 """Tokens per chunk of the fused loss: a (2048, 50304) fp32 buffer is 0.4 GB, and 2048-row matmuls keep
@@ -173,6 +180,12 @@ class _FusedOutputLoss(torch.autograd.Function):
             None,
             None,
         )
+
+
+def per_token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross entropy (B, T) of ``logits`` (B, T, V), in fp32, against ``labels`` (B, T); 0 where a label is -100."""
+    flat = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1), reduction="none")
+    return flat.view(labels.shape)
 
 
 def next_token_labels(batch: dict[str, Any]) -> torch.Tensor:

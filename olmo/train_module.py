@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
-import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
 from .checkpoint_save import FULL_STATE, model_and_optim_state
 from .collectives import DistEnv, all_reduce
 from .config import SchedulerUnits, TrainConfig
 from .data import check_token_ids
+from .eval.evaluator import ModelEval
 from .exceptions import OLMoConfigurationError
-from .loss import next_token_labels
+from .loss import next_token_labels, per_token_cross_entropy
 from .metrics import ReduceType
 from .model import OLMo
 from .optim import BoltOnWarmupScheduler, clip_grads, set_learning_rate
@@ -198,6 +198,7 @@ class TransformerTrainModule(TrainModule):
         super().__init__()
         self.cfg, self.env, self.model, self.optimizer, self.scheduler = cfg, env, model, optimizer, scheduler
         self.autocast_dtype = autocast_dtype(cfg, env.device)
+        self._eval = ModelEval(model, env.device, self.autocast_dtype)  # forward under no_grad and autocast
         self.z_loss_multiplier = (cfg.auxiliary_loss_multiplier or 1e-4) if cfg.softmax_auxiliary_loss else None
         self.defer_replica_all_reduce = defer_replica_all_reduce(cfg, env) and hasattr(
             model, "set_requires_all_reduce"
@@ -289,15 +290,7 @@ class TransformerTrainModule(TrainModule):
         return self.scheduler.get_lr(self.cfg.optimizer.learning_rate, current, t_max)
 
     def eval_batch(self, batch: dict[str, Any], labels: Optional[torch.Tensor] = None) -> torch.Tensor:
-        device = self.env.device
-        input_ids = batch["input_ids"].to(device)
-        mask = batch.get("attention_mask")
-        with (
-            torch.no_grad(),
-            torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None),
-        ):
-            logits = self.model(input_ids, attention_mask=None if mask is None else mask.to(device)).logits
-        return logits if labels is None else _per_token_ce(logits, labels.to(device))
+        return self._eval.eval_batch(batch, labels)
 
 
 class BasicTrainModule(TrainModule):
@@ -333,7 +326,7 @@ class BasicTrainModule(TrainModule):
         input_ids = batch["input_ids"].to(device)  # (B, T)
         labels = torch.cat([input_ids[:, 1:], input_ids.new_full((input_ids.size(0), 1), -100)], dim=1)  # (B, T)
         n_labels = all_reduce((labels != -100).sum().float())
-        ce_sum = _per_token_ce(self.model(input_ids).logits, labels).sum()
+        ce_sum = per_token_cross_entropy(self.model(input_ids).logits, labels).sum()
         # Scaled by the world size because DDP/FSDP average gradients over ranks.
         (ce_sum * self.trainer.env.world_size / n_labels).backward()
         if not dry_run:
@@ -349,13 +342,7 @@ class BasicTrainModule(TrainModule):
         device = next(self.model.parameters()).device
         with torch.no_grad():
             logits = self.model(batch["input_ids"].to(device)).logits
-        return logits if labels is None else _per_token_ce(logits, labels.to(device))
-
-
-def _per_token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross entropy (B, T) of ``logits`` (B, T, V) against ``labels`` (B, T); 0 where the label is -100."""
-    flat = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1), reduction="none")
-    return flat.view(labels.shape)
+        return logits if labels is None else per_token_cross_entropy(logits, labels.to(device))
 
 
 def build_train_module(

@@ -17,10 +17,10 @@ from typing import Any, Optional, Protocol, Union
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..collectives import all_reduce
 from ..exceptions import OLMoConfigurationError
+from ..loss import per_token_cross_entropy
 
 __all__ = ["Evaluator", "EvalTarget", "ModelEval", "EvalRunner", "rank_order", "forward_in_lockstep"]
 
@@ -48,10 +48,7 @@ class ModelEval:
             logits = self.model(
                 batch["input_ids"].to(device), attention_mask=None if mask is None else mask.to(device)
             ).logits
-        if labels is None:
-            return logits
-        flat = F.cross_entropy(logits.flatten(0, 1).float(), labels.to(device).flatten(), reduction="none")
-        return flat.view(labels.shape)
+        return logits if labels is None else per_token_cross_entropy(logits, labels.to(device))
 
 
 def as_eval_target(
