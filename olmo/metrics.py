@@ -39,9 +39,20 @@ log = logging.getLogger(__name__)
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory of this process: GPU allocations on CUDA, resident set size on CPU."""
+    """Peak memory of this process: GPU allocations on CUDA, resident set size on CPU.
+
+    On Linux the resident peak is ``VmHWM`` of ``/proc/self/status``: ``ru_maxrss`` also counts the parent's
+    resident set at the moment it started this process (the kernel carries it over through exec), so a run
+    launched from a large process (a notebook, a test runner) would report that process's size."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -103,3 +103,16 @@ def test_a_signal_or_the_time_limit_stops_and_handlers_are_restored(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is before
     with StopConditions(_cfg(tmp_path, time_limit=0.0), 0, max_steps=10) as stop:
         assert stop.agree()[0] == "time_limit"
+
+
+def test_cpu_peak_memory_is_this_process_not_the_parent_that_started_it():
+    """ru_maxrss carries the parent's resident set over into a child it starts; the logged peak must not."""
+    import subprocess
+    import sys
+
+    parent = bytearray(600 * 2**20)
+    parent[::4096] = b"\x01" * len(parent[::4096])  # resident, not just reserved
+    code = "import torch; from olmo.metrics import peak_memory_mb; print(peak_memory_mb(torch.device('cpu')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert float(out) < 500, out  # torch alone is ~250 MB; the 600 MB parent must not show
+    del parent
