@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 # that holds another run.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "train_data", "data-indices", "wandb", "plots")
 _RUN_PATTERNS = re.compile(
-    r"^(step\d+(-unsharded)?|\.step\d+(-unsharded)?\.(tmp|old|damaged)-\w+|eval-step\d+\.json)$"
+    r"^(step\d+(-unsharded)?|stage\d+-step\d+|\.(stage\d+-)?step\d+(-unsharded)?\.(tmp|old|damaged)-\w+|"
+    r"eval-step\d+\.json)$"
 )
 
 
@@ -66,8 +67,10 @@ def plan_restore(cfg: TrainConfig) -> Optional[RestorePlan]:
     with a warning, for the newest one that opens (a checkpoint of another model shape is an error, not
     damage). Otherwise ``load_path``.
 
-    :raises OLMoCheckpointError: if ``load_path`` cannot be restored.
+    :raises OLMoCheckpointError: if ``load_path`` (or ``kl_reference.load_path``) cannot be restored.
     """
+    if cfg.kl_reference.load_path is not None and any(stage.kl_beta > 0 for stage in cfg.stages or []):
+        _preflight_kl_reference(cfg)
     if cfg.try_load_latest_save:
         skipped: list[str] = []
         for candidate in reversed(list_checkpoints(cfg.save_folder)):
@@ -99,6 +102,18 @@ def plan_restore(cfg: TrainConfig) -> Optional[RestorePlan]:
     plan = RestorePlan(info, load_optimizer_state, not cfg.reset_trainer_state)
     preflight_restore(plan, cfg.model)
     return plan
+
+
+def _preflight_kl_reference(cfg: TrainConfig) -> None:
+    """Open the model of ``kl_reference.load_path`` and check its shapes, as for ``load_path``."""
+    path = str(cfg.kl_reference.load_path)
+    try:
+        preflight_restore(RestorePlan(inspect_checkpoint(path, "kl_reference.load_path"), False, False), cfg.model)
+    except OLMoCheckpointError as e:
+        raise type(e)(
+            f"kl_reference.load_path '{path}' cannot be the KL reference: {e} The reference must be a checkpoint "
+            f"of this run's model shape."
+        ) from None
 
 
 def holds_model_only(info: CheckpointInfo) -> bool:

@@ -153,6 +153,7 @@ def begin_checkpoint(
     overwrite: bool = False,
     ephemeral: bool = False,
     background: bool = False,
+    name: Optional[str] = None,
 ) -> PendingCheckpoint:
     """Write a checkpoint's files into a temporary directory; every rank must call this.
 
@@ -162,9 +163,12 @@ def begin_checkpoint(
     With ``background`` (sharded only), the model and optimizer state is first copied into fresh CPU
     buffers (so later optimizer steps cannot leak into this checkpoint) and then written by a background
     thread with ``torch.distributed.checkpoint.async_save``; the call returns once the copy is done.
+
+    :param name: the directory's name in ``folder``, instead of ``stepN`` or ``stepN-unsharded`` (a checkpoint so
+        named is not one that ``try_load_latest_save`` resumes from, nor one that retention removes).
     """
     root = Path(folder)
-    target = root / (f"step{step}" if sharded else f"step{step}-unsharded")
+    target = root / (name or (f"step{step}" if sharded else f"step{step}-unsharded"))
     # A folder of that name that is not a committed checkpoint (a damaged marker) is invisible to
     # discovery; the commit replaces it.
     if is_committed(target) and not overwrite:

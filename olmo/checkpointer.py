@@ -64,6 +64,7 @@ class Checkpointer:
         self.pending: Optional[PendingCheckpoint] = None
         self.uploader = build_checkpoint_uploader(cfg.remote_save_folder, env.rank)  # rank 0 only, or None
         self.restored_step: Optional[int] = None
+        self.restored_path: Optional[str] = None  # the checkpoint this launch restored, if any
         self.exported_step: Optional[int] = None
 
     def enabled(self, sharded: bool) -> bool:
@@ -80,6 +81,7 @@ class Checkpointer:
         """Load ``info`` into the train module's model (and optimizer, as asked); return this rank's trainer
         state, or None when not asked for it."""
         tm = self.train_module
+        self.restored_path = info.path
         return load_checkpoint(info, tm.model, tm.optimizer if load_optimizer_state else None, load_trainer_state)
 
     def start(self, step: int) -> None:
@@ -166,6 +168,29 @@ class Checkpointer:
         if self.pending.future is None:
             self.commit()
         log.info("Checkpoint of step %d blocked training for %.2f s.", step, time.perf_counter() - start)
+
+    def save_named(self, step: int, name: str) -> Path:
+        """Save a checkpoint of ``step`` into ``save_folder/name`` now (sharded with several ranks), replacing one
+        of that name; it is uploaded like the others but never pruned, and not resumed from by
+        ``try_load_latest_save`` (e.g. the start of a KL stage, see :mod:`olmo.kl`)."""
+        self.before_save()
+        self.commit()
+        start, sharded = time.perf_counter(), self.env.world_size > 1
+        pending = begin_checkpoint(
+            self.cfg.save_folder,
+            step,
+            self.train_module.state_dict_to_save(sharded),
+            self.trainer_state(not sharded),
+            self.cfg,
+            sharded,
+            overwrite=True,
+            name=name,
+        )
+        path = commit_checkpoint(pending)
+        if self.uploader is not None:
+            self.uploader.submit(path)
+        log.info("Saved checkpoint %s of step %d in %.2f s.", path, step, time.perf_counter() - start)
+        return path
 
     def is_writing(self) -> bool:
         """Whether this rank is still writing a background checkpoint."""

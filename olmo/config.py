@@ -55,6 +55,7 @@ from .config_sections import (
     TruncationDirection,
     WandbConfig,
 )
+from .config_stages import KLEstimator, KLReferenceConfig, StageConfig
 from .config_validation import parse_duration_steps, validate_train_config
 from .exceptions import OLMoConfigurationError
 
@@ -93,11 +94,18 @@ __all__ = [
     "SingleGPUConfig",
     "TrainConfig",
     "HFExportConfig",
+    "StageConfig",
+    "KLReferenceConfig",
+    "KLEstimator",
+    "DEFAULT_MAX_DURATION",
     "clean_opt",
 ]
 
 
 C = TypeVar("C", bound="TrainConfig")
+
+DEFAULT_MAX_DURATION = 10000
+"""Steps a run without ``max_duration`` (and without ``stages``) trains for, as in OLMo."""
 
 
 @dataclass
@@ -126,7 +134,8 @@ class TrainConfig:
     epoch: Optional[int] = None
     """Start at this epoch instead of the checkpoint's (changes the shuffle seed to seed+epoch)."""
     dry_run: bool = False
-    """Build everything and restore the checkpoint, but do not train."""
+    """Check everything a launch would, print the run's plan (:mod:`olmo.plan`) and exit 0 without training or
+    building a process group; with ``force_save_unsharded``: restore, save an unsharded checkpoint and exit."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model's architecture."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -190,8 +199,15 @@ class TrainConfig:
     ``torch_new`` layout (``model_and_optim/`` + ``train/rank{R}.pt``), loadable at any world size."""
     new_style_checkpoints: Optional[bool] = None
     """Deprecated no-op kept so old configs load."""
-    max_duration: Union[int, str] = 10000
-    """Training length: an int (steps), ``"2e12T"`` (tokens) or ``"3ep"`` (epochs)."""
+    max_duration: Optional[Union[int, str]] = None
+    """Training length: an int (steps), ``"2e12T"`` (tokens) or ``"3ep"`` (epochs). Null: 10000 steps, as in
+    OLMo, or with ``stages`` the sum of the stages (given as well, it must equal that sum)."""
+    stages: Optional[list[StageConfig]] = None
+    """Train in stages, one after the other, in one run (see :class:`olmo.config_stages.StageConfig`): each with
+    its length, optionally its own data and schedule, and a KL penalty to a frozen reference (``kl_beta``).
+    Null: one stage of ``max_duration``."""
+    kl_reference: KLReferenceConfig = field(default_factory=KLReferenceConfig)
+    """The frozen reference of the stages with ``kl_beta > 0``."""
     global_train_batch_size: int = 512
     """Instances per optimizer step across all ranks."""
     device_train_batch_size: Optional[int] = None
@@ -363,9 +379,11 @@ class TrainConfig:
         return self.global_train_batch_size * self.model.max_sequence_length
 
     def max_steps(self, instances_per_epoch: int) -> int:
-        """Optimizer steps that ``max_duration`` asks for, given the dataset's size in instances."""
+        """Optimizer steps that ``max_duration`` asks for, given the dataset's size in instances. (A run with
+        ``stages`` gets its length from :func:`olmo.stages.plan_stages` instead.)"""
+        duration = DEFAULT_MAX_DURATION if self.max_duration is None else self.max_duration
         return parse_duration_steps(
-            self.max_duration, self.global_train_batch_size, self.tokens_per_batch, instances_per_epoch
+            duration, self.global_train_batch_size, self.tokens_per_batch, instances_per_epoch
         )
 
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import difflib
 import logging
-import math
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .config_sections import EvaluatorConfig, EvaluatorType, FSDPWrapStrategy, TruncationDirection
+from .config_stages import parse_duration_steps, stage_problems
 from .exceptions import OLMoConfigurationError
 from .tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
 from .util import remote_save_folder_problems
@@ -55,37 +55,13 @@ def validate_train_config(cfg: TrainConfig, world_size: int) -> None:
         problems += evaluator_problems(cfg)
     problems += tokenizer_problems(cfg)
     problems += remote_save_folder_problems(cfg.remote_save_folder, cfg.save_folder)
+    problems += stage_problems(cfg)
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)
         raise OLMoConfigurationError(
             f"The config has {len(problems)} problem(s); fix them in the YAML or with --key=value:\n{listing}"
         )
     _warn_no_effect(cfg)
-
-
-def parse_duration_steps(
-    duration: Union[int, str], global_batch: int, tokens_per_batch: int, instances_per_epoch: int
-) -> int:
-    """Turn ``max_duration`` (``1000``, ``"2e12T"``, ``"3ep"``) into a number of optimizer steps."""
-    text = str(duration).strip().replace("_", "")
-    unit = "T" if text.endswith("T") else "ep" if text.endswith("ep") else ""
-    try:
-        amount = float(text[: len(text) - len(unit)])
-    except ValueError:
-        raise OLMoConfigurationError(
-            f"max_duration={duration!r} is not a duration. Use an int number of steps (1000), tokens "
-            f"with a T suffix ('2e12T'), or epochs with an ep suffix ('1ep')."
-        ) from None
-    if not amount > 0 or math.isinf(amount) or (not unit and amount < 1):
-        raise OLMoConfigurationError(
-            f"max_duration={duration!r} must be a positive, finite duration (steps, tokens with a T suffix, or "
-            f"epochs with an ep suffix); a run of no steps would only write a checkpoint. Set --max_duration."
-        )
-    if unit == "T":
-        return math.ceil(amount / tokens_per_batch)
-    if unit == "ep":
-        return int(amount * (instances_per_epoch // global_batch))
-    return int(amount)
 
 
 def _model_problems(cfg: TrainConfig) -> list[str]:
@@ -163,7 +139,8 @@ def _batch_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     if cfg.precision is not None and cfg.precision not in PRECISIONS:
         out.append(f"precision={cfg.precision!r} must be one of {', '.join(PRECISIONS)}.")
     try:
-        parse_duration_steps(cfg.max_duration, cfg.global_train_batch_size, cfg.tokens_per_batch, 0)
+        if cfg.max_duration is not None:
+            parse_duration_steps(cfg.max_duration, cfg.global_train_batch_size, cfg.tokens_per_batch, 0)
     except OLMoConfigurationError as e:
         out.append(str(e))
     for name in ("stop_at", "stop_after", "time_limit", "distributed_timeout_minutes", "metrics_collect_interval"):

@@ -3,15 +3,19 @@ and the output layer with its loss."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .config import LayerNormType, ModelConfig
-from .loss import LossSums, cross_entropy_sums, fused_output_loss
+from .loss import OutputHead, cross_entropy_sums, fused_output_loss
 
 __all__ = [
     "LayerNorm",
+    "OutputHeadFn",
     "OutputLayer",
     "RotaryTables",
     "alibi_bias",
@@ -23,6 +27,9 @@ __all__ = [
 
 RotaryTables = tuple[torch.Tensor, torch.Tensor]
 """(cos, sin), each (T, head_dim) in fp32."""
+
+OutputHeadFn = Callable[[OutputHead], Any]
+"""Computes a model's output from its final hidden states and output layer, in place of the logits."""
 
 
 def make_dropout(p: float) -> nn.Module:
@@ -133,9 +140,13 @@ def lm_head(
     z_loss_multiplier: float | None,
     fused_loss: bool,
     logit_scale: float,
-) -> tuple[torch.Tensor | None, LossSums | None]:
+    head: OutputHeadFn | None = None,
+) -> tuple[torch.Tensor | None, Any]:
     """Logits ``(x @ weight.T + bias) * logit_scale``, (B, T, C) -> (B, T, V), and with ``labels`` the loss
-    sums; with ``fused_loss`` only the loss, computed without the logits."""
+    sums; with ``fused_loss`` only the loss, computed without the logits. With ``head``, only what
+    ``head(OutputHead(x, weight, bias, logit_scale))`` returns (see :meth:`olmo.model.OLMo.forward`)."""
+    if head is not None:
+        return None, head(OutputHead(x, weight, bias, logit_scale))
     if labels is not None and fused_loss:
         return None, fused_output_loss(x, weight, labels, z_loss_multiplier, logit_scale, bias)
     logits = F.linear(x, weight, bias)  # (B, T, V)
@@ -155,5 +166,6 @@ class OutputLayer(nn.Linear):
         z_loss_multiplier: float | None = None,
         fused_loss: bool = False,
         logit_scale: float = 1.0,
-    ) -> tuple[torch.Tensor | None, LossSums | None]:
-        return lm_head(x, self.weight, self.bias, labels, z_loss_multiplier, fused_loss, logit_scale)
+        head: OutputHeadFn | None = None,
+    ) -> tuple[torch.Tensor | None, Any]:
+        return lm_head(x, self.weight, self.bias, labels, z_loss_multiplier, fused_loss, logit_scale, head)

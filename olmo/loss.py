@@ -26,6 +26,7 @@ import torch.nn.functional as F
 __all__ = [
     "FUSED_LOSS_CHUNK_TOKENS",
     "LossSums",
+    "OutputHead",
     "cross_entropy_sums",
     "fused_output_loss",
     "next_token_labels",
@@ -44,24 +45,30 @@ class LossSums(NamedTuple):
     """Summed cross entropy, detached (for metrics)."""
     z: Optional[torch.Tensor]
     """Summed z-loss (already times its multiplier), detached; None without z-loss."""
+    kl: Optional[torch.Tensor] = None
+    """Summed ``KL(policy || reference)`` over the labelled positions, detached; None without a reference."""
 
 
-def cross_entropy_sums(logits: torch.Tensor, labels: torch.Tensor, z_loss_multiplier: Optional[float]) -> LossSums:
+def cross_entropy_sums(
+    logits: torch.Tensor, labels: torch.Tensor, z_loss_multiplier: Optional[float], ce_weight: float = 1.0
+) -> LossSums:
     """Summed cross entropy (and z-loss) of ``logits`` over labels that are not -100.
 
     :param logits: (..., V) predictions for the *next* token at each position.
     :param labels: (...) target ids, -100 where no loss is taken.
     :param z_loss_multiplier: weight of ``logsumexp(logits)**2``, or None for no z-loss.
+    :param ce_weight: ``total`` is ``ce_weight * ce + z`` (``ce`` itself is reported unweighted).
     """
     flat_logits = logits.reshape(-1, logits.size(-1))  # (N, V)
     flat_labels = labels.reshape(-1)  # (N,)
     ce = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum")
+    weighted = ce if ce_weight == 1.0 else ce * ce_weight
     if not z_loss_multiplier:
-        return LossSums(ce, ce.detach(), None)
+        return LossSums(weighted, ce.detach(), None)
     valid = flat_labels != -100
     upcast = flat_logits.to(torch.promote_types(flat_logits.dtype, torch.float32))
     z = z_loss_multiplier * (torch.logsumexp(upcast, dim=-1)[valid] ** 2).sum()
-    return LossSums(ce + z, ce.detach(), z.detach())
+    return LossSums(weighted + z, ce.detach(), z.detach())
 
 
 def fused_output_loss(
@@ -72,6 +79,9 @@ def fused_output_loss(
     logit_scale: float = 1.0,
     bias: Optional[torch.Tensor] = None,
     chunk_size: int = FUSED_LOSS_CHUNK_TOKENS,
+    ce_weight: float = 1.0,
+    reference: Optional[OutputHead] = None,
+    kl_beta: float = 0.0,
 ) -> LossSums:
     """The sums of :func:`cross_entropy_sums` for ``logits = (hidden @ weight.T + bias) * logit_scale``,
     computed chunk by chunk without keeping the logits.
@@ -83,20 +93,42 @@ def fused_output_loss(
     :param weight: (V, C) output projection (the embedding matrix when weights are tied).
     :param bias: (V,) output bias, or None.
     :param labels: (...) target ids, -100 where no loss is taken.
+    :param ce_weight: ``total`` is ``ce_weight * ce + z (+ kl_beta * kl)``.
+    :param reference: a frozen reference model's output head on the same tokens; then the sum over labelled
+        positions of the exact ``KL(softmax(logits) || softmax(reference logits))`` is computed in the same
+        chunks (``kl``; each position's KL is clamped at 0 against rounding), and ``kl_beta`` times it is added
+        to ``total``. The reference's logits are computed one chunk at a time, too.
     """
     device_type = hidden.device.type
+    ref_hidden = ref_weight = ref_bias = None
+    if reference is not None:
+        ref_hidden, ref_weight, ref_bias = reference.hidden, reference.weight, reference.bias
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
         hidden, weight = hidden.to(dtype), weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
+        if reference is not None:
+            ref_hidden, ref_weight = reference.hidden.to(dtype), reference.weight.to(dtype)
+            ref_bias = None if reference.bias is None else reference.bias.to(dtype)
     hidden = hidden.reshape(-1, hidden.size(-1))  # (N, C)
     labels = labels.reshape(-1)  # (N,)
+    ref = None if ref_hidden is None else (ref_hidden.reshape(-1, ref_hidden.size(-1)), ref_weight, ref_bias)
     need_grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    options = (z_loss_multiplier or 0.0, float(logit_scale), chunk_size, need_grads, float(ce_weight), kl_beta)
     with torch.autocast(device_type, enabled=False):
-        total, ce, z = _FusedOutputLoss.apply(
-            hidden, weight, bias, labels, z_loss_multiplier or 0.0, float(logit_scale), chunk_size, need_grads
-        )
-    return LossSums(total, ce, z if z_loss_multiplier else None)
+        total, ce, z, kl = _FusedOutputLoss.apply(hidden, weight, bias, labels, ref, *options)
+    return LossSums(total, ce, z if z_loss_multiplier else None, None if reference is None else kl)
+
+
+class OutputHead(NamedTuple):
+    """What the output layer of a model computes logits from: ``(hidden @ weight.T + bias) * logit_scale``."""
+
+    hidden: torch.Tensor
+    """(..., C) final hidden states."""
+    weight: torch.Tensor
+    """(V, C)"""
+    bias: Optional[torch.Tensor]
+    logit_scale: float = 1.0
 
 
 class _FusedOutputLoss(torch.autograd.Function):
@@ -110,14 +142,18 @@ class _FusedOutputLoss(torch.autograd.Function):
         weight: torch.Tensor,
         bias: Optional[torch.Tensor],
         labels: torch.Tensor,
+        ref: Optional[tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]],
         z_mult: float,
         logit_scale: float,
         chunk_size: int,
         need_grads: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ce_weight: float = 1.0,
+        kl_beta: float = 0.0,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         acc = torch.promote_types(hidden.dtype, torch.float32)  # softmax and sums: fp32, or fp64 for fp64
         ce = torch.zeros((), dtype=acc, device=hidden.device)
         z = torch.zeros_like(ce)
+        kl = torch.zeros_like(ce)
         # Gradients are kept in fp32 (fp64 for fp64) until backward has scaled them: scaling a bf16 gradient
         # by a rounded factor would bias every gradient of the step, and summing a 50k-row weight gradient
         # over chunks in fp16 could overflow. One big matmul would also accumulate in fp32 internally.
@@ -140,13 +176,27 @@ class _FusedOutputLoss(torch.autograd.Function):
             ce += ((lse - logits.gather(1, target).squeeze(1)) * mask).sum()
             if z_mult:
                 z += z_mult * (lse.square() * mask).sum()
+            grad_kl = None
+            if ref is not None:
+                kl_rows, grad_kl = _kl_chunk(logits, lse, ref, start, chunk_size, logit_scale, acc)
+                kl += (kl_rows.clamp(min=0.0) * mask).sum()
             if grad_hidden is None or grad_weight is None:
                 continue
-            # d(ce + z)/d(logits) = softmax * (1 + 2 * z_mult * lse) - onehot(target), on labelled rows.
-            grad_logits = logits.sub_(lse[:, None]).exp_()  # (n, V) softmax, in place of the logits
-            row_scale = mask * (1.0 + 2.0 * z_mult * lse) if z_mult else mask
+            # d(ce + z)/d(logits) = softmax * (1 + 2 * z_mult * lse) - onehot(target), on labelled rows; with
+            # ce_weight w and a reference, softmax * (w + 2 * z_mult * lse) - w * onehot + kl_beta * d(kl)/d(logits).
+            if grad_kl is None:
+                grad_logits = logits.sub_(lse[:, None]).exp_()  # (n, V) softmax, in place of the logits
+            else:
+                grad_logits = logits  # _kl_chunk left the softmax there
+            if ce_weight != 1.0:
+                row_scale = mask * (ce_weight + 2.0 * z_mult * lse)
+            else:
+                row_scale = mask * (1.0 + 2.0 * z_mult * lse) if z_mult else mask
             grad_logits.mul_(row_scale[:, None])
-            grad_logits.scatter_add_(1, target, -mask[:, None])
+            grad_logits.scatter_add_(1, target, -mask[:, None] if ce_weight == 1.0 else -ce_weight * mask[:, None])
+            if grad_kl is not None:
+                grad_logits.add_(grad_kl.mul_((kl_beta * mask)[:, None]))
+                del grad_kl
             if logit_scale != 1.0:
                 grad_logits.mul_(logit_scale)
             if grad_bias is not None:
@@ -160,8 +210,9 @@ class _FusedOutputLoss(torch.autograd.Function):
                 grad_weight += torch.mm(g.t(), h)  # promoted element by element, no fp32 copy of the product
         ctx.grads = (grad_hidden, grad_weight, grad_bias)
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
-        ctx.mark_non_differentiable(ce, z)
-        return ce + z, ce, z
+        ctx.mark_non_differentiable(ce, z, kl)
+        total = ce + z if ce_weight == 1.0 else ce_weight * ce + z
+        return (total if ref is None else total + kl_beta * kl), ce, z, kl
 
     @staticmethod
     def backward(ctx: Any, grad_total: torch.Tensor, *_: Any) -> tuple[Optional[torch.Tensor], ...]:
@@ -174,12 +225,35 @@ class _FusedOutputLoss(torch.autograd.Function):
             grad_hidden.mul_(grad_total).to(hidden_dtype),
             grad_weight.mul_(grad_total).to(weight_dtype),
             None if grad_bias is None else grad_bias.mul_(grad_total).to(bias_dtype),
-            None,
-            None,
-            None,
-            None,
-            None,
+            *([None] * 8),
         )
+
+
+def _kl_chunk(
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    ref: tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]],
+    start: int,
+    chunk_size: int,
+    logit_scale: float,
+    acc: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For one chunk of the fused loss: each row's ``KL(p || r)`` and its gradient with respect to the policy's
+    logits, ``p * (log p - log r - KL)``, where ``r`` comes from the reference's hidden states of the same rows.
+    Turns ``logits`` (n, V) into the softmax ``p`` in place; allocates one more (n, V) buffer."""
+    ref_hidden, ref_weight, ref_bias = ref
+    h = ref_hidden[start : start + chunk_size]  # (n, C)
+    r = torch.mm(h, ref_weight.t()) if ref_bias is None else torch.addmm(ref_bias, h, ref_weight.t())
+    r = r.to(acc)  # (n, V)
+    if logit_scale != 1.0:
+        r.mul_(logit_scale)
+    r.sub_(torch.logsumexp(r, dim=-1, keepdim=True))  # log r
+    logits.sub_(lse[:, None])  # log p
+    r.neg_().add_(logits)  # log p - log r
+    p = logits.exp_()  # (n, V), in place of log p
+    r.mul_(p)  # p * (log p - log r)
+    kl_rows = r.sum(dim=-1)  # (n,)
+    return kl_rows, r.addcmul_(p, kl_rows[:, None], value=-1.0)
 
 
 def per_token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 
 def _format(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
     if abs(value) >= 1000:
         return f"{value:,.0f}"
     if abs(value) >= 10:
@@ -39,6 +41,8 @@ class ConsoleSink:
         ("train/CrossEntropyLoss", "loss"),
         ("train/Perplexity", "ppl"),
         ("train/ZLoss", "z_loss"),
+        ("train/KL", "kl"),
+        ("train/stage", "stage"),
         ("optim/total_grad_norm", "grad_norm"),
         ("optim/learning_rate_group0", "lr"),
         ("throughput/device/tokens_per_second", "tok/s"),

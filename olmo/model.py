@@ -11,7 +11,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,7 @@ from .config import ActivationType, InitFnType, ModelConfig
 from .exceptions import OLMoConfigurationError
 from .layers import (
     LayerNorm,
+    OutputHeadFn,
     OutputLayer,
     RotaryTables,
     apply_rotary,
@@ -52,8 +53,9 @@ class OLMoOutput(NamedTuple):
     """Always None: there is no KV cache (training only needs full-sequence forwards)."""
     hidden_states: tuple[torch.Tensor, ...] | None
     """With ``output_hidden_states``: the input of every block, then the output of ``ln_f``."""
-    loss: LossSums | None = None
-    """With ``labels``: the summed cross entropy and z-loss over the labelled positions."""
+    loss: LossSums | Any = None
+    """With ``labels``: the summed cross entropy and z-loss over the labelled positions (a
+    :class:`~olmo.loss.LossSums`); with ``head``, what the head returned."""
 
 
 @functools.cache
@@ -299,6 +301,7 @@ class OLMo(nn.Module):
         fused_loss: bool = False,
         doc_lens: torch.Tensor | None = None,
         max_doc_lens: Sequence[int] | None = None,
+        head: OutputHeadFn | None = None,
     ) -> OLMoOutput:
         """
         :param input_ids: (B, T) token ids.
@@ -320,6 +323,10 @@ class OLMo(nn.Module):
             (``wpe``) its logits depend on where in the row it sits.
         :param max_doc_lens: At least the longest document (OLMo passes each row's longest); only flash-attn uses
             it, and it saves a host sync there.
+        :param head: Instead of the logits (and loss), compute ``head(OutputHead(final hidden states, output
+            weight, output bias, logit scale))`` inside the forward, where FSDP holds the output weight gathered,
+            and return it as ``loss`` (``logits`` is then None). :class:`olmo.kl.KLTrainModule` computes its
+            penalty this way.
         """
         cfg = self.config
         t = self.transformer
@@ -352,11 +359,12 @@ class OLMo(nn.Module):
             hidden_states.append(x)
 
         hidden = tuple(hidden_states) if output_hidden_states else None
-        head = (labels, z_loss_multiplier, fused_loss, 1 / math.sqrt(cfg.d_model) if cfg.scale_logits else 1.0)
+        scale = 1 / math.sqrt(cfg.d_model) if cfg.scale_logits else 1.0
+        options = (labels, z_loss_multiplier, fused_loss, scale, head)
         if t.ff_out is None:
-            logits, loss = lm_head(x, t.wte.weight, None, *head)  # tied to the input embedding
+            logits, loss = lm_head(x, t.wte.weight, None, *options)  # tied to the input embedding
         else:
-            logits, loss = t.ff_out(x, *head)
+            logits, loss = t.ff_out(x, *options)
         return OLMoOutput(logits, None, hidden, loss)
 
     def _flash_runs_documents(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:

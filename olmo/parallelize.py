@@ -39,10 +39,13 @@ __all__ = [
 ]
 
 
-def build_model(cfg: TrainConfig, env: DistEnv) -> OLMo:
+def build_model(cfg: TrainConfig, env: DistEnv, init_params: bool = True) -> OLMo:
     """Build ``OLMo(cfg.model)`` on the meta device, apply activation checkpointing, compile and (with
     several ranks) FSDP2 from the outside, then materialize and initialize the parameters directly on the
     training device, so no rank ever holds a full copy it does not need.
+
+    :param init_params: initialize the parameters; without it they are left uninitialized (for weights about to
+        be loaded or copied in) and no random numbers are drawn.
     """
     if env.device.type == "cuda":
         # Process-wide, so set before the first matmul; "high" lets fp32 matmuls use TF32.
@@ -56,7 +59,8 @@ def build_model(cfg: TrainConfig, env: DistEnv) -> OLMo:
     if env.world_size > 1:
         _shard(model, cfg, env)
     model.to_empty(device=env.device)
-    model.reset_parameters()
+    if init_params:
+        model.reset_parameters()
     return model
 
 

@@ -27,6 +27,7 @@ from .distributed import DistEnv, autocast_dtype, model_config_fingerprint
 from .eval import EvalRunner, Evaluator
 from .metrics import MetricsLogger, SpeedMonitor, StepMetrics, StepMetricsQueue, device_peak_flops, peak_memory_mb
 from .rng import get_rng_state, set_rng_state
+from .stages import Stage, StagePlan, boundary_checkpoint_name, build_stage_dataloader, order_dir_of, plan_stages
 from .stop import EXIT_CODE_STOPPED, StopConditions
 from .train_module import TrainModule
 
@@ -60,11 +61,16 @@ class Trainer:
         train_module: TrainModule,
         train_loader: torch.utils.data.DataLoader,
         evaluators: Sequence[Evaluator] = (),
+        stages: Optional[StagePlan] = None,
     ):
         self.cfg, self.env, self.train_module, self.train_loader = cfg, env, train_module, train_loader
         self.dataset: IterableDataset = train_loader.dataset  # type: ignore[assignment]
         self.state = TrainerState(epoch=self.dataset.epoch)  # --epoch starts a fresh run at that epoch
-        self.max_steps = cfg.max_steps(self.dataset.total_size)
+        if stages is None:
+            stages = plan_stages(cfg, None if cfg.stages else lambda _: self.dataset.num_instances)
+        self.stage_plan = stages
+        self._segment = stages.stages[0].segment  # train_loader is the first stage's data
+        self.max_steps = stages.total_steps
         self.device_batch_size = cfg.device_batch_size(env.world_size)
         self.autocast_dtype = autocast_dtype(cfg, env.device)
         self.collect_steps = cfg.metrics_collect_steps(env.device)
@@ -122,6 +128,7 @@ class Trainer:
         s.global_train_tokens_seen = int(state["global_train_tokens_seen"])
         s.global_train_examples_seen_this_epoch = int(state["global_train_examples_seen_this_epoch"])
         s.epoch = int(state.get("epoch") or 0)
+        self._use_segment(self.stage_plan.after(s.global_step))  # the data the position counts in
         if self.cfg.epoch is not None and self.cfg.epoch != s.epoch:
             s.epoch, s.global_train_examples_seen_this_epoch = self.cfg.epoch, 0
         if self.cfg.fast_forward_batches:
@@ -158,6 +165,7 @@ class Trainer:
             "global_train_examples_seen_this_epoch": s.global_train_examples_seen_this_epoch,
             "global_train_tokens_seen": s.global_train_tokens_seen,
             "world_size": self.env.world_size,
+            "stage": self.stage_plan.after(s.global_step).index,
             "model_config_hash": model_config_fingerprint(self.cfg.model),
             "rng": rng_by_rank,
         }
@@ -188,12 +196,18 @@ class Trainer:
                 if cfg.eval_on_load and ckpt.restored_step:
                     self.maybe_eval(stop.stop_at, force=True)
                 self.train_module.pre_train()
-                batches = self._batches()
+                batches, stage = self._batches(), None
                 while s.global_step < stop.stop_at:
+                    if stage is None or s.global_step == stage.end_step:
+                        stage = self.stage_plan.at(s.global_step + 1)
+                        batches = self._enter_stage(stage, batches)
+                        speed.reset()
                     wait_start = time.perf_counter()
                     batch = next(batches)
                     data_wait = time.perf_counter() - wait_start
                     metrics = self.step(batch).values
+                    if self.stage_plan.staged:
+                        metrics["train/stage"] = stage.index
                     metrics.update(speed.step(device_tokens))
                     metrics["throughput/data_wait_seconds"] = data_wait
                     metrics["throughput/total_tokens"] = s.global_train_tokens_seen
@@ -253,6 +267,43 @@ class Trainer:
         self.metrics_logger.log(step, metrics, console_keys=sorted(metrics))
         return True
 
+    def _enter_stage(self, stage: Stage, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """Before the first step this launch trains of ``stage``: at the stage's first step, write the checkpoint a
+        KL stage's reference is rebuilt from and move to the stage's data if it has its own; then let the train
+        module set up the stage. Returns the batches to train on."""
+        s = self.state
+        at_boundary = s.global_step == stage.start_step
+        if self.stage_plan.staged:
+            what = "begins" if at_boundary else f"continues (resumed at step {s.global_step})"
+            self.metrics_logger.log_event(
+                s.global_step,
+                f"Stage {stage.index} ({stage.name}) {what}: steps {stage.start_step + 1}-{stage.end_step}, "
+                f"kl_beta {stage.kl_beta:g}" + (f" ({stage.kl_estimator})" if stage.kl_beta else "") + ".",
+            )
+        if at_boundary and stage.kl_beta > 0 and self.cfg.kl_reference.load_path is None:
+            # Before the data moves on: the checkpoint's position is the end of the previous stage's data.
+            self.log_metrics()
+            self.checkpointer.save_named(s.global_step, boundary_checkpoint_name(stage))
+        if stage.segment != self._segment:
+            assert at_boundary, "a resume restores the data of its stage"
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()  # stops the old loader's workers
+            s.epoch, s.global_train_examples_seen_this_epoch = 0, 0
+            self._use_segment(stage)
+            batches = self._batches()
+        self.train_module.enter_stage(stage, at_boundary)
+        return batches
+
+    def _use_segment(self, stage: Stage) -> None:
+        """Train on the data of ``stage``'s segment (a new loader, at the start of its epoch 0)."""
+        if stage.segment == self._segment:
+            return
+        log.info("Stage %d trains on its own data (order in %s).", stage.index, order_dir_of(self.cfg, stage))
+        self.train_loader = build_stage_dataloader(self.cfg, stage, self.env.world_size, self.env.rank)
+        self.dataset = self.train_loader.dataset  # type: ignore[assignment]
+        self._segment = stage.segment
+
     def _batches(self) -> Iterator[dict[str, Any]]:
         """Device batches forever, moving to the next epoch (reshuffled) when one runs out."""
         while True:
@@ -273,6 +324,7 @@ class Trainer:
             "tokens/s/device": round(last.get("throughput/device/tokens_per_second", 0.0)),
             "wall time (s)": round(seconds, 1),
             "save folder": self.cfg.save_folder,
+            **({"stage": self.stage_plan.after(self.state.global_step).name} if self.stage_plan.staged else {}),
             **({"instances filtered this run": self.filtered.total} if self.cfg.data.instance_filter else {}),
         }
 

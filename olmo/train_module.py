@@ -29,13 +29,14 @@ from .config import SchedulerUnits, TrainConfig
 from .data import check_token_ids
 from .eval.evaluator import ModelEval
 from .exceptions import OLMoConfigurationError
-from .loss import next_token_labels, per_token_cross_entropy
+from .loss import LossSums, next_token_labels, per_token_cross_entropy
 from .metrics import ReduceType
 from .model import OLMo
-from .optim import BoltOnWarmupScheduler, clip_grads, set_learning_rate
+from .optim import BoltOnWarmupScheduler, build_scheduler, clip_grads, set_learning_rate
 from .parallelize import autocast_dtype, defer_replica_all_reduce
 
 if TYPE_CHECKING:
+    from .stages import Stage
     from .train import Trainer
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "EvalBatchSpec",
     "ReduceType",
     "build_train_module",
+    "train_module_class",
 ]
 
 log = logging.getLogger(__name__)
@@ -71,9 +73,13 @@ class TrainModule(ABC):
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
+    trains_kl_penalty: bool = False
+    """Whether :meth:`enter_stage` sets up a stage's ``kl_beta`` (as :class:`olmo.kl.KLTrainModule` does)."""
 
     def __init__(self) -> None:
         self._trainer: Optional[Trainer] = None
+        self.stage: Optional[Stage] = None
+        """The stage being trained (set by :meth:`enter_stage`)."""
         self._loss: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
         self._extra: dict[str, tuple[torch.Tensor, ReduceType]] = {}
 
@@ -124,6 +130,19 @@ class TrainModule(ABC):
         cfg = self.trainer.cfg
         sizes = [cfg.device_eval_batch_size] + [e.device_eval_batch_size or 0 for e in cfg.evaluators]
         return EvalBatchSpec(max(sizes), cfg.model.max_sequence_length)
+
+    def enter_stage(self, stage: Stage, at_boundary: bool) -> None:
+        """Called by the trainer before the first step it trains of each stage (see :mod:`olmo.stages`; a run
+        without ``stages`` is one stage): ``at_boundary`` when that step is the stage's first, otherwise the run
+        resumed in the middle of the stage. Sets :attr:`stage`. A module that honours ``kl_beta`` overrides
+        this (:class:`olmo.kl.KLTrainModule`)."""
+        if stage.kl_beta > 0:
+            raise OLMoConfigurationError(
+                f"stages[{stage.index}].kl_beta={stage.kl_beta}, but the train module {type(self).__name__} does not "
+                f"train a KL penalty. Leave train_module unset (staged runs use olmo.kl.KLTrainModule), or give a "
+                f"subclass of olmo.kl.KLTrainModule."
+            )
+        self.stage = stage
 
     def on_optimizer_reset(self, step: int) -> None:
         """Called when a checkpoint of ``step`` was restored with a fresh optimizer (``--reset_optimizer_state``)."""
@@ -203,6 +222,7 @@ class TransformerTrainModule(TrainModule):
         self.defer_replica_all_reduce = defer_replica_all_reduce(cfg, env) and hasattr(
             model, "set_requires_all_reduce"
         )
+        self._stage_schedulers: dict[int, Any] = {}
 
     def on_optimizer_reset(self, step: int) -> None:
         # A fresh optimizer restarting mid-schedule gets its own warmup back up to the schedule.
@@ -222,9 +242,14 @@ class TransformerTrainModule(TrainModule):
         if n_filtered and not dry_run:
             self.trainer.filtered.add(step, n_filtered[0])
         loss_scale = W / n_labels.clamp(min=1.0)
-        ce_sum, z_sum = self._forward_backward(batch, labels, loss_scale, max_doc_lens)
+        sums = self._forward_backward(batch, labels, loss_scale, max_doc_lens)
         if not dry_run:
-            self.record_ce_loss(ce_sum, n_labels, z_sum)
+            self.record_ce_loss(sums.ce, n_labels, sums.z)
+            self.record_step_sums(sums, loss_scale / W)
+
+    def record_step_sums(self, sums: LossSums, per_label: torch.Tensor) -> None:
+        """Record metrics beyond the cross entropy from this rank's summed losses of the step (``per_label`` is
+        one over the global label count); nothing by default."""
 
     def _forward_backward(
         self,
@@ -232,13 +257,16 @@ class TransformerTrainModule(TrainModule):
         labels: torch.Tensor,
         loss_scale: torch.Tensor,
         max_doc_lens: Optional[list[int]] = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> LossSums:
         """Forward and backward over each micro-batch, accumulating gradients; return this rank's summed
-        cross entropy and z-loss (device tensors). With ``doc_lens`` in the batch (``data.generate_doc_lengths``)
-        the model masks attention between the documents of an instance."""
+        losses (device tensors: ``total`` unscaled, the detached sums, z-loss 0 without it, ``kl`` when the
+        micro-batches report one). With ``doc_lens`` in the batch (``data.generate_doc_lengths``) the model
+        masks attention between the documents of an instance."""
         device = self.env.device
         ce_sum = torch.zeros((), device=device)
         z_sum = torch.zeros((), device=device)
+        total_sum = torch.zeros((), device=device)
+        kl_sum: Optional[torch.Tensor] = None
         micro, n_rows = self.cfg.device_train_microbatch_size, batch["input_ids"].size(0)
         try:
             for start in range(0, n_rows, micro):
@@ -250,26 +278,34 @@ class TransformerTrainModule(TrainModule):
                 if self.defer_replica_all_reduce:
                     # Replicas all-reduce the accumulated gradients once, after the last micro-batch.
                     self.model.set_requires_all_reduce(start + micro >= n_rows)  # type: ignore[operator]
+                if "attention_mask" in batch:
+                    documents["attention_mask"] = batch["attention_mask"][rows]
                 with torch.autocast(
                     device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
                 ):
-                    loss = self.model(
-                        batch["input_ids"][rows],
-                        attention_mask=batch["attention_mask"][rows] if "attention_mask" in batch else None,
-                        labels=labels[rows],
-                        z_loss_multiplier=self.z_loss_multiplier,
-                        fused_loss=bool(self.cfg.fused_loss),
-                        **documents,
-                    ).loss
-                assert loss is not None
+                    loss = self.micro_batch_loss(batch["input_ids"][rows], labels[rows], documents)
                 (loss.total * loss_scale).backward()
                 ce_sum += loss.ce
+                total_sum += loss.total.detach()
                 if loss.z is not None:
                     z_sum += loss.z
+                if loss.kl is not None:
+                    kl_sum = loss.kl if kl_sum is None else kl_sum + loss.kl
         finally:
             if self.defer_replica_all_reduce:
                 self.model.set_requires_all_reduce(True)  # type: ignore[operator]
-        return ce_sum, z_sum
+        return LossSums(total_sum, ce_sum, z_sum, kl_sum)
+
+    def micro_batch_loss(self, input_ids: torch.Tensor, labels: torch.Tensor, inputs: dict[str, Any]) -> LossSums:
+        """The summed losses of one micro-batch, under the step's autocast; ``total`` is what backward runs on.
+        ``inputs`` holds the model's other arguments (``attention_mask``, ``doc_lens``, ``max_doc_lens``)."""
+        return self.model(
+            input_ids,
+            labels=labels,
+            z_loss_multiplier=self.z_loss_multiplier,
+            fused_loss=bool(self.cfg.fused_loss),
+            **inputs,
+        ).loss
 
     def optim_step(self) -> None:
         step = self.trainer.state.global_step
@@ -281,13 +317,22 @@ class TransformerTrainModule(TrainModule):
         self.optimizer.step()
 
     def _learning_rate(self) -> float:
-        """The scheduled LR for the current step (the first update uses step 1, as in OLMo)."""
+        """The scheduled LR for the current step (the first update uses step 1, as in OLMo). A stage with its own
+        ``scheduler`` restarts that schedule at its first step and spans the stage."""
         state, max_steps = self.trainer.state, self.trainer.max_steps
-        if self.cfg.scheduler.units == SchedulerUnits.tokens:
-            current, t_max = state.global_train_tokens_seen, max_steps * self.cfg.tokens_per_batch
+        scheduler, units, start = self.scheduler, self.cfg.scheduler.units, 0
+        stage = self.stage
+        if stage is not None and stage.scheduler is not None:
+            if stage.index not in self._stage_schedulers:
+                self._stage_schedulers[stage.index] = build_scheduler(stage.scheduler)
+            scheduler, units = self._stage_schedulers[stage.index], stage.scheduler.units
+            start, max_steps = stage.start_step, stage.num_steps
+        if units == SchedulerUnits.tokens:
+            tokens = self.cfg.tokens_per_batch
+            current, t_max = state.global_train_tokens_seen - start * tokens, max_steps * tokens
         else:
-            current, t_max = state.global_step, max_steps
-        return self.scheduler.get_lr(self.cfg.optimizer.learning_rate, current, t_max)
+            current, t_max = state.global_step - start, max_steps
+        return scheduler.get_lr(self.cfg.optimizer.learning_rate, current, t_max)
 
     def eval_batch(self, batch: dict[str, Any], labels: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self._eval.eval_batch(batch, labels)
@@ -345,6 +390,11 @@ class BasicTrainModule(TrainModule):
         return logits if labels is None else per_token_cross_entropy(logits, labels.to(device))
 
 
+STAGED_TRAIN_MODULE = "olmo.kl.KLTrainModule"
+"""The train module of a run with ``stages`` when ``train_module`` is unset (named, not imported: it subclasses
+:class:`TransformerTrainModule`)."""
+
+
 def build_train_module(
     cfg: TrainConfig,
     env: DistEnv,
@@ -353,10 +403,29 @@ def build_train_module(
     scheduler: Any,
     train_module: Optional[Union[str, type[TrainModule]]] = None,
 ) -> TrainModule:
-    """The run's train module: :class:`TransformerTrainModule`, or ``train_module`` (a class, or its dotted path
-    ``package.module.ClassName``, or a class name of this module) built by its :meth:`TrainModule.from_config`."""
-    cls = resolve_train_module_class(train_module) if train_module is not None else TransformerTrainModule
+    """The run's train module: :class:`TransformerTrainModule` (:class:`olmo.kl.KLTrainModule` for a run with
+    ``stages``), or ``train_module`` (a class, or its dotted path ``package.module.ClassName``, or a class name of
+    this module) built by its :meth:`TrainModule.from_config`."""
+    cls = train_module_class(cfg, train_module)
     return cls.from_config(cfg, env, model, optimizer, scheduler)
+
+
+def train_module_class(
+    cfg: TrainConfig, train_module: Optional[Union[str, type[TrainModule]]]
+) -> type[TrainModule]:
+    """The class :func:`build_train_module` builds; an :class:`OLMoConfigurationError` when it cannot be imported,
+    or when a stage has ``kl_beta > 0`` and the class does not train a KL penalty (call it before any work)."""
+    if train_module is None:
+        train_module = STAGED_TRAIN_MODULE if cfg.stages else TransformerTrainModule
+    cls = resolve_train_module_class(train_module)
+    kl_stages = [i for i, stage in enumerate(cfg.stages or []) if stage.kl_beta > 0]
+    if kl_stages and not cls.trains_kl_penalty:
+        raise OLMoConfigurationError(
+            f"train_module={train_module!r} does not train a KL penalty, but stages[{kl_stages[0]}].kl_beta > 0. "
+            f"Leave train_module unset (staged runs use olmo.kl.KLTrainModule), or give a subclass of "
+            f"olmo.kl.KLTrainModule."
+        )
+    return cls
 
 
 def resolve_train_module_class(name: Union[str, type[TrainModule]]) -> type[TrainModule]:

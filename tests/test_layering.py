@@ -24,6 +24,7 @@ CONFIG_LAYER = {
     "olmo.config_docs",
     "olmo.config_resolvers",
     "olmo.config_sections",
+    "olmo.config_stages",
     "olmo.config_validation",
     "olmo.exceptions",
     "olmo.launch",

@@ -157,3 +157,89 @@ def test_fused_loss_scales_bf16_gradients_without_rounding_the_scale():
     for unit, scaled in zip(grads[1.0], grads[1 / 5000]):
         ratio = (scaled.double().abs().sum() / unit.double().abs().sum()).item() * 5000
         assert ratio == pytest.approx(1.0, abs=2e-4)
+
+
+def _kl_reference(c=16, v=101, n=37, bias=False, seed=1):
+    from olmo.loss import OutputHead
+
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, c, generator=gen, dtype=torch.float64)
+    weight = torch.randn(v, c, generator=gen, dtype=torch.float64)
+    b = torch.randn(v, generator=gen, dtype=torch.float64) if bias else None
+    return OutputHead(hidden, weight, b, 0.5)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("z_loss", [None, 1e-2], ids=["ce", "ce_and_z"])
+@pytest.mark.parametrize("chunk", [8, 1000], ids=["chunks_with_remainder", "big_chunk"])
+def test_fused_kl_is_the_exact_kl_to_the_reference_with_its_gradients(bias, z_loss, chunk):
+    """kl_estimator: full. The chunked KL(policy || reference) and the gradient of ce + z + beta * KL must equal
+    autograd's through the textbook formula, sum over labelled rows of sum_v p (log p - log r)."""
+    hidden, weight, b, labels = _leaves(bias=bias)
+    ref = _kl_reference(bias=bias)
+    scale, beta = 0.5, 0.3
+
+    def plain():
+        logits = torch.nn.functional.linear(hidden, weight, b) * scale
+        loss = cross_entropy_sums(logits, labels, z_loss)
+        ref_logp = torch.log_softmax(torch.nn.functional.linear(ref.hidden, ref.weight, ref.bias) * scale, -1)
+        logp = torch.log_softmax(logits, -1)
+        rows = (logp.exp() * (logp - ref_logp)).sum(-1)[labels != -100]
+        kl = rows.sum()
+        return type(loss)(loss.total + beta * kl, loss.ce, loss.z, kl.detach())
+
+    def fused():
+        return fused_output_loss(
+            hidden, weight, labels, z_loss, scale, b, chunk_size=chunk, reference=ref, kl_beta=beta
+        )
+
+    expected, expected_grads = _loss_and_grads(plain, hidden, weight, b)
+    got, grads = _loss_and_grads(fused, hidden, weight, b)
+    assert got.kl is not None and got.kl > 0
+    torch.testing.assert_close(got.kl, expected.kl, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(got.total, expected.total, rtol=1e-12, atol=1e-10)
+    for g, e in zip(grads, expected_grads):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10)
+
+
+def test_fused_kl_to_an_identical_reference_is_exactly_zero_and_adds_no_gradient():
+    from olmo.loss import OutputHead
+
+    hidden, weight, _, labels = _leaves(dtype=torch.float32)
+    ref = OutputHead(hidden.detach().clone(), weight.detach().clone(), None)
+    plain, plain_grads = _loss_and_grads(
+        lambda: fused_output_loss(hidden, weight, labels, None), hidden, weight, None
+    )
+    got, grads = _loss_and_grads(
+        lambda: fused_output_loss(hidden, weight, labels, None, reference=ref, kl_beta=0.5), hidden, weight, None
+    )
+    assert got.kl is not None and got.kl.item() == 0.0
+    torch.testing.assert_close(got.total, plain.total, rtol=0, atol=0)
+    for g, e in zip(grads, plain_grads):
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_ce_weight_scales_only_the_cross_entropy_term(fused):
+    """kl_estimator: nll_diff trains ce + beta * (ce - reference ce) = (1 + beta) ce + const."""
+    hidden, weight, _, labels = _leaves()
+
+    def loss(w):
+        if fused:
+            return fused_output_loss(hidden, weight, labels, 1e-2, chunk_size=8, ce_weight=w)
+        return cross_entropy_sums(torch.nn.functional.linear(hidden, weight), labels, 1e-2, w)
+
+    one, _ = _loss_and_grads(lambda: loss(1.0), hidden, weight, None)
+    weighted, grads = _loss_and_grads(lambda: loss(1.7), hidden, weight, None)
+    assert one.z is not None and weighted.z is not None
+    torch.testing.assert_close(weighted.total, 1.7 * one.ce + one.z, rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(weighted.ce, one.ce, rtol=0, atol=0)
+
+    def by_parts():  # autograd of 1.7 ce + z, through the plain formulas
+        logits = torch.nn.functional.linear(hidden, weight)
+        parts = cross_entropy_sums(logits, labels, 1e-2)
+        return type(parts)(0.7 * cross_entropy_sums(logits, labels, None).total + parts.total, parts.ce, parts.z)
+
+    _, expected = _loss_and_grads(by_parts, hidden, weight, None)
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10)

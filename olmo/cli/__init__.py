@@ -6,7 +6,7 @@ so tests and other code run a command in this process by importing ``olmo.cli.NA
 signatures exist:
 
 * ``main(argv: list[str]) -> int`` takes ``sys.argv`` itself, program name first, and returns the exit status:
-  ``train``, ``eval``, ``unshard``, ``convert_olmo_checkpoint``, ``fetch_tokenizers`` and ``benchmark*``.
+  ``train``, ``eval``, ``unshard``, ``convert_olmo_checkpoint``, ``fetch_tokenizers``, ``ladder`` and ``benchmark*``.
 * ``main(argv: Optional[list[str]] = None)`` takes the arguments without the program name, as ``argparse`` does
   (None: ``sys.argv[1:]``), and exits 0 unless it raises: ``prepare_memmap_dataset``, ``prepare_sft_data``,
   ``validate_data``, ``inspect_batch`` (which returns the rows it printed) and ``plot_metrics``.

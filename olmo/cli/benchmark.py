@@ -16,6 +16,8 @@ GC). Nothing is saved and no metrics are logged, so the numbers are those of the
   ~0 and no data files are needed: it sets ``data.paths=null``, so a ``${path.glob:...}`` in the config is
   never resolved. ``--data config`` reads the config's memmaps through ``build_train_dataloader``.
 * ``evaluators=[]`` is always applied: no evaluation runs, so the evaluators' data files are never needed.
+* The config's first stage is set up as training does it: ``--override 'stages=[{max_duration: 100, kl_beta:
+  0.1, kl_estimator: full}]' --override max_duration=null`` measures the step of a KL stage (reference included).
 * Overrides apply in this order, later ones winning: ``--smoke`` defaults, ``--override``, the flags.
 
 ``--steps`` steps run twice. The *synchronized* pass splits each step into phases, timed from the outside
@@ -327,6 +329,8 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
         trainer = Trainer(
             cfg, env, build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler)), loader
         )
+        # The first stage's setup, as fit does it (with --override 'stages=[{..., kl_beta: 0.1}]' the KL step).
+        trainer.train_module.enter_stage(trainer.stage_plan.at(1), at_boundary=True)
         peak = device_peak_flops(env.device, cfg.speed_monitor.gpu_flops_available)
         device_tokens = trainer.device_batch_size * cfg.model.max_sequence_length
         log.info(

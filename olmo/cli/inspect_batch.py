@@ -3,7 +3,9 @@
     python scripts/inspect_batch.py RUN_DIR --step N [--rank R --world-size W] [--decode]
     python scripts/inspect_batch.py CONFIG.yaml --step N [--order-file PATH] [--key.path=value ...]
 
-RUN_DIR is a run's save_folder: its ``config.yaml`` and ``train_data/global_indices.npy`` are read.
+RUN_DIR is a run's save_folder: its ``config.yaml`` and ``train_data/global_indices.npy`` are read (in a
+staged run, a step of a stage with its own data reads ``train_data/stage{i}/``, counting from the stage's
+first step).
 With a config, the order file defaults to ``{save_folder}/train_data/``; ``--order-file`` names one
 copied from elsewhere. Other ``--key.path=value`` options override the config (e.g. ``--data.paths=[...]``
 when the token files have moved).
@@ -43,6 +45,7 @@ from olmo.data import (
     rank_slice,
 )
 from olmo.exceptions import OLMoCliError, OLMoDataError
+from olmo.stages import plan_stages
 from olmo.tokenizer import Tokenizer
 
 log = logging.getLogger("inspect_batch")
@@ -61,8 +64,11 @@ class Row:
     text: Optional[str] = None
 
 
-def load_order(path: Path, explicit: bool, epoch: int, cfg: TrainConfig, dataset: MemMapDataset) -> np.ndarray:
-    """The order of ``epoch``: read from ``path`` or, if the trainer's file is absent, recomputed."""
+def load_order(
+    path: Path, explicit: bool, epoch: int, cfg: TrainConfig, dataset: MemMapDataset, seed: Optional[int] = None
+) -> np.ndarray:
+    """The order of ``epoch``: read from ``path`` or, if the trainer's file is absent, recomputed (with ``seed``,
+    by default the config's data-order seed)."""
     n = len(dataset)
     if not path.is_file():
         if explicit:
@@ -72,7 +78,7 @@ def load_order(path: Path, explicit: bool, epoch: int, cfg: TrainConfig, dataset
         log.warning(
             "'%s' does not exist; recomputing epoch %d's order from the seed as the trainer does.", path, epoch
         )
-        seed = data_order_seed(cfg.data, cfg.seed)
+        seed = data_order_seed(cfg.data, cfg.seed) if seed is None else seed
         return IterableDataset(dataset, cfg.global_train_batch_size, seed=seed, epoch=epoch).global_indices()
     size = path.stat().st_size
     if size != 4 * n:
@@ -95,8 +101,14 @@ def batch_rows(
     tokenizer: Optional[Tokenizer] = None,
     max_chars: int = 200,
 ) -> list[Row]:
-    """The instances of the global batch of training step ``step`` (only rank ``rank``'s if given)."""
-    dataset = build_memmap_dataset(cfg, cfg.data)
+    """The instances of the global batch of training step ``step`` (only rank ``rank``'s if given). In a staged
+    run, a stage with its own data has its own order, in ``train_data/stage{i}/`` next to ``default_order_dir``,
+    counted from the stage's first step."""
+    if step < 1:
+        raise OLMoCliError(f"--step {step} is not a training step; steps are counted from 1.")
+    plan = plan_stages(cfg)
+    stage = plan.at(step)
+    dataset = build_memmap_dataset(cfg, stage.data)
     batch_size = cfg.global_train_batch_size
     steps_per_epoch = batches_per_epoch(len(dataset), batch_size)
     if steps_per_epoch == 0:
@@ -104,17 +116,29 @@ def batch_rows(
             f"The config's data holds {len(dataset)} instances, less than one global batch of {batch_size}; "
             f"check data.paths and model.max_sequence_length against the run's."
         )
-    if step < 1:
-        raise OLMoCliError(f"--step {step} is not a training step; steps are counted from 1.")
-    max_steps = cfg.max_steps(steps_per_epoch * batch_size)
-    if step > max_steps:
+    if step > plan.total_steps:
         log.warning(
-            "Step %d is past the run's last step (%d, from max_duration); it was never trained.", step, max_steps
+            "Step %d is past the run's last step (%d, from max_duration); it was never trained.",
+            step,
+            plan.total_steps,
         )
-    epoch, s = divmod(step - 1, steps_per_epoch)
+    start = plan.segment_start(stage)
+    if plan.staged:
+        log.info(
+            "Step %d is step %d of stage %d (%s), and step %d of the data order in %s.",
+            step,
+            step - stage.start_step,
+            stage.index,
+            stage.name,
+            step - start,
+            stage.order_dir,
+        )
+    epoch, s = divmod(step - start - 1, steps_per_epoch)
     log.info("Step %d trains on batch %d (from 0) of the %d of epoch %d.", step, s, steps_per_epoch, epoch)
-    path = order_file if order_file is not None else default_order_dir / order_file_name(epoch)
-    global_indices = load_order(path, order_file is not None, epoch, cfg, dataset)
+    order_dir = default_order_dir.parent / stage.order_dir
+    path = order_file if order_file is not None else order_dir / order_file_name(epoch)
+    seed = data_order_seed(stage.data, cfg.seed)
+    global_indices = load_order(path, order_file is not None, epoch, cfg, dataset, seed)
     positions = range(batch_size)
     if rank is not None:
         assert world_size is not None and batch_size % world_size == 0 and 0 <= rank < world_size
@@ -126,7 +150,7 @@ def batch_rows(
         index = batch[position]
         path_of, offset = dataset.instance_location(index)
         row = Row(position, int(index), path_of, offset)
-        if tokenizer is not None or cfg.data.label_mask_paths is not None:
+        if tokenizer is not None or stage.data.label_mask_paths is not None:
             instance = dataset[index]
             if "label_mask" in instance:
                 row.label_tokens = int(instance["label_mask"].sum())

@@ -3,8 +3,10 @@
     python scripts/plot_metrics.py RUN_DIR [RUN_DIR ...] [--out DIR]
 
 Writes PNG files into ``--out`` (default ``FIRST_RUN_DIR/plots``): ``loss.png`` (training cross entropy,
-raw and smoothed), ``learning_rate.png``, ``throughput.png`` (tokens/s per device) and one file per
-evaluation metric group (``eval_<label>.png``, ``eval_downstream.png``).
+raw and smoothed, and with a KL stage the total loss), ``kl.png`` (``train/KL``, with a KL stage),
+``learning_rate.png``, ``throughput.png`` (tokens/s per device) and one file per evaluation metric group
+(``eval_<label>.png``, ``eval_downstream.png``). In a staged run (``stages:``) every plot marks where each
+stage begins with a dashed line.
 """
 
 from __future__ import annotations
@@ -51,6 +53,16 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
+def stage_starts(series: Series) -> list[tuple[int, int]]:
+    """``(first step, stage)`` of every stage after the first, from ``train/stage``."""
+    out, previous = [], None
+    for step, stage in series.get("train/stage", []):
+        if previous is not None and stage != previous:
+            out.append((step, int(stage)))
+        previous = stage
+    return out
+
+
 def plot(
     runs: dict[str, Series], keys: list[str], title: str, ylabel: str, path: Path, smooth: bool = False
 ) -> bool:
@@ -77,6 +89,12 @@ def plot(
                 ax.plot(steps, values, marker="o" if len(values) < 20 else None, label=label)
             drawn = True
     if drawn:
+        for series in runs.values():
+            for step, stage in stage_starts(series):
+                ax.axvline(step, color="gray", linestyle="--", linewidth=0.8)
+                ax.annotate(
+                    f" stage {stage}", (step, 1.0), xycoords=("data", "axes fraction"), va="top", fontsize=7
+                )
         ax.set(title=title, xlabel="step", ylabel=ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -95,7 +113,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     out = args.out or args.runs[0] / "plots"
     out.mkdir(parents=True, exist_ok=True)
     figures = [
-        (["train/CrossEntropyLoss"], "Training loss", "cross entropy", "loss.png", True),
+        (["train/CrossEntropyLoss", "train/TotalLoss"], "Training loss", "loss", "loss.png", True),
+        (["train/KL"], "KL(policy || reference)", "KL per token", "kl.png", False),
         (["optim/learning_rate_group0"], "Learning rate", "learning rate", "learning_rate.png", False),
         (["throughput/device/tokens_per_second"], "Throughput", "tokens/s per device", "throughput.png", True),
     ]

@@ -11,7 +11,8 @@ them all with the values that config and those overrides give them.
 
 Everything that can be checked (config values, the checkpoint to restore and each of its files, the
 save folder, training and evaluation data, the tokenizer) is checked before anything is written or the
-process group, model or data order is set up.
+process group, model or data order is set up. --dry_run stops right there and prints the run's plan
+(parameters, batch and accumulation, steps, tokens, FLOPs, estimated memory per device and time).
 """
 
 from __future__ import annotations
@@ -21,16 +22,18 @@ import logging
 from olmo.checkpoint_plan import claim_save_folder, plan_restore, prepare_save_folder
 from olmo.config import TrainConfig
 from olmo.config_docs import describe_config
-from olmo.data import build_memmap_dataset, build_train_dataloader
+from olmo.data import build_memmap_dataset
 from olmo.distributed import barrier, build_model, init_distributed, teardown_distributed
 from olmo.eval import build_evaluators
 from olmo.exceptions import OLMoCliError
 from olmo.hf_files import check_hf_export
 from olmo.model import describe_attention
 from olmo.optim import build_optimizer, build_scheduler
+from olmo.plan import format_plan, plan_run
 from olmo.rng import seed_all
+from olmo.stages import build_stage_dataloader, plan_stages
 from olmo.train import Trainer
-from olmo.train_module import build_train_module, resolve_train_module_class
+from olmo.train_module import build_train_module, train_module_class
 from olmo.util import env_rank, env_world_size
 
 log = logging.getLogger("train")
@@ -44,18 +47,26 @@ def main(argv: list) -> int:
         raise OLMoCliError(f"Usage: {argv[0]} CONFIG.yaml [--key.path=value ...] (--help for more)")
     cfg = TrainConfig.load(argv[1], argv[2:])
     cfg.validate(env_world_size())
-    if cfg.train_module is not None:
-        resolve_train_module_class(cfg.train_module)  # a bad name fails before anything is built
+    # A bad name, or a module that cannot train a stage's KL penalty, fails before anything is built.
+    train_module_class(cfg, cfg.train_module)
     if cfg.hf_export.enabled:
         check_hf_export(cfg.model, cfg.tokenizer.identifier)  # the export at the end must not fail
+    stages = plan_stages(cfg)  # the stages' lengths (in epochs: of their data) must add up to max_duration
     plan = plan_restore(cfg)  # opens every checkpoint file it will read
     prepare_save_folder(cfg, plan)
-    # Every rank checks the files; only rank 0 pays for the full token-id scan.
+    # Every rank checks the files; only rank 0 pays for the full token-id scan. A staged run checks every
+    # stage's data.
     scan_tokens = 2**31 if env_rank() == 0 else 0
-    build_memmap_dataset(cfg, cfg.data, include_instance_metadata=False).validate(
-        cfg.model.vocab_size, scan_tokens
-    )
+    datasets = {}
+    for stage in stages.stages:
+        if stage.segment not in datasets:
+            datasets[stage.segment] = build_memmap_dataset(cfg, stage.data, include_instance_metadata=False)
+            datasets[stage.segment].validate(cfg.model.vocab_size, scan_tokens)
     evaluators = build_evaluators(cfg, world_size=env_world_size(), rank=env_rank())
+    if cfg.dry_run and not cfg.force_save_unsharded:
+        if env_rank() == 0:
+            print(format_plan(plan_run(cfg, env_world_size(), len(datasets[stages.stages[0].segment]))))
+        return 0
 
     env = init_distributed(cfg.distributed_timeout_minutes)
     try:
@@ -70,7 +81,7 @@ def main(argv: list) -> int:
         if env.is_main and not cfg.dry_run:
             claim_save_folder(cfg, plan)  # the launch's first write: cleans up, then writes config.yaml
         barrier()  # nobody writes into save_folder before rank 0 has made it this run's
-        train_loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank)
+        train_loader = build_stage_dataloader(cfg, stages.stages[0], env.world_size, env.rank)
         model = build_model(cfg, env)
         log.info(
             "Model: %s parameters (%s without embeddings), %.2f GFLOPs/token.",
@@ -82,13 +93,13 @@ def main(argv: list) -> int:
         train_module = build_train_module(
             cfg, env, model, optimizer, build_scheduler(cfg.scheduler), cfg.train_module
         )
-        trainer = Trainer(cfg, env, train_module, train_loader, evaluators)
+        trainer = Trainer(cfg, env, train_module, train_loader, evaluators, stages)
         log_speed_setup(cfg, trainer)
         if plan is not None:
             trainer.restore(plan.info, plan.load_optimizer_state, plan.load_trainer_state)
         if cfg.force_save_unsharded:
             trainer.save(sharded=False)
-        if cfg.dry_run:
+        if cfg.dry_run:  # with force_save_unsharded: the checkpoint is converted, and that was all
             log.info("Dry run: stopping before training.")
             return 0
         return trainer.fit()

@@ -1,0 +1,192 @@
+"""Config sections for staged training (``stages:``, ``kl_reference:``) and their checks.
+
+A run with ``stages`` trains its stages one after another in one launch (and across resumes): each stage has
+its own length (``max_duration``), optionally its own data and learning-rate schedule, and a KL penalty to a
+frozen reference model (``kl_beta``, ``kl_estimator``). :mod:`olmo.stages` turns these sections into step
+boundaries; :class:`olmo.kl.KLTrainModule` trains the penalty.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from omegaconf import OmegaConf as om
+from omegaconf.errors import OmegaConfBaseException
+
+from .config_sections import DataConfig, SchedulerConfig, StrEnum
+from .exceptions import OLMoConfigurationError
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+__all__ = [
+    "KLEstimator",
+    "StageConfig",
+    "KLReferenceConfig",
+    "stage_data_config",
+    "stage_problems",
+    "DATA_SOURCES",
+]
+
+DATA_SOURCES = ("paths", "datasets", "label_mask_paths", "custom_dataset")
+"""The fields of ``data`` that say *what* is trained on. A stage that gives any of them replaces all of them;
+its other ``data`` fields override the run's one by one."""
+
+
+class KLEstimator(StrEnum):
+    nll_diff = "nll_diff"
+    """Per token, the policy's cross entropy minus the reference's (the reference's as a constant): one extra
+    forward pass of the reference and no (tokens x vocab) tensor beyond what the loss already makes. Its
+    gradient is ``kl_beta`` times the cross entropy's, so it pulls toward the data rather than toward the
+    reference; the logged value is an unbiased estimate of KL only where the labels are samples of the policy."""
+    full = "full"
+    """The exact ``KL(p_policy || p_reference)`` over the whole vocabulary at every labelled position, computed
+    with the loss chunk by chunk (as ``fused_loss`` does) from both models' final hidden states, so the logits
+    of both models never exist at once. Costs one gathered copy of the reference's output weight and two
+    more (chunk x vocab) matmuls per chunk; its gradient pulls toward the reference's distribution."""
+
+
+@dataclass
+class StageConfig:
+    """One stage of a staged run (see ``TrainConfig.stages``)."""
+
+    name: Optional[str] = None
+    """Shown in the console and logs; default ``stage{i}``."""
+    max_duration: Optional[Union[int, str]] = None
+    """The stage's length: steps (``1000``), tokens (``"2e9T"``) or epochs of its data (``"1ep"``). Required."""
+    data: Optional[dict[str, Any]] = None
+    """Any ``data`` fields for this stage, applied over the run's ``data``; giving ``paths`` (or ``datasets``,
+    ``label_mask_paths``) replaces the run's files. The stage then gets its own data order, written to
+    ``save_folder/train_data/stage{i}/``. Null: continue the previous stage's data where it stopped."""
+    kl_beta: float = 0.0
+    """Weight of the KL penalty to the frozen reference; 0 trains on the cross entropy alone."""
+    kl_estimator: str = "nll_diff"
+    """``nll_diff`` (cheap estimate) or ``full`` (exact over the vocabulary); see :class:`KLEstimator`."""
+    scheduler: Optional[SchedulerConfig] = None
+    """This stage's own learning-rate schedule over its own steps (warmup from its first step); null keeps the
+    one schedule of the run, which spans every stage."""
+
+
+@dataclass
+class KLReferenceConfig:
+    """Where the reference of a KL stage comes from."""
+
+    load_path: Optional[str] = None
+    """A checkpoint whose model is the frozen reference of every stage with ``kl_beta > 0`` (e.g. to train only
+    the KL stage, from an existing model). Null: a snapshot of the model at the first step of the stage, which
+    is also saved as ``save_folder/stage{i}-step{N}`` so that a resume rebuilds the same reference."""
+
+
+def parse_duration_steps(
+    duration: Union[int, str], global_batch: int, tokens_per_batch: int, instances_per_epoch: int
+) -> int:
+    """Turn ``max_duration`` (``1000``, ``"2e12T"``, ``"3ep"``) into a number of optimizer steps."""
+    text = str(duration).strip().replace("_", "")
+    unit = "T" if text.endswith("T") else "ep" if text.endswith("ep") else ""
+    try:
+        amount = float(text[: len(text) - len(unit)])
+    except ValueError:
+        raise OLMoConfigurationError(
+            f"max_duration={duration!r} is not a duration. Use an int number of steps (1000), tokens "
+            f"with a T suffix ('2e12T'), or epochs with an ep suffix ('1ep')."
+        ) from None
+    if not amount > 0 or math.isinf(amount) or (not unit and amount < 1):
+        raise OLMoConfigurationError(
+            f"max_duration={duration!r} must be a positive, finite duration (steps, tokens with a T suffix, or "
+            f"epochs with an ep suffix); a run of no steps would only write a checkpoint. Set --max_duration."
+        )
+    if unit == "T":
+        return math.ceil(amount / tokens_per_batch)
+    if unit == "ep":
+        return int(amount * (instances_per_epoch // global_batch))
+    return int(amount)
+
+
+def stage_data_config(run_data: DataConfig, stage_data: Optional[dict[str, Any]], where: str) -> DataConfig:
+    """The data of a stage: ``stage_data`` over ``run_data`` (see :data:`DATA_SOURCES`).
+
+    :param where: how to name the stage's data in an error (``stages[1].data``).
+    """
+    if not stage_data:
+        return run_data
+    base = om.structured(run_data)
+    if any(key in stage_data for key in DATA_SOURCES):
+        for key in DATA_SOURCES:
+            base[key] = None
+    try:
+        return om.to_object(om.merge(base, om.create(dict(stage_data))))  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        msg = str(getattr(e, "msg", None) or e).splitlines()[0].rstrip(".")
+        raise OLMoConfigurationError(
+            f"{where}.{key}: {msg}. A stage's data takes the fields of the run's data section (paths, datasets, "
+            f"label_mask_paths, num_workers, seed, ...; see DataConfig in olmo/config_sections.py)."
+        ) from None
+
+
+def stage_problems(cfg: TrainConfig) -> list[str]:
+    """What is wrong with ``stages`` and ``kl_reference`` (checks that need no data files)."""
+    if not cfg.stages:
+        if cfg.stages is not None:
+            return ["stages=[] has no stage; give at least one, or remove the key."]
+        if cfg.kl_reference.load_path is not None:
+            return [
+                "kl_reference.load_path is set but the run has no stages: the reference is only used by a stage "
+                "with kl_beta > 0. Add stages (see configs/tiny/OLMo-tiny-two-stage.yaml) or remove the key."
+            ]
+        return []
+    out: list[str] = []
+    steps: list[Optional[int]] = []
+    for i, stage in enumerate(cfg.stages):
+        where = f"stages[{i}]" + (f" ({stage.name})" if stage.name else "")
+        if stage.max_duration is None:
+            out.append(
+                f"{where}.max_duration is missing: every stage needs a length, in steps (1000), tokens ('2e9T') "
+                f"or epochs of its data ('1ep')."
+            )
+            steps.append(None)
+        else:
+            try:
+                n = parse_duration_steps(stage.max_duration, cfg.global_train_batch_size, cfg.tokens_per_batch, 0)
+                steps.append(None if str(stage.max_duration).strip().endswith("ep") else n)
+            except OLMoConfigurationError as e:
+                out.append(f"{where}.{e}")
+                steps.append(None)
+        if not (math.isfinite(stage.kl_beta) and stage.kl_beta >= 0):
+            out.append(
+                f"{where}.kl_beta={stage.kl_beta} must be a finite number >= 0 (0 turns the KL penalty off); "
+                f"e.g. --stages=[...] with kl_beta: 0.1."
+            )
+        if stage.kl_estimator not in KLEstimator.__members__:
+            out.append(
+                f"{where}.kl_estimator={stage.kl_estimator!r} is not an estimator; use nll_diff (the per-token "
+                f"difference of the two models' cross entropies) or full (the exact KL over the vocabulary)."
+            )
+        if stage.data is not None:
+            try:
+                stage_data_config(cfg.data, stage.data, f"{where}.data")
+            except OLMoConfigurationError as e:
+                out.append(str(e))
+    names = [s.name for s in cfg.stages if s.name]
+    if len(set(names)) != len(names):
+        out.append(f"stages: names must differ from each other ({', '.join(names)}).")
+    if cfg.max_duration is not None and all(n is not None for n in steps):
+        total = sum(n for n in steps if n is not None)
+        try:
+            given = parse_duration_steps(cfg.max_duration, cfg.global_train_batch_size, cfg.tokens_per_batch, 0)
+        except OLMoConfigurationError:
+            given = None  # reported by the batch checks
+        if given is not None and not str(cfg.max_duration).strip().endswith("ep") and given != total:
+            out.append(stage_sum_problem(cfg, total, given))
+    return out
+
+
+def stage_sum_problem(cfg: TrainConfig, total: int, given: int) -> str:
+    """The message for stages whose lengths do not add up to ``max_duration``."""
+    return (
+        f"max_duration={cfg.max_duration!r} is {given} steps, but the stages add up to {total} steps "
+        f"(" + " + ".join(str(s.max_duration) for s in cfg.stages or []) + "). With stages the run's length is "
+        "their sum: remove max_duration (or set --max_duration=null), or make the two agree."
+    )

@@ -1,0 +1,149 @@
+"""Where each stage of a staged run (``stages:`` in the config) begins and ends, in optimizer steps, and which
+data it trains on.
+
+Steps are counted from 1, as the trainer counts them: stage ``i`` trains steps ``start_step + 1`` through
+``end_step``. A stage that gives ``data`` starts a new *data segment* with its own order, written to
+``save_folder/train_data/stage{i}/``; a stage without ``data`` continues its segment (the previous stage's
+data, at the position where it stopped). The first segment, when stage 0 has no ``data`` of its own, is the
+run's ``data`` with its order in ``save_folder/train_data/``, exactly as in a run without stages. The
+trainer's data position (``global_train_examples_seen_this_epoch`` and ``epoch``) always counts within the
+current segment.
+
+A run without ``stages`` is one stage of ``max_duration`` over the run's data, so the same code serves both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+from torch.utils.data import DataLoader
+
+from .config import DEFAULT_MAX_DURATION, DataConfig, KLEstimator, SchedulerConfig, TrainConfig
+from .config_stages import stage_data_config, stage_sum_problem
+from .config_validation import parse_duration_steps
+from .exceptions import OLMoConfigurationError
+
+__all__ = [
+    "Stage",
+    "StagePlan",
+    "plan_stages",
+    "boundary_checkpoint_name",
+    "build_stage_dataloader",
+    "order_dir_of",
+]
+
+
+@dataclass(frozen=True)
+class Stage:
+    index: int
+    name: str
+    start_step: int
+    """Steps trained before this stage; its first step is ``start_step + 1``."""
+    end_step: int
+    """Its last step."""
+    data: DataConfig
+    segment: int
+    """Index of the stage whose data this stage trains on (the first stage of its data segment)."""
+    order_dir: str
+    """Where the segment's data order is written, relative to ``save_folder``."""
+    kl_beta: float = 0.0
+    kl_estimator: KLEstimator = KLEstimator.nll_diff
+    scheduler: Optional[SchedulerConfig] = None
+
+    @property
+    def num_steps(self) -> int:
+        return self.end_step - self.start_step
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stages: tuple[Stage, ...]
+    staged: bool = False
+    """Whether the config has ``stages`` (a run without them is one implicit stage)."""
+
+    @property
+    def total_steps(self) -> int:
+        return self.stages[-1].end_step
+
+    def at(self, step: int) -> Stage:
+        """The stage that trains step ``step`` (counted from 1; step 0 and steps past the end count as the first
+        and the last stage)."""
+        for stage in self.stages:
+            if step <= stage.end_step:
+                return stage
+        return self.stages[-1]
+
+    def after(self, steps_done: int) -> Stage:
+        """The stage whose data the trainer's position refers to once ``steps_done`` steps are trained: the stage
+        of the last trained step (the first stage before any)."""
+        return self.at(max(steps_done, 1))
+
+    def segment_start(self, stage: Stage) -> int:
+        """Steps trained before the data segment of ``stage`` began."""
+        return self.stages[stage.segment].start_step
+
+
+def boundary_checkpoint_name(stage: Stage) -> str:
+    """The directory (in ``save_folder``) of the checkpoint written at the first step of a KL stage."""
+    return f"stage{stage.index}-step{stage.start_step}"
+
+
+def plan_stages(cfg: TrainConfig, num_instances: Optional[Callable[[DataConfig], int]] = None) -> StagePlan:
+    """The stages of ``cfg`` as step ranges (one stage of ``max_duration`` without ``stages``).
+
+    :param num_instances: the number of instances of a data config, needed only for a duration in epochs
+        (by default the memmap dataset is opened to count them).
+    :raises OLMoConfigurationError: when the stages do not add up to a given ``max_duration``.
+    """
+
+    def count(data: DataConfig) -> int:
+        if num_instances is not None:
+            return num_instances(data)
+        from .data import build_memmap_dataset
+
+        return len(build_memmap_dataset(cfg, data, include_instance_metadata=False))
+
+    def steps(duration: object, data: DataConfig) -> int:
+        text = str(duration).strip()
+        instances = count(data) if text.endswith("ep") else 0
+        return parse_duration_steps(text, cfg.global_train_batch_size, cfg.tokens_per_batch, instances)
+
+    if not cfg.stages:
+        duration = DEFAULT_MAX_DURATION if cfg.max_duration is None else cfg.max_duration
+        only = Stage(0, "stage0", 0, steps(duration, cfg.data), cfg.data, 0, "train_data")
+        return StagePlan((only,))
+    out: list[Stage] = []
+    start, segment, order_dir, data = 0, 0, "train_data", cfg.data
+    for i, sc in enumerate(cfg.stages):
+        if sc.data is not None:
+            segment, order_dir = i, f"train_data/stage{i}"
+            data = stage_data_config(cfg.data, sc.data, f"stages[{i}].data")
+        assert sc.max_duration is not None, "validate() reports a stage without max_duration"
+        end = start + steps(sc.max_duration, data)
+        name = sc.name or f"stage{i}"
+        estimator = KLEstimator(sc.kl_estimator)
+        out.append(Stage(i, name, start, end, data, segment, order_dir, sc.kl_beta, estimator, sc.scheduler))
+        start = end
+    plan = StagePlan(tuple(out), staged=True)
+    if cfg.max_duration is not None:
+        given = steps(cfg.max_duration, cfg.data)
+        if given != plan.total_steps:
+            raise OLMoConfigurationError(stage_sum_problem(cfg, plan.total_steps, given))
+    return plan
+
+
+def order_dir_of(cfg: TrainConfig, stage: Stage) -> Path:
+    """The absolute directory of the data order ``stage`` trains on."""
+    return Path(cfg.save_folder) / stage.order_dir
+
+
+def build_stage_dataloader(cfg: TrainConfig, stage: Stage, world_size: int, rank: int) -> DataLoader:
+    """The training DataLoader of ``stage``'s data segment (see :func:`olmo.data.build_train_dataloader`): the
+    first segment starts at ``cfg.epoch`` as a run without stages does, a later one at epoch 0."""
+    from .data import build_train_dataloader
+
+    staged = replace(cfg, data=stage.data, epoch=cfg.epoch if stage.segment == 0 else None)
+    return build_train_dataloader(staged, world_size=world_size, rank=rank, work_dir=order_dir_of(cfg, stage))
