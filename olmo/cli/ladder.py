@@ -1,0 +1,191 @@
+"""Plan, train, track and fit a scaling ladder: a family of model sizes trained with one recipe from one YAML.
+
+    python scripts/ladder.py dry-run CONFIG [--size S ...] [--json] [--key.path=value ...]
+    python scripts/ladder.py plot-lr CONFIG [--size S ...] --out DIR
+    python scripts/ladder.py run CONFIG --size S [--overwrite] [--benchmark [--steps 20] [--warmup 5]]
+    torchrun --nproc_per_node=N scripts/ladder.py run CONFIG --size S
+    python scripts/ladder.py status CONFIG [--json]
+    python scripts/ladder.py results CONFIG [--json] [--out DIR]
+
+CONFIG is a ladder YAML (see configs/ladder/ and olmo/ladder/config.py): an OLMo base config, the sizes, the
+devices, and the rules that turn a size into a batch, a micro-batch, a learning rate and a length. Overrides after
+the config apply to the ladder, in the train script's syntax: --dir=/tmp/ladder, --chinchilla_multiple=0.5,
+--sizes=[60M,150M], --train_overrides=[fused_loss=true].
+
+* dry-run: per size, the parameters (non-embedding and total), shape, target and actual global batch, micro-batch
+  per device, devices (= data-parallel size), gradient-accumulation steps, steps, tokens, learning rate, warmup,
+  training FLOPs, estimated peak memory per device and wall time. --json prints only a JSON list (one object per
+  size) to stdout.
+* plot-lr: DIR/lr_SIZE.png, each size's learning rate over steps and tokens.
+* run: trains one size with scripts/train.py's code into DIR/SIZE/ (its config is written to
+  DIR/configs/SIZE.yaml), resuming from its newest checkpoint (--overwrite starts it over). The launch must have
+  as many processes as the size's planned devices. --benchmark instead runs scripts/benchmark.py on it (no
+  checkpoints, no evaluations, a hard stop after --warmup + 2 x --steps steps) and reports tokens/s and MFU.
+* status: per size, its expected checkpoints (✔ written, ✘ not yet) with step, tokens and path, the metrics at
+  each, and the latest metrics.
+* results: per size, the final training loss, evaluation metrics, tokens and FLOPs; the fit of
+  L(C) = E + A * C^(-alpha) (and the Chinchilla form when the runs allow it) with 1-sigma errors; the predicted loss
+  of the next sizes. --out DIR writes results.json, results.md and loss_vs_compute.png; --json prints only the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from olmo.cli.benchmark import main as benchmark_main
+from olmo.cli.train import main as train_main
+from olmo.exceptions import OLMoCliError
+from olmo.ladder.config import LadderConfig, load_ladder
+from olmo.ladder.plan import Rung, plan_ladder, write_rung_config
+from olmo.ladder.report import (
+    format_results,
+    format_status,
+    ladder_results,
+    plot_loss_vs_compute,
+    plot_lr,
+    rung_status,
+)
+from olmo.plan import format_plan
+from olmo.util import env_rank, env_world_size
+
+log = logging.getLogger("ladder")
+
+COMMANDS = ("dry-run", "plot-lr", "run", "status", "results")
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The command's options, and the ladder overrides (everything else)."""
+    parser = argparse.ArgumentParser(
+        prog=Path(argv[0]).name, description=__doc__.split("\n")[0], allow_abbrev=False
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    for name in COMMANDS:
+        sub = commands.add_parser(name, allow_abbrev=False)
+        sub.add_argument("config", help="ladder YAML")
+        sub.add_argument("--size", action="append", help="a size of the ladder (repeatable; default: all)")
+        if name in ("dry-run", "status", "results"):
+            sub.add_argument("--json", action="store_true", help="print only JSON to stdout")
+        if name in ("plot-lr", "results"):
+            sub.add_argument("--out", required=name == "plot-lr", help="folder for the PNG (and results) files")
+        if name == "run":
+            sub.add_argument("--overwrite", action="store_true", help="start the size over instead of resuming it")
+            sub.add_argument("--benchmark", action="store_true", help="measure throughput instead of training")
+            sub.add_argument("--steps", type=int, default=20, help="benchmark: measured steps (run twice)")
+            sub.add_argument("--warmup", type=int, default=5, help="benchmark: unmeasured steps first")
+    return parser.parse_known_args(argv[1:])
+
+
+def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv[1:]):
+        print(__doc__)  # wherever it stands, before anything is checked (like scripts/train.py)
+        return 0
+    args, overrides = parse_args(argv)
+    ladder = load_ladder(args.config, overrides)
+    if args.command == "run":
+        return run(ladder, args)
+    if args.command == "results":
+        return results(ladder, args)
+    rungs = plan_ladder(ladder, args.size)
+    if args.command == "dry-run":
+        if args.json:
+            print(json.dumps([r.summary() for r in rungs], indent=1))
+        else:
+            print("\n\n".join(describe_rung(r) for r in rungs))
+    elif args.command == "plot-lr":
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for rung in rungs:
+            plot_lr(rung, out / f"lr_{rung.name}.png")
+            print(out / f"lr_{rung.name}.png")
+    else:
+        statuses = [rung_status(r) for r in rungs]
+        print(json.dumps(statuses, indent=1) if args.json else format_status(statuses))
+    return 0
+
+
+def describe_rung(rung: Rung) -> str:
+    """A size's plan as text, with the ladder's own numbers."""
+    plan = rung.plan
+    head = f"=== {rung.name}" + (" (next size: planned, not fitted)" if rung.is_next else "") + " ==="
+    target = (
+        f"target {rung.target_batch_tokens:,.0f} tokens ({rung.target_batch_tokens / plan.sequence_length:,.1f} "
+        f"instances) -> actual {plan.global_batch_size_tokens:,} tokens ({plan.global_batch_size_instances:,} "
+        f"instances): {plan.num_devices} device(s) x micro-batch {plan.rank_microbatch_instances} x "
+        f"{plan.grad_accum_steps} accumulation step(s)"
+    )
+    steps = ", ".join(f"{s:,}" for s in rung.checkpoint_steps)
+    return "\n".join(
+        [
+            head,
+            format_plan(plan),
+            f"  global batch: {target}",
+            f"  checkpoints: steps {steps} in {rung.save_folder}",
+        ]
+    )
+
+
+def run(ladder: LadderConfig, args: argparse.Namespace) -> int:
+    if not args.size or len(args.size) != 1:
+        raise OLMoCliError("run trains one size: give exactly one --size (see dry-run for the sizes).")
+    (rung,) = plan_ladder(ladder, args.size)
+    world_size, devices = env_world_size(), rung.plan.num_devices
+    if world_size != devices:
+        raise OLMoCliError(
+            f"Size {rung.name!r} is planned for {devices} device(s) (global batch {rung.plan.global_batch_size_instances}"
+            f" = {devices} x micro-batch {rung.plan.rank_microbatch_instances} x {rung.plan.grad_accum_steps} "
+            f"accumulation steps), but this launch has {world_size} process(es). Launch it with "
+            f"torchrun --nproc_per_node={devices} (or --nnodes x --nproc_per_node = {devices}), or plan it for "
+            f"{world_size} with --max_devices={world_size} if its batch allows."
+        )
+    path = write_rung_config(ladder, rung)
+    log.info("Size %s: train config %s, save folder %s.", rung.name, path, rung.save_folder)
+    if not args.benchmark:
+        flags = ["--save_overwrite"] if args.overwrite else ["--try_load_latest_save"]
+        return train_main(["train.py", str(path), *flags])
+    out = Path(ladder.dir) / "benchmarks" / f"{rung.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    code = benchmark_main(
+        [
+            "benchmark.py",
+            str(path),
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--data",
+            "config",
+            "--out",
+            str(out),
+        ]
+    )
+    if code == 0 and env_rank() == 0:
+        measured = json.loads(out.read_text())["results"]
+        mfu = "n/a" if measured["mfu"] is None else f"{100 * measured['mfu']:.1f}%"
+        log.info(
+            "Size %s: %s tokens/s per device, MFU %s (planned at %.0f%%); %s.",
+            rung.name,
+            f"{measured['tokens_per_second']:,.0f}",
+            mfu,
+            100 * rung.plan.assumed_mfu,
+            out,
+        )
+    return code
+
+
+def results(ladder: LadderConfig, args: argparse.Namespace) -> int:
+    rungs = plan_ladder(ladder, args.size)
+    report: dict[str, Any] = {"ladder": ladder.name, **ladder_results(rungs, ladder.fit_metric)}
+    text = format_results(report)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
+        (out / "results.md").write_text(text + "\n")
+        if plot_loss_vs_compute(report, out / "loss_vs_compute.png"):
+            log.info("Wrote %s", out / "loss_vs_compute.png")
+    print(json.dumps(report, indent=1) if args.json else text)
+    return 0

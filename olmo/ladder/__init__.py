@@ -1,0 +1,29 @@
+"""Scaling ladders: a family of model sizes planned, trained, tracked and fitted from one YAML.
+
+* :mod:`olmo.ladder.config`: :class:`LadderConfig` (the YAML) and :func:`load_ladder`.
+* :mod:`olmo.ladder.plan`: each size as a train config and a run plan (:func:`plan_ladder`).
+* :mod:`olmo.ladder.fit`: scaling-law fits (loss against compute; the Chinchilla form).
+* :mod:`olmo.ladder.report`: checkpoint status, results, predictions and plots.
+
+``scripts/ladder.py`` (:mod:`olmo.cli.ladder`) is the command.
+"""
+
+from .config import NAMED_SIZES, BatchRule, LadderConfig, LRRule, SizeSpec, load_ladder
+from .fit import PowerLawFit, fit_chinchilla, fit_loss_vs_compute, fit_power_law
+from .plan import Rung, plan_ladder, write_rung_config
+
+__all__ = [
+    "NAMED_SIZES",
+    "BatchRule",
+    "LRRule",
+    "LadderConfig",
+    "SizeSpec",
+    "load_ladder",
+    "PowerLawFit",
+    "fit_power_law",
+    "fit_loss_vs_compute",
+    "fit_chinchilla",
+    "Rung",
+    "plan_ladder",
+    "write_rung_config",
+]

@@ -1,0 +1,318 @@
+"""The ladder's YAML: :class:`LadderConfig` (a family of model sizes trained from one OLMo base config), its
+loading with ``--key=value`` overrides, and the checks on its values.
+
+Every field has a docstring; unknown keys, wrong types and impossible values are
+:class:`~olmo.exceptions.OLMoConfigurationError`\\ s naming the key (and the size) and the fix. What each size
+turns into (batch, micro-batch, devices, learning rate, steps) is worked out by :mod:`olmo.ladder.plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+from omegaconf import DictConfig
+from omegaconf import OmegaConf as om
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from ..config_cli import config_error, load_yaml, override_yaml_error, parse_override
+from ..config_resolvers import register_resolvers
+from ..exceptions import OLMoConfigurationError
+
+__all__ = ["NAMED_SIZES", "SizeSpec", "BatchRule", "LRRule", "LadderConfig", "load_ladder"]
+
+NAMED_SIZES: dict[str, dict[str, Any]] = {
+    "60M": dict(d_model=512, n_layers=14, n_heads=8, mlp_ratio=8),
+    "150M": dict(d_model=768, n_layers=16, n_heads=12, mlp_ratio=8),
+    "300M": dict(d_model=1024, n_layers=18, n_heads=16, mlp_ratio=8),
+    "600M": dict(d_model=1536, n_layers=16, n_heads=16, mlp_ratio=8),
+    "1B": dict(d_model=2048, n_layers=16, n_heads=16, mlp_ratio=8),
+    "3B": dict(d_model=3072, n_layers=20, n_heads=24, mlp_ratio=8),
+    "7B": dict(d_model=4096, n_layers=32, n_heads=32, mlp_hidden_size=22016),
+    "13B": dict(d_model=5120, n_layers=40, n_heads=40, mlp_hidden_size=27648),
+}
+"""Shapes for size names, in OLMo's block design (SwiGLU, no biases; ``mlp_ratio: 8`` as OLMo-1B, OLMo-7B's and
+OLMo-2-13B's MLP widths). The name is the non-embedding parameter count with that design (within 10%)."""
+
+_SIZE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass
+class SizeSpec:
+    """One rung: a name (the folder ``dir/NAME``), its shape, and optional per-size overrides of the rules."""
+
+    name: str = "???"
+    """The size's name; a key of :data:`NAMED_SIZES` gives the shape (fields given here win), any other name
+    needs one."""
+    d_model: Optional[int] = None
+    """Hidden size (``model.d_model``)."""
+    n_layers: Optional[int] = None
+    """Transformer blocks (``model.n_layers``)."""
+    n_heads: Optional[int] = None
+    """Attention heads (``model.n_heads``)."""
+    n_kv_heads: Optional[int] = None
+    """Key/value heads for GQA; None keeps the base config's."""
+    mlp_ratio: Optional[int] = None
+    """MLP width as a multiple of ``d_model``; None keeps the base config's."""
+    mlp_hidden_size: Optional[int] = None
+    """Explicit MLP width (wins over ``mlp_ratio``); None keeps the base config's unless ``mlp_ratio`` is set."""
+    max_duration: Optional[Union[int, str]] = None
+    """This size's length in steps (``5000``) or tokens (``"2e9T"``) instead of ``chinchilla_multiple``."""
+    global_batch_size: Optional[int] = None
+    """This size's global batch in instances instead of the batch rule; must be divisible by devices x micro-batch."""
+    rank_microbatch_size: Optional[int] = None
+    """Instances per device per forward pass instead of the largest power of two that fits the device."""
+    learning_rate: Optional[float] = None
+    """Peak learning rate instead of the LR rule."""
+
+    @property
+    def model_fields(self) -> dict[str, int]:
+        """The shape fields this spec sets."""
+        names = ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_ratio", "mlp_hidden_size")
+        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+
+
+@dataclass
+class BatchRule:
+    """Target global batch in tokens as a function of the non-embedding parameter count N:
+    ``tokens_coefficient * (N / reference_params) ** exponent`` (OLMo-core's ladder: 160 instances of 2048
+    tokens at 108M parameters, growing as N^(2/3)). In instances of ``sequence_length``, it is rounded to a power
+    of two (``round_to_power_of_two``) or to the nearest integer, then to a multiple of devices x micro-batch."""
+
+    tokens_coefficient: float = 327_680.0
+    """Tokens per batch at ``reference_params``."""
+    reference_params: float = 108e6
+    """Non-embedding parameters at which the batch is ``tokens_coefficient`` tokens."""
+    exponent: float = 2 / 3
+    """How the batch grows with N."""
+    round_to_power_of_two: bool = True
+    """Round the instances to the nearest power of two (in log space) rather than to the nearest integer."""
+
+
+@dataclass
+class LRRule:
+    """Peak learning rate ``coefficient * (N / reference_params) ** params_exponent * (B / reference_batch_tokens)
+    ** batch_exponent`` (N non-embedding parameters, B the actual batch in tokens; OLMo-core's ladder: 0.0047 at
+    108M, as N^(-1/3), independent of the batch), with a linear warmup of ``warmup_tokens_per_param * N`` tokens
+    (OLMo-core: one token per parameter) into the base config's schedule."""
+
+    coefficient: float = 0.0047
+    """Peak learning rate at ``reference_params`` (and ``reference_batch_tokens``)."""
+    reference_params: float = 108e6
+    """Non-embedding parameters at which the rate is ``coefficient``."""
+    params_exponent: float = -1 / 3
+    """How the rate scales with N."""
+    batch_exponent: float = 0.0
+    """How the rate scales with the batch in tokens (0: not at all; 0.5: square-root scaling)."""
+    reference_batch_tokens: float = 327_680.0
+    """Batch in tokens at which the rate is ``coefficient`` (used when ``batch_exponent`` is not 0)."""
+    warmup_tokens_per_param: float = 1.0
+    """Warmup length in tokens per non-embedding parameter; must leave the warmup shorter than the run."""
+
+
+@dataclass
+class LadderConfig:
+    """A scaling ladder: model sizes trained with one recipe, from one OLMo base config."""
+
+    name: str = "???"
+    """The ladder's name (run names are ``NAME-SIZE``)."""
+    dir: str = "runs/ladder/${name}"
+    """Where every size trains: ``dir/SIZE/`` is its save folder; ``dir/configs/SIZE.yaml`` its train config."""
+    base_config: str = "???"
+    """An OLMo train config (path relative to the current directory); every setting not set by the ladder (data,
+    optimizer, schedule shape, precision, sharding, activation checkpointing, evaluators) is inherited."""
+    train_overrides: list[str] = field(default_factory=list)
+    """Train-config overrides (``key.path=value``) applied to the base config; the ladder's own settings (shape,
+    batch, micro-batch, learning rate, warmup, duration, checkpoints, save folder, seed) are applied after them."""
+    sizes: list[Any] = field(default_factory=list)
+    """The rungs, smallest first: names of :data:`NAMED_SIZES` or ``{name, d_model, n_layers, n_heads, ...}`` (see
+    :class:`SizeSpec`). The scaling law is fitted to these."""
+    next_sizes: list[Any] = field(default_factory=list)
+    """Sizes beyond the ladder, planned like the others (dry-run, run) but never fitted: ``results`` predicts their
+    loss from the fit and shows it beside the measured loss once they have run."""
+    sequence_length: int = 4096
+    """Tokens per instance (``model.max_sequence_length``) for every size."""
+    max_devices: int = 1
+    """Most devices (data-parallel ranks) a size may use; a size uses fewer when its batch is smaller."""
+    device_type: Optional[str] = None
+    """The device every rank has: ``cpu``, ``H100 80GB``, ``A100 40GB``, ...; None is this machine's."""
+    seed: int = 6198
+    """Seed of every size (model init and data order)."""
+    chinchilla_multiple: float = 1.0
+    """Training tokens = ``chinchilla_multiple * 20 * N`` (N non-embedding parameters), rounded up to whole batches;
+    a size's own ``max_duration`` wins."""
+    batch: BatchRule = field(default_factory=BatchRule)
+    """The global batch size rule."""
+    lr: LRRule = field(default_factory=LRRule)
+    """The learning rate and warmup rule."""
+    max_rank_microbatch_size: int = 32
+    """Largest micro-batch (instances per device per forward pass) tried; the largest power of two up to it that
+    fits the device's memory (see :func:`olmo.plan.estimate_memory`) is used."""
+    checkpoints_per_run: int = 4
+    """Checkpoints (and evaluations) per size, evenly spaced in steps; the last is at the final step."""
+    sharded_checkpoints: bool = False
+    """Save sharded checkpoints (``stepN/``) instead of unsharded ones (``stepN-unsharded/``)."""
+    assumed_mfu: float = 0.4
+    """MFU assumed for the estimated wall time."""
+    fit_metric: Optional[str] = None
+    """The ``metrics.jsonl`` key whose final value the scaling law fits; None: the first
+    ``eval/*/CrossEntropyLoss`` every finished size logged, else the training loss averaged over the last 10 steps."""
+
+
+def _ladder_error(e: OmegaConfBaseException, source: str) -> OLMoConfigurationError:
+    if not isinstance(e, ConfigKeyError):
+        return config_error(e, source)
+    key = getattr(e, "full_key", None) or "?"
+    parent, _, leaf = key.rpartition(".")
+    node: Any = LadderConfig
+    for part in parent.split(".") if parent else []:
+        node = typing.get_type_hints(node).get(part) if dataclasses.is_dataclass(node) else None
+    return _unknown_key(key, leaf, node, source)
+
+
+def _unknown_key(key: str, leaf: str, schema: Any, source: str) -> OLMoConfigurationError:
+    """An unknown key ``key`` (its last part ``leaf``, a field of none of ``schema``'s), with the closest field."""
+    names = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else []
+    close = difflib.get_close_matches(leaf, names, n=1, cutoff=0.5)
+    hint = f" Did you mean '{key[: len(key) - len(leaf)]}{close[0]}'?" if close else ""
+    return OLMoConfigurationError(
+        f"Unknown ladder key '{key}' ({source}).{hint} Remove or rename it; every ladder key is documented in "
+        f"olmo/ladder/config.py."
+    )
+
+
+def load_ladder(path: Union[str, Path], overrides: Optional[list[str]] = None) -> LadderConfig:
+    """Load a ladder YAML, apply ``--key.path=value`` overrides, resolve interpolations and check the values.
+
+    :raises OLMoConfigurationError: naming the key (and size) for unknown keys, wrong types and bad values.
+    """
+    register_resolvers()
+    path = Path(path)
+    raw = load_yaml(path)
+    try:
+        conf = om.merge(om.structured(LadderConfig), raw)
+    except OmegaConfBaseException as e:
+        raise _ladder_error(e, f"in {path}") from None
+    for arg in overrides or []:
+        override = parse_override(arg, LadderConfig)
+        try:
+            conf = om.merge(conf, om.from_dotlist([override]))
+        except yaml.YAMLError as e:
+            raise override_yaml_error(override, e) from None
+        except OmegaConfBaseException as e:
+            raise _ladder_error(e, f"from the command-line override '--{override}'") from None
+    try:
+        ladder: LadderConfig = om.to_object(conf)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        raise _ladder_error(e, f"in {path} or its command-line overrides") from None
+    ladder.sizes = [_size_spec(s, f"sizes[{i}]") for i, s in enumerate(ladder.sizes)]
+    ladder.next_sizes = [_size_spec(s, f"next_sizes[{i}]") for i, s in enumerate(ladder.next_sizes)]
+    validate_ladder(ladder)
+    return ladder
+
+
+def _size_spec(item: Any, key: str) -> SizeSpec:
+    """A size as given (a name, or a mapping) as a :class:`SizeSpec` with its shape filled in."""
+    if isinstance(item, SizeSpec):
+        return item
+    if isinstance(item, (str, int)):
+        item = {"name": str(item)}
+    if not isinstance(item, (dict, DictConfig)):
+        raise OLMoConfigurationError(
+            f"{key}={item!r} is not a size: give a name ({', '.join(NAMED_SIZES)}) or a mapping such as "
+            f"{{name: small, d_model: 256, n_layers: 4, n_heads: 4}}."
+        )
+    try:
+        spec: SizeSpec = om.to_object(om.merge(om.structured(SizeSpec), om.create(dict(item))))  # type: ignore
+    except ConfigKeyError as e:
+        leaf = str(getattr(e, "key", None) or "?")
+        raise _unknown_key(f"{key}.{leaf}", leaf, SizeSpec, "in a size") from None
+    except OmegaConfBaseException as e:
+        msg = str(getattr(e, "msg", None) or e).splitlines()[0].rstrip(".")
+        raise OLMoConfigurationError(
+            f"Invalid value for {key}.{getattr(e, 'full_key', '?')}: {msg}. Fix it in the YAML, or replace the whole "
+            f"list with --{key.split('[')[0]}=[...]."
+        ) from None
+    named = NAMED_SIZES.get(spec.name, {})
+    return dataclasses.replace(spec, **{k: v for k, v in named.items() if getattr(spec, k) is None})
+
+
+def validate_ladder(ladder: LadderConfig) -> None:
+    """Check the values that types cannot, reporting every problem at once.
+
+    :raises OLMoConfigurationError: listing each problem with its key and fix.
+    """
+    problems: list[str] = []
+    if not _SIZE_NAME.match(ladder.name):
+        problems.append(f"name={ladder.name!r} must be letters, digits, '.', '_' or '-' (it names the runs).")
+    if not Path(ladder.base_config).is_file():
+        problems.append(
+            f"base_config={ladder.base_config!r} is not a file (paths are relative to the current directory). "
+            f"Point it at an OLMo train config, e.g. configs/official/OLMo-1B.yaml."
+        )
+    if not ladder.sizes:
+        problems.append("sizes is empty: list the rungs, e.g. sizes: [60M, 150M, 300M].")
+    names = [s.name for s in [*ladder.sizes, *ladder.next_sizes]]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"size {dup!r} is listed more than once in sizes/next_sizes; give each size its own name.")
+    for key, specs in (("sizes", ladder.sizes), ("next_sizes", ladder.next_sizes)):
+        for i, spec in enumerate(specs):
+            problems += _size_problems(spec, f"{key}[{i}]")
+    positive = {
+        "sequence_length": ladder.sequence_length,
+        "max_devices": ladder.max_devices,
+        "chinchilla_multiple": ladder.chinchilla_multiple,
+        "max_rank_microbatch_size": ladder.max_rank_microbatch_size,
+        "checkpoints_per_run": ladder.checkpoints_per_run,
+        "batch.tokens_coefficient": ladder.batch.tokens_coefficient,
+        "batch.reference_params": ladder.batch.reference_params,
+        "lr.coefficient": ladder.lr.coefficient,
+        "lr.reference_params": ladder.lr.reference_params,
+        "lr.reference_batch_tokens": ladder.lr.reference_batch_tokens,
+    }
+    problems += [f"{k}={v} must be positive." for k, v in positive.items() if not v > 0]
+    if ladder.lr.warmup_tokens_per_param < 0:
+        problems.append(f"lr.warmup_tokens_per_param={ladder.lr.warmup_tokens_per_param} must be >= 0.")
+    if not 0 < ladder.assumed_mfu <= 1:
+        problems.append(f"assumed_mfu={ladder.assumed_mfu} must be in (0, 1], e.g. 0.4.")
+    if not 0 <= ladder.seed < 2**32:
+        problems.append(f"seed={ladder.seed} must be in [0, 2^32).")
+    if problems:
+        listing = "\n".join(f"  - {p}" for p in problems)
+        raise OLMoConfigurationError(
+            f"The ladder config has {len(problems)} problem(s); fix them in the YAML or with --key=value:\n{listing}"
+        )
+
+
+def _size_problems(spec: SizeSpec, key: str) -> list[str]:
+    out: list[str] = []
+    where = f"{key} (size {spec.name!r})"
+    if not _SIZE_NAME.match(spec.name):
+        out.append(f"{where}: the name must be letters, digits, '.', '_' or '-' (it names the folder dir/NAME).")
+    missing = [k for k in ("d_model", "n_layers", "n_heads") if getattr(spec, k) is None]
+    if missing:
+        out.append(
+            f"{where} has no {', '.join(missing)}: use a known size name ({', '.join(NAMED_SIZES)}) or give the "
+            f"shape, e.g. {{name: {spec.name}, d_model: 256, n_layers: 4, n_heads: 4}}."
+        )
+    for k, v in spec.model_fields.items():
+        if v <= 0:
+            out.append(f"{where}: {k}={v} must be positive.")
+    if spec.d_model and spec.n_heads and spec.d_model % spec.n_heads:
+        out.append(f"{where}: d_model={spec.d_model} must be divisible by n_heads={spec.n_heads}.")
+    for k in ("global_batch_size", "rank_microbatch_size", "learning_rate"):
+        v = getattr(spec, k)
+        if v is not None and not v > 0:
+            out.append(f"{where}: {k}={v} must be positive (or left out to use the rule).")
+    if spec.max_duration is not None and str(spec.max_duration).strip().endswith("ep"):
+        out.append(
+            f"{where}: max_duration={spec.max_duration!r} is in epochs, which depend on the data; give steps "
+            f"(5000) or tokens ('2e9T')."
+        )
+    return out

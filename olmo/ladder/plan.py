@@ -1,0 +1,301 @@
+"""Each size of a ladder as a train config and a run plan: the per-size arithmetic.
+
+For a size with N non-embedding parameters (counted by the model's own code, see :func:`olmo.plan.model_facts`):
+
+1. the target global batch is ``batch.tokens_coefficient * (N / batch.reference_params) ** batch.exponent`` tokens,
+   in instances of ``sequence_length`` rounded to a power of two (or the nearest integer);
+2. the micro-batch is the largest power of two up to ``max_rank_microbatch_size`` (and the batch) whose estimated
+   peak memory fits the device (:func:`olmo.plan.estimate_memory`), with ``min(max_devices, batch / micro)``
+   data-parallel devices; the batch is then rounded to a multiple of devices x micro-batch;
+3. the learning rate is ``lr.coefficient * (N / lr.reference_params) ** lr.params_exponent`` (times the batch
+   term when ``lr.batch_exponent`` is set), warmed up over ``lr.warmup_tokens_per_param * N`` tokens;
+4. the run is ``chinchilla_multiple * 20 * N`` tokens, rounded up to whole batches;
+5. ``checkpoints_per_run`` checkpoints and evaluations, every ``ceil(steps / checkpoints_per_run)`` steps and at
+   the end.
+
+A size's own ``global_batch_size``, ``rank_microbatch_size``, ``learning_rate`` or ``max_duration`` replaces its
+rule. Sizes that cannot work are reported together, each naming the size and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, cast
+
+from omegaconf import DictConfig
+from omegaconf import OmegaConf as om
+
+from ..config import TrainConfig
+from ..config_cli import load_yaml, parse_override
+from ..config_validation import parse_duration_steps
+from ..exceptions import OLMoCliError, OLMoConfigurationError
+from ..plan import DeviceSpec, ModelFacts, RunPlan, estimate_memory, model_facts, plan_run, resolve_device
+from .config import LadderConfig, SizeSpec
+
+__all__ = ["Rung", "plan_ladder", "select_sizes", "checkpoint_steps", "write_rung_config"]
+
+
+@dataclass
+class Rung:
+    """One size of the ladder, planned."""
+
+    spec: SizeSpec
+    cfg: TrainConfig
+    """The size's train config (base config + ``train_overrides`` + the ladder's settings), validated."""
+    config_yaml: str
+    """That config as YAML, before interpolations resolve (what ``run`` writes to ``dir/configs/SIZE.yaml``)."""
+    plan: RunPlan
+    target_batch_tokens: float
+    """The batch rule's target, before rounding."""
+    checkpoint_steps: list[int]
+    """Steps at which checkpoints (and evaluations) are written."""
+    is_next: bool
+    """A size of ``next_sizes``: planned and runnable, but not part of the fit."""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def save_folder(self) -> Path:
+        return Path(self.cfg.save_folder)
+
+    def summary(self) -> dict[str, Any]:
+        """The plan as JSON values, with the size's name and the ladder's own numbers."""
+        return {
+            "size": self.name,
+            **self.plan.as_dict(),
+            "target_global_batch_size_tokens": self.target_batch_tokens,
+            "target_global_batch_size_instances": self.target_batch_tokens / self.plan.sequence_length,
+            "checkpoint_steps": self.checkpoint_steps,
+            "save_folder": str(self.save_folder),
+            "next_size": self.is_next,
+        }
+
+
+def select_sizes(ladder: LadderConfig, names: Optional[list[str]]) -> list[SizeSpec]:
+    """The specs named (all of ``sizes`` then ``next_sizes`` when None).
+
+    :raises OLMoCliError: for a name the ladder does not have.
+    """
+    specs = [*ladder.sizes, *ladder.next_sizes]
+    if not names:
+        return specs
+    by_name = {s.name: s for s in specs}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise OLMoCliError(
+            f"Size(s) {', '.join(map(repr, unknown))} not in ladder {ladder.name!r}: its sizes are "
+            f"{', '.join(s.name for s in ladder.sizes)}"
+            + (f"; its next_sizes {', '.join(s.name for s in ladder.next_sizes)}" if ladder.next_sizes else "")
+            + ". Pick one with --size, or add it to sizes."
+        )
+    return [by_name[n] for n in names]
+
+
+def plan_ladder(ladder: LadderConfig, names: Optional[list[str]] = None) -> list[Rung]:
+    """Plan the sizes named (every size when None), smallest first as listed.
+
+    :raises OLMoConfigurationError: listing every size that cannot be planned, each with its fix.
+    """
+    base = _Base.load(ladder)
+    device = resolve_device(ladder.device_type, base.cfg.speed_monitor.gpu_flops_available)
+    next_names = {s.name for s in ladder.next_sizes}
+    rungs, problems = [], []
+    for spec in select_sizes(ladder, names):
+        try:
+            rungs.append(_plan_size(ladder, base, spec, device, spec.name in next_names))
+        except OLMoConfigurationError as e:
+            problems.append(str(e))
+    if problems:
+        listing = "\n".join(f"  - {p}" for p in problems)
+        raise OLMoConfigurationError(
+            f"Ladder {ladder.name!r}: {len(problems)} size(s) cannot be planned:\n{listing}"
+        )
+    return rungs
+
+
+@dataclass(frozen=True)
+class _Base:
+    """The base config with ``train_overrides``: as YAML (interpolations kept) and loaded."""
+
+    raw: DictConfig
+    cfg: TrainConfig
+
+    @classmethod
+    def load(cls, ladder: LadderConfig) -> _Base:
+        try:
+            cfg = TrainConfig.load(ladder.base_config, ladder.train_overrides)
+        except OLMoConfigurationError as e:
+            raise OLMoConfigurationError(f"base_config={ladder.base_config!r} with train_overrides: {e}") from None
+        raw = load_yaml(Path(ladder.base_config))
+        if ladder.train_overrides:
+            dotlist = [parse_override(o, TrainConfig) for o in ladder.train_overrides]
+            raw = cast(DictConfig, om.merge(raw, om.from_dotlist(dotlist)))
+        return cls(raw, cfg)
+
+    def shaped(self, spec: SizeSpec, sequence_length: int) -> TrainConfig:
+        """The base config with the size's shape: enough to count parameters and estimate memory."""
+        model = dataclasses.replace(self.cfg.model, **_model_fields(spec, sequence_length))
+        return dataclasses.replace(self.cfg, model=model)
+
+    def with_settings(self, spec: SizeSpec, settings: dict[str, Any]) -> tuple[TrainConfig, str]:
+        """The size's train config and its YAML: the base with ``settings`` (dotted key -> value) merged in
+        before interpolations resolve, so that ``${run_name}`` and the like follow them, as CLI overrides do."""
+        # JSON values are YAML flow scalars: names and paths survive the dotlist parser whatever they contain.
+        dotlist = [f"{k}={json.dumps(v)}" for k, v in settings.items()]
+        text = om.to_yaml(om.merge(self.raw, om.from_dotlist(dotlist)))
+        with tempfile.TemporaryDirectory(prefix="olmo-ladder-") as tmp:
+            path = Path(tmp) / f"{spec.name}.yaml"
+            path.write_text(text)
+            try:
+                return TrainConfig.load(path), text
+            except OLMoConfigurationError as e:
+                raise OLMoConfigurationError(f"size {spec.name!r}: {e}") from None
+
+
+def _model_fields(spec: SizeSpec, sequence_length: int) -> dict[str, Any]:
+    """The ``model`` fields a size sets."""
+    fields: dict[str, Any] = {**spec.model_fields, "max_sequence_length": sequence_length}
+    if spec.mlp_ratio is not None and spec.mlp_hidden_size is None:
+        fields["mlp_hidden_size"] = None  # the ratio must win over a width in the base config
+    return fields
+
+
+def _target_instances(ladder: LadderConfig, n_params: int) -> tuple[float, int]:
+    """The batch rule: (target tokens, instances rounded as the rule says)."""
+    rule = ladder.batch
+    tokens = rule.tokens_coefficient * (n_params / rule.reference_params) ** rule.exponent
+    instances = max(1.0, tokens / ladder.sequence_length)
+    if rule.round_to_power_of_two:
+        return tokens, 2 ** round(math.log2(instances))
+    return tokens, max(1, math.floor(instances + 0.5))
+
+
+def _micro_and_devices(
+    ladder: LadderConfig, spec: SizeSpec, cfg: TrainConfig, facts: ModelFacts, device: DeviceSpec, instances: int
+) -> tuple[int, int]:
+    """The largest micro-batch (a power of two, or the size's own) that fits the device, and the devices it uses."""
+    if spec.rank_microbatch_size is not None:
+        candidates = [spec.rank_microbatch_size]
+    else:
+        top = 2 ** int(math.log2(max(1, min(ladder.max_rank_microbatch_size, instances))))
+        candidates = [2**k for k in range(int(math.log2(top)), -1, -1)]
+    for micro in candidates:
+        devices = min(ladder.max_devices, max(1, instances // micro))
+        memory = estimate_memory(cfg, facts, devices, device, micro)
+        if memory.total <= device.memory_bytes:
+            return micro, devices
+    gb = 1e9
+    own = spec.rank_microbatch_size is not None
+    what = f"rank_microbatch_size={micro}" if own else "a micro-batch of 1 instance"
+    state = (memory.params + memory.grads + memory.optimizer) / gb
+    raise OLMoConfigurationError(
+        f"size {spec.name!r}: {what} of {ladder.sequence_length} tokens needs ~{memory.total / gb:.1f} GB per device "
+        f"on {devices} x {device.name} (weights, gradients and optimizer state {state:.1f} GB, activations "
+        f"{memory.activations / gb:.1f} GB, loss {memory.loss / gb:.1f} GB), more than its "
+        f"{device.memory_bytes / gb:.1f} GB. "
+        + ("Lower its rank_microbatch_size, or set" if own and micro > 1 else "Set")
+        + " activation checkpointing (--train_overrides=[activation_checkpointing=whole_layer]), fused_loss or a "
+        "shorter sequence_length; raise max_devices to shard the weights over more devices; or use a device_type "
+        "with more memory."
+    )
+
+
+def checkpoint_steps(max_steps: int, per_run: int) -> list[int]:
+    """The steps ``per_run`` evenly spaced checkpoints fall on: every ``ceil(max_steps / per_run)``, and the end."""
+    interval = max(1, math.ceil(max_steps / per_run))
+    return sorted({*range(interval, max_steps + 1, interval), max_steps})
+
+
+def _plan_size(ladder: LadderConfig, base: _Base, spec: SizeSpec, device: DeviceSpec, is_next: bool) -> Rung:
+    shaped = base.shaped(spec, ladder.sequence_length)
+    facts = model_facts(shaped)
+    n = facts.num_non_embedding_params
+    target_tokens, instances = _target_instances(ladder, n)
+    if spec.global_batch_size is not None:
+        instances = spec.global_batch_size
+    micro, devices = _micro_and_devices(ladder, spec, shaped, facts, device, instances)
+    unit = micro * devices
+    if spec.global_batch_size is None:
+        instances = max(unit, math.floor(instances / unit + 0.5) * unit)
+    elif instances % unit:
+        lower, upper = max(unit, instances // unit * unit), (instances // unit + 1) * unit
+        raise OLMoConfigurationError(
+            f"size {spec.name!r}: global_batch_size={instances} is not divisible by devices ({devices}) x "
+            f"micro-batch ({micro}) = {unit}. Set its global_batch_size to {lower} or {upper}, or set its "
+            f"rank_microbatch_size to a divisor of {instances // devices if instances >= devices else instances}."
+        )
+    batch_tokens = instances * ladder.sequence_length
+    rule = ladder.lr
+    lr = spec.learning_rate or (
+        rule.coefficient
+        * (n / rule.reference_params) ** rule.params_exponent
+        * (batch_tokens / rule.reference_batch_tokens) ** rule.batch_exponent
+    )
+    if spec.max_duration is not None:
+        steps = parse_duration_steps(spec.max_duration, instances, batch_tokens, 0)
+    else:
+        steps = max(1, math.ceil(ladder.chinchilla_multiple * 20 * n / batch_tokens))
+    warmup = math.ceil(rule.warmup_tokens_per_param * n / batch_tokens)
+    if warmup >= steps:
+        raise OLMoConfigurationError(
+            f"size {spec.name!r}: the warmup ({warmup} steps = lr.warmup_tokens_per_param "
+            f"{rule.warmup_tokens_per_param} x {n:,} parameters) is not shorter than the run ({steps} steps of "
+            f"{batch_tokens:,} tokens). Lower lr.warmup_tokens_per_param or raise chinchilla_multiple."
+        )
+    settings = _train_settings(ladder, spec, instances, micro, lr, warmup, steps)
+    cfg, text = base.with_settings(spec, settings)
+    try:
+        cfg.validate(devices)
+    except OLMoConfigurationError as e:
+        raise OLMoConfigurationError(f"size {spec.name!r}: {e}") from None
+    plan = plan_run(cfg, devices, None, ladder.device_type, mfu=ladder.assumed_mfu, facts=facts)
+    return Rung(spec, cfg, text, plan, target_tokens, checkpoint_steps(steps, ladder.checkpoints_per_run), is_next)
+
+
+def _train_settings(
+    ladder: LadderConfig, spec: SizeSpec, instances: int, micro: int, lr: float, warmup: int, steps: int
+) -> dict[str, Any]:
+    """Everything the ladder sets in a size's train config (dotted key -> value)."""
+    interval = max(1, math.ceil(steps / ladder.checkpoints_per_run))
+    sharded = ladder.sharded_checkpoints
+    return {
+        **{f"model.{k}": v for k, v in _model_fields(spec, ladder.sequence_length).items()},
+        "run_name": f"{ladder.name}-{spec.name}",
+        "seed": ladder.seed,
+        "save_folder": str(Path(ladder.dir) / spec.name),
+        "global_train_batch_size": instances,
+        "device_train_microbatch_size": micro,
+        "device_train_batch_size": None,
+        "device_train_grad_accum": None,
+        "optimizer.learning_rate": lr,
+        "scheduler.units": "steps",
+        "scheduler.t_warmup": warmup,
+        "scheduler.t_max": None,
+        "max_duration": steps,
+        "stop_at": None,
+        "stop_after": None,
+        "save_interval": interval if sharded else None,
+        "save_interval_unsharded": None if sharded else interval,
+        "save_num_checkpoints_to_keep" if sharded else "save_num_unsharded_checkpoints_to_keep": -1,
+        "eval_interval": interval,
+        "no_pre_train_checkpoint": True,  # a step-0 checkpoint tells the fit nothing
+    }
+
+
+def write_rung_config(ladder: LadderConfig, rung: Rung) -> Path:
+    """Write the rung's train config to ``dir/configs/SIZE.yaml`` (atomically: every rank of a launch writes the
+    same file) and return its path."""
+    path = Path(ladder.dir) / "configs" / f"{rung.name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(rung.config_yaml)
+    os.replace(tmp, path)
+    return path
