@@ -15,11 +15,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Optional, TypeVar, Union
 
-import yaml
 from omegaconf import OmegaConf as om
 from omegaconf.errors import OmegaConfBaseException
 
-from .config_cli import clean_opt, config_error, load_yaml, override_yaml_error, parse_override
+from .config_cli import clean_opt, config_error, load_structured
 from .config_resolvers import register_resolvers
 from .config_sections import (
     ActivationCheckpointingStrategy,
@@ -57,7 +56,6 @@ from .config_sections import (
 )
 from .config_stages import KLEstimator, KLReferenceConfig, StageConfig
 from .config_validation import parse_duration_steps, validate_train_config
-from .exceptions import OLMoConfigurationError
 
 __all__ = [
     "StrEnum",
@@ -308,29 +306,7 @@ class TrainConfig:
         :raises OLMoConfigurationError: naming the key for unknown keys, wrong types and bad values.
         """
         register_resolvers()
-        path = Path(path)
-        raw = load_yaml(path)
-        try:
-            conf = om.merge(om.structured(cls), _update_legacy_settings(raw))
-        except OmegaConfBaseException as e:
-            raise config_error(e, f"in {path}") from None
-        for arg in overrides or []:
-            override = parse_override(arg, cls)
-            try:
-                conf = om.merge(conf, om.from_dotlist([override]))
-            except yaml.YAMLError as e:
-                raise override_yaml_error(override, e) from None
-            except OmegaConfBaseException as e:
-                raise config_error(e, f"from the command-line override '--{override}'") from None
-            except (TypeError, ValueError) as e:  # e.g. a dotted path into a list: evaluators.1.label=x
-                raise OLMoConfigurationError(
-                    f"Cannot apply the override '--{override}': {e}. A list can only be replaced as a whole "
-                    f"(e.g. --data.paths=[a.npy,b.npy] or --evaluators=[]), not element by element."
-                ) from None
-        try:
-            return om.to_object(conf)  # type: ignore[return-value]
-        except OmegaConfBaseException as e:
-            raise config_error(e, f"in {path} or its command-line overrides") from None
+        return load_structured(cls, path, overrides, prepare=_update_legacy_settings)
 
     @classmethod
     def from_dict(cls: type[C], values: dict[str, Any]) -> C:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, TypeVar, Union
 
 import yaml
 from omegaconf import DictConfig
@@ -18,7 +19,55 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from .exceptions import OLMoCliError, OLMoConfigurationError
 
-__all__ = ["clean_opt", "load_yaml", "parse_override", "config_error", "override_yaml_error"]
+__all__ = [
+    "clean_opt",
+    "load_yaml",
+    "load_structured",
+    "parse_override",
+    "config_error",
+    "override_yaml_error",
+]
+
+
+T = TypeVar("T")
+
+
+def load_structured(
+    schema: type[T],
+    path: Union[str, Path],
+    overrides: Optional[list[str]] = None,
+    error: Callable[[OmegaConfBaseException, str], Exception] = lambda e, source: config_error(e, source),
+    prepare: Callable[[Any], Any] = lambda raw: raw,
+) -> T:
+    """The dataclass ``schema`` from a YAML file and command-line overrides, interpolations resolved last.
+
+    :param overrides: ``--key.path=value``, ``key.path=value`` or bare boolean ``--flag`` arguments.
+    :param error: turns an OmegaConf error and where it came from into the exception to raise.
+    :param prepare: applied to the raw YAML before it is merged (e.g. accepting legacy spellings).
+    """
+    path = Path(path)
+    raw = load_yaml(path)
+    try:
+        conf = om.merge(om.structured(schema), prepare(raw))
+    except OmegaConfBaseException as e:
+        raise error(e, f"in {path}") from None
+    for arg in overrides or []:
+        override = parse_override(arg, schema)
+        try:
+            conf = om.merge(conf, om.from_dotlist([override]))
+        except yaml.YAMLError as e:
+            raise override_yaml_error(override, e) from None
+        except OmegaConfBaseException as e:
+            raise error(e, f"from the command-line override '--{override}'") from None
+        except (TypeError, ValueError) as e:  # e.g. a dotted path into a list: evaluators.1.label=x
+            raise OLMoConfigurationError(
+                f"Cannot apply the override '--{override}': {e}. A list can only be replaced as a whole "
+                f"(e.g. --data.paths=[a.npy,b.npy] or --evaluators=[]), not element by element."
+            ) from None
+    try:
+        return om.to_object(conf)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        raise error(e, f"in {path} or its command-line overrides") from None
 
 
 def clean_opt(arg: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,9 @@ from typing import Any
 
 from .exceptions import OLMoDataError
 
-__all__ = ["json_type", "read_json_lines"]
+log = logging.getLogger(__name__)
+
+__all__ = ["json_type", "read_json_lines", "read_metrics_jsonl"]
 
 
 def json_type(value: object) -> str:
@@ -61,3 +64,22 @@ def read_json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         raise OLMoDataError(
             f"Cannot read '{path}' ({e.strerror or e}). Check that it is a readable file."
         ) from None
+
+
+def read_metrics_jsonl(path: Path) -> dict[int, dict[str, float]]:
+    """A run's ``metrics.jsonl`` as step -> every number logged at that step (``step`` and ``time`` left out). A
+    resumed run appends, so a later line wins for a value logged twice at one step. A line that is not a metrics
+    record (a crash can cut the last one short) is skipped with a warning, so it does not hide the rest."""
+    steps: dict[int, dict[str, float]] = {}
+    for line_no, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        try:
+            record = json.loads(line)
+            step = int(record["step"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("Skipping line %d of %s: not a metrics record.", line_no, path)
+            continue
+        values = steps.setdefault(step, {})
+        for key, value in record.items():
+            if key not in ("step", "time") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                values[key] = float(value)
+    return steps

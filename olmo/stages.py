@@ -147,3 +147,31 @@ def build_stage_dataloader(cfg: TrainConfig, stage: Stage, world_size: int, rank
 
     staged = replace(cfg, data=stage.data, epoch=cfg.epoch if stage.segment == 0 else None)
     return build_train_dataloader(staged, world_size=world_size, rank=rank, work_dir=order_dir_of(cfg, stage))
+
+
+def check_kl_reference(cfg: TrainConfig, plan: StagePlan, restored: Optional[str], restored_step: int) -> None:
+    """Before any work: a launch that resumes inside a KL stage (after its first step) needs the checkpoint of
+    the stage's first step, which holds its reference (unless ``kl_reference.load_path`` names one).
+
+    :param restored: the checkpoint this launch restores with its trainer state, or None.
+    :raises OLMoCheckpointError: naming the checkpoint that is missing and what to do.
+    """
+    from .checkpoint import inspect_checkpoint
+    from .exceptions import OLMoCheckpointError
+
+    stage = plan.at(restored_step + 1)
+    if restored is None or stage.kl_beta == 0 or cfg.kl_reference.load_path is not None:
+        return
+    if restored_step <= stage.start_step:
+        return  # the snapshot is taken when the stage begins
+    name = boundary_checkpoint_name(stage)
+    candidates = [Path(cfg.save_folder) / name, Path(restored).parent / name]
+    found = next((c for c in candidates if c.is_dir()), None)
+    if found is None:
+        raise OLMoCheckpointError(
+            f"The launch resumes at step {restored_step}, inside KL stage {stage.index} ({stage.name}), whose "
+            f"reference is the model at its first step, saved as '{candidates[0]}'; that checkpoint is missing (not "
+            f"in save_folder nor next to '{restored}'). Copy it there, resume from a checkpoint at or before step "
+            f"{stage.start_step}, or name the reference with --kl_reference.load_path."
+        )
+    inspect_checkpoint(str(found), "the KL reference")

@@ -94,11 +94,30 @@ def test_kl_stage_resumes_bitwise_from_a_stop_in_the_middle_of_it(tmp_path, corp
         tmp_path / "whole" / "train_data" / "stage1" / "global_indices.npy", dtype=np.uint32, mode="r"
     )
     assert len(first) == len(second) and not np.array_equal(first, second)
+    if estimator == "full":  # plot_metrics draws the KL and marks where stage 1 begins
+        from olmo.cli.plot_metrics import main as plot_metrics
+        from olmo.cli.plot_metrics import read_metrics, stage_starts
+
+        plot_metrics([str(tmp_path / "whole"), "--out", str(tmp_path / "plots")])
+        assert (tmp_path / "plots" / "kl.png").stat().st_size > 0
+        assert stage_starts(read_metrics(tmp_path / "whole")) == [(5, 1)]
     # inspect_batch finds each step's instances in its stage's order, as the trainer recorded them.
     recorded = read_data_indices(tmp_path / "part")
     for step in (4, 5, 8):
         rows = inspect_batch([str(tmp_path / "part"), "--step", str(step)])
         assert [r.index for r in rows] == recorded[step][0], step
+
+
+def test_a_resume_inside_a_kl_stage_without_its_reference_checkpoint_stops_before_any_work(tmp_path, corpus):
+    import shutil
+
+    cfg = _config(tmp_path, corpus, stages=_stages())
+    assert run_train(cfg, "--stop_at=6") == 0
+    shutil.rmtree(tmp_path / "run" / "stage1-step4")
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.raises(OLMoCheckpointError, match=r"inside KL stage 1 \(anneal-kl\).*stage1-step4.*missing"):
+        run_train(cfg, "--try_load_latest_save")
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == lines
 
 
 def test_a_stage_scheduler_restarts_at_the_stage_and_spans_it(tmp_path, corpus):

@@ -12,13 +12,13 @@ stage begins with a dashed line.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
 from olmo.exceptions import OLMoCliError
+from olmo.json_lines import read_metrics_jsonl
 
 log = logging.getLogger("plot_metrics")
 
@@ -30,19 +30,10 @@ def read_metrics(run: Path) -> Series:
     if not path.is_file():
         raise OLMoCliError(f"'{path}' does not exist; pass the save_folder of a run (it holds metrics.jsonl).")
     series: Series = defaultdict(list)
-    for line_no, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
-        try:
-            record = json.loads(line)
-            step = int(record["step"])
-        except (ValueError, KeyError, TypeError):
-            # A crash can cut the last line short; one bad line should not hide the rest of the curves.
-            log.warning("Skipping line %d of %s: not a metrics record.", line_no, path)
-            continue
-        for key, value in record.items():
-            if key not in ("step", "time") and isinstance(value, (int, float)):
-                series[key].append((step, float(value)))
-    # A resumed run appends; keep the last value logged for each step.
-    return {key: sorted(dict(points).items()) for key, points in series.items()}
+    for step, values in sorted(read_metrics_jsonl(path).items()):
+        for key, value in values.items():
+            series[key].append((step, value))
+    return dict(series)
 
 
 def _smooth(values: list[float], window: int) -> list[float]:

@@ -31,7 +31,7 @@ from olmo.model import describe_attention
 from olmo.optim import build_optimizer, build_scheduler
 from olmo.plan import format_plan, plan_run
 from olmo.rng import seed_all
-from olmo.stages import build_stage_dataloader, plan_stages
+from olmo.stages import build_stage_dataloader, check_kl_reference, plan_stages
 from olmo.train import Trainer
 from olmo.train_module import build_train_module, train_module_class
 from olmo.util import env_rank, env_world_size
@@ -53,6 +53,8 @@ def main(argv: list) -> int:
         check_hf_export(cfg.model, cfg.tokenizer.identifier)  # the export at the end must not fail
     stages = plan_stages(cfg)  # the stages' lengths (in epochs: of their data) must add up to max_duration
     plan = plan_restore(cfg)  # opens every checkpoint file it will read
+    if plan is not None and plan.load_trainer_state and cfg.restore_dataloader:
+        check_kl_reference(cfg, stages, plan.info.path, plan.info.step)
     prepare_save_folder(cfg, plan)
     # Every rank checks the files; only rank 0 pays for the full token-id scan. A staged run checks every
     # stage's data.

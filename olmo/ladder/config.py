@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import yaml
 from omegaconf import DictConfig
 from omegaconf import OmegaConf as om
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from ..config_cli import config_error, load_yaml, override_yaml_error, parse_override
+from ..config_cli import config_error, load_structured
 from ..config_resolvers import register_resolvers
 from ..exceptions import OLMoConfigurationError
 
@@ -193,24 +192,7 @@ def load_ladder(path: Union[str, Path], overrides: Optional[list[str]] = None) -
     :raises OLMoConfigurationError: naming the key (and size) for unknown keys, wrong types and bad values.
     """
     register_resolvers()
-    path = Path(path)
-    raw = load_yaml(path)
-    try:
-        conf = om.merge(om.structured(LadderConfig), raw)
-    except OmegaConfBaseException as e:
-        raise _ladder_error(e, f"in {path}") from None
-    for arg in overrides or []:
-        override = parse_override(arg, LadderConfig)
-        try:
-            conf = om.merge(conf, om.from_dotlist([override]))
-        except yaml.YAMLError as e:
-            raise override_yaml_error(override, e) from None
-        except OmegaConfBaseException as e:
-            raise _ladder_error(e, f"from the command-line override '--{override}'") from None
-    try:
-        ladder: LadderConfig = om.to_object(conf)  # type: ignore[assignment]
-    except OmegaConfBaseException as e:
-        raise _ladder_error(e, f"in {path} or its command-line overrides") from None
+    ladder = load_structured(LadderConfig, path, overrides, _ladder_error)
     ladder.sizes = [_size_spec(s, f"sizes[{i}]") for i, s in enumerate(ladder.sizes)]
     ladder.next_sizes = [_size_spec(s, f"next_sizes[{i}]") for i, s in enumerate(ladder.next_sizes)]
     validate_ladder(ladder)

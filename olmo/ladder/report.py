@@ -7,7 +7,6 @@ Everything is read from the sizes' save folders: committed checkpoints (their co
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 
 from ..checkpoint_dirs import list_checkpoints
 from ..config import SchedulerUnits
+from ..json_lines import read_metrics_jsonl
 from ..optim import build_scheduler
 from ..plan import format_count
 from .fit import fit_chinchilla, fit_loss_vs_compute
@@ -44,24 +44,10 @@ MIN_CHINCHILLA_POINTS = 6
 
 
 def read_metrics(folder: Path) -> dict[int, dict[str, float]]:
-    """``metrics.jsonl`` of a save folder as step -> every value logged at that step (empty when absent). A line
-    that is not a metrics record (a crash can cut the last one short) is skipped with a warning."""
+    """``metrics.jsonl`` of a save folder as step -> every value logged at that step (empty when absent); see
+    :func:`olmo.json_lines.read_metrics_jsonl`."""
     path = folder / "metrics.jsonl"
-    steps: dict[int, dict[str, float]] = {}
-    if not path.is_file():
-        return steps
-    for line_no, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
-        try:
-            record = json.loads(line)
-            step = int(record["step"])
-        except (ValueError, KeyError, TypeError):
-            log.warning("Skipping line %d of %s: not a metrics record.", line_no, path)
-            continue
-        values = {
-            k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and k not in ("step", "time")
-        }
-        steps.setdefault(step, {}).update(values)
-    return steps
+    return read_metrics_jsonl(path) if path.is_file() else {}
 
 
 def _checkpoint_metrics(record: dict[str, float]) -> dict[str, float]:
