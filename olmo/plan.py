@@ -347,9 +347,7 @@ def _max_steps(cfg: TrainConfig, instances_per_epoch: Optional[int], notes: list
         return None
     stages = plan_stages(cfg, lambda _data: instances_per_epoch or 0)
     if stages.staged:
-        notes.append(
-            f"{len(stages.stages)} stages: " + ", ".join(f"{s.name} {s.num_steps:,} steps" for s in stages.stages)
-        )
+        notes.append(stages.describe())
     if cfg.stop_at is not None and cfg.stop_at < stages.total_steps:
         notes.append(f"stop_at={cfg.stop_at} ends the run before its last step ({stages.total_steps:,}).")
     return stages.total_steps

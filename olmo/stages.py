@@ -81,6 +81,16 @@ class StagePlan:
         of the last trained step (the first stage before any)."""
         return self.at(max(steps_done, 1))
 
+    def describe(self) -> str:
+        """One line for a run's plan: the stages, their lengths, and what a KL stage costs."""
+        parts = [f"{s.name} {s.num_steps:,} steps" + (" with KL" if s.kl_beta else "") for s in self.stages]
+        kl = any(s.kl_beta for s in self.stages)
+        cost = (
+            "; a KL stage also holds the frozen reference (one more copy of the weights, sharded like them) and "
+        )
+        cost += "runs its forward pass every step (not in the estimates here)"
+        return f"{len(self.stages)} stages: " + ", ".join(parts) + (cost if kl else "")
+
     def segment_start(self, stage: Stage) -> int:
         """Steps trained before the data segment of ``stage`` began."""
         return self.stages[stage.segment].start_step
