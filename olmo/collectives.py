@@ -8,6 +8,7 @@ come from :func:`olmo.launch.launch_env`, which every earlier reader of the rank
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from dataclasses import dataclass
@@ -108,8 +109,13 @@ def _rendezvous_store(launch: LaunchEnv, timeout: timedelta) -> dist.Store:
 
 
 def teardown_distributed() -> None:
+    """Destroy the process groups, then collect garbage: a model, optimizer or loader built on them holds them in
+    reference cycles, and a group left for interpreter exit has its gloo threads torn down mid-finalization, which
+    now and then aborts a rank after a finished run ("terminate called without an active exception"). Call it once
+    the objects built on the groups are out of scope (e.g. from the caller of the function that built them)."""
     if dist.is_initialized():
         dist.destroy_process_group()
+        gc.collect()
 
 
 def barrier() -> None:

@@ -18,20 +18,21 @@ process group, model or data order is set up. --dry_run stops right there and pr
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
-from olmo.checkpoint_plan import claim_save_folder, plan_restore, prepare_save_folder
+from olmo.checkpoint_plan import RestorePlan, claim_save_folder, plan_restore, prepare_save_folder
 from olmo.config import TrainConfig
 from olmo.config_docs import describe_config
 from olmo.data import build_memmap_dataset
-from olmo.distributed import barrier, build_model, init_distributed, teardown_distributed
-from olmo.eval import build_evaluators
+from olmo.distributed import DistEnv, barrier, build_model, init_distributed, teardown_distributed
+from olmo.eval import Evaluator, build_evaluators
 from olmo.exceptions import OLMoCliError
 from olmo.hf_files import check_hf_export
 from olmo.model import describe_attention
 from olmo.optim import build_optimizer, build_scheduler
 from olmo.plan import format_plan, plan_run
 from olmo.rng import seed_all
-from olmo.stages import build_stage_dataloader, check_kl_reference, plan_stages
+from olmo.stages import StagePlan, build_stage_dataloader, check_kl_reference, plan_stages
 from olmo.train import Trainer
 from olmo.train_module import build_train_module, train_module_class
 from olmo.util import env_rank, env_world_size
@@ -72,41 +73,46 @@ def main(argv: list) -> int:
 
     env = init_distributed(cfg.distributed_timeout_minutes)
     try:
-        seed_all(cfg.seed)
-        log.info(
-            "World size %d; device batch %d in micro-batches of %d (%d accumulation steps).",
-            env.world_size,
-            cfg.device_batch_size(env.world_size),
-            cfg.device_train_microbatch_size,
-            cfg.grad_accum_steps(env.world_size),
-        )
-        if env.is_main and not cfg.dry_run:
-            claim_save_folder(cfg, plan)  # the launch's first write: cleans up, then writes config.yaml
-        barrier()  # nobody writes into save_folder before rank 0 has made it this run's
-        train_loader = build_stage_dataloader(cfg, stages.stages[0], env.world_size, env.rank)
-        model = build_model(cfg, env)
-        log.info(
-            "Model: %s parameters (%s without embeddings), %.2f GFLOPs/token.",
-            f"{model.num_params():,}",
-            f"{model.num_params(include_embedding=False):,}",
-            model.num_flops_per_token() / 1e9,
-        )
-        optimizer = build_optimizer(cfg.optimizer, model)
-        train_module = build_train_module(
-            cfg, env, model, optimizer, build_scheduler(cfg.scheduler), cfg.train_module
-        )
-        trainer = Trainer(cfg, env, train_module, train_loader, evaluators, stages)
-        log_speed_setup(cfg, trainer)
-        if plan is not None:
-            trainer.restore(plan.info, plan.load_optimizer_state, plan.load_trainer_state)
-        if cfg.force_save_unsharded:
-            trainer.save(sharded=False)
-        if cfg.dry_run:  # with force_save_unsharded: the checkpoint is converted, and that was all
-            log.info("Dry run: stopping before training.")
-            return 0
-        return trainer.fit()
+        return train(cfg, env, stages, plan, evaluators)
     finally:
-        teardown_distributed()
+        teardown_distributed()  # after train() returned: what it built is garbage now, and is collected
+
+
+def train(
+    cfg: TrainConfig, env: DistEnv, stages: StagePlan, plan: Optional[RestorePlan], evaluators: list[Evaluator]
+) -> int:
+    """Build the run on the initialized process group, restore ``plan`` and train; return the exit code."""
+    seed_all(cfg.seed)
+    log.info(
+        "World size %d; device batch %d in micro-batches of %d (%d accumulation steps).",
+        env.world_size,
+        cfg.device_batch_size(env.world_size),
+        cfg.device_train_microbatch_size,
+        cfg.grad_accum_steps(env.world_size),
+    )
+    if env.is_main and not cfg.dry_run:
+        claim_save_folder(cfg, plan)  # the launch's first write: cleans up, then writes config.yaml
+    barrier()  # nobody writes into save_folder before rank 0 has made it this run's
+    train_loader = build_stage_dataloader(cfg, stages.stages[0], env.world_size, env.rank)
+    model = build_model(cfg, env)
+    log.info(
+        "Model: %s parameters (%s without embeddings), %.2f GFLOPs/token.",
+        f"{model.num_params():,}",
+        f"{model.num_params(include_embedding=False):,}",
+        model.num_flops_per_token() / 1e9,
+    )
+    optimizer = build_optimizer(cfg.optimizer, model)
+    train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), cfg.train_module)
+    trainer = Trainer(cfg, env, train_module, train_loader, evaluators, stages)
+    log_speed_setup(cfg, trainer)
+    if plan is not None:
+        trainer.restore(plan.info, plan.load_optimizer_state, plan.load_trainer_state)
+    if cfg.force_save_unsharded:
+        trainer.save(sharded=False)
+    if cfg.dry_run:  # with force_save_unsharded: the checkpoint is converted, and that was all
+        log.info("Dry run: stopping before training.")
+        return 0
+    return trainer.fit()
 
 
 def print_help(args: list[str]) -> None:
