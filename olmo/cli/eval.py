@@ -19,12 +19,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from olmo.checkpoint import inspect_checkpoint, load_checkpoint
+from olmo.checkpoint import CheckpointInfo, inspect_checkpoint, load_checkpoint
 from olmo.checkpoint_io import fetch
 from olmo.checkpoint_plan import RestorePlan, preflight_restore
 from olmo.config import TrainConfig
-from olmo.distributed import autocast_dtype, build_model, init_distributed, teardown_distributed
-from olmo.eval import build_evaluators
+from olmo.distributed import DistEnv, autocast_dtype, build_model, init_distributed, teardown_distributed
+from olmo.eval import Evaluator, build_evaluators
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError
 from olmo.rng import seed_all
 from olmo.util import env_rank, env_world_size, unwritable_reason
@@ -54,13 +54,8 @@ def main(argv: list[str]) -> int:
     evaluators = build_evaluators(cfg, world_size=env_world_size(), rank=env_rank())
     env = init_distributed(cfg.distributed_timeout_minutes)
     try:
-        seed_all(cfg.seed)
-        model = build_model(cfg, env)
-        load_checkpoint(info, model, None, load_trainer_state=False)
-        metrics: dict[str, float] = {}
         start = time.perf_counter()
-        for evaluator in evaluators:
-            metrics.update(evaluator.evaluate(model, env.device, autocast_dtype(cfg, env.device)))
+        metrics = evaluate(cfg, env, info, evaluators)
         elapsed = time.perf_counter() - start
         if env.is_main:
             _report(metrics, info.path, info.step, elapsed)
@@ -72,6 +67,20 @@ def main(argv: list[str]) -> int:
         return 0
     finally:
         teardown_distributed()
+
+
+def evaluate(
+    cfg: TrainConfig, env: DistEnv, info: CheckpointInfo, evaluators: list[Evaluator]
+) -> dict[str, float]:
+    """Build the model, load ``info`` into it and run every evaluator (the model is garbage once this returns, so
+    :func:`teardown_distributed` frees it with the process groups)."""
+    seed_all(cfg.seed)
+    model = build_model(cfg, env)
+    load_checkpoint(info, model, None, load_trainer_state=False)
+    metrics: dict[str, float] = {}
+    for evaluator in evaluators:
+        metrics.update(evaluator.evaluate(model, env.device, autocast_dtype(cfg, env.device)))
+    return metrics
 
 
 def check_output_path(path: Path) -> None:
