@@ -35,12 +35,12 @@ from torch import nn
 from .checkpoint import inspect_checkpoint, load_checkpoint
 from .config import KLEstimator
 from .exceptions import OLMoCheckpointError
+from .layers import lm_head
 from .loss import LossSums, OutputHead, cross_entropy_sums, fused_output_loss
 from .metrics import ReduceType
 from .parallelize import build_model
-from .stages import Stage, boundary_checkpoint_name
+from .stages import Stage, boundary_checkpoint_name, find_boundary_checkpoint
 from .train_module import TransformerTrainModule
-from .util import is_url
 
 __all__ = ["KLTrainModule"]
 
@@ -72,7 +72,8 @@ class KLTrainModule(TransformerTrainModule):
         elif at_boundary:
             source = f"stage{stage.index}"  # this stage's snapshot, taken now
         else:
-            source = self._boundary_checkpoint(stage)
+            found = find_boundary_checkpoint(self.cfg, stage, self.trainer.checkpointer.restored_path)
+            source = str(found or Path(self.cfg.save_folder) / boundary_checkpoint_name(stage))
         if source == self._reference_source:
             return
         if self.reference is None:
@@ -87,18 +88,6 @@ class KLTrainModule(TransformerTrainModule):
         else:
             self._load_reference(source, stage, from_boundary=load_path is None)
         self._reference_source = source
-
-    def _boundary_checkpoint(self, stage: Stage) -> str:
-        """Where the checkpoint of ``stage``'s first step is: in ``save_folder``, or else next to the checkpoint
-        this launch restored (a resume from another run's folder with ``--load_path``)."""
-        name = boundary_checkpoint_name(stage)
-        here = Path(self.cfg.save_folder) / name
-        restored = self.trainer.checkpointer.restored_path
-        if not here.is_dir() and restored is not None and not is_url(restored):
-            beside = Path(restored).parent / name
-            if beside.is_dir():
-                return str(beside)
-        return str(here)
 
     def _load_reference(self, path: str, stage: Stage, from_boundary: bool) -> None:
         assert self.reference is not None
@@ -158,9 +147,8 @@ def _weighted_loss(
         return fused_output_loss(
             out.hidden, out.weight, labels, z_loss_multiplier, out.logit_scale, out.bias, ce_weight=ce_weight
         )
-    logits = nn.functional.linear(out.hidden, out.weight, out.bias)
-    if out.logit_scale != 1.0:
-        logits = logits * out.logit_scale
+    logits, _ = lm_head(out.hidden, out.weight, out.bias, None, None, False, out.logit_scale)
+    assert logits is not None
     return cross_entropy_sums(logits, labels, z_loss_multiplier, ce_weight)
 
 

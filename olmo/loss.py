@@ -100,19 +100,17 @@ def fused_output_loss(
         to ``total``. The reference's logits are computed one chunk at a time, too.
     """
     device_type = hidden.device.type
-    ref_hidden = ref_weight = ref_bias = None
-    if reference is not None:
-        ref_hidden, ref_weight, ref_bias = reference.hidden, reference.weight, reference.bias
+    ref = None if reference is None else (reference.hidden, reference.weight, reference.bias)
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
         hidden, weight = hidden.to(dtype), weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
-        if reference is not None:
-            ref_hidden, ref_weight = reference.hidden.to(dtype), reference.weight.to(dtype)
-            ref_bias = None if reference.bias is None else reference.bias.to(dtype)
+        if ref is not None:
+            ref = (ref[0].to(dtype), ref[1].to(dtype), None if ref[2] is None else ref[2].to(dtype))
     hidden = hidden.reshape(-1, hidden.size(-1))  # (N, C)
     labels = labels.reshape(-1)  # (N,)
-    ref = None if ref_hidden is None else (ref_hidden.reshape(-1, ref_hidden.size(-1)), ref_weight, ref_bias)
+    if ref is not None:
+        ref = (ref[0].reshape(-1, ref[0].size(-1)), ref[1], ref[2])
     need_grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     options = (z_loss_multiplier or 0.0, float(logit_scale), chunk_size, need_grads, float(ce_weight), kl_beta)
     with torch.autocast(device_type, enabled=False):
@@ -188,10 +186,7 @@ class _FusedOutputLoss(torch.autograd.Function):
                 grad_logits = logits.sub_(lse[:, None]).exp_()  # (n, V) softmax, in place of the logits
             else:
                 grad_logits = logits  # _kl_chunk left the softmax there
-            if ce_weight != 1.0:
-                row_scale = mask * (ce_weight + 2.0 * z_mult * lse)
-            else:
-                row_scale = mask * (1.0 + 2.0 * z_mult * lse) if z_mult else mask
+            row_scale = mask * (ce_weight + 2.0 * z_mult * lse) if z_mult or ce_weight != 1.0 else mask
             grad_logits.mul_(row_scale[:, None])
             grad_logits.scatter_add_(1, target, -mask[:, None] if ce_weight == 1.0 else -ce_weight * mask[:, None])
             if grad_kl is not None:

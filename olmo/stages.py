@@ -32,6 +32,7 @@ __all__ = [
     "plan_stages",
     "boundary_checkpoint_name",
     "build_stage_dataloader",
+    "find_boundary_checkpoint",
     "order_dir_of",
 ]
 
@@ -174,14 +175,24 @@ def check_kl_reference(cfg: TrainConfig, plan: StagePlan, restored: Optional[str
         return
     if restored_step <= stage.start_step:
         return  # the snapshot is taken when the stage begins
-    name = boundary_checkpoint_name(stage)
-    candidates = [Path(cfg.save_folder) / name, Path(restored).parent / name]
-    found = next((c for c in candidates if c.is_dir()), None)
+    found = find_boundary_checkpoint(cfg, stage, restored)
     if found is None:
         raise OLMoCheckpointError(
             f"The launch resumes at step {restored_step}, inside KL stage {stage.index} ({stage.name}), whose "
-            f"reference is the model at its first step, saved as '{candidates[0]}'; that checkpoint is missing (not "
-            f"in save_folder nor next to '{restored}'). Copy it there, resume from a checkpoint at or before step "
-            f"{stage.start_step}, or name the reference with --kl_reference.load_path."
+            f"reference is the model at its first step, saved as '{Path(cfg.save_folder) / boundary_checkpoint_name(stage)}'; "
+            f"that checkpoint is missing (not in save_folder nor next to '{restored}'). Copy it there, resume from a "
+            f"checkpoint at or before step {stage.start_step}, or name the reference with --kl_reference.load_path."
         )
     inspect_checkpoint(str(found), "the KL reference")
+
+
+def find_boundary_checkpoint(cfg: TrainConfig, stage: Stage, restored: Optional[str]) -> Optional[Path]:
+    """The checkpoint of ``stage``'s first step: in ``save_folder``, or else next to ``restored`` (the checkpoint a
+    launch resumed from, e.g. another run's with ``--load_path``); None when neither holds it."""
+    from .util import is_url
+
+    name = boundary_checkpoint_name(stage)
+    candidates = [Path(cfg.save_folder) / name]
+    if restored is not None and not is_url(restored):
+        candidates.append(Path(restored).parent / name)
+    return next((c for c in candidates if c.is_dir()), None)

@@ -20,6 +20,7 @@ __all__ = [
     "BYTE_VOCAB",
     "stdlib_documents",
     "write_byte_memmap",
+    "write_byte_corpus",
     "tiny_config_dict",
     "write_config",
     "run_main",
@@ -69,6 +70,15 @@ def write_byte_memmap(
     out[:] = arr
     out.flush()
     return arr
+
+
+def write_byte_corpus(root: Union[str, Path]) -> list[str]:
+    """The end-to-end tests' training corpus: two token files in ``root`` (30,000 and 20,000 byte-level tokens of
+    different stdlib text); returns their paths."""
+    root = Path(root)
+    write_byte_memmap(root / "a.npy", 30_000)
+    write_byte_memmap(root / "b.npy", 20_000, skip_bytes=400_000)
+    return [str(root / "a.npy"), str(root / "b.npy")]
 
 
 def tiny_model_config(**overrides: Any) -> Any:

@@ -12,15 +12,18 @@ from olmo.cli.inspect_batch import main as inspect_batch
 from olmo.config import TrainConfig
 from olmo.data import read_data_indices
 from olmo.exceptions import OLMoCheckpointError, OLMoConfigurationError
-from olmo.testing import run_torchrun, run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.testing import (
+    run_torchrun,
+    run_train,
+    tiny_config_dict,
+    write_byte_corpus,
+    write_config,
+)
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    write_byte_memmap(root / "a.npy", 30_000)
-    write_byte_memmap(root / "b.npy", 20_000, skip_bytes=400_000)
-    return [str(root / "a.npy"), str(root / "b.npy")]
+    return write_byte_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def _stages(beta=0.1, estimator="full", data=True, first=4, second=4):

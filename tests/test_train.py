@@ -11,16 +11,13 @@ from olmo.checkpoint import MARKER, find_latest_checkpoint
 from olmo.config import TrainConfig
 from olmo.data import build_memmap_dataset
 from olmo.exceptions import OLMoTrainingError
-from olmo.testing import run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.testing import run_train, tiny_config_dict, write_byte_corpus, write_config
 from olmo.train import EXIT_CODE_STOPPED
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    write_byte_memmap(root / "a.npy", 30_000)
-    write_byte_memmap(root / "b.npy", 20_000, skip_bytes=400_000)
-    return [str(root / "a.npy"), str(root / "b.npy")]
+    return write_byte_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def _setup(tmp_path, corpus, **overrides):
