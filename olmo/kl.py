@@ -123,12 +123,14 @@ class KLTrainModule(TransformerTrainModule):
                 ref_ce = reference(input_ids, labels=labels, fused_loss=fused, **inputs).loss.ce
             # d/dθ [ce + beta * (ce - const)] = (1 + beta) d(ce)/dθ: the policy's loss with its cross entropy
             # weighted by 1 + beta, computed the way the reference's was.
-            head = partial(_weighted_loss, labels=labels, z_loss_multiplier=z, fused=fused, ce_weight=1 + beta)
+            head = partial(_head_loss, labels=labels, z_loss_multiplier=z, fused=fused, ce_weight=1 + beta)
             loss = self.model(input_ids, head=head, **inputs).loss
             return LossSums(loss.total - beta * ref_ce, loss.ce, loss.z, loss.ce - ref_ce)
         with torch.no_grad():
             ref_head = reference(input_ids, head=_captured_head, **inputs).loss
-        head = partial(_kl_loss, labels=labels, z_loss_multiplier=z, reference=ref_head, kl_beta=beta)
+        head = partial(
+            _head_loss, labels=labels, z_loss_multiplier=z, fused=True, reference=ref_head, kl_beta=beta
+        )
         return self.model(input_ids, head=head, **inputs).loss
 
     def record_step_sums(self, sums: LossSums, per_label: torch.Tensor) -> None:
@@ -138,14 +140,28 @@ class KLTrainModule(TransformerTrainModule):
         self.record_metric("train/TotalLoss", sums.total * per_label, ReduceType.sum)
 
 
-def _weighted_loss(
-    out: OutputHead, labels: torch.Tensor, z_loss_multiplier: Optional[float], fused: bool, ce_weight: float
+def _head_loss(
+    out: OutputHead,
+    labels: torch.Tensor,
+    z_loss_multiplier: Optional[float],
+    fused: bool,
+    ce_weight: float = 1.0,
+    reference: Optional[OutputHead] = None,
+    kl_beta: float = 0.0,
 ) -> LossSums:
-    """The output layer's loss sums (as :func:`olmo.layers.lm_head` computes them) with the cross entropy
-    weighted by ``ce_weight`` in ``total``."""
-    if fused:
+    """The output layer's loss sums (as :func:`olmo.layers.lm_head` computes them) with the cross entropy weighted
+    by ``ce_weight`` in ``total``; with a ``reference`` head, plus ``kl_beta`` times the exact KL to it (fused)."""
+    if fused or reference is not None:
         return fused_output_loss(
-            out.hidden, out.weight, labels, z_loss_multiplier, out.logit_scale, out.bias, ce_weight=ce_weight
+            out.hidden,
+            out.weight,
+            labels,
+            z_loss_multiplier,
+            out.logit_scale,
+            out.bias,
+            ce_weight=ce_weight,
+            reference=reference,
+            kl_beta=kl_beta,
         )
     logits, _ = lm_head(out.hidden, out.weight, out.bias, None, None, False, out.logit_scale)
     assert logits is not None
@@ -166,22 +182,3 @@ def _fsdp_may_free(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` may be a parameter FSDP gathered for the forward and frees when it reshards (with more
     than one rank; a replicated parameter is copied needlessly, which costs memory but no correctness)."""
     return torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
-
-
-def _kl_loss(
-    out: OutputHead,
-    labels: torch.Tensor,
-    z_loss_multiplier: Optional[float],
-    reference: OutputHead,
-    kl_beta: float,
-) -> LossSums:
-    return fused_output_loss(
-        out.hidden,
-        out.weight,
-        labels,
-        z_loss_multiplier,
-        out.logit_scale,
-        out.bias,
-        reference=reference,
-        kl_beta=kl_beta,
-    )

@@ -22,8 +22,7 @@ from typing import Optional
 from torch.utils.data import DataLoader
 
 from .config import DEFAULT_MAX_DURATION, DataConfig, KLEstimator, SchedulerConfig, TrainConfig
-from .config_stages import stage_data_config, stage_sum_problem
-from .config_validation import parse_duration_steps
+from .config_stages import parse_duration_steps, stage_data_config, stage_sum_problem
 from .exceptions import OLMoConfigurationError
 
 __all__ = [

@@ -137,11 +137,7 @@ class TrainModule(ABC):
         resumed in the middle of the stage. Sets :attr:`stage`. A module that honours ``kl_beta`` overrides
         this (:class:`olmo.kl.KLTrainModule`)."""
         if stage.kl_beta > 0:
-            raise OLMoConfigurationError(
-                f"stages[{stage.index}].kl_beta={stage.kl_beta}, but the train module {type(self).__name__} does not "
-                f"train a KL penalty. Leave train_module unset (staged runs use olmo.kl.KLTrainModule), or give a "
-                f"subclass of olmo.kl.KLTrainModule."
-            )
+            raise _no_kl_penalty(type(self).__name__, stage.index)
         self.stage = stage
 
     def on_optimizer_reset(self, step: int) -> None:
@@ -420,12 +416,15 @@ def train_module_class(
     cls = resolve_train_module_class(train_module)
     kl_stages = [i for i, stage in enumerate(cfg.stages or []) if stage.kl_beta > 0]
     if kl_stages and not cls.trains_kl_penalty:
-        raise OLMoConfigurationError(
-            f"train_module={train_module!r} does not train a KL penalty, but stages[{kl_stages[0]}].kl_beta > 0. "
-            f"Leave train_module unset (staged runs use olmo.kl.KLTrainModule), or give a subclass of "
-            f"olmo.kl.KLTrainModule."
-        )
+        raise _no_kl_penalty(repr(train_module), kl_stages[0])
     return cls
+
+
+def _no_kl_penalty(module: str, stage_index: int) -> OLMoConfigurationError:
+    return OLMoConfigurationError(
+        f"train_module={module} does not train a KL penalty, but stages[{stage_index}].kl_beta > 0. Leave "
+        f"train_module unset (staged runs use olmo.kl.KLTrainModule), or give a subclass of olmo.kl.KLTrainModule."
+    )
 
 
 def resolve_train_module_class(name: Union[str, type[TrainModule]]) -> type[TrainModule]:

@@ -21,9 +21,9 @@ import logging
 from typing import Optional
 
 from olmo.checkpoint_plan import RestorePlan, claim_save_folder, plan_restore, prepare_save_folder
-from olmo.config import TrainConfig
+from olmo.config import DataConfig, TrainConfig
 from olmo.config_docs import describe_config
-from olmo.data import build_memmap_dataset
+from olmo.data import MemMapDataset, build_memmap_dataset
 from olmo.distributed import DistEnv, barrier, build_model, init_distributed, teardown_distributed
 from olmo.eval import Evaluator, build_evaluators
 from olmo.exceptions import OLMoCliError
@@ -52,7 +52,15 @@ def main(argv: list) -> int:
     train_module_class(cfg, cfg.train_module)
     if cfg.hf_export.enabled:
         check_hf_export(cfg.model, cfg.tokenizer.identifier)  # the export at the end must not fail
-    stages = plan_stages(cfg)  # the stages' lengths (in epochs: of their data) must add up to max_duration
+    opened: dict[int, MemMapDataset] = {}  # each data config's dataset, opened once (keyed by the config's id)
+
+    def dataset_of(data: DataConfig) -> MemMapDataset:
+        if id(data) not in opened:
+            opened[id(data)] = build_memmap_dataset(cfg, data, include_instance_metadata=False)
+        return opened[id(data)]
+
+    # The stages' lengths (in epochs: of their data) must add up to max_duration.
+    stages = plan_stages(cfg, lambda data: len(dataset_of(data)))
     plan = plan_restore(cfg)  # opens every checkpoint file it will read
     if plan is not None and plan.load_trainer_state and cfg.restore_dataloader:
         check_kl_reference(cfg, stages, plan.info.path, plan.info.step)
@@ -60,15 +68,13 @@ def main(argv: list) -> int:
     # Every rank checks the files; only rank 0 pays for the full token-id scan. A staged run checks every
     # stage's data.
     scan_tokens = 2**31 if env_rank() == 0 else 0
-    datasets = {}
     for stage in stages.stages:
-        if stage.segment not in datasets:
-            datasets[stage.segment] = build_memmap_dataset(cfg, stage.data, include_instance_metadata=False)
-            datasets[stage.segment].validate(cfg.model.vocab_size, scan_tokens)
+        if stage.segment == stage.index:  # the first stage of its data
+            dataset_of(stage.data).validate(cfg.model.vocab_size, scan_tokens)
     evaluators = build_evaluators(cfg, world_size=env_world_size(), rank=env_rank())
     if cfg.dry_run and not cfg.force_save_unsharded:
         if env_rank() == 0:
-            print(format_plan(plan_run(cfg, env_world_size(), len(datasets[stages.stages[0].segment]))))
+            print(format_plan(plan_run(cfg, env_world_size(), len(dataset_of(stages.stages[0].data)))))
         return 0
 
     env = init_distributed(cfg.distributed_timeout_minutes)
