@@ -208,9 +208,14 @@ def _micro_and_devices(
     )
 
 
+def checkpoint_interval(max_steps: int, per_run: int) -> int:
+    """Steps between ``per_run`` evenly spaced checkpoints: ``ceil(max_steps / per_run)``."""
+    return max(1, math.ceil(max_steps / per_run))
+
+
 def checkpoint_steps(max_steps: int, per_run: int) -> list[int]:
-    """The steps ``per_run`` evenly spaced checkpoints fall on: every ``ceil(max_steps / per_run)``, and the end."""
-    interval = max(1, math.ceil(max_steps / per_run))
+    """The steps ``per_run`` evenly spaced checkpoints fall on: every :func:`checkpoint_interval`, and the end."""
+    interval = checkpoint_interval(max_steps, per_run)
     return sorted({*range(interval, max_steps + 1, interval), max_steps})
 
 
@@ -264,7 +269,7 @@ def _train_settings(
     ladder: LadderConfig, spec: SizeSpec, instances: int, micro: int, lr: float, warmup: int, steps: int
 ) -> dict[str, Any]:
     """Everything the ladder sets in a size's train config (dotted key -> value)."""
-    interval = max(1, math.ceil(steps / ladder.checkpoints_per_run))
+    interval = checkpoint_interval(steps, ladder.checkpoints_per_run)
     sharded = ladder.sharded_checkpoints
     return {
         **{f"model.{k}": v for k, v in _model_fields(spec, ladder.sequence_length).items()},
