@@ -42,6 +42,7 @@ from .checkpoint import list_checkpoints
 from .checkpoint_io import MARKER, read_marker
 from .checkpoint_save import fsync_dir, fsync_tree
 from .exceptions import OLMoCheckpointError, OLMoConfigurationError
+from .object_store import gcs_client, s3_client
 from .util import local_path_of, remote_save_folder_problems, split_remote
 
 __all__ = [
@@ -171,23 +172,9 @@ class _S3(_ObjectStore):
     """``s3://`` and ``r2://`` through boto3 (its clients may be used from another thread)."""
 
     def __init__(self, url: str, scheme: str, bucket: str, prefix: str):
-        import boto3
-        from botocore.config import Config
-
         super().__init__(url, bucket, prefix)
         # Few quick retries inside boto3: a failed attempt is retried whole, after a longer wait.
-        config = Config(retries={"max_attempts": 3, "mode": "standard"})
-        if scheme == "s3":
-            session = boto3.Session(profile_name=os.environ.get("S3_PROFILE"))
-            self.client = session.client("s3", config=config)
-        else:
-            key_id, secret = os.environ.get("R2_ACCESS_KEY_ID"), os.environ.get("R2_SECRET_ACCESS_KEY")
-            if key_id and secret:
-                session = boto3.Session(aws_access_key_id=key_id, aws_secret_access_key=secret)
-            else:
-                session = boto3.Session(profile_name=os.environ.get("R2_PROFILE"))
-            endpoint = os.environ.get("R2_ENDPOINT_URL")
-            self.client = session.client("s3", endpoint_url=endpoint, region_name="auto", config=config)
+        self.client = s3_client(scheme, max_attempts=3)
 
     def put(self, path: Path, key: str) -> None:
         self.client.upload_file(str(path), self.bucket, key)  # multipart and parallel for large files
@@ -217,10 +204,8 @@ class _GCS(_ObjectStore):
     """``gs://`` through google-cloud-storage."""
 
     def __init__(self, url: str, bucket: str, prefix: str):
-        from google.cloud import storage
-
         super().__init__(url, bucket, prefix)
-        self.gcs_bucket = storage.Client().bucket(bucket)
+        self.gcs_bucket = gcs_client().bucket(bucket)
 
     def put(self, path: Path, key: str) -> None:
         self.gcs_bucket.blob(key).upload_from_filename(str(path))  # resumable for large files

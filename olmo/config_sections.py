@@ -309,6 +309,29 @@ class InstanceFilterConfig:
 
 
 @dataclass
+class RemoteDataConfig:
+    """How token files at URLs (``http(s)://``, ``s3://``, ``r2://``, ``weka://``, ``gs://``) are read: in place,
+    by byte range, fetched ahead of use (see the README's "Remote data"). Local files ignore it. Every loader
+    process (the training process, or each DataLoader worker) has its own connections and budget."""
+
+    max_concurrency: int = 64
+    """Requests in flight at once per loader process, and connections kept open for reuse; also how many
+    files' sizes are requested at once at startup. At 50 ms per request, 64 fetch ~1,200 instances/s."""
+    prefetch_bytes: int = 64 * 2**20
+    """Memory per loader process for instances fetched ahead of use (as the int64 tensors they become): the
+    read-ahead window is this divided by an instance's size, at least one instance."""
+    max_attempts: int = 10
+    """Tries per request before the run stops with an error naming the URL and byte range. Transient
+    failures (5xx, 429, resets, timeouts, short bodies) are retried; a missing file or denied access is not."""
+    backoff_seconds: float = 0.5
+    """Wait before the first retry (with jitter), doubled before each later one, up to ``max_backoff_seconds``."""
+    max_backoff_seconds: float = 30.0
+    """The longest wait between two tries."""
+    timeout_seconds: float = 60.0
+    """Seconds to connect, and to wait for each read of an answer, before a try counts as failed."""
+
+
+@dataclass
 class CustomDatasetCollatorConfig:
     """Field names of a custom dataset's items (OLMo's ``CustomDatasetCollatorConfig``); accepted so that
     configs OLMo writes load, never used (see ``DataConfig.custom_dataset``)."""
@@ -386,6 +409,8 @@ class DataConfig:
     """Data-order seed; None means ``TrainConfig.seed``."""
     instance_filter: Optional[InstanceFilterConfig] = None
     """Drop instances that repeat a short pattern too often (see ``InstanceFilterConfig``); null: keep all."""
+    remote: RemoteDataConfig = field(default_factory=RemoteDataConfig)
+    """How files at URLs are read: concurrency, read-ahead memory, retries and timeouts (see ``RemoteDataConfig``)."""
     custom_dataset: Optional[CustomDatasetConfig] = None
     """OLMo's hook for a dataset class imported from ``module`` by name. Accepted as null (OLMo writes it
     into every config.yaml); anything else is refused by validation, since it would run code named by a

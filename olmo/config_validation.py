@@ -16,17 +16,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .config_sections import EvaluatorConfig, EvaluatorType, FSDPWrapStrategy, TruncationDirection
+from .config_sections import DataConfig, EvaluatorConfig, EvaluatorType, FSDPWrapStrategy, TruncationDirection
 from .config_stages import parse_duration_steps, stage_problems
 from .exceptions import OLMoConfigurationError
 from .tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
-from .util import remote_save_folder_problems
+from .util import REMOTE_DATA_SCHEMES, redact_url, remote_save_folder_problems, split_remote
 
 if TYPE_CHECKING:
     from .config import TrainConfig
 
 __all__ = [
     "validate_train_config",
+    "data_location_problems",
     "parse_duration_steps",
     "evaluator_problems",
     "evaluator_batch_size",
@@ -173,6 +174,7 @@ def _data_problems(cfg: TrainConfig) -> list[str]:
             )
     if d.num_workers < 0:
         out.append("data.num_workers must be >= 0.")
+    out += data_location_problems(d, "data")
     if d.instance_filter is not None:
         out += _instance_filter_problems(cfg)
     if d.custom_dataset is not None:
@@ -181,6 +183,33 @@ def _data_problems(cfg: TrainConfig) -> list[str]:
             f"would import and run code named by the config. Tokenize the data into memmaps (dolma tokens or "
             f"scripts/prepare_memmap_dataset.py), list them in data.paths, and set data.custom_dataset to null."
         )
+    return out
+
+
+def data_location_problems(d: DataConfig, key: str) -> list[str]:
+    """Problems with where the data config ``key`` reads its files: URL schemes that are not read by byte range,
+    and ``{key}.remote`` values that cannot work."""
+    out: list[str] = []
+    lists = {f"{key}.paths": d.paths, f"{key}.label_mask_paths": d.label_mask_paths}
+    lists.update({f"{key}.datasets.{label}": paths for label, paths in (d.datasets or {}).items()})
+    for list_key, paths in lists.items():
+        for i, path in enumerate(paths or []):
+            scheme = split_remote(str(path))[0]
+            if scheme and scheme != "file" and scheme not in REMOTE_DATA_SCHEMES:
+                out.append(
+                    f"{list_key}[{i}]={redact_url(str(path))!r}: {scheme}:// URLs cannot be read by byte range. Use "
+                    f"{', '.join(s + '://' for s in REMOTE_DATA_SCHEMES)}, a file:// URL or a local path (download "
+                    f"the file first)."
+                )
+    r = d.remote
+    for name in ("max_concurrency", "prefetch_bytes", "max_attempts"):
+        if getattr(r, name) < 1:
+            out.append(f"{key}.remote.{name}={getattr(r, name)} must be at least 1.")
+    for name in ("timeout_seconds", "max_backoff_seconds"):
+        if not getattr(r, name) > 0:
+            out.append(f"{key}.remote.{name}={getattr(r, name)} must be a positive number of seconds.")
+    if not r.backoff_seconds >= 0:
+        out.append(f"{key}.remote.backoff_seconds={r.backoff_seconds} must be >= 0.")
     return out
 
 
@@ -356,6 +385,8 @@ def evaluator_problems(cfg: TrainConfig) -> list[str]:
                 f"{key} (label {ecfg.label!r}) is an lm evaluator without data: set {key}.data.paths to token "
                 f"files or {key}.data.datasets to label -> files, or set {key}.type=downstream."
             )
+        else:
+            problems += data_location_problems(ecfg.data, f"{key}.data")
     if downstream:
         problems += unknown_label_problems(downstream)
     return problems

@@ -71,6 +71,7 @@ class Trainer:
         self.stage_plan = stages
         self._segment = stages.stages[0].segment  # train_loader is the first stage's data
         self.max_steps = stages.total_steps
+        self._stop_at = self.max_steps  # the step fit() stops at (set when it starts)
         self.device_batch_size = cfg.device_batch_size(env.world_size)
         self.autocast_dtype = autocast_dtype(cfg, env.device)
         self.collect_steps = cfg.metrics_collect_steps(env.device)
@@ -188,6 +189,7 @@ class Trainer:
         )
         device_tokens = self.device_batch_size * cfg.model.max_sequence_length
         start_step, exit_code = s.global_step, 0
+        self._stop_at = stop.stop_at
         if cfg.gen1_gc_interval is not None:
             gc.disable()
         try:
@@ -210,6 +212,7 @@ class Trainer:
                         metrics["train/stage"] = stage.index
                     metrics.update(speed.step(device_tokens))
                     metrics["throughput/data_wait_seconds"] = data_wait
+                    metrics.update(self._fetch_metrics())
                     metrics["throughput/total_tokens"] = s.global_train_tokens_seen
                     metrics["System/Peak Memory (MB)"] = peak_memory_mb(self.env.device)
                     if s.global_step % self.collect_steps == 0:
@@ -307,14 +310,31 @@ class Trainer:
     def _batches(self) -> Iterator[dict[str, Any]]:
         """Device batches forever, moving to the next epoch (reshuffled) when one runs out."""
         while True:
+            # Remote instances are fetched ahead only as far as this launch will train.
+            s = self.state
+            remaining = (self._stop_at - s.global_step) * self.cfg.global_train_batch_size
+            self.dataset.stop_index = s.global_train_examples_seen_this_epoch + remaining
             yield from self.train_loader
             self.state.epoch += 1
             self.state.global_train_examples_seen_this_epoch = 0
             log.info("Epoch %d complete; starting epoch %d.", self.state.epoch - 1, self.state.epoch)
             self.dataset.reshuffle(self.state.epoch)
 
+    def _fetch_metrics(self) -> dict[str, float]:
+        """What reading remote training data has cost this launch (nothing for local files)."""
+        stats = getattr(self.dataset.dataset, "fetch_stats", None)
+        if stats is None:
+            return {}
+        counts = stats.snapshot()
+        return {
+            "throughput/data_bytes_fetched": counts["bytes"],
+            "throughput/data_requests": counts["requests"] + counts["metadata_requests"],
+            "throughput/data_retries": counts["retries"],
+        }
+
     def _summary(self, start_step: int, seconds: float) -> dict[str, Any]:
         last = self.metrics_logger.last
+        fetched = self._fetch_metrics()
         return {
             "steps this run": self.state.global_step - start_step,
             "global step": self.state.global_step,
@@ -326,6 +346,15 @@ class Trainer:
             "save folder": self.cfg.save_folder,
             **({"stage": self.stage_plan.after(self.state.global_step).name} if self.stage_plan.staged else {}),
             **({"instances filtered this run": self.filtered.total} if self.cfg.data.instance_filter else {}),
+            **(
+                {
+                    "remote data fetched (MB)": round(fetched["throughput/data_bytes_fetched"] / 1e6, 3),
+                    "remote data requests": fetched["throughput/data_requests"],
+                    "remote data retries": fetched["throughput/data_retries"],
+                }
+                if fetched
+                else {}
+            ),
         }
 
     # ----------------------------------------------------------------------------------------------

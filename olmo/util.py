@@ -22,6 +22,8 @@ __all__ = [
     "install_excepthook",
     "setup_logging",
     "is_url",
+    "redact_url",
+    "error_message",
     "resource_path",
     "LaunchEnv",
     "launch_env",
@@ -32,6 +34,7 @@ __all__ = [
     "nearest_existing",
     "unwritable_reason",
     "REMOTE_SDKS",
+    "REMOTE_DATA_SCHEMES",
     "split_remote",
     "local_path_of",
     "remote_save_folder_problems",
@@ -81,7 +84,7 @@ def _excepthook(exctype: type[BaseException], value: BaseException, tb: Optional
         sys.__excepthook__(exctype, value, tb)
     elif issubclass(exctype, OLMoError):
         # A problem the user can fix: one paragraph, no traceback.
-        print(f"\n{exctype.__name__}: {value}\n", file=sys.stderr)
+        print(f"\n{exctype.__name__}: {error_message(value)}\n", file=sys.stderr)
     elif issubclass(exctype, OSError) and getattr(value, "errno", None) in _DISK_ERRNOS:
         # A full disk or read-only file system met outside a checkpoint save (metrics, logs, data order).
         reason = getattr(value, "strerror", None) or value
@@ -115,6 +118,28 @@ def prepare_cli_environment() -> None:
 
 def is_url(path: Union[str, Path]) -> bool:
     return bool(_URL.match(str(path)))
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit for a log or an error message: a password in it and the values of its query string (which
+    carry the signatures of presigned URLs) are replaced by ``***``."""
+    url = re.sub(r"^([a-z0-9+.-]+://[^/@:]*):[^/@]*@", r"\1:***@", url)
+    head, sep, query = url.partition("?")
+    if not sep:
+        return url
+    return head + sep + "&".join(f"{kv.partition('=')[0]}=***" if "=" in kv else kv for kv in query.split("&"))
+
+
+def error_message(error: BaseException) -> str:
+    """The message of ``error`` as its raiser wrote it. An exception raised in a DataLoader worker reaches the
+    training process re-created by torch with the worker's traceback in its message; this returns just the
+    original message that follows it."""
+    text = str(error)
+    if "\nOriginal Traceback" not in text:
+        return text
+    cls = type(error)
+    marker = f"\n{cls.__module__}.{cls.__qualname__}: "
+    return text.rpartition(marker)[2].rstrip("\n") if marker in text else text
 
 
 def resource_path(path: Union[str, Path]) -> Path:
@@ -179,6 +204,8 @@ def machine_info() -> dict[str, Any]:
 
 
 _REMOTE = re.compile(r"^([a-z0-9]+)://([^/]*)/?(.*)$")
+REMOTE_DATA_SCHEMES = ("http", "https", "s3", "r2", "weka", "gs")
+"""URL schemes that token files, label masks and evaluator data may use: read in place, by byte range."""
 REMOTE_SDKS = {"s3": "boto3", "r2": "boto3", "gs": "google.cloud.storage"}  # pip names: "." -> "-"
 
 

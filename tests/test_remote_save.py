@@ -4,7 +4,6 @@ real S3/R2 and GCS servers on 127.0.0.1 (moto, gcp-storage-emulator), and loaded
 import functools
 import hashlib
 import logging
-import os
 import shutil
 import sys
 import time
@@ -52,40 +51,6 @@ def run(tmp_path_factory):
     assert run_train(config) == 0
     assert [(c.step, c.sharded) for c in list_checkpoints(root / "run")] == [(2, False), (4, False), (4, True)]
     return root
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    """A real S3 server on 127.0.0.1 with dummy credentials; boto3 finds it through AWS_ENDPOINT_URL."""
-    moto_server = pytest.importorskip("moto.server")
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    with pytest.MonkeyPatch.context() as mp:
-        for var in ("AWS_PROFILE", "S3_PROFILE", "R2_PROFILE", "AWS_SESSION_TOKEN"):
-            mp.delenv(var, raising=False)
-        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
-        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        mp.setenv("AWS_CONFIG_FILE", os.devnull)  # never a developer's real profiles
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
-        mp.setenv("AWS_ENDPOINT_URL", endpoint)
-        yield endpoint
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def gcs_server():
-    """A real GCS (JSON API) server on 127.0.0.1; google-cloud-storage finds it through STORAGE_EMULATOR_HOST."""
-    emulator = pytest.importorskip("gcp_storage_emulator.server")
-    port = free_port()
-    server = emulator.create_server("127.0.0.1", port, in_memory=True)
-    server.start()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
-        yield
-    server.stop()
 
 
 @pytest.fixture

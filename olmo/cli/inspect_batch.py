@@ -43,6 +43,7 @@ from olmo.data import (
     data_order_seed,
     order_file_name,
     rank_slice,
+    read_instances,
 )
 from olmo.exceptions import OLMoCliError, OLMoDataError
 from olmo.stages import plan_stages
@@ -146,12 +147,15 @@ def batch_rows(
     # Read exactly as users do (olmo/data/__init__.py): a slice of the order, uint32 indices as they are.
     batch = global_indices[s * batch_size : (s + 1) * batch_size]
     rows = []
+    # Remote instances are fetched concurrently, and only those of the batch.
+    wanted = tokenizer is not None or stage.data.label_mask_paths is not None
+    instances = read_instances(dataset, (int(batch[p]) for p in positions)) if wanted else iter(())
     for position in positions:
         index = batch[position]
         path_of, offset = dataset.instance_location(index)
         row = Row(position, int(index), path_of, offset)
-        if tokenizer is not None or stage.data.label_mask_paths is not None:
-            instance = dataset[index]
+        if wanted:
+            instance = next(instances)
             if "label_mask" in instance:
                 row.label_tokens = int(instance["label_mask"].sum())
             if tokenizer is not None:

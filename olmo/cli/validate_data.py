@@ -245,6 +245,14 @@ def build_dataset(args: argparse.Namespace, extra: list[str]) -> tuple[MemMapDat
     return dataset, vocab, eos
 
 
+def _file_tokens(dataset: MemMapDataset, i: int) -> int:
+    """Tokens in file ``i`` for the progress bar (0 when it cannot be read; validate() says why)."""
+    try:
+        return len(dataset.tokens(i))
+    except (OSError, OLMoError):
+        return 0
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inputs", nargs="+", help="a training config YAML, or token files")
@@ -265,11 +273,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     log.info(
         "Checking %d file(s) as training does (MemMapDataset.validate), reading them fully.", len(dataset.paths)
     )
-    sizes = [Path(p).stat().st_size // dtype.itemsize if Path(p).is_file() else 0 for p in dataset.paths]
+    sizes = [_file_tokens(dataset, i) for i in range(len(dataset.paths))]
     scan = Scan(dataset, check_vocab, eos, sum(sizes) * (2 if dataset.label_mask_paths else 1))
     problems = None
     try:
-        dataset.validate(check_vocab, scan_max_tokens=2**62, on_chunk=scan)
+        dataset.validate(check_vocab, scan_max_tokens=2**62, on_chunk=scan, scan_remote=True)
     except OLMoDataError as e:
         problems = str(e)
     all_stats = scan.finish()

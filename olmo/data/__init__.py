@@ -27,13 +27,25 @@ from ..util import env_rank, env_world_size, is_url
 from .collator import DataCollator, check_token_ids
 from .data_indices import DataIndexLog, read_data_indices
 from .instance_filter import FilteredInstanceCounter, is_repetitive
-from .iterable_dataset import IterableDataset, batches_per_epoch, data_order_seed, order_file_name, rank_slice
+from .iterable_dataset import (
+    InstanceStream,
+    IterableDataset,
+    batches_per_epoch,
+    data_order_seed,
+    order_file_name,
+    rank_slice,
+    read_instances,
+    worker_share,
+)
 from .memmap_dataset import MemMapDataset
+from .remote import METADATA_CACHE_NAME, FetchStats
 
 __all__ = [
     "DataCollator",
     "DataIndexLog",
+    "FetchStats",
     "FilteredInstanceCounter",
+    "InstanceStream",
     "IterableDataset",
     "MemMapDataset",
     "batches_per_epoch",
@@ -45,6 +57,8 @@ __all__ = [
     "order_file_name",
     "rank_slice",
     "read_data_indices",
+    "read_instances",
+    "worker_share",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,6 +94,7 @@ def build_memmap_dataset(
             "data.datasets to label -> files."
         )
     label_masks = data_config.label_mask_paths
+    cfg = train_config
     return MemMapDataset(
         *paths,
         chunk_size=train_config.model.max_sequence_length,
@@ -92,6 +107,11 @@ def build_memmap_dataset(
         generate_doc_lengths=data_config.generate_doc_lengths,
         eos_token_id=train_config.model.eos_token_id,
         instance_filter_config=data_config.instance_filter,
+        vocab_size=train_config.model.vocab_size,
+        remote=data_config.remote,
+        metadata_cache=Path(cfg.save_folder) / "train_data" / METADATA_CACHE_NAME,
+        # A new run that replaces an old one (--save_overwrite without resuming) starts a new record.
+        reuse_metadata_cache=not cfg.save_overwrite or cfg.try_load_latest_save or cfg.load_path is not None,
     )
 
 
@@ -114,8 +134,8 @@ def build_train_dataloader(
     :param world_size: data-parallel ranks; by default the process group's size when one is initialized,
         otherwise the launcher's (torchrun's or srun's variables; 1 without a launcher).
     :param rank: this process's rank, by default found the same way as ``world_size``.
-    :param fs_local_rank: accepted for OLMo's API and ignored: every rank computes the order in memory and
-        only rank 0 writes the order file, so no rank per file system needs to write it.
+    :param fs_local_rank: accepted for OLMo's API and ignored: only rank 0 writes the order file (the other ranks
+        wait for it), and a rank on a file system that does not see it computes the order in its own memory.
     :param include_instance_metadata: also collate each instance's ``metadata`` (e.g. its dataset label).
     """
     if fs_local_rank is not None:
@@ -140,6 +160,8 @@ def build_train_dataloader(
         work_dir=work_dir if work_dir is not None else Path(cfg.save_folder) / "train_data",
         overwrite=cfg.save_overwrite,
     )
+    if rank == 0:
+        dataset.save_remote_records()
     workers = cfg.data.num_workers
     return DataLoader(
         order,

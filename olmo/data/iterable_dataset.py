@@ -11,19 +11,32 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import groupby
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
+import torch
+import torch.distributed as dist
 import torch.utils.data
 from torch.utils.data import Dataset, get_worker_info
 
+from ..collectives import all_reduce
 from ..config_sections import DataConfig
 from ..exceptions import OLMoConfigurationError, OLMoDataError
+from .order_file import OrderSpec, build_order, order_in_memory, verify_order_file
 
-__all__ = ["IterableDataset", "batches_per_epoch", "data_order_seed", "order_file_name", "rank_slice"]
+__all__ = [
+    "InstanceStream",
+    "IterableDataset",
+    "batches_per_epoch",
+    "data_order_seed",
+    "order_file_name",
+    "rank_slice",
+    "read_instances",
+    "worker_share",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +64,62 @@ def rank_slice(start: int, stop: int, world_size: int, rank: int) -> slice:
     return slice(start + rank, stop, world_size)
 
 
+def worker_share(indices: Sequence[Any] | np.ndarray, batch_size: int) -> Iterator[tuple[int, Any]]:
+    """``(position, entry)`` for the entries of ``indices`` that this DataLoader worker loads: whole batches of
+    ``batch_size``, round-robin over the workers (all of them outside a worker), so that the batches come out in
+    the same order for any number of workers."""
+    worker = get_worker_info()
+    if worker is None:
+        yield from enumerate(indices)
+        return
+    n_batches = -(-len(indices) // batch_size)
+    for b in range(worker.id, n_batches, worker.num_workers):
+        start = b * batch_size
+        yield from enumerate(indices[start : start + batch_size], start)
+
+
+def read_instances(
+    dataset: Dataset, indices: Iterable[int], fetch_ahead: bool = True, with_index: bool = False
+) -> Iterator[dict[str, Any]]:
+    """``dataset[i]`` (with ``index=i`` added when ``with_index``) for each of ``indices`` in order; fetched ahead
+    when the dataset can (:meth:`MemMapDataset.read_ahead`) and ``fetch_ahead``."""
+    extra: Callable[[int], dict[str, Any]] = (lambda i: {"index": i}) if with_index else (lambda i: {})
+    read_ahead = getattr(dataset, "read_ahead", None)
+    if read_ahead is not None and fetch_ahead:
+        yield from read_ahead(indices, extra)
+    else:
+        for i in indices:
+            yield {**dataset[i], **extra(i)}
+
+
+class InstanceStream(torch.utils.data.IterableDataset):
+    """The instances ``indices`` of ``dataset``, in order, fetched ahead where the dataset can (remote files). In a
+    DataLoader with workers, each worker loads whole batches of ``batch_size`` in turn, so batches come out as a
+    map-style loader over the same indices would give them."""
+
+    def __init__(self, dataset: Dataset, indices: Sequence[int], batch_size: int):
+        self.dataset, self.indices, self.batch_size = dataset, indices, batch_size
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return read_instances(self.dataset, (int(i) for _, i in worker_share(self.indices, self.batch_size)))
+
+
 class IterableDataset(torch.utils.data.IterableDataset):
     """Yields this rank's instances of an epoch, in the global order, as ``dict(**dataset[i], index=i)``.
 
-    The epoch's order is also written by rank 0 to ``{work_dir}/global_indices.npy`` (epoch 0) or
-    ``global_indices_epoch{E}.npy`` as a raw uint32 memmap without a header, so users can inspect which
-    instances made up any batch. Every rank computes the same order in memory, so no rank waits for the file.
+    The epoch's order is written once, by rank 0, to ``{work_dir}/global_indices.npy`` (epoch 0) or
+    ``global_indices_epoch{E}.npy`` as a raw uint32 memmap without a header (so users can inspect which instances
+    made up any batch), and memory-mapped by every rank and DataLoader worker (:mod:`olmo.data.order_file`): a
+    relaunch reuses the file after a cheap check instead of recomputing the permutation. Under a process group
+    of ``world_size`` ranks, the other ranks wait for rank 0's file. A rank that finds no matching file (no
+    ``work_dir``, no process group to wait in, or a ``save_folder`` that its node does not share) computes the order
+    in its own memory.
+
+    With remote token files, a rank's instances are fetched ahead of use (:meth:`MemMapDataset.read_ahead`), never
+    past :attr:`stop_index`.
 
     Use it in a DataLoader whose ``batch_size`` is :attr:`device_batch_size`: DataLoader workers take whole
     device batches round-robin, so the batches come out in the same order for any ``num_workers``. Set
@@ -113,11 +176,16 @@ class IterableDataset(torch.utils.data.IterableDataset):
         self.work_dir = None if work_dir is None else Path(work_dir)
         self.overwrite = overwrite
         self.shuffle = shuffle
-        self._order: tuple[int, np.ndarray] | None = None  # (epoch, order); recomputed, not pickled
-        self._write_order_file()
+        self.stop_index: Optional[int] = None
+        """Global instances of this epoch after which nothing more is read (the run's last step); None: the
+        epoch's end. Instances are fetched ahead only up to it."""
+        self._order: tuple[int, np.ndarray] | None = None  # (epoch, order); not pickled: workers map the file
+        self._order_file_ready = False  # whether order_file() holds this epoch's order
+        self._prepare_order_file()
 
     def __getstate__(self) -> dict[str, Any]:
-        # Workers recompute the (deterministic) order rather than receive a copy of a possibly huge array.
+        # Workers memory-map the order file (or recompute the order) rather than receive a copy of a possibly
+        # huge array.
         state = self.__dict__.copy()
         state["_order"] = None
         return state
@@ -145,11 +213,24 @@ class IterableDataset(torch.utils.data.IterableDataset):
         return self.work_dir / order_file_name(epoch)
 
     def global_indices(self) -> np.ndarray:
-        """The whole order of the current epoch (N uint32 instance indices)."""
+        """The whole order of the current epoch (N uint32 instance indices): the order file, memory-mapped, or an
+        array in memory when there is no file."""
         if self._order is None or self._order[0] != self.epoch:
-            order = np.arange(self.num_instances, dtype=np.uint32)
-            if self.shuffle:
-                np.random.Generator(np.random.PCG64(self.seed + self.epoch)).shuffle(order)
+            spec = self._spec()
+            path = self.order_file()
+            if path is not None and (self._order_file_ready or verify_order_file(path, spec)):
+                self._order_file_ready = True
+                order: np.ndarray = np.memmap(path, dtype=np.uint32, mode="r")
+            else:
+                if path is not None and self._in_process_group():
+                    log.warning(
+                        "Rank %d does not see the data order that rank 0 wrote to %s (is save_folder on a file "
+                        "system that every node shares?); computing it in this process's memory (%.1f GB).",
+                        self.rank,
+                        path,
+                        spec.num_instances * 4 / 1e9,
+                    )
+                order = order_in_memory(spec)
             self._order = (self.epoch, order)
         return self._order[1]
 
@@ -157,31 +238,58 @@ class IterableDataset(torch.utils.data.IterableDataset):
         """Move to ``epoch``: start from its first instance and (rank 0) write its order file."""
         self.epoch = epoch
         self.start_index = 0
-        self._write_order_file()
+        self.stop_index = None
+        self._prepare_order_file()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         order = self.global_indices()
         rank_indices = order[rank_slice(self.start_index, self.total_size, self.world_size, self.rank)]
-        for i in self._this_worker(rank_indices):
-            yield dict(**self.dataset[i], index=int(i))
+        # This rank's entries before stop_index may be fetched ahead; later ones (never trained on, unless the
+        # run is extended) are only read when asked for.
+        ahead = len(rank_indices)
+        if self.stop_index is not None:
+            ahead = max(0, -(-(self.stop_index - self.start_index - self.rank) // self.world_size))
+        shares = groupby(worker_share(rank_indices, self.device_batch_size), key=lambda item: item[0] < ahead)
+        for fetch_ahead, items in shares:
+            yield from read_instances(self.dataset, (int(i) for _, i in items), fetch_ahead, with_index=True)
 
-    def _this_worker(self, rank_indices: np.ndarray) -> Iterator[np.uint32]:
-        worker = get_worker_info()
-        if worker is None:
-            yield from rank_indices
-            return
-        size = self.device_batch_size
-        n_batches = -(-len(rank_indices) // size)
-        for b in range(worker.id, n_batches, worker.num_workers):
-            yield from rank_indices[b * size : (b + 1) * size]
+    def _spec(self) -> OrderSpec:
+        return OrderSpec(self.num_instances, self.seed, self.epoch, self.shuffle)
 
-    def _write_order_file(self) -> None:
+    def _prepare_order_file(self) -> None:
+        """Rank 0 makes sure the order file holds this epoch's order (reusing a matching one); the other ranks of
+        a process group wait for it."""
+        self._order, self._order_file_ready = None, False
         path = self.order_file()
-        if self.rank != 0 or path is None:
+        if path is None:
             return
-        order = self.global_indices()
+        ok = True
+        if self.rank == 0:
+            try:
+                self._write_order_file(path)
+            except BaseException:
+                ok = False
+                self._agree(ok)
+                raise
+        if not self._agree(ok):
+            raise OLMoDataError(
+                f"Rank 0 could not write the data order to {path}; its error message says why (fix that and relaunch)."
+            )
+        self._order_file_ready = self.rank == 0
+
+    def _in_process_group(self) -> bool:
+        return self.world_size > 1 and dist.is_initialized() and dist.get_world_size() == self.world_size
+
+    def _agree(self, ok: bool) -> bool:
+        """Whether rank 0 succeeded, as every rank of the process group learns it (True without a group)."""
+        if not self._in_process_group():
+            return ok
+        return bool(all_reduce(torch.tensor([0.0 if ok else 1.0]), dist.ReduceOp.MAX).item() == 0)
+
+    def _write_order_file(self, path: Path) -> None:
+        spec = self._spec()
         if path.exists():
-            if _file_holds(path, order):
+            if verify_order_file(path, spec):
                 log.info("Reusing the data order in %s (it matches this run's).", path)
                 return
             if not self.overwrite:
@@ -192,23 +300,5 @@ class IterableDataset(torch.utils.data.IterableDataset):
                     f"save_folder, or pass --save_overwrite to replace it."
                 )
             log.warning("Replacing the data order in %s (--save_overwrite).", path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Write next to the target and rename, so a reader never sees a partly written order.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            out = np.memmap(tmp, dtype=np.uint32, mode="w+", shape=order.shape)
-            out[:] = order
-            out.flush()
-            del out
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        log.info("Wrote the data order of epoch %d (%d instances) to %s.", self.epoch, len(order), path)
-
-
-def _file_holds(path: Path, order: np.ndarray) -> bool:
-    if path.stat().st_size != order.nbytes:
-        return False
-    return bool(np.array_equal(np.memmap(path, dtype=np.uint32, mode="r"), order))
+        build_order(path, spec)
+        log.info("Wrote the data order of epoch %d (%d instances) to %s.", self.epoch, self.num_instances, path)

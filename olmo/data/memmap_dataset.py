@@ -13,30 +13,46 @@ an :class:`OLMoDataError`, never a guess. The header is parsed once per file by 
 Python literal, never a pickle) and its size cached with the file's length, so reading instances costs
 the same as for headerless files, which are read exactly as before.
 
-Paths may be URLs (``http(s)://``, ``s3://``, ``file://`` ...). A remote file is downloaded whole into
-the cached-path cache the first time it is needed (not range-read), then memory-mapped like a local
-file, so the first ``len()`` of a dataset with remote files can take a while.
+Paths may be URLs: ``http(s)://``, ``s3://``, ``r2://``, ``weka://`` and ``gs://`` files are read in place, by
+byte range (:mod:`olmo.data.remote`): the sizes of all of them are requested at once (``len()`` of 1,000 files
+costs about as long as a few dozen requests), and each instance costs one range read of exactly its bytes.
+``file://`` URLs are local paths.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import operator
 import os
-from collections.abc import Callable, Sequence
-from typing import Any, BinaryIO, NamedTuple
+import struct
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO, NamedTuple, Optional, Union
 
 import numpy as np
 import torch
 from numpy.lib import format as npy_format
 from torch.utils.data import Dataset
 
-from ..config_sections import InstanceFilterConfig
+from ..config_sections import InstanceFilterConfig, RemoteDataConfig
 from ..config_validation import MEMMAP_DTYPES
 from ..exceptions import OLMoConfigurationError, OLMoDataError
-from ..util import is_url
+from ..util import local_path_of, redact_url
 from .instance_filter import is_repetitive
+from .read_ahead import fetch_pool, read_ahead
+from .remote import (
+    CachedFile,
+    FetchStats,
+    MetadataCache,
+    RemoteArray,
+    RemoteFile,
+    RemoteUnreachable,
+    is_remote,
+    remote_reader,
+)
 
 __all__ = ["MemMapDataset"]
 
@@ -53,6 +69,8 @@ _TOKENS_KEY = "data.paths (or data.datasets)"
 _MASKS_KEY = "data.label_mask_paths"
 _logged_headers: set[str] = set()
 """Files whose npy header was logged in this process (a run builds several datasets over the same files)."""
+PROBE_BYTES = 1024
+"""Bytes read from the start of a remote file the first time a run sees it, for its npy header (if any)."""
 
 
 class _NpyHeader(NamedTuple):
@@ -69,6 +87,13 @@ class _Layout(NamedTuple):
     header_bytes: int
     """Bytes before the first item: 0 for a headerless memmap."""
     n_items: int
+
+
+def _npy_header_bytes(start: bytes) -> int:
+    """The size of the npy header that ``start`` (at least the file's first 12 bytes) begins."""
+    if start[6:7] == b"\x01":
+        return 10 + struct.unpack("<H", start[8:10])[0]
+    return 12 + struct.unpack("<I", start[8:12])[0]
 
 
 def _read_npy_header(f: BinaryIO) -> _NpyHeader | None:
@@ -108,6 +133,14 @@ class MemMapDataset(Dataset):
     :param eos_token_id: the token that ends a document (``model.eos_token_id``).
     :param instance_filter_config: add ``instance_mask``, False for an instance that repeats a short
         pattern too often (see :mod:`olmo.data.instance_filter`).
+    :param vocab_size: check every instance read for token ids ``>= vocab_size`` (an :class:`OLMoDataError` naming
+        the file and offset); None checks nothing.
+    :param remote: how URLs are read (``data.remote``); None is the default settings.
+    :param metadata_cache: the run's record of its remote files (``train_data/remote_files.json``): a file recorded
+        there is checked against it with one metadata request instead of being probed again, and a file that
+        changed is an error. None keeps the records in memory.
+    :param reuse_metadata_cache: read what ``metadata_cache`` already holds; False (a new run replacing an old one)
+        only writes it.
     """
 
     def __init__(
@@ -123,6 +156,10 @@ class MemMapDataset(Dataset):
         generate_doc_lengths: bool = False,
         eos_token_id: int | None = None,
         instance_filter_config: InstanceFilterConfig | None = None,
+        vocab_size: int | None = None,
+        remote: RemoteDataConfig | None = None,
+        metadata_cache: Union[str, os.PathLike[str], None] = None,
+        reuse_metadata_cache: bool = True,
     ):
         if not paths:
             raise OLMoConfigurationError("No token files given; list at least one file in data.paths.")
@@ -149,15 +186,32 @@ class MemMapDataset(Dataset):
         self.generate_doc_lengths = generate_doc_lengths
         self.eos_token_id = eos_token_id
         self.instance_filter_config = instance_filter_config
-        self._local_paths: dict[str, str] = {}  # path or URL -> local file; kept when pickled
+        self.vocab_size = vocab_size
+        self.remote = remote if remote is not None else RemoteDataConfig()
         self._layouts: dict[tuple[str, bool], _Layout] = {}  # (path, is label mask) -> layout; kept when pickled
         self._bounds: np.ndarray | None = None  # [0, end_0, end_1, ...] in instances
-        self._memmaps: dict[tuple[str, bool], np.ndarray] = {}  # per process; dropped when pickled
+        self._memmaps: dict[tuple[str, bool], Any] = {}  # per process; dropped when pickled
+        # Remote files: what their metadata requests said (kept when pickled), failures of the concurrent probe,
+        # the run's record of them, and what reading them cost (shared with DataLoader workers).
+        self._remote_files: dict[str, RemoteFile] = {}
+        self._probe_errors: dict[tuple[str, bool], OLMoDataError] = {}
+        self._cache_path = None if metadata_cache is None else Path(metadata_cache)
+        self._reuse_cache = reuse_metadata_cache
+        self._cache: Optional[MetadataCache] = None
+        self.fetch_stats: Optional[FetchStats] = FetchStats() if self.has_remote_files else None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_memmaps"] = {}
         return state
+
+    @property
+    def has_remote_files(self) -> bool:
+        """Whether any token file or label mask is read by byte range from a URL."""
+        return any(is_remote(p) for p in self._all_paths())
+
+    def _all_paths(self) -> list[str]:
+        return [*self.paths, *(self.label_mask_paths or [])]
 
     def __len__(self) -> int:
         return int(self._instance_bounds()[-1])
@@ -167,6 +221,8 @@ class MemMapDataset(Dataset):
         start = local_index * self.chunk_size
         stop = start + self.chunk_size
         tokens = self._memmap(self.paths[file_index], is_mask=False)[start:stop]
+        if self.vocab_size is not None and len(tokens) and int(tokens.max()) >= self.vocab_size:
+            self._bad_id(file_index, start, tokens)
         input_ids = torch.from_numpy(tokens.astype(np.int64))
         item: dict[str, Any] = {"input_ids": input_ids}
         if self.instance_filter_config is not None:
@@ -181,6 +237,32 @@ class MemMapDataset(Dataset):
         if self.include_instance_metadata:
             item["metadata"] = {"path": self.paths[file_index], **self._metadata[file_index]}
         return item
+
+    def _bad_id(self, file_index: int, start: int, tokens: np.ndarray) -> None:
+        offset = int(np.argmax(tokens >= self.vocab_size))
+        raise OLMoDataError(
+            f"Token file '{redact_url(self.paths[file_index])}' holds token id {int(tokens[offset])} at token offset "
+            f"{start + offset}, but model.vocab_size is {self.vocab_size}. The data was tokenized with another tokenizer than this run's (tokenizer.identifier), "
+            f"model.vocab_size is too small for that tokenizer, or data.memmap_dtype={self.dtype.name} is not the "
+            f"dtype the file was written with; fix whichever does not match."
+        )
+
+    def read_ahead(
+        self, indices: Iterable[int], extra: Callable[[int], dict[str, Any]] = lambda i: {}
+    ) -> Iterator[dict[str, Any]]:
+        """``{**self[i], **extra(i)}`` for each of ``indices`` in order. With remote files, instances are fetched
+        ahead on ``data.remote.max_concurrency`` threads, within ``data.remote.prefetch_bytes``; local files are
+        read one by one, as a plain loop would."""
+
+        def get(i: int) -> dict[str, Any]:
+            return {**self[i], **extra(i)}
+
+        if not self.has_remote_files:
+            return map(get, indices)
+        # An instance becomes int64 ids (+ a bool mask): that is what the window holds.
+        instance_bytes = self.chunk_size * (8 + (1 if self.label_mask_paths is not None else 0))
+        window = max(1, self.remote.prefetch_bytes // instance_bytes)
+        return read_ahead(get, indices, window, fetch_pool(self.remote.max_concurrency))
 
     def instance_location(self, index: Any) -> tuple[str, int]:
         """The token file (as given) and the offset, in tokens after any npy header, where ``index`` starts."""
@@ -199,7 +281,13 @@ class MemMapDataset(Dataset):
         assert self.label_mask_paths is not None, "this dataset has no label masks"
         return self._memmap(self.label_mask_paths[i], is_mask=True)
 
-    def validate(self, vocab_size: int, scan_max_tokens: int = 2**31, on_chunk: ChunkHook | None = None) -> None:
+    def validate(
+        self,
+        vocab_size: int,
+        scan_max_tokens: int = 2**31,
+        on_chunk: ChunkHook | None = None,
+        scan_remote: bool = False,
+    ) -> None:
         """Check every file before training and raise one :class:`OLMoDataError` listing every problem.
 
         Finds missing, unreadable or unfetchable files and directories, sizes that are not a whole number of
@@ -209,20 +297,25 @@ class MemMapDataset(Dataset):
         ``scan_max_tokens`` tokens in total have been read; label masks are always checked. A file too short
         to hold one instance only gets a warning, unless no file holds one.
 
+        Remote files are checked by their metadata (all at once) and npy headers only: their ids and label masks
+        are not read up front unless ``scan_remote`` (reading a remote corpus would take longer than training on
+        it); give the dataset a ``vocab_size`` to check each instance's ids as it is read instead.
+
         :param on_chunk: called with (file index, token offset, ids) for every chunk of ids the scan reads, in
             order, so a caller can gather statistics in the same pass; files are then read to the end (within
             ``scan_max_tokens``) even after a bad id.
         """
         problems: list[str] = []
         n_tokens: dict[int, int] = {}
+        self._probe_remote()
         for i, path in enumerate(self.paths):
             try:
                 n_tokens[i] = self._file_tokens(i)
+            except RemoteUnreachable as e:
+                # The network or the credentials: stop at the first such file instead of waiting out the
+                # retries of each of possibly hundreds of URLs.
+                raise RemoteUnreachable(f"{e} ({len(self.paths) - i - 1} later paths were not checked.)") from None
             except OLMoDataError as e:
-                if is_url(path) and e.__cause__ is not None:
-                    # A failed fetch is almost always the network or credentials: stop at the first one
-                    # instead of waiting out a timeout for each of possibly hundreds of URLs.
-                    raise OLMoDataError(f"{e} ({len(self.paths) - i - 1} later paths were not checked.)") from None
                 problems.append(str(e))
                 continue
             if n_tokens[i] == 0:
@@ -247,19 +340,35 @@ class MemMapDataset(Dataset):
                     n,
                     self.chunk_size,
                 )
-        problems += self._label_problems(n_tokens)
-        problems += self._vocab_problems(n_tokens, vocab_size, scan_max_tokens, on_chunk)
+        remote = {i for i in n_tokens if is_remote(self.paths[i])}
+        if remote and not scan_remote:
+            log.info(
+                "%d of %d token files are remote: their token ids are checked as each instance is read, not up front.",
+                len(remote),
+                len(self.paths),
+            )
+            n_local = {i: n for i, n in n_tokens.items() if i not in remote}
+        else:
+            n_local = n_tokens
+        problems += self._label_problems(n_tokens, scan_remote)
+        problems += self._vocab_problems(n_local, vocab_size, scan_max_tokens, on_chunk)
         if len(problems) == 1:
             raise OLMoDataError(problems[0])
         if problems:
             listing = "\n".join(f"  - {p}" for p in problems)
             raise OLMoDataError(f"The training data has {len(problems)} problems; fix them all:\n{listing}")
 
-    def _label_problems(self, n_tokens: dict[int, int]) -> list[str]:
-        """Warn about each label mask with no True in its instances; a problem when that is all of them."""
+    def _label_problems(self, n_tokens: dict[int, int], scan_remote: bool) -> list[str]:
+        """Warn about each label mask with no True in its instances; a problem when that is all of them (remote
+        masks are read only with ``scan_remote``)."""
         if self.label_mask_paths is None:
             return []
-        used = {i: n // self.chunk_size * self.chunk_size for i, n in n_tokens.items() if n >= self.chunk_size}
+        masks = self.label_mask_paths
+        used = {
+            i: n // self.chunk_size * self.chunk_size
+            for i, n in n_tokens.items()
+            if n >= self.chunk_size and (scan_remote or not is_remote(masks[i]))
+        }
         unlabeled = [i for i, n in used.items() if not _holds_true(self.label_mask(i)[:n])]
         for i in unlabeled:
             log.warning(
@@ -325,6 +434,7 @@ class MemMapDataset(Dataset):
 
     def _instance_bounds(self) -> np.ndarray:
         if self._bounds is None:
+            self._probe_remote()
             counts = [self._file_tokens(i) // self.chunk_size for i in range(len(self.paths))]
             self._bounds = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         return self._bounds
@@ -349,6 +459,8 @@ class MemMapDataset(Dataset):
 
         This is the only place that decides how many tokens a file holds and where they start.
         """
+        if (path, is_mask) in self._probe_errors:
+            raise self._probe_errors[path, is_mask]
         if (path, is_mask) not in self._layouts:
             kind, key = ("Label mask file", _MASKS_KEY) if is_mask else ("Token file", _TOKENS_KEY)
             size, header = self._read_start(path, kind, key)
@@ -369,7 +481,9 @@ class MemMapDataset(Dataset):
 
     def _read_start(self, path: str, kind: str, key: str) -> tuple[int, _NpyHeader | None]:
         """The size of a file in bytes and the npy header it starts with, if any."""
-        local = self._local_path(path, kind, key)
+        if is_remote(path):
+            return self._remote_start(path, kind, key)
+        local = local_path_of(path)
         what = f"{kind} '{path}' (an entry of {key})"
         try:
             with open(local, "rb") as f:
@@ -441,39 +555,125 @@ class MemMapDataset(Dataset):
             )
         return _Layout(header.size, n_items)
 
-    def _local_path(self, path: str, kind: str = "File", key: str = "data.paths") -> str:
-        if path not in self._local_paths:
-            if not is_url(path):
-                self._local_paths[path] = path
-            else:
-                # Imported here: cached-path pulls in the cloud SDKs, which local-file runs never need.
-                from cached_path import cached_path
+    def _remote_start(self, path: str, kind: str, key: str) -> tuple[int, _NpyHeader | None]:
+        """A remote file's size and npy header: from the run's record after one metadata request, or, the first
+        time, from a metadata request and a small range read of its start."""
+        reader = remote_reader(path, self.remote)
+        file = reader.stat(path, self.fetch_stats)
+        cached = self._metadata_cache().files.get(path)
+        if cached is not None:
+            if cached.size != file.size or (
+                None not in (cached.version, file.version) and cached.version != file.version
+            ):
+                then, now = (cached.size, cached.version), (file.size, file.version)
+                raise OLMoDataError(
+                    f"{kind} '{redact_url(path)}' (an entry of {key}) changed since this run first read it (size and "
+                    f"version {then} then, {now} now; recorded in {self._cache_path}), so its instances are no longer "
+                    f"the ones the run's data order numbers. Restore the original file; or, to train on the new one "
+                    f"from here, delete that record (instances already trained on are listed in "
+                    f"save_folder/data-indices)."
+                )
+            self._remote_files[path] = file
+            header = cached.header
+            return file.size, None if header is None else _NpyHeader(
+                header["size"], tuple(header["shape"]), header["fortran_order"], np.dtype(header["dtype"])
+            )
+        self._remote_files[path] = file
+        start = reader.read(file, 0, min(file.size, PROBE_BYTES), self.fetch_stats, probe=True)
+        if not start.startswith(NPY_MAGIC):
+            return file.size, None
+        try:
+            needed = _npy_header_bytes(start) if len(start) >= 12 else len(start) + 1
+            if needed > len(start) and needed <= file.size:
+                start = reader.read(file, 0, needed, self.fetch_stats, probe=True)
+            return file.size, _read_npy_header(io.BytesIO(start))
+        except (ValueError, struct.error) as e:
+            raise OLMoDataError(
+                f"{kind} '{redact_url(path)}' (an entry of {key}) starts like an npy file (written by np.save) but "
+                f"its header cannot be read: {e}. Re-save it with np.save, or write the array headerless with "
+                f"ndarray.tofile."
+            ) from None
 
-                try:
-                    self._local_paths[path] = str(cached_path(path))
-                except FileNotFoundError:
-                    raise OLMoDataError(
-                        f"{kind} '{path}' (an entry of {key}) does not exist. Check the URL in the config, or "
-                        f"run the data preparation script that writes it."
-                    ) from None
-                except Exception as e:
-                    raise OLMoDataError(
-                        f"Could not fetch {kind.lower()} '{path}' (an entry of {key}): {type(e).__name__}: {e}. "
-                        f"Check the URL, the network and the credentials for that storage, or download the "
-                        f"file and list its local path instead."
-                    ) from e
-        return self._local_paths[path]
+    def _metadata_cache(self) -> MetadataCache:
+        if self._cache is None:
+            self._cache = MetadataCache(self._cache_path, read=self._reuse_cache)
+        return self._cache
 
-    def _memmap(self, path: str, is_mask: bool) -> np.ndarray:
+    def _probe_remote(self) -> None:
+        """Find the layout of every remote file at once, on ``data.remote.max_concurrency`` threads. A file that
+        fails keeps its error for the sequential checks to report in order; once one cannot be reached at all, the
+        rest are not tried (they would most likely wait out the same retries)."""
+        todo = [
+            (path, is_mask)
+            for paths, is_mask in ((self.paths, False), (self.label_mask_paths or [], True))
+            for path in paths
+            if is_remote(path) and (path, is_mask) not in self._layouts
+        ]
+        todo = list(dict.fromkeys(todo))
+        if not todo:
+            return
+        unreachable = threading.Event()
+
+        def probe(item: tuple[str, bool]) -> None:
+            if unreachable.is_set():
+                return
+            try:
+                self._layout(*item)
+            except OLMoDataError as e:
+                self._probe_errors[item] = e
+                if isinstance(e, RemoteUnreachable):
+                    unreachable.set()
+
+        pool = fetch_pool(self.remote.max_concurrency)
+        for future in [pool.submit(probe, item) for item in todo]:
+            future.result()
+        log.info("Found the sizes of %d remote files.", len(todo) - len(self._probe_errors))
+
+    def remote_records(self) -> dict[str, CachedFile]:
+        """What this dataset found out about its remote files (for :meth:`save_remote_records`)."""
+        self._instance_bounds()
+        records = {}
+        for (path, is_mask), layout in self._layouts.items():
+            file = self._remote_files.get(path)
+            if file is None:
+                continue
+            header = None
+            if layout.header_bytes:
+                dtype = np.dtype(np.bool_) if is_mask else self.dtype
+                header = {
+                    "size": layout.header_bytes,
+                    "shape": [layout.n_items],
+                    "fortran_order": False,
+                    "dtype": dtype.str,
+                }
+            records[path] = CachedFile(file.size, file.version, header)
+        return records
+
+    def save_remote_records(self) -> None:
+        """Add this dataset's remote files to the run's record (``metadata_cache``); call it on one rank, after
+        the save folder has been claimed."""
+        if self.has_remote_files and self._cache_path is not None:
+            self._metadata_cache().save(self.remote_records().items())
+
+    def _memmap(self, path: str, is_mask: bool) -> Any:
+        """All items of a file: a read-only memmap, or for a remote file a :class:`RemoteArray` (slices of it are
+        range reads)."""
         if (path, is_mask) not in self._memmaps:
             header_bytes, n_items = self._layout(path, is_mask)
             dtype = np.dtype(np.bool_) if is_mask else self.dtype
-            if n_items == 0:  # np.memmap cannot map an empty file
-                self._memmaps[path, is_mask] = np.empty(0, dtype)
+            if is_remote(path):
+                reader = remote_reader(path, self.remote)
+                assert self.fetch_stats is not None
+                array: Any = RemoteArray(
+                    reader, self._remote_files[path], header_bytes, n_items, dtype, self.fetch_stats
+                )
+            elif n_items == 0:  # np.memmap cannot map an empty file
+                array = np.empty(0, dtype)
             else:
-                local = self._local_path(path)
-                mapped = np.memmap(local, dtype=dtype, mode="r", offset=header_bytes, shape=(n_items,))
-                self._memmaps[path, is_mask] = mapped
+                array = np.memmap(
+                    local_path_of(path), dtype=dtype, mode="r", offset=header_bytes, shape=(n_items,)
+                )
+            self._memmaps[path, is_mask] = array
         return self._memmaps[path, is_mask]
 
 

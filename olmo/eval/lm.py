@@ -9,10 +9,10 @@ from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader
 
 from ..collectives import all_reduce
-from ..data import DataCollator, MemMapDataset
+from ..data import DataCollator, InstanceStream, MemMapDataset
 from .evaluator import EvalTarget, Evaluator, forward_in_lockstep, rank_order
 
 __all__ = ["LMEvaluator"]
@@ -74,7 +74,7 @@ class LMEvaluator(Evaluator):
 
     def _evaluate(self, target: EvalTarget, device: torch.device) -> dict[str, float]:
         loader = DataLoader(
-            Subset(self.dataset, self.instance_indices()),
+            InstanceStream(self.dataset, self.instance_indices(), self.batch_size),  # remote files: fetched ahead
             batch_size=self.batch_size,
             collate_fn=self.collator,
             num_workers=self.num_workers,
