@@ -40,6 +40,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MEMMAP_DTYPES = ("uint8", "uint16", "uint32", "uint64")
+MAX_REMOTE_CONCURRENCY = 1024
 PRECISIONS = ("amp_bf16", "amp_fp16", "fp32")
 
 
@@ -205,6 +206,11 @@ def data_location_problems(d: DataConfig, key: str) -> list[str]:
     for name in ("max_concurrency", "prefetch_bytes", "max_attempts"):
         if getattr(r, name) < 1:
             out.append(f"{key}.remote.{name}={getattr(r, name)} must be at least 1.")
+    if r.max_concurrency > MAX_REMOTE_CONCURRENCY:
+        out.append(
+            f"{key}.remote.max_concurrency={r.max_concurrency} would start that many threads and connections in every "
+            f"loader process; use at most {MAX_REMOTE_CONCURRENCY} (64 already fetch ~1,200 instances/s at 50 ms)."
+        )
     for name in ("timeout_seconds", "max_backoff_seconds"):
         if not getattr(r, name) > 0:
             out.append(f"{key}.remote.{name}={getattr(r, name)} must be a positive number of seconds.")

@@ -17,13 +17,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from torch.utils.data import DataLoader
 
 from .config import DEFAULT_MAX_DURATION, DataConfig, KLEstimator, SchedulerConfig, TrainConfig
 from .config_stages import parse_duration_steps, stage_data_config, stage_sum_problem
 from .exceptions import OLMoConfigurationError
+
+if TYPE_CHECKING:
+    from .data import MemMapDataset
 
 __all__ = [
     "Stage",
@@ -150,13 +153,20 @@ def order_dir_of(cfg: TrainConfig, stage: Stage) -> Path:
     return Path(cfg.save_folder) / stage.order_dir
 
 
-def build_stage_dataloader(cfg: TrainConfig, stage: Stage, world_size: int, rank: int) -> DataLoader:
+def build_stage_dataloader(
+    cfg: TrainConfig, stage: Stage, world_size: int, rank: int, dataset: Optional[MemMapDataset] = None
+) -> DataLoader:
     """The training DataLoader of ``stage``'s data segment (see :func:`olmo.data.build_train_dataloader`): the
-    first segment starts at ``cfg.epoch`` as a run without stages does, a later one at epoch 0."""
+    first segment starts at ``cfg.epoch`` as a run without stages does, a later one at epoch 0.
+
+    :param dataset: the segment's data, already opened (its files are then not looked at again).
+    """
     from .data import build_train_dataloader
 
     staged = replace(cfg, data=stage.data, epoch=cfg.epoch if stage.segment == 0 else None)
-    return build_train_dataloader(staged, world_size=world_size, rank=rank, work_dir=order_dir_of(cfg, stage))
+    return build_train_dataloader(
+        staged, world_size=world_size, rank=rank, work_dir=order_dir_of(cfg, stage), dataset=dataset
+    )
 
 
 def check_kl_reference(cfg: TrainConfig, plan: StagePlan, restored: Optional[str], restored_step: int) -> None:

@@ -19,6 +19,7 @@ import http.server
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -40,6 +41,12 @@ _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # a client opens dozens of connections at once; the default backlog of 5 drops some
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up (as a client refusing a whole file does) is not an error of the server."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
 
 
 @dataclass
@@ -257,3 +264,22 @@ def touch_later(path: Union[str, Path]) -> None:
     """Give ``path`` a newer modification time (a new ETag) without changing its bytes."""
     stat = os.stat(path)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """``python -m olmo.testing_http FOLDER [--latency S] [--no-ranges]``: serve FOLDER until killed, printing the
+    port first (benchmarks run the server in its own process, so that it does not share the loader's CPU time)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("folder")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds added before every answer")
+    parser.add_argument("--no-ranges", action="store_true", help="ignore Range headers")
+    args = parser.parse_args(argv)
+    server = FileServer(args.folder, latency=args.latency, ranges=not args.no_ranges)
+    print(server.port, flush=True)
+    server._server.serve_forever(0.05)
+
+
+if __name__ == "__main__":
+    main()

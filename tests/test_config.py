@@ -141,6 +141,25 @@ def test_batch_must_divide_by_microbatch_times_world_size(tmp_path):
         cfg.validate(4)
 
 
+def test_data_urls_and_remote_settings_are_checked_before_any_request(tmp_path):
+    cfg = TrainConfig.load(
+        _config(tmp_path),
+        [
+            "data.paths=[htps://olmo-data.org/a.npy,s3://bucket/b.npy]",
+            "data.label_mask_paths=[hf://datasets/x/m.npy,gs://bucket/m.npy]",
+            "data.remote.max_concurrency=100000",
+            "data.remote.timeout_seconds=0",
+        ],
+    )
+    with pytest.raises(OLMoConfigurationError) as info:
+        cfg.validate(1)
+    message = str(info.value)
+    assert "4 problem(s)" in message
+    assert "data.paths[0]='htps://olmo-data.org/a.npy': htps:// URLs cannot be read by byte range" in message
+    assert "data.label_mask_paths[0]='hf://datasets/x/m.npy'" in message
+    assert "data.remote.max_concurrency=100000" in message and "data.remote.timeout_seconds=0" in message
+
+
 def test_dtype_must_hold_the_vocabulary(tmp_path):
     cfg = TrainConfig.load(_config(tmp_path), ["model.vocab_size=100000", "model.embedding_size=100352"])
     with pytest.raises(OLMoConfigurationError, match="memmap_dtype=uint32"):

@@ -334,7 +334,10 @@ def test_a_fresh_run_started_at_a_later_epoch_continues_from_it(tmp_path, corpus
     np.asarray(np.memmap(corpus[0], dtype=np.uint16, mode="r")[: 32 * 16]).tofile(small)  # 2 batches an epoch
     assert run_train(_setup(tmp_path, [str(small)], max_duration=4, epoch=3)) == 0
     order = tmp_path / "run/train_data"
-    assert sorted(p.name for p in order.iterdir()) == ["global_indices_epoch3.npy", "global_indices_epoch4.npy"]
+    assert sorted(p.name for p in order.glob("*.npy")) == [
+        "global_indices_epoch3.npy",
+        "global_indices_epoch4.npy",
+    ]
     state = torch.load(tmp_path / "run/step4-unsharded/train.pt", weights_only=True)
     assert state["epoch"] == 4
 

@@ -2,6 +2,7 @@
 
     python scripts/benchmark_dataloader.py [CONFIG] [--steps 2000] [--warmup 20] [--repeats 3] [--workers 0,2]
         [--batch 8] [--seq-len 2048] [--corpus-tokens 50000000] [--folder DIR] [--out result.json] [--profile]
+        [--remote [--latency 0.05] [--remote-steps 300] [--startup-files 10,1000] [--wait-steps 100]]
 
 CONFIG (default configs/official/OLMo-1B.yaml) supplies the data settings (memmap dtype, pin_memory,
 prefetch_factor, pad direction, ...). Its data.paths are replaced by a generated corpus: real text (the
@@ -15,6 +16,11 @@ times ``--steps`` batches; tokens/s is the median over the runs, the batch-time 
 For reference it also times the cheapest way to make the same batches: gathering the same instances with numpy
 from the same memmap into one int64 tensor per batch. The gap between the two is the loader's own overhead.
 ``--profile`` prints where the single-process loader spends its time.
+
+``--remote`` adds the remote case (:mod:`olmo.cli.benchmark_dataloader_remote`): the same corpus served over HTTP
+with ``--latency`` seconds per request, read by the same loader (``--remote-steps`` batches a run); the time to
+the first training step with each of ``--startup-files`` remote files, first launch and relaunch; and the data
+wait of a ``--wait-steps`` run of the quickstart model. Each next to the same files read locally.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ log = logging.getLogger("benchmark_dataloader")
 
 DEFAULT_CONFIG = REPO / "configs/official/OLMo-1B.yaml"
 GOAL_TOKENS_PER_S = 50e6
+GOAL_REMOTE_TOKENS_PER_S = 1e6
+"""Remote rows: one loader process delivers at least this over a 50 ms link (issue 23)."""
 NUMPY_GATHER = "numpy gather"
 
 
@@ -67,11 +75,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--folder", help="where to create the temporary corpus (default: the system temp)")
     parser.add_argument("--out", help="write the results as JSON to this file")
     parser.add_argument("--profile", action="store_true", help="profile the single-process loader (cProfile)")
+    parser.add_argument("--remote", action="store_true", help="also measure the corpus read over HTTP")
+    parser.add_argument("--latency", type=float, default=0.05, help="seconds the HTTP server adds to each answer")
+    parser.add_argument("--remote-steps", type=int, default=300, help="batches timed per remote run")
+    parser.add_argument("--startup-files", default="10,1000", help="remote file counts for the start-up times")
+    parser.add_argument("--wait-steps", type=int, default=100, help="steps of the data-wait runs")
     args = parser.parse_args(argv[1:])
     try:
         args.workers = [int(w) for w in args.workers.split(",")]
     except ValueError:
         parser.error(f"--workers takes comma-separated integers, e.g. 0,2; got {args.workers!r}")
+    try:
+        args.startup_files = [int(n) for n in args.startup_files.split(",") if n]
+    except ValueError:
+        parser.error(f"--startup-files takes comma-separated integers, e.g. 10,1000; got {args.startup_files!r}")
     if min(args.workers) < 0 or args.warmup < 0 or min(args.steps, args.repeats, args.batch, args.seq_len) < 1:
         parser.error("--workers and --warmup must be >= 0; --steps, --repeats, --batch and --seq-len >= 1")
     needed = (args.warmup + args.steps) * args.batch * args.seq_len
@@ -163,7 +180,8 @@ def print_table(report: dict[str, Any]) -> None:
     for column in ("measurement", "M tokens/s", "batches/s", "ms/batch (median)", "ms/batch (p99)", "goal"):
         table.add_column(column, justify="left" if column == "measurement" else "right")
     for name, r in report["results"].items():
-        meets = "yes" if r["tokens_per_s"] >= report["goal_tokens_per_s"] else "NO"
+        goal = GOAL_REMOTE_TOKENS_PER_S if name.startswith("remote") else report["goal_tokens_per_s"]
+        meets = "yes" if r["tokens_per_s"] >= goal else "NO"
         table.add_row(
             name,
             f"{r['tokens_per_s'] / 1e6:.1f}",
@@ -176,17 +194,54 @@ def print_table(report: dict[str, Any]) -> None:
     Console(width=None if sys.stdout.isatty() else 150).print(table)
 
 
+def measure_remote(
+    args: argparse.Namespace, tokens: np.ndarray, root: Path, load_config: Any, results: dict[str, Any]
+) -> dict[str, Any]:
+    """The remote rows (added to ``results``), start-up times and data waits; see the module doc."""
+    from olmo.cli import benchmark_dataloader_remote as remote
+
+    server, base_url = remote.serve(root, args.latency)
+    try:
+        for workers in args.workers:
+            cfg = load_config(workers, f"{base_url}/{Path(corpus_name(root)).name}")
+            name = f"remote loader, {workers} workers ({args.latency * 1e3:.0f} ms a request)"
+            results[name] = remote.loader_row(
+                cfg,
+                root / f"order-remote-{workers}",
+                args.warmup,
+                args.remote_steps,
+                args.repeats,
+                time_batches,
+                summarize,
+            )
+            log.info("%s: %s tokens/s.", name, f"{results[name]['tokens_per_s']:,}")
+        out: dict[str, Any] = {"latency_s": args.latency, "startup": {}}
+        for files in args.startup_files:
+            out["startup"][files] = remote.startup_rows(tokens, root / "runs", base_url, root, files)
+            log.info("Start-up with %d files: %s", files, out["startup"][files])
+        if args.wait_steps:
+            out["data_wait"] = remote.data_wait_rows(tokens, root / "runs", base_url, root, args.wait_steps)
+            log.info("Data wait: %s", out["data_wait"])
+        return out
+    finally:
+        server.kill()
+
+
+def corpus_name(root: Path) -> Path:
+    return root / "tokens.npy"
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     machine = machine_info()
     root = Path(tempfile.mkdtemp(prefix="olmo-dataloader-benchmark-", dir=args.folder))
-    corpus = root / "tokens.npy"
+    corpus = corpus_name(root)
 
-    def load_config(workers: int) -> TrainConfig:
+    def load_config(workers: int, path: Any = corpus) -> TrainConfig:
         return TrainConfig.load(
             args.config,
             [
-                f"data.paths=[{corpus}]",
+                f"data.paths=[{path}]",
                 "data.memmap_dtype=uint16",
                 f"data.num_workers={workers}",
                 f"model.max_sequence_length={args.seq_len}",
@@ -200,6 +255,7 @@ def main(argv: list[str]) -> int:
     tokens_per_batch = args.batch * args.seq_len
     results: dict[str, dict[str, Any]] = {}
     profile = None
+    remote: dict[str, Any] = {}
     try:
         start = time.perf_counter()
         tokens = write_corpus(corpus, args.corpus_tokens)
@@ -227,10 +283,13 @@ def main(argv: list[str]) -> int:
         if args.profile:
             profile = profile_loader(load_config(0), root / "order", args.warmup, args.steps)
             print(profile)
+        if args.remote:
+            remote = measure_remote(args, tokens, root, load_config, results)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
     report = {
+        **({"remote": remote} if args.remote else {}),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([Path(sys.executable).name, *argv]),
         "machine": machine,

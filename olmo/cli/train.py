@@ -79,15 +79,21 @@ def main(argv: list) -> int:
 
     env = init_distributed(cfg.distributed_timeout_minutes)
     try:
-        return train(cfg, env, stages, plan, evaluators)
+        return train(cfg, env, stages, plan, evaluators, dataset_of(stages.stages[0].data))
     finally:
         teardown_distributed()  # after train() returned: what it built is garbage now, and is collected
 
 
 def train(
-    cfg: TrainConfig, env: DistEnv, stages: StagePlan, plan: Optional[RestorePlan], evaluators: list[Evaluator]
+    cfg: TrainConfig,
+    env: DistEnv,
+    stages: StagePlan,
+    plan: Optional[RestorePlan],
+    evaluators: list[Evaluator],
+    dataset: MemMapDataset,
 ) -> int:
-    """Build the run on the initialized process group, restore ``plan`` and train; return the exit code."""
+    """Build the run on the initialized process group, restore ``plan`` and train on ``dataset`` (the first stage's
+    data, checked already); return the exit code."""
     seed_all(cfg.seed)
     log.info(
         "World size %d; device batch %d in micro-batches of %d (%d accumulation steps).",
@@ -99,7 +105,7 @@ def train(
     if env.is_main and not cfg.dry_run:
         claim_save_folder(cfg, plan)  # the launch's first write: cleans up, then writes config.yaml
     barrier()  # nobody writes into save_folder before rank 0 has made it this run's
-    train_loader = build_stage_dataloader(cfg, stages.stages[0], env.world_size, env.rank)
+    train_loader = build_stage_dataloader(cfg, stages.stages[0], env.world_size, env.rank, dataset)
     model = build_model(cfg, env)
     log.info(
         "Model: %s parameters (%s without embeddings), %.2f GFLOPs/token.",

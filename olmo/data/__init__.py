@@ -123,6 +123,7 @@ def build_train_dataloader(
     fs_local_rank: int | None = None,
     include_instance_metadata: bool = False,
     work_dir: str | os.PathLike[str] | None = None,
+    dataset: MemMapDataset | None = None,
 ) -> DataLoader:
     """The training DataLoader of this rank, over epoch ``train_config.epoch or 0``.
 
@@ -137,6 +138,8 @@ def build_train_dataloader(
     :param fs_local_rank: accepted for OLMo's API and ignored: only rank 0 writes the order file (the other ranks
         wait for it), and a rank on a file system that does not see it computes the order in its own memory.
     :param include_instance_metadata: also collate each instance's ``metadata`` (e.g. its dataset label).
+    :param dataset: ``build_memmap_dataset(train_config, train_config.data, include_instance_metadata)``, when the
+        caller has opened it already (its files are then not probed again).
     """
     if fs_local_rank is not None:
         log.warning(
@@ -148,7 +151,8 @@ def build_train_dataloader(
     if rank is None:
         rank = dist.get_rank() if dist.is_initialized() else env_rank()
     cfg = train_config
-    dataset = build_memmap_dataset(cfg, cfg.data, include_instance_metadata=include_instance_metadata)
+    if dataset is None:
+        dataset = build_memmap_dataset(cfg, cfg.data, include_instance_metadata=include_instance_metadata)
     seed = data_order_seed(cfg.data, cfg.seed)
     order = IterableDataset(
         dataset,

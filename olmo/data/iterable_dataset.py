@@ -160,7 +160,12 @@ class IterableDataset(torch.utils.data.IterableDataset):
             )
         self.dataset = dataset
         self.num_instances = len(dataset)  # type: ignore[arg-type]
-        assert self.num_instances < 2**32, "global indices are stored as uint32"
+        if self.num_instances >= 2**32:
+            raise OLMoDataError(
+                f"The training data holds {self.num_instances:,} instances, more than the 2^32 - 1 that the data order "
+                f"(global_indices.npy, uint32 as in OLMo) can number. Raise model.max_sequence_length, or split the "
+                f"corpus into stages (stages: [...]) of fewer instances each."
+            )
         if self.num_instances < global_batch_size:
             raise OLMoDataError(
                 f"The training data holds {self.num_instances} instances, fewer than one global batch of "
