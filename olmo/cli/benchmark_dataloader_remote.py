@@ -84,6 +84,7 @@ def quickstart_config(path: Path, save_folder: Path, paths: list[str], max_durat
     """The quickstart model on ``paths``, without evaluators, saving a checkpoint at step 1."""
     overrides = [
         f"save_folder={save_folder}",
+        "data.paths=[set-below.npy]",  # the quickstart's glob needs its data; these runs bring their own
         f"max_duration={max_duration}",
         "evaluators=[]",
         "save_interval_unsharded=1",

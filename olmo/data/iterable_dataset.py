@@ -248,7 +248,10 @@ class IterableDataset(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         order = self.global_indices()
-        rank_indices = order[rank_slice(self.start_index, self.total_size, self.world_size, self.rank)]
+        # A plain view: iterating an np.memmap runs its Python __getitem__ for every entry.
+        rank_indices = order[rank_slice(self.start_index, self.total_size, self.world_size, self.rank)].view(
+            np.ndarray
+        )
         # This rank's entries before stop_index may be fetched ahead; later ones (never trained on, unless the
         # run is extended) are only read when asked for.
         ahead = len(rank_indices)

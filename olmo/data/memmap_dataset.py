@@ -670,9 +670,12 @@ class MemMapDataset(Dataset):
             elif n_items == 0:  # np.memmap cannot map an empty file
                 array = np.empty(0, dtype)
             else:
-                array = np.memmap(
+                mapped = np.memmap(
                     local_path_of(path), dtype=dtype, mode="r", offset=header_bytes, shape=(n_items,)
                 )
+                # A plain view of the mapping: slicing an np.memmap runs Python code (its __getitem__ and
+                # __array_finalize__) for every instance, which costs more than reading the instance.
+                array = mapped.view(np.ndarray)
             self._memmaps[path, is_mask] = array
         return self._memmaps[path, is_mask]
 
