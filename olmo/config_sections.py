@@ -376,8 +376,9 @@ class CustomDatasetConfig:
 @dataclass
 class DataConfig:
     paths: Optional[list[str]] = None
-    """Token memmaps (local paths or URLs), headerless, as written by ``dolma tokens``. A file written by
-    ``np.save`` is read from after its npy header (whose dtype must be ``memmap_dtype``)."""
+    """Token memmaps (local paths or ``http(s)``/``s3``/``r2``/``weka``/``gs`` URLs, read in place by byte range),
+    headerless, as written by ``dolma tokens``. A file written by ``np.save`` is read from after its npy header
+    (whose dtype must be ``memmap_dtype``)."""
     memmap_dtype: str = "uint16"
     """numpy dtype of the token files: uint8, uint16, uint32 or uint64."""
     datasets: Optional[dict[str, list[str]]] = None

@@ -26,6 +26,7 @@ __all__ = [
     "run_main",
     "run_train",
     "run_torchrun",
+    "torchrun_command",
     "run_script",
     "free_port",
 ]
@@ -219,15 +220,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_torchrun(
-    nproc: int,
-    config_path: Union[str, Path],
-    *args: str,
-    timeout: float = 300,
-    cwd: Optional[Union[str, Path]] = None,
-) -> subprocess.CompletedProcess[str]:
-    """Launch ``torchrun --nproc_per_node=N scripts/train.py CONFIG ARGS...`` on CPU (gloo), exactly as a
-    user would, with a private rendezvous port and a timeout; return the finished process."""
+def torchrun_command(nproc: int, config_path: Union[str, Path], *args: str) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of ``torchrun --nproc_per_node=N scripts/train.py CONFIG ARGS...`` on CPU
+    (gloo), with a private rendezvous port, one thread per rank and wandb disabled."""
     import os
     import sys
 
@@ -241,5 +236,17 @@ def run_torchrun(
         str(config_path),
         *args,
     ]
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    return cmd, {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+
+
+def run_torchrun(
+    nproc: int,
+    config_path: Union[str, Path],
+    *args: str,
+    timeout: float = 300,
+    cwd: Optional[Union[str, Path]] = None,
+) -> subprocess.CompletedProcess[str]:
+    """Launch ``torchrun --nproc_per_node=N scripts/train.py CONFIG ARGS...`` on CPU (gloo), exactly as a
+    user would, with a private rendezvous port and a timeout; return the finished process."""
+    cmd, env = torchrun_command(nproc, config_path, *args)
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

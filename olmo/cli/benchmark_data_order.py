@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shlex
 import shutil
 import subprocess
@@ -38,8 +37,7 @@ from typing import Any
 
 import yaml
 
-from olmo.cli import REPO
-from olmo.testing import free_port, tiny_config_dict
+from olmo.testing import tiny_config_dict, torchrun_command
 from olmo.util import machine_info
 
 log = logging.getLogger("benchmark_data_order")
@@ -95,17 +93,7 @@ def launch(config: Path, nproc: int, *extra: str) -> dict[str, Any]:
     """Run torchrun on ``config``; seconds to the first metrics line, peak summed RssAnon of the ranks, exit code."""
     metrics = Path(yaml.safe_load(config.read_text())["save_folder"]) / "metrics.jsonl"
     lines_before = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        f"--master_port={free_port()}",
-        str(REPO / "scripts/train.py"),
-        str(config),
-        *extra,
-    ]
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    cmd, env = torchrun_command(nproc, config, *extra)
     start = time.perf_counter()
     process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     first_step, peak_kb = None, 0

@@ -71,6 +71,8 @@ _logged_headers: set[str] = set()
 """Files whose npy header was logged in this process (a run builds several datasets over the same files)."""
 PROBE_BYTES = 1024
 """Bytes read from the start of a remote file the first time a run sees it, for its npy header (if any)."""
+MAX_NPY_HEADER_BYTES = 65536
+"""The largest npy header read from a remote file (numpy itself refuses headers over 10,000 bytes by default)."""
 
 
 class _NpyHeader(NamedTuple):
@@ -584,6 +586,8 @@ class MemMapDataset(Dataset):
             return file.size, None
         try:
             needed = _npy_header_bytes(start) if len(start) >= 12 else len(start) + 1
+            if needed > MAX_NPY_HEADER_BYTES:
+                raise ValueError(f"it claims {needed} bytes, more than any array's header needs")
             if needed > len(start) and needed <= file.size:
                 start = reader.read(file, 0, needed, self.fetch_stats, probe=True)
             return file.size, _read_npy_header(io.BytesIO(start))

@@ -286,3 +286,16 @@ def test_the_http_server_sends_nothing_it_was_not_asked_for():
             assert b"206" in head.split(b"\r\n")[0] and b"Content-Length: 100" in head and len(body) == 50
     finally:
         (root / name).unlink()
+
+
+def test_hostile_npy_headers_on_a_server_are_refused_after_one_small_read(tmp_path):
+    huge = b"\x93NUMPY\x02\x00" + (2**30).to_bytes(4, "little") + b"{" * 500  # claims a 1 GiB header
+    (tmp_path / "huge.npy").write_bytes(huge)
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    with FileServer(tmp_path) as server:
+        remote = MemMapDataset(server.url("huge.npy"), chunk_size=CHUNK, remote=FAST)
+        with pytest.raises(OLMoDataError, match=r"huge\.npy.*header cannot be read: it claims 1073741836 bytes"):
+            len(remote)
+        assert remote.fetch_stats.snapshot()["bytes"] == len(huge)  # the probe: the whole small file
+        with pytest.raises(OLMoDataError, match=r"objects\.npy.*dtype object.*never loaded"):
+            len(MemMapDataset(server.url("objects.npy"), chunk_size=CHUNK, remote=FAST))
