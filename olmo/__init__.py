@@ -3,7 +3,7 @@
 As in OLMo, ``from olmo import OLMo, TrainConfig, ModelConfig, Tokenizer`` works: the package re-exports the
 public names of OLMo 0.6.0's ``olmo.config``, ``olmo.model`` and ``olmo.tokenizer`` that this project has
 (not OLMo's ``CheckpointType``, nor its model building blocks other than ``LayerNorm`` and ``OLMoBlock``).
-Each is imported on first use, so ``import olmo.config`` or ``import olmo.json_lines`` does not load torch.
+Each is imported on first use, so ``import olmo.config`` or ``import olmo.util.json_lines`` does not load torch.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Tokenizer encoding and decoding, as OLMo's ``Tokenizer`` does.
 
 Where a ``tokenizer.identifier`` is looked up (local files, OLMo's names, hub ids) is
-:mod:`olmo.tokenizer_files`; config validation reports a tokenizer that cannot work before any model or
+:mod:`olmo.util.tokenizer_files`; config validation reports a tokenizer that cannot work before any model or
 data is built.
 """
 
@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Optional
 from tokenizers import Tokenizer as HFTokenizer
 
 from .config import TokenizerConfig
-from .config_validation import tokenizer_problems
+from .config.validation import tokenizer_problems
 from .exceptions import OLMoConfigurationError
-from .tokenizer_files import (
+from .util.tokenizer_files import (
     DEFAULT_TOKENIZER,
     TOKENIZER_CACHE_ENV,
     load_base_tokenizer,

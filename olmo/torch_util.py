@@ -1,7 +1,7 @@
 """OLMo's ``olmo.torch_util`` helpers, for user scripts written against OLMo's API.
 
 Same names, arguments and results as in OLMo 0.6.0, over this project's own modules: seeding is
-:mod:`olmo.rng`'s, and local ranks come from :func:`olmo.launch.launch_env`, so they also work under
+:mod:`olmo.util.rng`'s, and local ranks come from :func:`olmo.util.launch.launch_env`, so they also work under
 Slurm's ``srun`` without torchrun. The trainer itself uses :mod:`olmo.distributed` and :mod:`olmo.util`.
 """
 
@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import rng
-from .collectives import barrier
-from .launch import launch_env
+from .distributed.collectives import barrier
+from .util import rng
+from .util.launch import launch_env
 
 __all__ = [
     "seed_all",

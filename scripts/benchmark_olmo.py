@@ -5,7 +5,7 @@
 
 import sys
 
-from olmo.cli.benchmark_olmo import main
+from olmo.bench.olmo import main
 from olmo.util import prepare_cli_environment
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ module search path) and with a working directory outside the repository, and the
 ``import olmo`` resolved to anything but an installed package.
 
 What both sides share (the line protocol, the round timer and :class:`Side`, which runs measurement (a) and the
-bit-identity dump) is ``olmo/cli/benchmark_olmo_worker.py``, which imports only torch: this worker loads that one
+bit-identity dump) is ``olmo/bench/olmo_worker.py``, which imports only torch: this worker loads that one
 file by its path, and our side (``benchmark_olmo.py --worker``) imports it, so that the two models are timed by
 the same code around them. Only the model and its training step (measurement (b)) are :class:`OriginalSide`'s.
 """
@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 
 def _load_shared() -> ModuleType:
-    """``olmo/cli/benchmark_olmo_worker.py`` by its path: ``import olmo`` would find the original package."""
-    path = Path(__file__).resolve().parents[1] / "olmo" / "cli" / "benchmark_olmo_worker.py"
+    """``olmo/bench/olmo_worker.py`` by its path: ``import olmo`` would find the original package."""
+    path = Path(__file__).resolve().parents[1] / "olmo" / "bench" / "olmo_worker.py"
     spec = importlib.util.spec_from_file_location("benchmark_olmo_worker", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -11,10 +11,10 @@ from olmo.config import TrainConfig
 from olmo.data import build_train_dataloader
 from olmo.distributed import build_model, init_distributed, teardown_distributed
 from olmo.optim import build_optimizer, build_scheduler
-from olmo.rng import seed_all
 from olmo.testing import tiny_config_dict
 from olmo.train import Trainer
-from olmo.train_module import build_train_module
+from olmo.train.train_module import build_train_module
+from olmo.util.rng import seed_all
 
 SETTINGS = {
     "full_shard": {},

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from olmo.metrics import gpu_peak_flops
 from olmo.testing import run_script
+from olmo.train.metrics import gpu_peak_flops
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = {"data", "prepare", "forward", "backward", "optimizer", "other"}

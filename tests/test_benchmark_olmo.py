@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from olmo.cli import benchmark_olmo
+from olmo.bench import olmo as benchmark_olmo
 from olmo.testing import run_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts/benchmark_olmo.py"

@@ -5,13 +5,13 @@ import pytest
 import torch
 
 from olmo.checkpoint import inspect_checkpoint, list_checkpoints, safe_torch_load
-from olmo.checkpointer import Checkpointer
-from olmo.collectives import DistEnv
 from olmo.config import TrainConfig
+from olmo.distributed.collectives import DistEnv
 from olmo.model import OLMo
 from olmo.optim import build_optimizer
 from olmo.testing import tiny_config_dict
-from olmo.train_module import BasicTrainModule
+from olmo.train.checkpointer import Checkpointer
+from olmo.train.train_module import BasicTrainModule
 
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 

@@ -25,7 +25,7 @@ IGNORED = [
 def _warnings(tmp_path, caplog, overrides):
     cfg = TrainConfig.from_dict(tiny_config_dict(tmp_path, ["x.npy"], **overrides))
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="olmo.config_validation"):
+    with caplog.at_level(logging.WARNING, logger="olmo.config.validation"):
         cfg.validate()
     return [r.getMessage() for r in caplog.records if "has no effect" in r.getMessage()]
 

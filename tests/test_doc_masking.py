@@ -5,16 +5,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from olmo.attention import (
+from olmo.config import ModelConfig
+from olmo.exceptions import OLMoDataError
+from olmo.model import OLMo
+from olmo.model.attention import (
     attention_bias,
     describe_attention,
     document_ids,
     document_spans,
     flash_varlen_attention,
 )
-from olmo.config import ModelConfig
-from olmo.exceptions import OLMoDataError
-from olmo.model import OLMo
 from olmo.testing import tiny_model_config
 
 VOCAB = 100

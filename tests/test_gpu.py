@@ -8,10 +8,10 @@ from olmo.config import TrainConfig
 from olmo.data import build_train_dataloader
 from olmo.distributed import build_model, init_distributed
 from olmo.optim import build_optimizer, build_scheduler
-from olmo.rng import seed_all
 from olmo.testing import tiny_config_dict, write_byte_memmap
 from olmo.train import Trainer
-from olmo.train_module import build_train_module
+from olmo.train.train_module import build_train_module
+from olmo.util.rng import seed_all
 
 pytestmark = [
     pytest.mark.gpu,

@@ -12,7 +12,7 @@ import pytest
 import torch.distributed
 
 from olmo.config import TrainConfig
-from olmo.config_docs import field_docs, format_value, undocumented_fields
+from olmo.config.docs import field_docs, format_value, undocumented_fields
 from olmo.exceptions import OLMoConfigurationError
 from olmo.testing import run_main, run_script, tiny_config_dict, write_config
 
@@ -93,7 +93,7 @@ def test_every_config_field_has_a_docstring():
     missing = undocumented_fields(TrainConfig)
     assert not missing, (
         f"{len(missing)} config field(s) have no docstring (a string literal on the line after the field in "
-        f"olmo/config.py): {', '.join(missing)}"
+        f"olmo/config/train_config.py): {', '.join(missing)}"
     )
 
 

@@ -9,7 +9,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint
-from olmo.checkpoint_save import write_unsharded_checkpoint
+from olmo.checkpoint.save import write_unsharded_checkpoint
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoCheckpointError, OLMoConfigurationError
 from olmo.model import OLMo
@@ -228,7 +228,7 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     rope.model.layer_norm_with_affine = False
     rope.save(tmp_path / "rope.yaml")
     write_unsharded_checkpoint(tmp_path / "rope", OLMo(rope.model), None, {}, tmp_path / "rope.yaml", step=0)
-    monkeypatch.setattr("olmo.hf_files.write_tokenizer_files", _fail)
+    monkeypatch.setattr("olmo.hf.files.write_tokenizer_files", _fail)
     with pytest.raises(OSError, match="disk full"):
         run_main("convert_to_hf.py", tmp_path / "rope", tmp_path / "out")
     _assert_nothing_written(tmp_path, "out")

@@ -18,17 +18,17 @@ ORIGINAL_WORKER = "olmo_original_worker.py"
 """The one script that is not a command of ``olmo.cli``: it runs in the original OLMo's virtualenv."""
 
 CONFIG_LAYER = {
-    "olmo.checkpoint_dirs",
+    "olmo.util.checkpoint_dirs",
     "olmo.config",
-    "olmo.config_cli",
-    "olmo.config_docs",
-    "olmo.config_resolvers",
-    "olmo.config_sections",
-    "olmo.config_stages",
-    "olmo.config_validation",
+    "olmo.config.cli",
+    "olmo.config.docs",
+    "olmo.config.resolvers",
+    "olmo.config.sections",
+    "olmo.config.stages",
+    "olmo.config.validation",
     "olmo.exceptions",
-    "olmo.launch",
-    "olmo.tokenizer_files",
+    "olmo.util.launch",
+    "olmo.util.tokenizer_files",
     "olmo.util",
 }
 
@@ -144,8 +144,8 @@ def test_the_finder_sees_imports_inside_functions_and_reports_the_path():
     # Guards the test itself: a function-level import must close a cycle, and the message must show the path.
     assert _find_cycle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ["a", "b", "c", "a"]
     modules = _graph()
-    assert "olmo.model" in modules["olmo.parallelize"]
-    checkpoint_plan = modules["olmo.checkpoint_plan"]
+    assert "olmo.model" in modules["olmo.distributed.parallelize"]
+    checkpoint_plan = modules["olmo.checkpoint.restore"]
     assert checkpoint_plan.get("olmo.model") is False  # imported inside a function, still an edge
 
 
@@ -161,7 +161,7 @@ def test_the_command_layer_is_imported_by_nothing_below_it():
         f"modules below olmo.cli import it: { {m: d for m, d in downward.items() if d} }"
     )
     # The original OLMo's worker loads this file into an interpreter where `olmo` is the original package.
-    assert graph["olmo.cli.benchmark_olmo_worker"] == {}, "benchmark_olmo_worker may import torch only"
+    assert graph["olmo.bench.olmo_worker"] == {}, "benchmark_olmo_worker may import torch only"
 
 
 def test_scripts_only_call_their_command_in_olmo_cli():

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from olmo.config import ModelConfig
-from olmo.loss import cross_entropy_sums, fused_output_loss
 from olmo.model import OLMo
+from olmo.model.loss import cross_entropy_sums, fused_output_loss
 
 
 def test_z_loss_is_the_squared_log_partition_over_labelled_positions():
@@ -160,7 +160,7 @@ def test_fused_loss_scales_bf16_gradients_without_rounding_the_scale():
 
 
 def _kl_reference(c=16, v=101, n=37, bias=False, seed=1):
-    from olmo.loss import OutputHead
+    from olmo.model.loss import OutputHead
 
     gen = torch.Generator().manual_seed(seed)
     hidden = torch.randn(n, c, generator=gen, dtype=torch.float64)
@@ -203,7 +203,7 @@ def test_fused_kl_is_the_exact_kl_to_the_reference_with_its_gradients(bias, z_lo
 
 
 def test_fused_kl_to_an_identical_reference_is_exactly_zero_and_adds_no_gradient():
-    from olmo.loss import OutputHead
+    from olmo.model.loss import OutputHead
 
     hidden, weight, _, labels = _leaves(dtype=torch.float32)
     ref = OutputHead(hidden.detach().clone(), weight.detach().clone(), None)

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from olmo.config import TrainConfig
-from olmo.metrics import ReduceType, StepMetricsQueue
-from olmo.metrics_sinks import ConsoleSink, JsonlSink, MetricsLogger
-from olmo.stop import StopConditions
 from olmo.testing import tiny_config_dict
+from olmo.train.metrics import ReduceType, StepMetricsQueue
+from olmo.train.metrics_sinks import ConsoleSink, JsonlSink, MetricsLogger
+from olmo.train.stop import StopConditions
 
 
 def _cfg(tmp_path, **overrides):
@@ -33,7 +33,7 @@ def test_jsonl_sink_appends_one_line_per_step_across_launches(tmp_path):
 
 def test_console_sink_shows_training_every_interval_and_evaluations_in_full(caplog):
     sink = ConsoleSink(interval=2, max_steps=4, progress_bar=False)
-    with caplog.at_level(logging.INFO, logger="olmo.metrics_sinks"):
+    with caplog.at_level(logging.INFO, logger="olmo.train.metrics_sinks"):
         for step in range(1, 5):
             sink.log(step, {"train/CrossEntropyLoss": 1.5, "optim/total_grad_norm": 1234.5}, None)
         sink.log(4, {"eval/x/Perplexity": 12.345}, ["eval/x/Perplexity"])
@@ -112,7 +112,9 @@ def test_cpu_peak_memory_is_this_process_not_the_parent_that_started_it():
 
     parent = bytearray(600 * 2**20)
     parent[::4096] = b"\x01" * len(parent[::4096])  # resident, not just reserved
-    code = "import torch; from olmo.metrics import peak_memory_mb; print(peak_memory_mb(torch.device('cpu')))"
+    code = (
+        "import torch; from olmo.train.metrics import peak_memory_mb; print(peak_memory_mb(torch.device('cpu')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert float(out) < 500, out  # torch alone is ~250 MB; the 600 MB parent must not show
     del parent

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from olmo.metrics import PeakFlops, cpu_peak_flops, device_peak_flops, model_flops_utilization
 from olmo.testing import run_main, run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.train.metrics import PeakFlops, cpu_peak_flops, device_peak_flops, model_flops_utilization
 
 REPO = Path(__file__).resolve().parent.parent
 OTHER_MACHINE = "Some Other CPU | 64 CPUs | 64 threads | torch 2.0.0"

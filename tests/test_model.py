@@ -5,10 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from olmo import model as model_module
 from olmo.config import ActivationType, InitFnType, LayerNormType, ModelConfig
-from olmo.layers import LayerNorm, alibi_bias, apply_rotary, rotary_cos_sin
 from olmo.model import OLMo
+from olmo.model import transformer as model_module
+from olmo.model.layers import LayerNorm, alibi_bias, apply_rotary, rotary_cos_sin
 from olmo.testing import tiny_model_config
 
 VOCAB = 100

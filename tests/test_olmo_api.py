@@ -241,7 +241,7 @@ def test_bolt_on_warmup_wrap():
 
 def test_importing_olmo_config_does_not_import_torch():
     check = (
-        "import sys, olmo.config, olmo.json_lines, olmo\n"
+        "import sys, olmo.config, olmo.util.json_lines, olmo\n"
         "assert olmo.TrainConfig is olmo.config.TrainConfig and olmo.Tokenizer\n"
         "assert 'torch' not in sys.modules, 'olmo imported torch'\n"
     )

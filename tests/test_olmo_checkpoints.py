@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint
-from olmo.checkpoint_olmo import load_train_state
+from olmo.checkpoint.olmo_formats import load_train_state
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoCheckpointError
 from olmo.model import OLMo
@@ -171,7 +171,7 @@ def test_train_pt_allows_paths_and_numpy_rng_but_nothing_else(tmp_path):
 
 
 def test_olmo_core_param_groups_are_unpickled_without_any_class(tmp_path):
-    from olmo.checkpoint_olmo import _unpickle_plain
+    from olmo.checkpoint.olmo_formats import _unpickle_plain
 
     plain = torch.frombuffer(bytearray(pickle.dumps({"lr": 1e-3, "_param_names": ["a"]})), dtype=torch.uint8)
     assert _unpickle_plain(plain, "group")["_param_names"] == ["a"]

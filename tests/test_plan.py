@@ -1,4 +1,4 @@
-"""The run planner (olmo.plan): the trainer's own numbers, a memory estimate checked against what the model saves
+"""The run planner (olmo.ladder.run_planner): the trainer's own numbers, a memory estimate checked against what the model saves
 for backward and against a training process's measured peak, and ``scripts/train.py CONFIG --dry_run``."""
 
 import json
@@ -15,8 +15,8 @@ import torch.distributed
 
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoDataError
+from olmo.ladder.run_planner import DeviceSpec, estimate_memory, format_plan, model_facts, plan_run
 from olmo.model import OLMo
-from olmo.plan import DeviceSpec, estimate_memory, format_plan, model_facts, plan_run
 from olmo.testing import BYTE_VOCAB, run_main, tiny_config_dict, write_byte_memmap, write_config
 
 REPO = Path(__file__).resolve().parent.parent

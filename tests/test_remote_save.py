@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from olmo.checkpoint import MARKER, find_latest_checkpoint, inspect_checkpoint, list_checkpoints, load_checkpoint
-from olmo.checkpoint_upload import CheckpointUploader, build_checkpoint_uploader, remote_save_folder_problems
+from olmo.checkpoint.upload import CheckpointUploader, build_checkpoint_uploader, remote_save_folder_problems
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoConfigurationError
 from olmo.model import OLMo
@@ -169,7 +169,7 @@ def test_failed_upload_is_logged_retried_and_leaves_training_and_the_checkpoint_
     before = _hashes(checkpoint)
     uploader = _uploader(f"s3://{bucket}/x", attempts=3, backoff_s=0.01)
     start = time.monotonic()
-    with caplog.at_level(logging.INFO, logger="olmo.checkpoint_upload"):
+    with caplog.at_level(logging.INFO, logger="olmo.checkpoint.upload"):
         uploader.submit(checkpoint)
         assert time.monotonic() - start < 1.0, "training must not wait for the upload"
         [outcome] = uploader.close()
@@ -186,7 +186,7 @@ def test_failed_upload_is_logged_retried_and_leaves_training_and_the_checkpoint_
 def test_unreachable_server_fails_the_same_way(run, s3_server, monkeypatch, caplog):
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # a stopped server
     uploader = _uploader("s3://ckpt-unreachable/x", attempts=2)
-    with caplog.at_level(logging.ERROR, logger="olmo.checkpoint_upload"):
+    with caplog.at_level(logging.ERROR, logger="olmo.checkpoint.upload"):
         uploader.submit(run / "run" / "step2-unsharded")
         [outcome] = uploader.close()
     assert not outcome.uploaded and outcome.attempts == 2 and "Could not connect" in outcome.error
@@ -199,7 +199,7 @@ def test_retry_succeeds_from_a_snapshot_after_retention_deleted_the_checkpoint(r
     shutil.copytree(run / "run" / "step4", local / "step4")
     expected = _hashes(local / "step4")
     uploader = _uploader(f"s3://{bucket}", attempts=3, backoff_s=1.0)
-    with caplog.at_level(logging.ERROR, logger="olmo.checkpoint_upload"):
+    with caplog.at_level(logging.ERROR, logger="olmo.checkpoint.upload"):
         uploader.submit(local / "step4")
         deadline = time.monotonic() + 20
         while not caplog.records and time.monotonic() < deadline:  # the first attempt fails: no bucket
@@ -231,7 +231,7 @@ def test_partial_remote_is_replaced_and_a_relaunch_uploads_only_what_is_missing(
 def test_close_with_a_timeout_abandons_retries(run, s3, caplog):
     _, bucket = s3  # never created
     uploader = _uploader(f"s3://{bucket}", attempts=3, backoff_s=60.0)
-    with caplog.at_level(logging.ERROR, logger="olmo.checkpoint_upload"):
+    with caplog.at_level(logging.ERROR, logger="olmo.checkpoint.upload"):
         uploader.submit(run / "run" / "step4")
         deadline = time.monotonic() + 20
         while not caplog.records and time.monotonic() < deadline:  # attempt 1 failed; 60 s until attempt 2
@@ -258,7 +258,7 @@ def test_an_unknown_profile_stops_the_launch(s3_server, monkeypatch):
 def test_an_incomplete_local_checkpoint_is_refused_without_raising(tmp_path, caplog):
     (tmp_path / "step3").mkdir()
     uploader = _uploader(str(tmp_path / "remote"))
-    with caplog.at_level(logging.ERROR, logger="olmo.checkpoint_upload"):
+    with caplog.at_level(logging.ERROR, logger="olmo.checkpoint.upload"):
         uploader.submit(tmp_path / "step3")
     [outcome] = uploader.close()
     assert not outcome.uploaded and "not a complete committed checkpoint" in caplog.records[0].getMessage()

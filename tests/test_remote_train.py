@@ -14,7 +14,7 @@ from olmo.cli.inspect_batch import main as inspect_batch
 from olmo.data import read_data_indices
 from olmo.data.remote import RemoteUnreachable
 from olmo.testing import run_torchrun, run_train, tiny_config_dict, write_byte_corpus, write_config
-from olmo.testing_http import FileServer
+from olmo.testing.http import FileServer
 
 STEPS, BATCH, SEQ = 8, 8, 32
 

@@ -15,8 +15,8 @@ import pytest
 
 from olmo.data import read_data_indices
 from olmo.exceptions import OLMoError
-from olmo.launch import expand_hostlist, launch_env
 from olmo.testing import free_port, run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.util.launch import expand_hostlist, launch_env
 
 TRAIN = Path(__file__).resolve().parent.parent / "scripts" / "train.py"
 LAUNCHER_PREFIXES = ("SLURM_", "MASTER_", "TORCHELASTIC_")

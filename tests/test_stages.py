@@ -12,13 +12,7 @@ from olmo.cli.inspect_batch import main as inspect_batch
 from olmo.config import TrainConfig
 from olmo.data import read_data_indices
 from olmo.exceptions import OLMoCheckpointError, OLMoConfigurationError
-from olmo.testing import (
-    run_torchrun,
-    run_train,
-    tiny_config_dict,
-    write_byte_corpus,
-    write_config,
-)
+from olmo.testing import run_torchrun, run_train, tiny_config_dict, write_byte_corpus, write_config
 
 
 @pytest.fixture(scope="module")

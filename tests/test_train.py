@@ -96,7 +96,7 @@ def test_gradient_accumulation_does_not_change_training(tmp_path, corpus):
 
 
 def test_inspection_snippet_returns_the_tokens_the_trainer_trained_on(tmp_path, corpus, monkeypatch):
-    from olmo.train_module import TransformerTrainModule
+    from olmo.train.train_module import TransformerTrainModule
 
     seen = []
     original = TransformerTrainModule.train_batch
@@ -163,7 +163,7 @@ def test_label_masked_tokens_do_not_contribute_to_the_loss(tmp_path, corpus, mon
     ids=["collect_every_step", "collect_every_5"],
 )
 def test_non_finite_loss_stops_before_any_checkpoint(tmp_path, corpus, monkeypatch, collect, message, kept):
-    from olmo import layers
+    from olmo.model import layers
 
     original = layers.cross_entropy_sums
     calls = {"n": 0}

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-import olmo.train_module
+import olmo.train.train_module
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoConfigurationError
 from olmo.testing import run_torchrun, run_train, tiny_config_dict, write_byte_memmap, write_config
-from olmo.train_module import (
+from olmo.train.train_module import (
     BasicTrainModule,
     EvalBatchSpec,
     ReduceType,
@@ -120,9 +120,9 @@ def test_custom_module_under_two_gloo_ranks_matches_one_process(tmp_path, corpus
     "name, message",
     [
         ("no_such_package.MyModule", "cannot import 'no_such_package.MyModule'"),
-        ("olmo.train_module.NoSuchModule", "cannot import"),
-        ("olmo.model.OLMo", "not a subclass of olmo.train_module.TrainModule"),
-        ("olmo.train_module.build_train_module", "not a subclass"),
+        ("olmo.train.train_module.NoSuchModule", "cannot import"),
+        ("olmo.model.OLMo", "not a subclass of olmo.train.train_module.TrainModule"),
+        ("olmo.train.train_module.build_train_module", "not a subclass"),
     ],
 )
 def test_a_bad_train_module_name_is_a_configuration_error(name, message):
@@ -132,7 +132,7 @@ def test_a_bad_train_module_name_is_a_configuration_error(name, message):
 
 def test_train_module_names_resolve():
     assert resolve_train_module_class("BasicTrainModule") is BasicTrainModule
-    assert resolve_train_module_class("olmo.train_module.TransformerTrainModule") is TransformerTrainModule
+    assert resolve_train_module_class("olmo.train.train_module.TransformerTrainModule") is TransformerTrainModule
     assert issubclass(resolve_train_module_class(LabelCountingTrainModule), TrainModule)
 
 
@@ -144,7 +144,7 @@ def test_state_dict_round_trips_and_eval_batch_matches_the_model(tmp_path):
     env = init_distributed()
     model = build_model(cfg, env)
     optimizer = build_optimizer(cfg.optimizer, model)
-    module = olmo.train_module.build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
+    module = olmo.train.train_module.build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
     assert isinstance(module, TransformerTrainModule)
     state = module.state_dict()
     assert state["model"].keys() == model.state_dict().keys()

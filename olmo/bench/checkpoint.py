@@ -43,11 +43,10 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint, save_checkpoint
-from olmo.cli import REPO
 from olmo.config import TrainConfig
 from olmo.distributed import DistEnv, build_model
 from olmo.optim import build_optimizer
-from olmo.util import machine_info
+from olmo.util import REPO, machine_info
 
 log = logging.getLogger("benchmark_checkpoint")
 

@@ -10,9 +10,9 @@ from typing import Any, Optional
 
 import torch
 
-from .config import TrainConfig
-from .data import DataCollator, IterableDataset
-from .distributed import DistEnv
+from ..config import TrainConfig
+from ..data import DataCollator, IterableDataset
+from ..distributed import DistEnv
 
 __all__ = ["RandomTokens", "SyntheticBatches", "PhaseClock"]
 

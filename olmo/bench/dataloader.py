@@ -17,7 +17,7 @@ For reference it also times the cheapest way to make the same batches: gathering
 from the same memmap into one int64 tensor per batch. The gap between the two is the loader's own overhead.
 ``--profile`` prints where the single-process loader spends its time.
 
-``--remote`` adds the remote case (:mod:`olmo.cli.benchmark_dataloader_remote`): the same corpus served over HTTP
+``--remote`` adds the remote case (:mod:`olmo.bench.dataloader_remote`): the same corpus served over HTTP
 with ``--latency`` seconds per request, read by the same loader (``--remote-steps`` batches a run); the time to
 the first training step with each of ``--startup-files`` remote files, first launch and relaunch; and the data
 wait of a ``--wait-steps`` run of the quickstart model. Each next to the same files read locally.
@@ -45,11 +45,10 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from olmo.cli import REPO
 from olmo.config import TrainConfig
 from olmo.data import IterableDataset, build_train_dataloader
 from olmo.testing import BYTE_EOS, stdlib_documents
-from olmo.util import machine_info
+from olmo.util import REPO, machine_info
 
 log = logging.getLogger("benchmark_dataloader")
 
@@ -198,7 +197,7 @@ def measure_remote(
     args: argparse.Namespace, tokens: np.ndarray, root: Path, load_config: Any, results: dict[str, Any]
 ) -> dict[str, Any]:
     """The remote rows (added to ``results``), start-up times and data waits; see the module doc."""
-    from olmo.cli import benchmark_dataloader_remote as remote
+    from olmo.bench import dataloader_remote as remote
 
     server, base_url = remote.serve(root, args.latency)
     try:

@@ -1,6 +1,6 @@
 """The remote case of ``scripts/benchmark_dataloader.py --remote``: token files served over HTTP, read in place.
 
-The files are served by :mod:`olmo.testing_http` in a process of its own (so that it does not share the loader's
+The files are served by :mod:`olmo.testing.http` in a process of its own (so that it does not share the loader's
 CPU time), with ``--latency`` seconds added to every answer (default 50 ms, a distant object store). Measured:
 
 1. the loader's throughput over the URLs (``build_train_dataloader``, the trainer's loader), next to the rows of
@@ -26,16 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from olmo.cli import REPO
 from olmo.config import TrainConfig
 from olmo.data import IterableDataset, build_train_dataloader
+from olmo.util import REPO
 
 QUICKSTART_CONFIG = REPO / "configs/tiny/OLMo-tiny.yaml"
 
 
 def serve(folder: Path, latency: float) -> tuple[subprocess.Popen, str]:
     """Serve ``folder`` from a new process; the process and the base URL."""
-    cmd = [sys.executable, "-m", "olmo.testing_http", str(folder), "--latency", str(latency)]
+    cmd = [sys.executable, "-m", "olmo.testing.http", str(folder), "--latency", str(latency)]
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     port = int(process.stdout.readline())

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from olmo.cli import REPO
+from olmo.util import REPO
 
 RUNGS: dict[str, tuple[str, list[str]]] = {
     "eager": (

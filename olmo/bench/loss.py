@@ -1,5 +1,5 @@
 """Time and memory of the output layer + loss alone, plain (logits, then cross entropy) against fused
-(``olmo.loss.fused_output_loss``), at a model's real shapes.
+(``olmo.model.loss.fused_output_loss``), at a model's real shapes.
 
     python scripts/benchmark_loss.py [--tokens 8192] [--d-model 2048] [--vocab 50304] [--chunk 2048]
         [--precision fp32|bf16] [--repeats 3] [--z-loss 1e-4] [--out result.json]
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from olmo.cli import REPO
+from olmo.util import REPO
 
 SCRIPT = REPO / "scripts/benchmark_loss.py"
 """Each variant runs in a child process of this script."""
@@ -34,7 +34,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per micro-batch (B x T)")
     parser.add_argument("--d-model", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=50304, help="embedding size (padded vocabulary)")
-    parser.add_argument("--chunk", type=int, default=None, help="fused loss chunk (default: olmo.loss's)")
+    parser.add_argument("--chunk", type=int, default=None, help="fused loss chunk (default: olmo.model.loss's)")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument(
         "--float32-matmul-precision",
@@ -53,7 +53,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Run one variant in this process."""
     import torch
 
-    from olmo.loss import FUSED_LOSS_CHUNK_TOKENS, cross_entropy_sums, fused_output_loss
+    from olmo.model.loss import FUSED_LOSS_CHUNK_TOKENS, cross_entropy_sums, fused_output_loss
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":

@@ -22,7 +22,7 @@ mean step time. ``--warmup`` unmeasured steps per side come first.
 
 (a) forward + backward with the same plain loss: ``zero_grad``, forward to the (B, T, V) logits,
     ``F.cross_entropy`` averaged over all B*T targets, ``backward``. The same code
-    (``olmo.cli.benchmark_olmo_worker.Side.plain_step``) runs around both models, so only the models differ.
+    (``olmo.bench.olmo_worker.Side.plain_step``) runs around both models, so only the models differ.
 (b) a training step. Ours: ``Trainer.step``, the step ``Trainer.fit`` and ``scripts/benchmark.py`` run, on
     synthetic batches made up front by our collator: token-id check, copy to the device, labels, label count,
     ``zero_grad``, forward with ``fused_loss`` (chunked cross entropy from the hidden states, no logits
@@ -60,10 +60,9 @@ from typing import Any, Optional
 
 import torch
 
-from olmo.cli import REPO
-from olmo.cli.benchmark_olmo_worker import AUTOCAST_DTYPES, Side, serve
+from olmo.bench.olmo_worker import AUTOCAST_DTYPES, Side, serve
 from olmo.exceptions import OLMoError
-from olmo.util import machine_info
+from olmo.util import REPO, machine_info
 
 log = logging.getLogger("benchmark_olmo")
 
@@ -156,14 +155,14 @@ class OursSide(Side):
 
     def build(self, request: dict[str, Any]) -> dict[str, Any]:
         # Imported in the worker only: the driver never needs the trainer.
-        from olmo.benchmarking import SyntheticBatches
-        from olmo.cli.benchmark import git_state
+        from olmo.bench.common import SyntheticBatches
+        from olmo.bench.train_step import git_state
         from olmo.config import TrainConfig
         from olmo.distributed import DistEnv, build_model
         from olmo.optim import build_optimizer, build_scheduler
-        from olmo.rng import seed_all
         from olmo.train import Trainer
-        from olmo.train_module import build_train_module
+        from olmo.train.train_module import build_train_module
+        from olmo.util.rng import seed_all
 
         batch, seq = request["batch"], request["model"]["max_sequence_length"]
         cfg = TrainConfig.from_dict(

@@ -37,7 +37,7 @@ The phases:
               gen-1 garbage collection, as ``Trainer.fit`` does them
 
 Reported per device (rank 0's numbers; the slowest rank's step time is reported too): tokens/s from the
-free-running steps' mean time, MFU = tokens/s x FLOPs/token / peak FLOP/s (``olmo.metrics.device_peak_flops``: a known
+free-running steps' mean time, MFU = tokens/s x FLOPs/token / peak FLOP/s (``olmo.train.metrics.device_peak_flops``: a known
 GPU's dense bf16 peak, or the fp32 matmul rate of this CPU, measured once per machine and cached; an MFU above 1 is
 null, with a warning), and peak memory (GPU allocations, or the process's resident set on CPU). ``--smoke``
 shrinks the model (2 layers, d_model 64, T=128, batch 4 in micro-batches of 2, 3 warmup + 5 steps, no compile)
@@ -64,8 +64,7 @@ from typing import Any, Optional, cast
 import torch
 import torch.distributed as dist
 
-from olmo.benchmarking import PhaseClock, SyntheticBatches
-from olmo.cli import REPO
+from olmo.bench.common import PhaseClock, SyntheticBatches
 from olmo.config import TrainConfig, clean_opt
 from olmo.data import build_train_dataloader
 from olmo.distributed import (
@@ -76,19 +75,13 @@ from olmo.distributed import (
     init_distributed,
     teardown_distributed,
 )
-from olmo.metrics import (
-    PeakFlops,
-    StepMetrics,
-    device_peak_flops,
-    model_flops_utilization,
-    peak_memory_mb,
-)
 from olmo.model import OLMo, describe_attention
 from olmo.optim import build_optimizer, build_scheduler
-from olmo.rng import seed_all
 from olmo.train import Trainer
-from olmo.train_module import build_train_module
-from olmo.util import env_world_size, machine_info
+from olmo.train.metrics import PeakFlops, StepMetrics, device_peak_flops, model_flops_utilization, peak_memory_mb
+from olmo.train.train_module import build_train_module
+from olmo.util import REPO, env_world_size, machine_info
+from olmo.util.rng import seed_all
 
 log = logging.getLogger("benchmark")
 

@@ -35,9 +35,9 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 
-from .checkpoint_dirs import MARKER, read_marker
-from .exceptions import OLMoCheckpointError
-from .util import is_url, resource_path
+from ..exceptions import OLMoCheckpointError
+from ..util import is_url, resource_path
+from ..util.checkpoint_dirs import MARKER, read_marker
 
 __all__ = [
     "ModelMismatchError",

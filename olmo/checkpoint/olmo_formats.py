@@ -44,8 +44,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .checkpoint_io import check_shapes, safe_torch_load
-from .exceptions import OLMoCheckpointError
+from ..exceptions import OLMoCheckpointError
+from .files import check_shapes, safe_torch_load
 
 __all__ = [
     "detect_layout",
@@ -142,7 +142,7 @@ def load_train_state(path: Path) -> dict[str, Any]:
 
 def _convert_rng(rng: Any) -> Optional[dict[str, Any]]:
     """OLMo's ``{"python": random.getstate(), "numpy": np.random.get_state(), "torch": ..., "cuda": ...}`` in our
-    RNG-state format (:mod:`olmo.rng`), or None when it is absent or not in that shape."""
+    RNG-state format (:mod:`olmo.util.rng`), or None when it is absent or not in that shape."""
     try:
         version, internal, gauss = rng["python"]
         name, keys, pos, has_gauss, cached = rng["numpy"]
@@ -392,7 +392,7 @@ def load_olmo_core(
     """
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    from .checkpoint_save import FULL_STATE
+    from .save import FULL_STATE
 
     model_sd = clean_model_state(read_olmo_core(root / "model"))
     check_shapes(str(root / "model"), model_sd, {clean_name(k): v for k, v in model.state_dict().items()})

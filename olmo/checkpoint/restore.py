@@ -18,7 +18,13 @@ from typing import Any, Optional
 
 import torch
 
-from .checkpoint import (
+from ..config import TrainConfig
+from ..exceptions import OLMoCheckpointError
+from ..util import is_url, unwritable_reason
+from ..util.checkpoint_dirs import read_marker
+from .files import MARKER, describe_os_error, load_state_file, read_dcp_bytes_entries, safe_torch_load
+from .olmo_formats import clean_model_state, load_train_state
+from .storage import (
     CheckpointInfo,
     ModelMismatchError,
     check_shapes,
@@ -28,12 +34,6 @@ from .checkpoint import (
     sharded_model_shapes,
     trainer_state,
 )
-from .checkpoint_dirs import read_marker
-from .checkpoint_io import MARKER, describe_os_error, load_state_file, read_dcp_bytes_entries, safe_torch_load
-from .checkpoint_olmo import clean_model_state, load_train_state
-from .config import TrainConfig
-from .exceptions import OLMoCheckpointError
-from .util import is_url, unwritable_reason
 
 __all__ = ["RestorePlan", "plan_restore", "preflight_restore", "prepare_save_folder", "claim_save_folder"]
 
@@ -139,7 +139,7 @@ def preflight_restore(plan: RestorePlan, model_cfg: Any) -> None:
 
     :raises OLMoCheckpointError: naming the file at fault.
     """
-    from .model import OLMo
+    from ..model import OLMo
 
     info = plan.info
     with torch.device("meta"):

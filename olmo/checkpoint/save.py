@@ -26,10 +26,10 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
 )
 
-from .checkpoint_io import MARKER, describe_os_error, read_marker, root_cause
-from .config import TrainConfig
-from .exceptions import OLMoCheckpointError
-from .util import unwritable_reason
+from ..config import TrainConfig
+from ..exceptions import OLMoCheckpointError
+from ..util import unwritable_reason
+from .files import MARKER, describe_os_error, read_marker, root_cause
 
 __all__ = [
     "FORMAT_VERSION",
@@ -158,7 +158,7 @@ def begin_checkpoint(
     """Write a checkpoint's files into a temporary directory; every rank must call this.
 
     :param state: ``{"model": ..., "optim": ...}`` as :func:`model_and_optim_state` makes it (full when not
-        ``sharded``), or as a :class:`~olmo.train_module.TrainModule`'s ``state_dict_to_save`` returns it.
+        ``sharded``), or as a :class:`~olmo.train.train_module.TrainModule`'s ``state_dict_to_save`` returns it.
 
     With ``background`` (sharded only), the model and optimizer state is first copied into fresh CPU
     buffers (so later optimizer steps cannot leak into this checkpoint) and then written by a background

@@ -37,8 +37,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from .checkpoint_dirs import STEP_DIR, CheckpointInfo, find_latest_checkpoint, list_checkpoints
-from .checkpoint_io import (
+from ..exceptions import OLMoCheckpointError, OLMoError
+from ..util import is_url
+from ..util.checkpoint_dirs import STEP_DIR, CheckpointInfo, find_latest_checkpoint, list_checkpoints
+from .files import (
     MARKER,
     ModelMismatchError,
     SafeFileSystemReader,
@@ -51,7 +53,7 @@ from .checkpoint_io import (
     root_cause,
     safe_torch_load,
 )
-from .checkpoint_olmo import (
+from .olmo_formats import (
     CONVERT_COMMAND,
     clean_model_state,
     convert_optim_state,
@@ -60,7 +62,7 @@ from .checkpoint_olmo import (
     detect_layout,
     load_train_state,
 )
-from .checkpoint_save import (
+from .save import (
     FORMAT_VERSION,
     FULL_STATE,
     PendingCheckpoint,
@@ -70,8 +72,6 @@ from .checkpoint_save import (
     rank,
     save_checkpoint,
 )
-from .exceptions import OLMoCheckpointError, OLMoError
-from .util import is_url
 
 __all__ = [
     "MARKER",
@@ -205,7 +205,7 @@ def load_checkpoint(
 ) -> Optional[dict[str, Any]]:
     """Restore model (and optimizer unless None) in place; return this rank's trainer state or None.
 
-    Every file is read without executing code from it (see :mod:`olmo.checkpoint_io`).
+    Every file is read without executing code from it (see :mod:`olmo.checkpoint.files`).
 
     :raises OLMoCheckpointError: if a file is refused or the tensors do not match the model's shapes.
     """

@@ -38,12 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .checkpoint import list_checkpoints
-from .checkpoint_io import MARKER, read_marker
-from .checkpoint_save import fsync_dir, fsync_tree
-from .exceptions import OLMoCheckpointError, OLMoConfigurationError
-from .object_store import gcs_client, s3_client
-from .util import local_path_of, remote_save_folder_problems, split_remote
+from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
+from ..util import local_path_of, remote_save_folder_problems, split_remote
+from ..util.object_store import gcs_client, s3_client
+from .files import MARKER, read_marker
+from .save import fsync_dir, fsync_tree
+from .storage import list_checkpoints
 
 __all__ = [
     "UPLOAD_ATTEMPTS",

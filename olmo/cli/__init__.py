@@ -12,7 +12,7 @@ signatures exist:
   ``validate_data``, ``inspect_batch`` (which returns the rows it printed) and ``plot_metrics``.
 
 The scripts import this package, so they need it installed (``pip install -e .``, which ``make install`` runs);
-they never edit ``sys.path``. :mod:`olmo.cli.benchmark_olmo_worker` is the one module that is not a command: the
+they never edit ``sys.path``. :mod:`olmo.bench.olmo_worker` is the one module that is not a command: the
 worker code that ``benchmark_olmo`` shares with ``scripts/olmo_original_worker.py``, which runs in the original
 OLMo's virtualenv and loads that one file by its path.
 
@@ -20,7 +20,6 @@ This package is the top layer: it may import any module of ``olmo``, and nothing
 (:func:`olmo.testing.run_main` looks a command up by its name when a test calls it).
 """
 
-from pathlib import Path
+from ..util import REPO
 
-REPO = Path(__file__).resolve().parents[2]
-"""The repository root (``configs/``, ``scripts/``): the commands run from a checkout installed in place."""
+__all__ = ["REPO"]

@@ -23,14 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from olmo.checkpoint_save import check_new_output_dir, write_unsharded_checkpoint
+from olmo.checkpoint.save import check_new_output_dir, write_unsharded_checkpoint
 from olmo.config import TokenizerConfig, TrainConfig
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError
 from olmo.hf import from_hf_state, model_config_from_hf
-from olmo.hf_files import hf_tokenizer_vocab_size, read_hf_config, read_hf_weights
+from olmo.hf.files import hf_tokenizer_vocab_size, read_hf_config, read_hf_weights
 from olmo.model import OLMo
-from olmo.tokenizer_files import DEFAULT_TOKENIZER
 from olmo.util import is_url
+from olmo.util.tokenizer_files import DEFAULT_TOKENIZER
 
 log = logging.getLogger("convert_from_hf")
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint
-from olmo.checkpoint_olmo import load_olmo_core, merged_train_state
-from olmo.checkpoint_save import check_new_output_dir, write_unsharded_checkpoint
+from olmo.checkpoint.olmo_formats import load_olmo_core, merged_train_state
+from olmo.checkpoint.save import check_new_output_dir, write_unsharded_checkpoint
 from olmo.config import TrainConfig
 from olmo.distributed import DistEnv, build_model
 from olmo.exceptions import OLMoCheckpointError, OLMoCliError

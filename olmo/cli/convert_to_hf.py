@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint
-from olmo.checkpoint_save import check_new_output_dir
+from olmo.checkpoint.save import check_new_output_dir
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoCliError
 from olmo.hf import HF_MODEL_TYPES, hf_model_type, import_transformers
-from olmo.hf_files import export_tokenizer, parse_size, write_hf_model
+from olmo.hf.files import export_tokenizer, parse_size, write_hf_model
 from olmo.model import OLMo
 from olmo.util import is_url
 

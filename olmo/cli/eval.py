@@ -20,14 +20,14 @@ from rich.console import Console
 from rich.table import Table
 
 from olmo.checkpoint import CheckpointInfo, inspect_checkpoint, load_checkpoint
-from olmo.checkpoint_io import fetch
-from olmo.checkpoint_plan import RestorePlan, preflight_restore
+from olmo.checkpoint.files import fetch
+from olmo.checkpoint.restore import RestorePlan, preflight_restore
 from olmo.config import TrainConfig
 from olmo.distributed import DistEnv, autocast_dtype, build_model, init_distributed, teardown_distributed
 from olmo.eval import Evaluator, build_evaluators
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError
-from olmo.rng import seed_all
 from olmo.util import env_rank, env_world_size, unwritable_reason
+from olmo.util.rng import seed_all
 
 log = logging.getLogger("eval")
 

@@ -46,8 +46,8 @@ from olmo.data import (
     read_instances,
 )
 from olmo.exceptions import OLMoCliError, OLMoDataError
-from olmo.stages import plan_stages
 from olmo.tokenizer import Tokenizer
+from olmo.train.stages import plan_stages
 
 log = logging.getLogger("inspect_batch")
 

@@ -36,7 +36,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from olmo.cli.benchmark import main as benchmark_main
+from olmo.bench.train_step import main as benchmark_main
 from olmo.cli.train import main as train_main
 from olmo.exceptions import OLMoCliError
 from olmo.ladder.config import LadderConfig, load_ladder
@@ -49,7 +49,7 @@ from olmo.ladder.report import (
     plot_lr,
     rung_status,
 )
-from olmo.plan import format_plan
+from olmo.ladder.run_planner import format_plan
 from olmo.util import env_rank, env_world_size
 
 log = logging.getLogger("ladder")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from olmo.exceptions import OLMoCliError
-from olmo.json_lines import read_metrics_jsonl
+from olmo.util.json_lines import read_metrics_jsonl
 
 log = logging.getLogger("plot_metrics")
 

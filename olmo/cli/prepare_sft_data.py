@@ -42,9 +42,9 @@ import numpy as np
 from tqdm import tqdm
 
 from olmo.exceptions import OLMoCliError, OLMoDataError
-from olmo.json_lines import json_type, read_json_lines
 from olmo.tokenizer import DEFAULT_TOKENIZER, Tokenizer
 from olmo.util import nearest_existing, unwritable_reason
+from olmo.util.json_lines import json_type, read_json_lines
 
 log = logging.getLogger("prepare_sft_data")
 

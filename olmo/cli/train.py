@@ -6,7 +6,7 @@
 Overrides use the config's key paths: --model.n_layers=2, --data.paths=[a.npy,b.npy], --x=null; a bare
 boolean flag means true (--save_overwrite), and --save-overwrite equals --save_overwrite. Resume with
 --try_load_latest_save or --load_path=CHECKPOINT (add --reset_trainer_state to fine-tune). Every field and
-its meaning is documented in olmo/config.py; `scripts/train.py CONFIG.yaml [--overrides ...] --help` lists
+its meaning is documented in olmo/config/train_config.py; `scripts/train.py CONFIG.yaml [--overrides ...] --help` lists
 them all with the values that config and those overrides give them.
 
 Everything that can be checked (config values, the checkpoint to restore and each of its files, the
@@ -20,22 +20,22 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from olmo.checkpoint_plan import RestorePlan, claim_save_folder, plan_restore, prepare_save_folder
+from olmo.checkpoint.restore import RestorePlan, claim_save_folder, plan_restore, prepare_save_folder
 from olmo.config import DataConfig, TrainConfig
-from olmo.config_docs import describe_config
+from olmo.config.docs import describe_config
 from olmo.data import MemMapDataset, build_memmap_dataset
 from olmo.distributed import DistEnv, barrier, build_model, init_distributed, teardown_distributed
 from olmo.eval import Evaluator, build_evaluators
 from olmo.exceptions import OLMoCliError
-from olmo.hf_files import check_hf_export
+from olmo.hf.files import check_hf_export
+from olmo.ladder.run_planner import format_plan, plan_run
 from olmo.model import describe_attention
 from olmo.optim import build_optimizer, build_scheduler
-from olmo.plan import format_plan, plan_run
-from olmo.rng import seed_all
-from olmo.stages import StagePlan, build_stage_dataloader, check_kl_reference, plan_stages
 from olmo.train import Trainer
-from olmo.train_module import build_train_module, train_module_class
+from olmo.train.stages import StagePlan, build_stage_dataloader, check_kl_reference, plan_stages
+from olmo.train.train_module import build_train_module, train_module_class
 from olmo.util import env_rank, env_world_size
+from olmo.util.rng import seed_all
 
 log = logging.getLogger("train")
 
@@ -135,7 +135,9 @@ def print_help(args: list[str]) -> None:
     cfg = TrainConfig.load(args[0], args[1:])  # loaded only: the values as given, before any checks
     print(__doc__)
     overrides = f" with {' '.join(args[1:])}" if args[1:] else ""
-    print(f"Every field of {args[0]}{overrides} (key, value, first line of its doc in olmo/config.py):\n")
+    print(
+        f"Every field of {args[0]}{overrides} (key, value, first line of its doc in olmo/config/train_config.py):\n"
+    )
     print(describe_config(cfg))
 
 

@@ -21,14 +21,10 @@ from pathlib import Path
 
 import torch
 
-from olmo.checkpoint import (
-    MARKER,
-    inspect_checkpoint,
-    load_checkpoint,
-)
-from olmo.checkpoint_olmo import merged_train_state
-from olmo.checkpoint_plan import RestorePlan, preflight_restore
-from olmo.checkpoint_save import check_new_output_dir, write_unsharded_checkpoint
+from olmo.checkpoint import MARKER, inspect_checkpoint, load_checkpoint
+from olmo.checkpoint.olmo_formats import merged_train_state
+from olmo.checkpoint.restore import RestorePlan, preflight_restore
+from olmo.checkpoint.save import check_new_output_dir, write_unsharded_checkpoint
 from olmo.config import TrainConfig
 from olmo.distributed import DistEnv, build_model
 from olmo.exceptions import OLMoCheckpointError, OLMoCliError

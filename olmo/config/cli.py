@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from omegaconf import OmegaConf as om
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from .exceptions import OLMoCliError, OLMoConfigurationError
+from ..exceptions import OLMoCliError, OLMoConfigurationError
 
 __all__ = [
     "clean_opt",
@@ -185,7 +185,7 @@ def config_error(e: OmegaConfBaseException, source: str) -> OLMoConfigurationErr
     if cause is not None and not isinstance(cause, OmegaConfBaseException):
         msg = f"{msg} ({cause})"
     if isinstance(e, ConfigKeyError):
-        fix = "Remove or rename that key (see olmo/config.py for every field and its meaning)."
+        fix = "Remove or rename that key (see olmo/config/train_config.py for every field and its meaning)."
     elif "[" in key:
         list_key = key.split("[", 1)[0]
         fix = f"Fix the value in the YAML file, or replace the whole list with --{list_key}=[...]."

@@ -1,7 +1,7 @@
 """OmegaConf resolvers available inside configs: ``${path.glob:...}``, ``${path.choose:...}``,
 ``${path.last_checkpoint:...}``. Interpolations resolve after CLI overrides are merged.
 
-``path.last_checkpoint`` finds the newest committed checkpoint with :mod:`olmo.checkpoint_dirs`, which needs no
+``path.last_checkpoint`` finds the newest committed checkpoint with :mod:`olmo.util.checkpoint_dirs`, which needs no
 torch. :func:`add_resolver` lets code above the config layer add its own."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from omegaconf import OmegaConf as om
 
-from .checkpoint_dirs import path_last_checkpoint
-from .exceptions import OLMoConfigurationError
+from ..exceptions import OLMoConfigurationError
+from ..util.checkpoint_dirs import path_last_checkpoint
 
 __all__ = ["add_resolver", "register_resolvers"]
 

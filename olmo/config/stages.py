@@ -2,8 +2,8 @@
 
 A run with ``stages`` trains its stages one after another in one launch (and across resumes): each stage has
 its own length (``max_duration``), optionally its own data and learning-rate schedule, and a KL penalty to a
-frozen reference model (``kl_beta``, ``kl_estimator``). :mod:`olmo.stages` turns these sections into step
-boundaries; :class:`olmo.kl.KLTrainModule` trains the penalty.
+frozen reference model (``kl_beta``, ``kl_estimator``). :mod:`olmo.train.stages` turns these sections into step
+boundaries; :class:`olmo.train.kl.KLTrainModule` trains the penalty.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 from omegaconf import OmegaConf as om
 from omegaconf.errors import OmegaConfBaseException
 
-from .config_sections import DataConfig, SchedulerConfig, StrEnum
-from .exceptions import OLMoConfigurationError
+from ..exceptions import OLMoConfigurationError
+from .sections import DataConfig, SchedulerConfig, StrEnum
 
 if TYPE_CHECKING:
-    from .config import TrainConfig
+    from .train_config import TrainConfig
 
 __all__ = [
     "KLEstimator",
@@ -122,7 +122,7 @@ def stage_data_config(run_data: DataConfig, stage_data: Optional[dict[str, Any]]
         msg = str(getattr(e, "msg", None) or e).splitlines()[0].rstrip(".")
         raise OLMoConfigurationError(
             f"{where}.{key}: {msg}. A stage's data takes the fields of the run's data section (paths, datasets, "
-            f"label_mask_paths, num_workers, seed, ...; see DataConfig in olmo/config_sections.py)."
+            f"label_mask_paths, num_workers, seed, ...; see DataConfig in olmo/config/sections.py)."
         ) from None
 
 

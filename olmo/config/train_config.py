@@ -1,5 +1,5 @@
 """Typed run configuration: ``TrainConfig`` with YAML/CLI loading and validation. The sections (model,
-optimizer, data, ...) and enums live in :mod:`olmo.config_sections` and are re-exported here.
+optimizer, data, ...) and enums live in :mod:`olmo.config.sections` and are re-exported here.
 
 Field names and defaults follow the original OLMo ``TrainConfig`` so that OLMo configs and habits
 carry over. A config is loaded once (:meth:`TrainConfig.load`), validated once
@@ -18,9 +18,9 @@ from typing import Any, Optional, TypeVar, Union
 from omegaconf import OmegaConf as om
 from omegaconf.errors import OmegaConfBaseException
 
-from .config_cli import clean_opt, config_error, load_structured
-from .config_resolvers import register_resolvers
-from .config_sections import (
+from .cli import clean_opt, config_error, load_structured
+from .resolvers import register_resolvers
+from .sections import (
     ActivationCheckpointingStrategy,
     ActivationType,
     BlockType,
@@ -55,8 +55,8 @@ from .config_sections import (
     TruncationDirection,
     WandbConfig,
 )
-from .config_stages import KLEstimator, KLReferenceConfig, StageConfig
-from .config_validation import parse_duration_steps, validate_train_config
+from .stages import KLEstimator, KLReferenceConfig, StageConfig
+from .validation import parse_duration_steps, validate_train_config
 
 __all__ = [
     "StrEnum",
@@ -134,7 +134,7 @@ class TrainConfig:
     epoch: Optional[int] = None
     """Start at this epoch instead of the checkpoint's (changes the shuffle seed to seed+epoch)."""
     dry_run: bool = False
-    """Check everything a launch would, print the run's plan (:mod:`olmo.plan`) and exit 0 without training or
+    """Check everything a launch would, print the run's plan (:mod:`olmo.ladder.run_planner`) and exit 0 without training or
     building a process group; with ``force_save_unsharded``: restore, save an unsharded checkpoint and exit."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model's architecture."""
@@ -203,7 +203,7 @@ class TrainConfig:
     """Training length: an int (steps), ``"2e12T"`` (tokens) or ``"3ep"`` (epochs). Null: 10000 steps, as in
     OLMo, or with ``stages`` the sum of the stages (given as well, it must equal that sum)."""
     stages: Optional[list[StageConfig]] = None
-    """Train in stages, one after the other, in one run (see :class:`olmo.config_stages.StageConfig`): each with
+    """Train in stages, one after the other, in one run (see :class:`olmo.config.stages.StageConfig`): each with
     its length, optionally its own data and schedule, and a KL penalty to a frozen reference (``kl_beta``).
     Null: one stage of ``max_duration``."""
     kl_reference: KLReferenceConfig = field(default_factory=KLReferenceConfig)
@@ -289,11 +289,11 @@ class TrainConfig:
     """Recompute activations in the backward pass to save memory: whole_layer, one_in_two ... three_in_four, fine_grained."""
     fused_loss: Optional[bool] = None
     """Compute the loss chunk by chunk from the final hidden states without materializing the (tokens,
-    vocab) logits (:func:`olmo.loss.fused_output_loss`; pure PyTorch, unlike OLMo's flash-attn kernel).
+    vocab) logits (:func:`olmo.model.loss.fused_output_loss`; pure PyTorch, unlike OLMo's flash-attn kernel).
     Same loss and gradients up to rounding, less memory around the 50k-wide output layer. None = off."""
     train_module: Optional[str] = None
     """The TrainModule that runs each step: a dotted path (``my_pkg.modules.MyTrainModule``) or a class name
-    from :mod:`olmo.train_module`; null is :class:`olmo.train_module.TransformerTrainModule`, OLMo's step."""
+    from :mod:`olmo.train.train_module`; null is :class:`olmo.train.train_module.TransformerTrainModule`, OLMo's step."""
     hf_datasets_cache_dir: Optional[str] = None
     """Deprecated no-op kept so old configs load."""
     module_outputs_save_steps: Optional[list[int]] = None
@@ -358,7 +358,7 @@ class TrainConfig:
 
     def max_steps(self, instances_per_epoch: int) -> int:
         """Optimizer steps that ``max_duration`` asks for, given the dataset's size in instances. (A run with
-        ``stages`` gets its length from :func:`olmo.stages.plan_stages` instead.)"""
+        ``stages`` gets its length from :func:`olmo.train.stages.plan_stages` instead.)"""
         duration = DEFAULT_MAX_DURATION if self.max_duration is None else self.max_duration
         return parse_duration_steps(
             duration, self.global_train_batch_size, self.tokens_per_batch, instances_per_epoch

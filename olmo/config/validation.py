@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .config_sections import DataConfig, EvaluatorConfig, EvaluatorType, FSDPWrapStrategy, TruncationDirection
-from .config_stages import parse_duration_steps, stage_problems
-from .exceptions import OLMoConfigurationError
-from .tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
-from .util import REMOTE_DATA_SCHEMES, redact_url, remote_save_folder_problems, split_remote
+from ..exceptions import OLMoConfigurationError
+from ..util import REMOTE_DATA_SCHEMES, redact_url, remote_save_folder_problems, split_remote
+from ..util.tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
+from .sections import DataConfig, EvaluatorConfig, EvaluatorType, FSDPWrapStrategy, TruncationDirection
+from .stages import parse_duration_steps, stage_problems
 
 if TYPE_CHECKING:
-    from .config import TrainConfig
+    from .train_config import TrainConfig
 
 __all__ = [
     "validate_train_config",

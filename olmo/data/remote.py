@@ -4,7 +4,7 @@ Nothing is downloaded whole. A remote file costs one metadata request for its si
 ``head_object``, blob metadata), one small range read of its start for an npy header (only the first time a
 run sees it: :class:`MetadataCache`), and then one range read of exactly the bytes of each instance it
 supplies (tokens; the label mask's bytes from the mask file). The clients are urllib3 (HTTP), boto3 (the S3
-API; endpoints and credentials as :mod:`olmo.object_store` reads them) and google-cloud-storage. Each loader
+API; endpoints and credentials as :mod:`olmo.util.object_store` reads them) and google-cloud-storage. Each loader
 process makes its own clients, keeps ``data.remote.max_concurrency`` connections open for reuse, and fetches
 ahead of use (:func:`olmo.data.read_ahead.read_ahead`).
 
@@ -43,10 +43,10 @@ from typing import Any, NoReturn, Optional, TypeVar
 
 import numpy as np
 
-from ..config_sections import RemoteDataConfig
+from ..config.sections import RemoteDataConfig
 from ..exceptions import OLMoDataError
-from ..object_store import credentials_help, endpoint_problem
 from ..util import REMOTE_DATA_SCHEMES, redact_url, split_remote
+from ..util.object_store import credentials_help, endpoint_problem
 
 __all__ = [
     "FetchStats",
@@ -372,7 +372,7 @@ class _S3Reader(RemoteReader):
     def __init__(self, options: RemoteDataConfig, scheme: str):
         from botocore import exceptions
 
-        from ..object_store import s3_client
+        from ..util.object_store import s3_client
 
         super().__init__(options)
         self.scheme = scheme
@@ -442,7 +442,7 @@ class _GcsReader(RemoteReader):
         self._local = threading.local()
 
     def _bucket(self, name: str) -> Any:
-        from ..object_store import gcs_client
+        from ..util.object_store import gcs_client
 
         buckets = getattr(self._local, "buckets", None)
         if buckets is None:

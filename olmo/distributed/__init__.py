@@ -1,5 +1,5 @@
 """The distributed names scripts and users import, in one place: process groups and collectives
-(:mod:`olmo.collectives`) and what is applied to a built model (:mod:`olmo.parallelize`).
+(:mod:`olmo.distributed.collectives`) and what is applied to a built model (:mod:`olmo.distributed.parallelize`).
 
 Library code imports from those two modules directly, so that code below the parallelization layer
 (evaluators' reductions, metrics) does not depend on the model.

@@ -3,7 +3,7 @@
 One code path serves ``python scripts/train.py`` (one process, no process group),
 ``torchrun --nproc_per_node=N scripts/train.py`` and ``srun python scripts/train.py`` (one Slurm task per
 process, no torchrun): gloo on CPU, nccl on GPU, picked automatically. Rank, world size and rendezvous address
-come from :func:`olmo.launch.launch_env`, which every earlier reader of the rank uses too.
+come from :func:`olmo.util.launch.launch_env`, which every earlier reader of the rank uses too.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .exceptions import OLMoCliError
-from .launch import LaunchEnv, launch_env
+from ..exceptions import OLMoCliError
+from ..util.launch import LaunchEnv, launch_env
 
 __all__ = ["DistEnv", "init_distributed", "teardown_distributed", "all_reduce", "barrier"]
 

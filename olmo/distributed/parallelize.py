@@ -15,8 +15,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from .collectives import DistEnv
-from .config import (
+from ..config import (
     ActivationCheckpointingStrategy,
     CompilerConfig,
     DDPGradSyncMode,
@@ -27,8 +26,9 @@ from .config import (
     ShardingStrategy,
     TrainConfig,
 )
-from .exceptions import OLMoConfigurationError
-from .model import OLMo
+from ..exceptions import OLMoConfigurationError
+from ..model import OLMo
+from .collectives import DistEnv
 
 __all__ = [
     "build_model",

@@ -19,7 +19,7 @@ import logging
 from typing import Optional
 
 from ..config import EvaluatorType, TrainConfig
-from ..config_validation import evaluator_batch_size, evaluator_problems, task_labels
+from ..config.validation import evaluator_batch_size, evaluator_problems, task_labels
 from ..data import DataCollator, build_memmap_dataset, data_order_seed
 from ..exceptions import OLMoConfigurationError
 from ..tokenizer import Tokenizer

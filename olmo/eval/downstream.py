@@ -17,8 +17,8 @@ from typing import Any, Union
 import torch
 import torch.nn as nn
 
-from ..collectives import all_reduce
-from ..config_validation import task_labels, unknown_label_problems
+from ..config.validation import task_labels, unknown_label_problems
+from ..distributed.collectives import all_reduce
 from ..exceptions import OLMoConfigurationError
 from ..tokenizer import Tokenizer
 from .evaluator import EvalTarget, Evaluator, as_eval_target, forward_in_lockstep, rank_order

@@ -3,7 +3,7 @@ mode restored), how a rank picks its share of the data, forward passes kept in s
 :class:`EvalRunner` that runs the evaluators on the trainer's schedule.
 
 Evaluators run forward passes through an :class:`EvalTarget`'s ``eval_batch``: in training that is the
-:class:`~olmo.train_module.TrainModule` (so a custom train module decides how it is evaluated); for a bare model
+:class:`~olmo.train.train_module.TrainModule` (so a custom train module decides how it is evaluated); for a bare model
 (``scripts/eval.py``, tests) :class:`ModelEval` is the target.
 """
 
@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..collectives import all_reduce
+from ..distributed.collectives import all_reduce
 from ..exceptions import OLMoConfigurationError
-from ..loss import per_token_cross_entropy
+from ..model.loss import per_token_cross_entropy
 
 __all__ = ["Evaluator", "EvalTarget", "ModelEval", "EvalRunner", "rank_order", "forward_in_lockstep"]
 

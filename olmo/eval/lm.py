@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from ..collectives import all_reduce
 from ..data import DataCollator, InstanceStream, MemMapDataset
+from ..distributed.collectives import all_reduce
 from .evaluator import EvalTarget, Evaluator, forward_in_lockstep, rank_order
 
 __all__ = ["LMEvaluator"]

@@ -21,11 +21,11 @@ from typing import Any, Optional
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
-from .checkpoint_io import safe_torch_load
-from .config import ModelConfig
-from .exceptions import OLMoCheckpointError, OLMoConfigurationError
-from .hf import HF_MODEL_TYPES, build_hf_config, hf_model_type, import_transformers, to_hf_state
-from .tokenizer_files import load_base_tokenizer
+from ..checkpoint.files import safe_torch_load
+from ..config import ModelConfig
+from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
+from ..util.tokenizer_files import load_base_tokenizer
+from .mapping import HF_MODEL_TYPES, build_hf_config, hf_model_type, import_transformers, to_hf_state
 
 __all__ = [
     "check_hf_export",

@@ -17,7 +17,7 @@ options at fault, before anything is written. The parameters map one to one, exc
 Both sides rotate with the same NeoX ("rotate_half") RoPE, repeat each key/value head for consecutive query
 heads, and hold ``embedding_size`` rows in the embedding (transformers calls it ``vocab_size``).
 
-Used by :mod:`olmo.hf_files`, the two conversion commands and the trainer's ``hf_export``; transformers is
+Used by :mod:`olmo.hf.files`, the two conversion commands and the trainer's ``hf_export``; transformers is
 imported inside the functions that need it (the optional ``hf`` extra), never at import time.
 """
 
@@ -29,8 +29,8 @@ from typing import Any, Optional
 
 import torch
 
-from .config import ActivationType, LayerNormType, ModelConfig
-from .exceptions import OLMoConfigurationError, OLMoError
+from ..config import ActivationType, LayerNormType, ModelConfig
+from ..exceptions import OLMoConfigurationError, OLMoError
 
 __all__ = [
     "HF_MODEL_TYPES",

@@ -20,8 +20,8 @@ from omegaconf import DictConfig
 from omegaconf import OmegaConf as om
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from ..config_cli import config_error, load_structured
-from ..config_resolvers import register_resolvers
+from ..config.cli import config_error, load_structured
+from ..config.resolvers import register_resolvers
 from ..exceptions import OLMoConfigurationError
 
 __all__ = ["NAMED_SIZES", "SizeSpec", "BatchRule", "LRRule", "LadderConfig", "load_ladder"]
@@ -152,7 +152,7 @@ class LadderConfig:
     """The learning rate and warmup rule."""
     max_rank_microbatch_size: int = 32
     """Largest micro-batch (instances per device per forward pass) tried; the largest power of two up to it that
-    fits the device's memory (see :func:`olmo.plan.estimate_memory`) is used."""
+    fits the device's memory (see :func:`olmo.ladder.run_planner.estimate_memory`) is used."""
     checkpoints_per_run: int = 4
     """Checkpoints (and evaluations) per size, evenly spaced in steps; the last is at the final step."""
     sharded_checkpoints: bool = False

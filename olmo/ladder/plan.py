@@ -1,11 +1,11 @@
 """Each size of a ladder as a train config and a run plan: the per-size arithmetic.
 
-For a size with N non-embedding parameters (counted by the model's own code, see :func:`olmo.plan.model_facts`):
+For a size with N non-embedding parameters (counted by the model's own code, see :func:`olmo.ladder.run_planner.model_facts`):
 
 1. the target global batch is ``batch.tokens_coefficient * (N / batch.reference_params) ** batch.exponent`` tokens,
    in instances of ``sequence_length`` rounded to a power of two (or the nearest integer);
 2. the micro-batch is the largest power of two up to ``max_rank_microbatch_size`` (and the batch) whose estimated
-   peak memory fits the device (:func:`olmo.plan.estimate_memory`), with ``min(max_devices, batch / micro)``
+   peak memory fits the device (:func:`olmo.ladder.run_planner.estimate_memory`), with ``min(max_devices, batch / micro)``
    data-parallel devices; the batch is then rounded to a multiple of devices x micro-batch;
 3. the learning rate is ``lr.coefficient * (N / lr.reference_params) ** lr.params_exponent`` (times the batch
    term when ``lr.batch_exponent`` is set), warmed up over ``lr.warmup_tokens_per_param * N`` tokens;
@@ -31,12 +31,12 @@ from typing import Any, Optional, cast
 from omegaconf import DictConfig
 from omegaconf import OmegaConf as om
 
+from ..config.cli import load_yaml, parse_override
 from ..config import TrainConfig
-from ..config_cli import load_yaml, parse_override
-from ..config_validation import parse_duration_steps
+from ..config.validation import parse_duration_steps
 from ..exceptions import OLMoCliError, OLMoConfigurationError
-from ..plan import DeviceSpec, ModelFacts, RunPlan, estimate_memory, model_facts, plan_run, resolve_device
 from .config import LadderConfig, SizeSpec
+from .run_planner import DeviceSpec, ModelFacts, RunPlan, estimate_memory, model_facts, plan_run, resolve_device
 
 __all__ = ["Rung", "plan_ladder", "select_sizes", "checkpoint_steps", "write_rung_config"]
 

@@ -14,13 +14,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..checkpoint_dirs import list_checkpoints
 from ..config import SchedulerUnits
-from ..json_lines import read_metrics_jsonl
 from ..optim import build_scheduler
-from ..plan import format_count
+from ..util.checkpoint_dirs import list_checkpoints
+from ..util.json_lines import read_metrics_jsonl
 from .fit import fit_chinchilla, fit_loss_vs_compute
 from .plan import Rung
+from .run_planner import format_count
 
 __all__ = [
     "TRAIN_LOSS",
@@ -45,7 +45,7 @@ MIN_CHINCHILLA_POINTS = 6
 
 def read_metrics(folder: Path) -> dict[int, dict[str, float]]:
     """``metrics.jsonl`` of a save folder as step -> every value logged at that step (empty when absent); see
-    :func:`olmo.json_lines.read_metrics_jsonl`."""
+    :func:`olmo.util.json_lines.read_metrics_jsonl`."""
     path = folder / "metrics.jsonl"
     return read_metrics_jsonl(path) if path.is_file() else {}
 

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from .config import (
+from ..config import (
     DEFAULT_MAX_DURATION,
     FSDPConfig,
     LayerNormType,
@@ -28,12 +28,12 @@ from .config import (
     ShardingStrategy,
     TrainConfig,
 )
-from .exceptions import OLMoConfigurationError
-from .flops import cpu_peak_flops, gpu_peak_flops
-from .loss import FUSED_LOSS_CHUNK_TOKENS
-from .model import OLMo
-from .parallelize import apply_activation_checkpointing
-from .stages import plan_stages
+from ..distributed.parallelize import apply_activation_checkpointing
+from ..exceptions import OLMoConfigurationError
+from ..model.flops import cpu_peak_flops, gpu_peak_flops
+from ..model.loss import FUSED_LOSS_CHUNK_TOKENS
+from ..model import OLMo
+from ..train.stages import plan_stages
 
 __all__ = ["DEFAULT_MFU", "DeviceSpec", "ModelFacts", "MemoryEstimate", "RunPlan", "resolve_device", "model_facts"]
 __all__ += ["estimate_memory", "plan_run", "format_plan", "format_count"]
@@ -339,7 +339,7 @@ def _distributed(cfg: TrainConfig, world_size: int) -> str:
 
 
 def _max_steps(cfg: TrainConfig, instances_per_epoch: Optional[int], notes: list[str]) -> Optional[int]:
-    """The run's optimizer steps by the trainer's own rule (:func:`olmo.stages.plan_stages`: ``max_duration``, or
+    """The run's optimizer steps by the trainer's own rule (:func:`olmo.train.stages.plan_stages`: ``max_duration``, or
     the sum of the ``stages``); None for a length in epochs when the dataset's size is not given."""
     durations = [cfg.max_duration, *(stage.max_duration for stage in cfg.stages or [])]
     if instances_per_epoch is None and any(str(d).strip().endswith("ep") for d in durations if d is not None):

@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .config import ModelConfig
-from .exceptions import OLMoDataError
+from ..config import ModelConfig
+from ..exceptions import OLMoDataError
 from .layers import alibi_bias
 
 __all__ = [

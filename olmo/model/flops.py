@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from .util import machine_info
+from ..util import machine_info
 
 __all__ = ["PeakFlops", "device_peak_flops", "gpu_peak_flops", "cpu_peak_flops", "model_flops_utilization"]
 

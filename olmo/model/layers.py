@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import LayerNormType, ModelConfig
+from ..config import LayerNormType, ModelConfig
 from .loss import OutputHead, cross_entropy_sums, fused_output_loss
 
 __all__ = [

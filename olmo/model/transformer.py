@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import ActivationType, InitFnType, ModelConfig
+from ..exceptions import OLMoConfigurationError
 from .attention import (
     DocumentSpans,
     attention_bias,
@@ -26,8 +28,6 @@ from .attention import (
     document_spans,
     flash_varlen_attention,
 )
-from .config import ActivationType, InitFnType, ModelConfig
-from .exceptions import OLMoConfigurationError
 from .layers import (
     LayerNorm,
     OutputHeadFn,
@@ -55,7 +55,7 @@ class OLMoOutput(NamedTuple):
     """With ``output_hidden_states``: the input of every block, then the output of ``ln_f``."""
     loss: LossSums | Any = None
     """With ``labels``: the summed cross entropy and z-loss over the labelled positions (a
-    :class:`~olmo.loss.LossSums`); with ``head``, what the head returned."""
+    :class:`~olmo.model.loss.LossSums`); with ``head``, what the head returned."""
 
 
 @functools.cache
@@ -309,11 +309,11 @@ class OLMo(nn.Module):
             every query; outputs at padding positions are meaningless. None attends to everything (causally).
         :param output_hidden_states: Also return every block's input and the final normalized hidden state.
         :param labels: (B, T) the token each position should predict, -100 for none: the output then carries
-            the loss sums (:mod:`olmo.loss`). Computing the loss here, inside the model's forward, lets FSDP
+            the loss sums (:mod:`olmo.model.loss`). Computing the loss here, inside the model's forward, lets FSDP
             keep the output weight gathered for it.
         :param z_loss_multiplier: Weight of the z-loss, or None.
         :param fused_loss: Compute the loss chunk by chunk from the hidden states without the logits
-            (:func:`olmo.loss.fused_output_loss`); ``logits`` is then None.
+            (:func:`olmo.model.loss.fused_output_loss`); ``logits`` is then None.
         :param doc_lens: (B, max_docs) lengths of the documents packed into each row, zero-padded on the right;
             each row's lengths sum to T (padding, if any, counted in some document). A token then attends only to
             earlier tokens of its own document, as OLMo's ``data.generate_doc_lengths`` does: flash-attn's varlen
@@ -325,7 +325,7 @@ class OLMo(nn.Module):
             it, and it saves a host sync there.
         :param head: Instead of the logits (and loss), compute ``head(OutputHead(final hidden states, output
             weight, output bias, logit scale))`` inside the forward, where FSDP holds the output weight gathered,
-            and return it as ``loss`` (``logits`` is then None). :class:`olmo.kl.KLTrainModule` computes its
+            and return it as ``loss`` (``logits`` is then None). :class:`olmo.train.kl.KLTrainModule` computes its
             penalty this way.
         """
         cfg = self.config

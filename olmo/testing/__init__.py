@@ -15,6 +15,8 @@ from typing import Any, Optional, Union
 import numpy as np
 import yaml
 
+from ..util import REPO
+
 __all__ = [
     "BYTE_EOS",
     "BYTE_VOCAB",
@@ -22,6 +24,7 @@ __all__ = [
     "write_byte_memmap",
     "write_byte_corpus",
     "tiny_config_dict",
+    "tiny_model_config",
     "write_config",
     "run_main",
     "run_train",
@@ -33,7 +36,7 @@ __all__ = [
 
 BYTE_EOS = 256
 BYTE_VOCAB = 257
-_SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+_SCRIPTS = REPO / "scripts"
 """The repository's ``scripts/``, which :func:`run_script` and :func:`run_torchrun` run as a user does."""
 
 
@@ -85,7 +88,7 @@ def write_byte_corpus(root: Union[str, Path]) -> list[str]:
 def tiny_model_config(**overrides: Any) -> Any:
     """A small model config for model-level tests: 2 layers, d_model 32, 4 heads, vocabulary 100 (embedding 128),
     16 positions, RoPE, no dropout, EOS and padding id 0; ``overrides`` replace any field."""
-    from .config import ModelConfig
+    from ..config import ModelConfig
 
     fields: dict[str, Any] = dict(
         d_model=32,
@@ -183,7 +186,7 @@ def run_train(config_path: Union[str, Path], *args: str, record: Optional[list] 
     """
     if record is None:
         return run_main("train.py", config_path, *args)
-    from .metrics import MetricsLogger
+    from ..train.metrics import MetricsLogger
 
     original = MetricsLogger.log
 

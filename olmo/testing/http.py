@@ -267,7 +267,7 @@ def touch_later(path: Union[str, Path]) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """``python -m olmo.testing_http FOLDER [--latency S] [--no-ranges]``: serve FOLDER until killed, printing the
+    """``python -m olmo.testing.http FOLDER [--latency S] [--no-ranges]``: serve FOLDER until killed, printing the
     port first (benchmarks run the server in its own process, so that it does not share the loader's CPU time)."""
     import argparse
 

@@ -1,10 +1,10 @@
 """The trainer's checkpoint component: :class:`Checkpointer` owns *when* and *what kind* of checkpoint is written
 (``save_interval``, ``save_interval_unsharded``, ``save_interval_ephemeral``, the final save), the background
 (``save_async``) write and its commit, retention, the remote upload, the Hugging Face export (``hf_export``), and
-restoring a checkpoint into a :class:`~olmo.train_module.TrainModule`.
+restoring a checkpoint into a :class:`~olmo.train.train_module.TrainModule`.
 
 *What* a checkpoint holds of the model and optimizer is the train module's choice
-(:meth:`~olmo.train_module.TrainModule.state_dict_to_save`); the trainer's position and RNG states come from the
+(:meth:`~olmo.train.train_module.TrainModule.state_dict_to_save`); the trainer's position and RNG states come from the
 ``trainer_state`` callable; the on-disk layout is :mod:`olmo.checkpoint`'s.
 """
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from .checkpoint import (
+from ..checkpoint import (
     MARKER,
     CheckpointInfo,
     PendingCheckpoint,
@@ -28,10 +28,10 @@ from .checkpoint import (
     prune_checkpoints,
     remove_ephemeral_checkpoints,
 )
-from .checkpoint_upload import build_checkpoint_uploader
-from .collectives import DistEnv
-from .config import TrainConfig
-from .hf_files import export_tokenizer, parse_size, write_hf_model
+from ..checkpoint.upload import build_checkpoint_uploader
+from ..config import TrainConfig
+from ..distributed.collectives import DistEnv
+from ..hf.files import export_tokenizer, parse_size, write_hf_model
 
 if TYPE_CHECKING:
     from .train_module import TrainModule
@@ -172,7 +172,7 @@ class Checkpointer:
     def save_named(self, step: int, name: str) -> Path:
         """Save a checkpoint of ``step`` into ``save_folder/name`` now (sharded with several ranks), replacing one
         of that name; it is uploaded like the others but never pruned, and not resumed from by
-        ``try_load_latest_save`` (e.g. the start of a KL stage, see :mod:`olmo.kl`)."""
+        ``try_load_latest_save`` (e.g. the start of a KL stage, see :mod:`olmo.train.kl`)."""
         self.before_save()
         self.commit()
         start, sharded = time.perf_counter(), self.env.world_size > 1

@@ -1,6 +1,6 @@
 """Training with a KL penalty to a frozen reference model: :class:`KLTrainModule`.
 
-In a stage with ``kl_beta > 0`` (see :mod:`olmo.stages`) each step minimizes
+In a stage with ``kl_beta > 0`` (see :mod:`olmo.train.stages`) each step minimizes
 
     cross entropy + z-loss + kl_beta * KL(policy || reference)
 
@@ -14,7 +14,7 @@ runs in eval mode (no dropout) under the same autocast, and lives only while a s
   a constant (``policy_loss - stop_gradient(reference_loss)``). One forward of the reference per micro-batch,
   computed the same way as the policy's loss (fused or not).
 * ``full``: the exact KL over the whole vocabulary at every labelled position, computed together with the loss
-  by :func:`olmo.loss.fused_output_loss` from both models' final hidden states, one chunk of tokens at a time,
+  by :func:`olmo.model.loss.fused_output_loss` from both models' final hidden states, one chunk of tokens at a time,
   so neither model's (tokens x vocab) logits ever exist (whatever ``fused_loss`` says).
 
 Metrics: ``train/CrossEntropyLoss`` stays the cross entropy alone; ``train/KL`` is the mean KL per label and
@@ -32,13 +32,13 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from .checkpoint import inspect_checkpoint, load_checkpoint
-from .config import KLEstimator
-from .exceptions import OLMoCheckpointError
-from .layers import lm_head
-from .loss import LossSums, OutputHead, cross_entropy_sums, fused_output_loss
+from ..checkpoint import inspect_checkpoint, load_checkpoint
+from ..config import KLEstimator
+from ..distributed.parallelize import build_model
+from ..exceptions import OLMoCheckpointError
+from ..model.layers import lm_head
+from ..model.loss import LossSums, OutputHead, cross_entropy_sums, fused_output_loss
 from .metrics import ReduceType
-from .parallelize import build_model
 from .stages import Stage, boundary_checkpoint_name, find_boundary_checkpoint
 from .train_module import TransformerTrainModule
 
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 
 class KLTrainModule(TransformerTrainModule):
-    """:class:`~olmo.train_module.TransformerTrainModule` plus the KL penalty of the current stage (none in a stage
+    """:class:`~olmo.train.train_module.TransformerTrainModule` plus the KL penalty of the current stage (none in a stage
     with ``kl_beta: 0``, where a step is exactly the parent's)."""
 
     trains_kl_penalty = True
@@ -149,7 +149,7 @@ def _head_loss(
     reference: Optional[OutputHead] = None,
     kl_beta: float = 0.0,
 ) -> LossSums:
-    """The output layer's loss sums (as :func:`olmo.layers.lm_head` computes them) with the cross entropy weighted
+    """The output layer's loss sums (as :func:`olmo.model.layers.lm_head` computes them) with the cross entropy weighted
     by ``ce_weight`` in ``total``; with a ``reference`` head, plus ``kl_beta`` times the exact KL to it (fused)."""
     if fused or reference is not None:
         return fused_output_loss(

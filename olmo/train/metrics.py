@@ -1,6 +1,6 @@
-"""Training metrics: throughput and MFU (peak FLOP/s in :mod:`olmo.flops`), memory, the queue of steps whose
+"""Training metrics: throughput and MFU (peak FLOP/s in :mod:`olmo.model.flops`), memory, the queue of steps whose
 metrics are still on the device, and how metrics are reduced over ranks (:class:`ReduceType`). The sinks (console,
-metrics.jsonl, wandb) are in :mod:`olmo.metrics_sinks`."""
+metrics.jsonl, wandb) are in :mod:`olmo.train.metrics_sinks`."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .distributed import all_reduce
-from .exceptions import OLMoTrainingError
-from .flops import PeakFlops, cpu_peak_flops, device_peak_flops, gpu_peak_flops, model_flops_utilization
+from ..distributed import all_reduce
+from ..exceptions import OLMoTrainingError
+from ..model.flops import PeakFlops, cpu_peak_flops, device_peak_flops, gpu_peak_flops, model_flops_utilization
 from .metrics_sinks import MetricsLogger
 
 __all__ = [
@@ -93,7 +93,7 @@ class SpeedMonitor:
 
 
 class ReduceType(str, Enum):
-    """How a metric recorded on every rank becomes one number (see :meth:`olmo.train_module.TrainModule.record_metric`)."""
+    """How a metric recorded on every rank becomes one number (see :meth:`olmo.train.train_module.TrainModule.record_metric`)."""
 
     mean = "mean"
     """The average over ranks."""

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from .config import TrainConfig
+from ..config import TrainConfig
 
 __all__ = ["MetricsLogger", "ConsoleSink", "JsonlSink", "WandbSink"]
 

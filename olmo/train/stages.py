@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Optional
 
 from torch.utils.data import DataLoader
 
-from .config import DEFAULT_MAX_DURATION, DataConfig, KLEstimator, SchedulerConfig, TrainConfig
-from .config_stages import parse_duration_steps, stage_data_config, stage_sum_problem
-from .exceptions import OLMoConfigurationError
+from ..config.stages import parse_duration_steps, stage_data_config, stage_sum_problem
+from ..config import DEFAULT_MAX_DURATION, DataConfig, KLEstimator, SchedulerConfig, TrainConfig
+from ..exceptions import OLMoConfigurationError
 
 if TYPE_CHECKING:
-    from .data import MemMapDataset
+    from ..data import MemMapDataset
 
 __all__ = [
     "Stage",
@@ -115,7 +115,7 @@ def plan_stages(cfg: TrainConfig, num_instances: Optional[Callable[[DataConfig],
     def count(data: DataConfig) -> int:
         if num_instances is not None:
             return num_instances(data)
-        from .data import build_memmap_dataset
+        from ..data import build_memmap_dataset
 
         return len(build_memmap_dataset(cfg, data, include_instance_metadata=False))
 
@@ -161,7 +161,7 @@ def build_stage_dataloader(
 
     :param dataset: the segment's data, already opened (its files are then not looked at again).
     """
-    from .data import build_train_dataloader
+    from ..data import build_train_dataloader
 
     staged = replace(cfg, data=stage.data, epoch=cfg.epoch if stage.segment == 0 else None)
     return build_train_dataloader(
@@ -176,8 +176,8 @@ def check_kl_reference(cfg: TrainConfig, plan: StagePlan, restored: Optional[str
     :param restored: the checkpoint this launch restores with its trainer state, or None.
     :raises OLMoCheckpointError: naming the checkpoint that is missing and what to do.
     """
-    from .checkpoint import inspect_checkpoint
-    from .exceptions import OLMoCheckpointError
+    from ..checkpoint import inspect_checkpoint
+    from ..exceptions import OLMoCheckpointError
 
     stage = plan.at(restored_step + 1)
     if restored is None or stage.kl_beta == 0 or cfg.kl_reference.load_path is not None:
@@ -198,7 +198,7 @@ def check_kl_reference(cfg: TrainConfig, plan: StagePlan, restored: Optional[str
 def find_boundary_checkpoint(cfg: TrainConfig, stage: Stage, restored: Optional[str]) -> Optional[Path]:
     """The checkpoint of ``stage``'s first step: in ``save_folder``, or else next to ``restored`` (the checkpoint a
     launch resumed from, e.g. another run's with ``--load_path``); None when neither holds it."""
-    from .util import is_url
+    from ..util import is_url
 
     name = boundary_checkpoint_name(stage)
     candidates = [Path(cfg.save_folder) / name]

@@ -12,8 +12,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from .collectives import all_reduce
-from .config import TrainConfig
+from ..config import TrainConfig
+from ..distributed.collectives import all_reduce
 
 __all__ = ["EXIT_CODE_STOPPED", "StopRequest", "StopConditions"]
 

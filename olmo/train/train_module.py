@@ -23,21 +23,21 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import torch
 from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-from .checkpoint_save import FULL_STATE, model_and_optim_state
-from .collectives import DistEnv, all_reduce
-from .config import SchedulerUnits, TrainConfig
-from .data import check_token_ids
-from .eval.evaluator import ModelEval
-from .exceptions import OLMoConfigurationError
-from .loss import LossSums, next_token_labels, per_token_cross_entropy
+from ..checkpoint.save import FULL_STATE, model_and_optim_state
+from ..config import SchedulerUnits, TrainConfig
+from ..data import check_token_ids
+from ..distributed.collectives import DistEnv, all_reduce
+from ..distributed.parallelize import autocast_dtype, defer_replica_all_reduce
+from ..eval.evaluator import ModelEval
+from ..exceptions import OLMoConfigurationError
+from ..model.loss import LossSums, next_token_labels, per_token_cross_entropy
+from ..model import OLMo
+from ..optim import BoltOnWarmupScheduler, build_scheduler, clip_grads, set_learning_rate
 from .metrics import ReduceType
-from .model import OLMo
-from .optim import BoltOnWarmupScheduler, build_scheduler, clip_grads, set_learning_rate
-from .parallelize import autocast_dtype, defer_replica_all_reduce
 
 if TYPE_CHECKING:
     from .stages import Stage
-    from .train import Trainer
+    from .trainer import Trainer
 
 __all__ = [
     "TrainModule",
@@ -74,7 +74,7 @@ class TrainModule(ABC):
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     trains_kl_penalty: bool = False
-    """Whether :meth:`enter_stage` sets up a stage's ``kl_beta`` (as :class:`olmo.kl.KLTrainModule` does)."""
+    """Whether :meth:`enter_stage` sets up a stage's ``kl_beta`` (as :class:`olmo.train.kl.KLTrainModule` does)."""
 
     def __init__(self) -> None:
         self._trainer: Optional[Trainer] = None
@@ -132,10 +132,10 @@ class TrainModule(ABC):
         return EvalBatchSpec(max(sizes), cfg.model.max_sequence_length)
 
     def enter_stage(self, stage: Stage, at_boundary: bool) -> None:
-        """Called by the trainer before the first step it trains of each stage (see :mod:`olmo.stages`; a run
+        """Called by the trainer before the first step it trains of each stage (see :mod:`olmo.train.stages`; a run
         without ``stages`` is one stage): ``at_boundary`` when that step is the stage's first, otherwise the run
         resumed in the middle of the stage. Sets :attr:`stage`. A module that honours ``kl_beta`` overrides
-        this (:class:`olmo.kl.KLTrainModule`)."""
+        this (:class:`olmo.train.kl.KLTrainModule`)."""
         if stage.kl_beta > 0:
             raise _no_kl_penalty(type(self).__name__, stage.index)
         self.stage = stage
@@ -386,7 +386,7 @@ class BasicTrainModule(TrainModule):
         return logits if labels is None else per_token_cross_entropy(logits, labels.to(device))
 
 
-STAGED_TRAIN_MODULE = "olmo.kl.KLTrainModule"
+STAGED_TRAIN_MODULE = "olmo.train.kl.KLTrainModule"
 """The train module of a run with ``stages`` when ``train_module`` is unset (named, not imported: it subclasses
 :class:`TransformerTrainModule`)."""
 
@@ -399,7 +399,7 @@ def build_train_module(
     scheduler: Any,
     train_module: Optional[Union[str, type[TrainModule]]] = None,
 ) -> TrainModule:
-    """The run's train module: :class:`TransformerTrainModule` (:class:`olmo.kl.KLTrainModule` for a run with
+    """The run's train module: :class:`TransformerTrainModule` (:class:`olmo.train.kl.KLTrainModule` for a run with
     ``stages``), or ``train_module`` (a class, or its dotted path ``package.module.ClassName``, or a class name of
     this module) built by its :meth:`TrainModule.from_config`."""
     cls = train_module_class(cfg, train_module)
@@ -423,7 +423,7 @@ def train_module_class(
 def _no_kl_penalty(module: str, stage_index: int) -> OLMoConfigurationError:
     return OLMoConfigurationError(
         f"train_module={module} does not train a KL penalty, but stages[{stage_index}].kl_beta > 0. Leave "
-        f"train_module unset (staged runs use olmo.kl.KLTrainModule), or give a subclass of olmo.kl.KLTrainModule."
+        f"train_module unset (staged runs use olmo.train.kl.KLTrainModule), or give a subclass of olmo.train.kl.KLTrainModule."
     )
 
 
@@ -443,6 +443,6 @@ def resolve_train_module_class(name: Union[str, type[TrainModule]]) -> type[Trai
         found = name
     if not (isinstance(found, type) and issubclass(found, TrainModule)):
         raise OLMoConfigurationError(
-            f"train_module: {name!r} is {found!r}, not a subclass of olmo.train_module.TrainModule."
+            f"train_module: {name!r} is {found!r}, not a subclass of olmo.train.train_module.TrainModule."
         )
     return found

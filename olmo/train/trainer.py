@@ -1,10 +1,10 @@
 """The training loop: :class:`Trainer` and its short :meth:`~Trainer.fit`.
 
 The loop owns the data position and drives its components, each of which owns its own schedule: the
-:class:`~olmo.checkpointer.Checkpointer` (save cadence, background commit, ephemeral checkpoints, retention, the
-final save), the :class:`~olmo.eval.EvalRunner`, the :class:`~olmo.stop.StopConditions` (last step, signals,
-time limit) and the metrics sinks (:mod:`olmo.metrics_sinks`). What one step does (forward, loss, backward,
-optimizer step) is the job of a :class:`~olmo.train_module.TrainModule`.
+:class:`~olmo.train.checkpointer.Checkpointer` (save cadence, background commit, ephemeral checkpoints, retention, the
+final save), the :class:`~olmo.eval.EvalRunner`, the :class:`~olmo.train.stop.StopConditions` (last step, signals,
+time limit) and the metrics sinks (:mod:`olmo.train.metrics_sinks`). What one step does (forward, loss, backward,
+optimizer step) is the job of a :class:`~olmo.train.train_module.TrainModule`.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from .checkpoint import CheckpointInfo
+from ..checkpoint import CheckpointInfo
+from ..config import TrainConfig
+from ..data import DataIndexLog, FilteredInstanceCounter, IterableDataset
+from ..distributed import DistEnv, autocast_dtype, model_config_fingerprint
+from ..eval import EvalRunner, Evaluator
+from ..util.rng import get_rng_state, set_rng_state
 from .checkpointer import Checkpointer
-from .config import TrainConfig
-from .data import DataIndexLog, FilteredInstanceCounter, IterableDataset
-from .distributed import DistEnv, autocast_dtype, model_config_fingerprint
-from .eval import EvalRunner, Evaluator
 from .metrics import MetricsLogger, SpeedMonitor, StepMetrics, StepMetricsQueue, device_peak_flops, peak_memory_mb
-from .rng import get_rng_state, set_rng_state
 from .stages import Stage, StagePlan, boundary_checkpoint_name, build_stage_dataloader, order_dir_of, plan_stages
 from .stop import EXIT_CODE_STOPPED, StopConditions
 from .train_module import TrainModule
@@ -50,7 +50,7 @@ class TrainerState:
 class Trainer:
     """Runs training for one config on one process (and, through FSDP, on many).
 
-    :param train_module: what one step does (see :func:`olmo.train_module.build_train_module`).
+    :param train_module: what one step does (see :func:`olmo.train.train_module.build_train_module`).
     :param train_loader: a DataLoader over :class:`olmo.data.IterableDataset`.
     """
 
@@ -173,7 +173,7 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------------------
     def save(self, sharded: bool, ephemeral: bool = False) -> None:
-        """Save a checkpoint of the current step (see :meth:`olmo.checkpointer.Checkpointer.save`)."""
+        """Save a checkpoint of the current step (see :meth:`olmo.train.checkpointer.Checkpointer.save`)."""
         self.checkpointer.save(self.state.global_step, sharded, ephemeral)
 
     def fit(self) -> int:

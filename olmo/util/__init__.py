@@ -1,6 +1,6 @@
 """Logging, CLI environment and path helpers shared by the scripts.
 
-``env_rank``/``env_world_size``/``launch_env`` are re-exported from :mod:`olmo.launch`."""
+``env_rank``/``env_world_size``/``launch_env`` are re-exported from :mod:`olmo.util.launch`."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Optional, Union
 
-from .exceptions import OLMoCliError, OLMoError
+from ..exceptions import OLMoCliError, OLMoError
 from .launch import LaunchEnv, env_rank, env_world_size, expand_hostlist, launch_env
 
 __all__ = [
+    "REPO",
     "prepare_cli_environment",
     "install_excepthook",
     "setup_logging",
@@ -42,6 +43,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+REPO = Path(__file__).resolve().parents[2]
+"""The repository root (``configs/``, ``scripts/``): commands, benchmarks and tests run from a checkout installed
+in place."""
 _URL = re.compile(r"^[a-z0-9]+://")
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from .exceptions import OLMoCheckpointError, OLMoConfigurationError
+from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
 
 __all__ = [
     "MARKER",
@@ -66,7 +66,7 @@ class CheckpointInfo:
     marked: bool
     ephemeral: bool = False
     layout: str = "olmo-trainer"
-    """``olmo-trainer`` for ours, else the original OLMo trainer's layout (:mod:`olmo.checkpoint_olmo`)."""
+    """``olmo-trainer`` for ours, else the original OLMo trainer's layout (:mod:`olmo.checkpoint.olmo_formats`)."""
 
 
 def list_checkpoints(folder: os.PathLike | str) -> list[CheckpointInfo]:

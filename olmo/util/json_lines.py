@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .exceptions import OLMoDataError
+from ..exceptions import OLMoDataError
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-from .exceptions import OLMoCliError
+from ..exceptions import OLMoCliError
 
 __all__ = ["LaunchEnv", "launch_env", "expand_hostlist", "env_rank", "env_world_size"]
 

@@ -25,7 +25,7 @@ from typing import Optional
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from .exceptions import OLMoConfigurationError
+from ..exceptions import OLMoConfigurationError
 
 __all__ = [
     "DEFAULT_TOKENIZER",

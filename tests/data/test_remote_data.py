@@ -1,5 +1,5 @@
 """Token files at URLs are read in place, by byte range, from real servers on 127.0.0.1: an HTTP server with and
-without Range support (olmo.testing_http.FileServer), moto's S3 server for s3://, r2:// and weka://, and the GCS
+without Range support (olmo.testing.http.FileServer), moto's S3 server for s3://, r2:// and weka://, and the GCS
 emulator for gs://. Every instance read remotely is bitwise the one read locally, exactly its bytes cross the
 wire, transient faults are retried and the rest stop with the URL, the byte range and the cause."""
 
@@ -18,7 +18,7 @@ from olmo.data.memmap_dataset import PROBE_BYTES
 from olmo.data.remote import RemoteUnreachable
 from olmo.exceptions import OLMoDataError
 from olmo.testing import BYTE_EOS, BYTE_VOCAB, free_port, write_byte_memmap
-from olmo.testing_http import FileServer, touch_later
+from olmo.testing.http import FileServer, touch_later
 
 CHUNK = 64
 FAST = RemoteDataConfig(max_concurrency=8, max_attempts=3, backoff_seconds=0.01, timeout_seconds=5.0)

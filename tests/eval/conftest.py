@@ -11,10 +11,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the distributed test
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from olmo.config import TrainConfig  # noqa: E402
-from olmo.model import OLMo  # noqa: E402
-from olmo.testing import tiny_config_dict  # noqa: E402
-from olmo.tokenizer import Tokenizer  # noqa: E402
+from olmo.config import TrainConfig
+from olmo.model import OLMo
+from olmo.testing import tiny_config_dict
+from olmo.tokenizer import Tokenizer
 
 TASK_SEQ_LEN = 64
 """Short enough that some queries (2 of the first 16 piqa choices) are left-truncated; one length for

@@ -1,0 +1,56 @@
+"""Checkpoints on disk: ``storage`` (atomic save, verified load, discovery, retention; the names re-exported
+here), ``files`` (reading checkpoint files without executing code), ``save`` (temporary directory, fsync, marker,
+rename), ``restore`` (what a launch restores and where it saves, checked before anything is built),
+``olmo_formats`` (the original OLMo trainer's layouts) and ``upload`` (``remote_save_folder``). The commit marker
+and discovery without torch are :mod:`olmo.util.checkpoint_dirs`, so that config resolvers can use them.
+
+May import: ``olmo.model``, ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
+"""
+
+from .files import (
+    safe_torch_load,
+)
+from .storage import (
+    FORMAT_VERSION,
+    MARKER,
+    CheckpointInfo,
+    ModelMismatchError,
+    PendingCheckpoint,
+    begin_checkpoint,
+    check_shapes,
+    commit_checkpoint,
+    delete_checkpoint,
+    find_latest_checkpoint,
+    inspect_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    model_and_optim_state,
+    prune_checkpoints,
+    remove_ephemeral_checkpoints,
+    save_checkpoint,
+    sharded_model_shapes,
+    trainer_state,
+)
+
+__all__ = [
+    "safe_torch_load",
+    "MARKER",
+    "CheckpointInfo",
+    "ModelMismatchError",
+    "find_latest_checkpoint",
+    "list_checkpoints",
+    "check_shapes",
+    "sharded_model_shapes",
+    "trainer_state",
+    "delete_checkpoint",
+    "inspect_checkpoint",
+    "save_checkpoint",
+    "begin_checkpoint",
+    "model_and_optim_state",
+    "commit_checkpoint",
+    "PendingCheckpoint",
+    "FORMAT_VERSION",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "remove_ephemeral_checkpoints",
+]

@@ -1,0 +1,28 @@
+"""Hugging Face transformers interop: ``mapping`` (our model <-> ``OlmoForCausalLM``/``Olmo2ForCausalLM``:
+configs and state dicts, both ways; the names re-exported here) and ``files`` (model directories: config.json,
+safetensors shards, tokenizer and generation files). transformers is imported inside functions only.
+
+May import: ``olmo.checkpoint``, ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
+"""
+
+from .mapping import (
+    HF_MODEL_TYPES,
+    build_hf_config,
+    from_hf_state,
+    hf_config_kwargs,
+    hf_model_type,
+    import_transformers,
+    model_config_from_hf,
+    to_hf_state,
+)
+
+__all__ = [
+    "HF_MODEL_TYPES",
+    "import_transformers",
+    "hf_model_type",
+    "hf_config_kwargs",
+    "build_hf_config",
+    "model_config_from_hf",
+    "to_hf_state",
+    "from_hf_state",
+]

@@ -1,0 +1,25 @@
+"""The OLMo transformer as plain ``nn.Module`` code, and what is computed from it: ``transformer`` (``OLMo``,
+blocks), ``layers`` (norms, RoPE, MLP), ``attention`` (SDPA, flash-attn, document masking), ``loss`` (cross
+entropy, z-loss, the fused output loss) and ``flops`` (parameter and FLOP counts, peak device FLOP/s).
+
+No distributed code: FSDP, activation checkpointing and compile are applied from outside
+(:mod:`olmo.distributed.parallelize`). May import: ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
+"""
+
+from .layers import (
+    LayerNorm,
+)
+from .transformer import (
+    OLMo,
+    OLMoBlock,
+    OLMoOutput,
+    describe_attention,
+)
+
+__all__ = [
+    "LayerNorm",
+    "OLMo",
+    "OLMoBlock",
+    "OLMoOutput",
+    "describe_attention",
+]
