@@ -5,9 +5,9 @@
 
 import sys
 
-from olmo.bench.checkpoint import main
+from olmo.cli.benchmark_checkpoint import main
 from olmo.util import prepare_cli_environment
 
 if __name__ == "__main__":
     prepare_cli_environment()
-    sys.exit(main(sys.argv))
+    sys.exit(main())

@@ -5,7 +5,7 @@
 
 import sys
 
-from olmo.bench.eval import main
+from olmo.cli.benchmark_eval import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

@@ -7,7 +7,7 @@ run before it.
 
 import sys
 
-from olmo.bench.ladder import main
+from olmo.cli.benchmark_ladder import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

@@ -6,7 +6,7 @@
 
 import sys
 
-from olmo.bench.loss import main
+from olmo.cli.benchmark_loss import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

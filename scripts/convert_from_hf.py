@@ -10,4 +10,4 @@ from olmo.util import prepare_cli_environment
 
 if __name__ == "__main__":
     prepare_cli_environment()
-    sys.exit(main(sys.argv))
+    sys.exit(main())

@@ -8,4 +8,4 @@ from olmo.util import prepare_cli_environment
 
 if __name__ == "__main__":
     prepare_cli_environment()
-    main()
+    main()  # returns the rows it printed (for tests and notebooks); the exit status is 0

@@ -3,9 +3,11 @@
 ``--help`` shows the usage; the command is :mod:`olmo.cli.plot_metrics`.
 """
 
+import sys
+
 from olmo.cli.plot_metrics import main
 from olmo.util import prepare_cli_environment
 
 if __name__ == "__main__":
     prepare_cli_environment()
-    main()
+    sys.exit(main())

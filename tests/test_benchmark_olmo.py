@@ -39,6 +39,6 @@ def test_ours_only_run_writes_the_report(tmp_path):
 
 def test_help_exits_zero(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        benchmark_olmo.main([SCRIPT.name, "--help"])
+        benchmark_olmo.main(["--help"])
     assert exit_info.value.code == 0
     assert "--ours-only" in capsys.readouterr().out

@@ -1,10 +1,10 @@
-"""The package is a stack of layers: no import cycle among ``olmo.*`` modules, the config layer at the
-bottom imports nothing above it (DESIGN §2), and the commands (``olmo.cli``) at the top are imported by nothing
-below them. ``scripts/`` only calls the commands, and tests import them, never a script by its path.
+"""The package is a stack of layers, shown by its packages: a package imports only packages of layers below its
+own (DESIGN §2, the README's layout section), and there is no import cycle among ``olmo.*`` modules. ``scripts/``
+only calls the commands of ``olmo.cli``, and tests import them, never a script by its path.
 
 Imports are read with ``ast``, so an import inside a function counts as much as one at the top of a
 module. Imports under ``if TYPE_CHECKING:`` never run; they count for the layer rules (the config layer may
-not even name a model type) but not for cycles (``config_validation`` annotates with ``TrainConfig``).
+not even name a model type) but not for cycles (``config.validation`` annotates with ``TrainConfig``).
 """
 
 from __future__ import annotations
@@ -17,20 +17,26 @@ PACKAGE = REPO / "olmo"
 ORIGINAL_WORKER = "olmo_original_worker.py"
 """The one script that is not a command of ``olmo.cli``: it runs in the original OLMo's virtualenv."""
 
-CONFIG_LAYER = {
-    "olmo.util.checkpoint_dirs",
-    "olmo.config",
-    "olmo.config.cli",
-    "olmo.config.docs",
-    "olmo.config.resolvers",
-    "olmo.config.sections",
-    "olmo.config.stages",
-    "olmo.config.validation",
-    "olmo.exceptions",
-    "olmo.util.launch",
-    "olmo.util.tokenizer_files",
-    "olmo.util",
-}
+LAYERS = [
+    {"olmo.exceptions"},
+    {"olmo.util"},
+    {"olmo.config"},
+    {"olmo.model", "olmo.tokenizer", "olmo.optim"},
+    {"olmo.distributed"},
+    {"olmo.data", "olmo.checkpoint", "olmo.torch_util"},
+    {"olmo.hf", "olmo.eval"},
+    {"olmo.train"},
+    {"olmo.ladder", "olmo.testing"},
+    {"olmo.bench"},
+    {"olmo.cli", "olmo"},
+]
+"""Bottom to top. ``olmo`` is the root ``__init__`` (``from olmo import OLMo`` re-exports, loaded on first use)."""
+LAYER_OF = {package: i for i, layer in enumerate(LAYERS) for package in layer}
+
+
+def package_of(module: str) -> str:
+    """``olmo.train.kl`` -> ``olmo.train``; ``olmo.optim`` -> itself; the root ``olmo`` -> itself."""
+    return ".".join(module.split(".")[:2])
 
 
 def _modules() -> dict[str, Path]:
@@ -131,13 +137,32 @@ def test_the_import_graph_of_olmo_has_no_cycle():
     assert not cycle, "import cycle (counting imports inside functions): " + " -> ".join(cycle)
 
 
-def test_the_config_layer_imports_nothing_above_it():
+def test_every_package_imports_only_layers_below_its_own():
     graph = _graph()
-    assert CONFIG_LAYER <= graph.keys(), f"CONFIG_LAYER names missing modules: {CONFIG_LAYER - graph.keys()}"
-    upward = {m: sorted(set(deps) - CONFIG_LAYER) for m, deps in graph.items() if m in CONFIG_LAYER}
-    assert not any(upward.values()), (
-        f"config-layer modules import from layers above: { {m: d for m, d in upward.items() if d} }"
+    packages = {package_of(m) for m in graph}
+    assert packages == set(LAYER_OF), (
+        f"packages without a layer: {packages - set(LAYER_OF)}; gone: {set(LAYER_OF) - packages}"
     )
+    upward = sorted(
+        f"{module} imports {dep} ({package_of(module)} is layer {LAYER_OF[package_of(module)]}, "
+        f"{package_of(dep)} is layer {LAYER_OF[package_of(dep)]})"
+        for module, deps in graph.items()
+        for dep in deps
+        if package_of(dep) != package_of(module) and LAYER_OF[package_of(dep)] >= LAYER_OF[package_of(module)]
+    )
+    assert not upward, "imports of a package at the same layer or above:\n" + "\n".join(upward)
+
+
+def test_every_package_says_what_it_is_for_and_what_it_may_import():
+    problems = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        name = ".".join(init.parent.relative_to(REPO).parts)
+        if not doc:
+            problems.append(f"{name} has no docstring")
+        elif package_of(name) == name and name != "olmo" and "import" not in doc:
+            problems.append(f"{name}'s docstring does not say which packages it may import")
+    assert not problems, "\n".join(problems)
 
 
 def test_the_finder_sees_imports_inside_functions_and_reports_the_path():
@@ -145,8 +170,8 @@ def test_the_finder_sees_imports_inside_functions_and_reports_the_path():
     assert _find_cycle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ["a", "b", "c", "a"]
     modules = _graph()
     assert "olmo.model" in modules["olmo.distributed.parallelize"]
-    checkpoint_plan = modules["olmo.checkpoint.restore"]
-    assert checkpoint_plan.get("olmo.model") is False  # imported inside a function, still an edge
+    restore = modules["olmo.checkpoint.restore"]
+    assert restore.get("olmo.model") is False  # imported inside a function, still an edge
 
 
 def _is_command(module: str) -> bool:
@@ -161,7 +186,7 @@ def test_the_command_layer_is_imported_by_nothing_below_it():
         f"modules below olmo.cli import it: { {m: d for m, d in downward.items() if d} }"
     )
     # The original OLMo's worker loads this file into an interpreter where `olmo` is the original package.
-    assert graph["olmo.bench.olmo_worker"] == {}, "benchmark_olmo_worker may import torch only"
+    assert graph["olmo.bench.olmo_worker"] == {}, "olmo.bench.olmo_worker may import torch only"
 
 
 def test_scripts_only_call_their_command_in_olmo_cli():
@@ -175,7 +200,7 @@ def test_scripts_only_call_their_command_in_olmo_cli():
         if path.suffix != ".py" or path.name == ORIGINAL_WORKER:
             continue
         if len(text.splitlines()) > 40:
-            problems.append(f"{path.name} has {len(text.splitlines())} lines: move its code into olmo/cli/")
+            problems.append(f"{path.name} has {len(text.splitlines())} lines: move its code into olmo/")
         if f"from olmo.cli.{path.stem} import main" not in text:
             problems.append(f"{path.name} does not import main from olmo.cli.{path.stem}")
     assert not problems, "\n".join(problems)

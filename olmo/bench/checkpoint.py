@@ -61,7 +61,7 @@ RAW_WRITE_BYTES = 2**30
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=Path(argv[0]).name, description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="benchmark_checkpoint.py", description=__doc__.split("\n")[0])
     parser.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG), help="model/optimizer config (YAML)")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per kind; medians are reported")
     parser.add_argument(
@@ -78,7 +78,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--smoke", action="store_true", help=f"quick check: also apply {' '.join(SMOKE_OVERRIDES)}"
     )
-    args = parser.parse_args(argv[1:])
+    args = parser.parse_args(argv)
     if args.repeats < 1 or args.steps_between < 0:
         parser.error("--repeats must be >= 1 and --steps-between >= 0")
     return args
@@ -251,7 +251,8 @@ def print_table(report: dict[str, Any]) -> None:
     Console(width=None if sys.stdout.isatty() else 150).print(table)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     machine = machine_info()
     # Compiling would only add start-up time; checkpoints do not depend on it.

@@ -33,7 +33,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
@@ -44,7 +44,7 @@ log = logging.getLogger("benchmark_data_order")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=Path(argv[0]).name, description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="benchmark_data_order.py", description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=1000, help="token files")
     parser.add_argument("--tokens", type=float, default=4e12, help="tokens in all the files together")
     parser.add_argument("--seq-len", type=int, default=4096, help="tokens per instance")
@@ -53,7 +53,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--folder", help="where to create the files (default: the system temp)")
     parser.add_argument("--out", help="write the results as JSON to this file")
     parser.add_argument("--keep", action="store_true", help="keep the files and runs")
-    args = parser.parse_args(argv[1:])
+    args = parser.parse_args(argv)
     if min(args.files, args.seq_len, args.nproc, args.scale_down) < 1 or args.tokens < args.files * args.seq_len:
         parser.error("--files, --seq-len, --nproc and --scale-down must be >= 1, and --tokens >= files * seq-len")
     return args
@@ -140,7 +140,8 @@ def write_run_config(root: Path, name: str, paths: list[str], seq_len: int, npro
     return path
 
 
-def main(argv: list[str]) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     machine = machine_info()
     root = Path(tempfile.mkdtemp(prefix="olmo-order-benchmark-", dir=args.folder))

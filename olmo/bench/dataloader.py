@@ -60,7 +60,7 @@ NUMPY_GATHER = "numpy gather"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=Path(argv[0]).name, description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="benchmark_dataloader.py", description=__doc__.split("\n")[0])
     parser.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG), help="training config (YAML)")
     parser.add_argument("--steps", type=int, default=2000, help="batches timed per run")
     parser.add_argument("--warmup", type=int, default=20, help="batches drawn before timing starts")
@@ -79,7 +79,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--remote-steps", type=int, default=300, help="batches timed per remote run")
     parser.add_argument("--startup-files", default="10,1000", help="remote file counts for the start-up times")
     parser.add_argument("--wait-steps", type=int, default=100, help="steps of the data-wait runs")
-    args = parser.parse_args(argv[1:])
+    args = parser.parse_args(argv)
     try:
         args.workers = [int(w) for w in args.workers.split(",")]
     except ValueError:
@@ -230,7 +230,8 @@ def corpus_name(root: Path) -> Path:
     return root / "tokens.npy"
 
 
-def main(argv: list[str]) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     machine = machine_info()
     root = Path(tempfile.mkdtemp(prefix="olmo-dataloader-benchmark-", dir=args.folder))

@@ -7,9 +7,11 @@ downstream evaluator (1-layer d_model=32 model with the OLMo vocabulary and T=20
 time is reported separately).
 """
 
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -76,12 +78,13 @@ def measure_downstream(label: str = "piqa", batch_size: int = 16, num_batches: i
     )
 
 
-def main(argv: list[str]) -> int:
-    if any(a in ("-h", "--help") for a in argv[1:]):
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
-    if len(argv) > 1:
-        torch.set_num_threads(int(argv[1]))
+    if argv:
+        torch.set_num_threads(int(argv[0]))
     print(f"torch threads: {torch.get_num_threads()}")
     with tempfile.TemporaryDirectory() as tmp:
         measure_lm(Path(tmp), seq_len=32, n_instances=2048)

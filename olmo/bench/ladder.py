@@ -57,7 +57,7 @@ GPU_ONLY = ("tf32", "bf16", "flash")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=Path(argv[0]).name, description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="benchmark_ladder.py", description=__doc__.split("\n")[0])
     parser.add_argument("config")
     parser.add_argument("--out-dir", default="benchmark-ladder", help="where the JSON results go")
     parser.add_argument("--rungs", help=f"comma-separated subset of {','.join(RUNGS)} (default: all that apply)")
@@ -68,7 +68,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--big-micro-batch", type=int, help="micro-batch from the 'batch' rung on (default: 2x)")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--smoke", action="store_true", help="pass --smoke to every benchmark (CI)")
-    args = parser.parse_args(argv[1:])
+    args = parser.parse_args(argv)
     if args.rungs:
         unknown = sorted(set(args.rungs.split(",")) - set(RUNGS))
         if unknown:
@@ -143,7 +143,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     gpu = cuda_available()
     names = args.rungs.split(",") if args.rungs else [n for n in RUNGS if gpu or n not in GPU_ONLY]

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from olmo.util import REPO
 
@@ -30,7 +30,7 @@ VARIANTS = ("plain", "fused")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=Path(argv[0]).name, description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="benchmark_loss.py", description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per micro-batch (B x T)")
     parser.add_argument("--d-model", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=50304, help="embedding size (padded vocabulary)")
@@ -46,7 +46,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # one variant, in a child process
     parser.add_argument("--out")
-    return parser.parse_args(argv[1:])
+    return parser.parse_args(argv)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -126,7 +126,8 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def main(argv: list[str]) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.variant:
         print(json.dumps(measure(args)))

@@ -78,7 +78,7 @@ MEASUREMENTS = {
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=Path(argv[0]).name, description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="benchmark_olmo.py", description=__doc__.split("\n")[0])
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--n-layers", type=int, default=4)
     parser.add_argument("--n-heads", type=int, help="attention heads (default: d_model / 64, OLMo's head size)")
@@ -100,7 +100,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--profile", choices=["a", "b"], help="afterwards, profile this measurement on each side")
     parser.add_argument("--json", help="write the report as JSON to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv[1:])
+    args = parser.parse_args(argv)
     if args.worker:
         return args
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -381,7 +381,8 @@ def markdown_table(results: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.worker:
         serve(OursSide().handlers())

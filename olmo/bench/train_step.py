@@ -91,7 +91,7 @@ PHASES = ("data", "prepare", "forward", "backward", "optimizer", "other")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=Path(argv[0]).name, description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="benchmark.py", description=__doc__.split("\n")[0])
     parser.add_argument("config", help="training config (YAML)")
     parser.add_argument("--steps", type=int, help="measured steps (default 20)")
     parser.add_argument("--warmup", type=int, help="unmeasured steps first, for compile and allocator (default 5)")
@@ -106,7 +106,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--out", help="write the result as JSON to this file")
     parser.add_argument("--smoke", action="store_true", help="tiny model and few steps, for CI")
-    args = parser.parse_args(argv[1:])
+    args = parser.parse_args(argv)
     defaults = {"steps": 20, "warmup": 5, **(SMOKE_DEFAULTS if args.smoke else {})}
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -297,7 +297,8 @@ def print_table(report: dict[str, Any]) -> None:
     Console(width=None if sys.stdout.isatty() else 150).print(table)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     overrides = config_overrides(args, env_world_size())
     cfg = TrainConfig.load(args.config, overrides)

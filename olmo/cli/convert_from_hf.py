@@ -19,9 +19,11 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 from olmo.checkpoint.save import check_new_output_dir, write_unsharded_checkpoint
 from olmo.config import TokenizerConfig, TrainConfig
@@ -37,7 +39,7 @@ log = logging.getLogger("convert_from_hf")
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog=Path(argv[0]).name,
+        prog="convert_from_hf.py",
         description="Convert a Hugging Face OLMo / OLMo-2 model directory into an unsharded checkpoint of ours.",
     )
     parser.add_argument(
@@ -48,7 +50,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("output", metavar="OUTPUT_DIR", help="where to write the checkpoint; must not exist yet")
     parser.add_argument("--safetensors", action="store_true", help="write model.safetensors instead of model.pt")
-    return parser.parse_args(argv[1:])
+    return parser.parse_args(argv)
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -124,7 +126,8 @@ def convert_from_hf(hf_dir: str, output_dir: str, safetensors: bool = False) -> 
     return target
 
 
-def main(argv: list[str]) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     convert_from_hf(args.hf_dir, args.output, safetensors=args.safetensors)
     return 0

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -37,7 +39,7 @@ log = logging.getLogger("convert_olmo_checkpoint")
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog=Path(argv[0]).name,
+        prog="convert_olmo_checkpoint.py",
         description="Convert an original OLMo checkpoint (olmo_core, torch_new or unsharded layout) into this "
         "trainer's unsharded layout, which --load_path loads directly.",
     )
@@ -47,7 +49,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--model-only", action="store_true", help="skip optim.pt (resume with --reset_optimizer_state)"
     )
     parser.add_argument("--safetensors", action="store_true", help="write model.safetensors instead of model.pt")
-    return parser.parse_args(argv[1:])
+    return parser.parse_args(argv)
 
 
 def convert(input_dir: str, output_dir: str, model_only: bool = False, safetensors: bool = False) -> Path:
@@ -87,7 +89,8 @@ def convert(input_dir: str, output_dir: str, model_only: bool = False, safetenso
     return target
 
 
-def main(argv: list[str]) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     convert(args.input, args.output, model_only=args.model_only, safetensors=args.safetensors)
     return 0

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -40,7 +42,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog=Path(argv[0]).name,
+        prog="convert_to_hf.py",
         description="Export a checkpoint (unsharded or sharded) as a Hugging Face transformers model directory.",
     )
     parser.add_argument(
@@ -61,7 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the tokenizer to ship (a tokenizer.json path or OLMo tokenizer name); default: the run's "
         "tokenizer.identifier",
     )
-    return parser.parse_args(argv[1:])
+    return parser.parse_args(argv)
 
 
 def convert_to_hf(
@@ -105,7 +107,8 @@ def convert_to_hf(
     return target
 
 
-def main(argv: list[str]) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     convert_to_hf(args.checkpoint, args.output, args.dtype, args.max_shard_size, args.tokenizer)
     return 0

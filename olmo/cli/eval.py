@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from rich.console import Console
 from rich.table import Table
@@ -32,15 +34,16 @@ from olmo.util.rng import seed_all
 log = logging.getLogger("eval")
 
 
-def main(argv: list[str]) -> int:
-    if any(a in ("-h", "--help") for a in argv[1:]):
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
-    if len(argv) < 2 or argv[1].startswith("-"):
-        raise OLMoCliError(f"Usage: {argv[0]} CHECKPOINT_DIR [--out=results.json] [--key.path=value ...]")
-    out = next((a.split("=", 1)[1] for a in argv[2:] if a.startswith("--out=")), None)
-    overrides = [a for a in argv[2:] if not a.startswith("--out=")]
-    info = inspect_checkpoint(argv[1], flag="CHECKPOINT_DIR")
+    if not argv or argv[0].startswith("-"):
+        raise OLMoCliError("Usage: scripts/eval.py CHECKPOINT_DIR [--out=results.json] [--key.path=value ...]")
+    out = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--out=")), None)
+    overrides = [a for a in argv[1:] if not a.startswith("--out=")]
+    info = inspect_checkpoint(argv[0], flag="CHECKPOINT_DIR")
     cfg = TrainConfig.load(fetch(info.path, "config.yaml"), ["compile=null", *overrides])
     cfg.validate(env_world_size())
     if not cfg.evaluators:

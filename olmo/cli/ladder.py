@@ -33,8 +33,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from olmo.bench.train_step import main as benchmark_main
 from olmo.cli.train import main as train_main
@@ -59,9 +60,7 @@ COMMANDS = ("dry-run", "plot-lr", "run", "status", "results")
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The command's options, and the ladder overrides (everything else)."""
-    parser = argparse.ArgumentParser(
-        prog=Path(argv[0]).name, description=__doc__.split("\n")[0], allow_abbrev=False
-    )
+    parser = argparse.ArgumentParser(prog="ladder.py", description=__doc__.split("\n")[0], allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name in COMMANDS:
         sub = commands.add_parser(name, allow_abbrev=False)
@@ -76,11 +75,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
             sub.add_argument("--benchmark", action="store_true", help="measure throughput instead of training")
             sub.add_argument("--steps", type=int, default=20, help="benchmark: measured steps (run twice)")
             sub.add_argument("--warmup", type=int, default=5, help="benchmark: unmeasured steps first")
-    return parser.parse_known_args(argv[1:])
+    return parser.parse_known_args(argv)
 
 
-def main(argv: list[str]) -> int:
-    if any(a in ("-h", "--help") for a in argv[1:]):
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
         print(__doc__)  # wherever it stands, before anything is checked (like scripts/train.py)
         return 0
     args, overrides = parse_args(argv)
@@ -145,12 +145,11 @@ def run(ladder: LadderConfig, args: argparse.Namespace) -> int:
     log.info("Size %s: train config %s, save folder %s.", rung.name, path, rung.save_folder)
     if not args.benchmark:
         flags = ["--save_overwrite"] if args.overwrite else ["--try_load_latest_save"]
-        return train_main(["train.py", str(path), *flags])
+        return train_main([str(path), *flags])
     out = Path(ladder.dir) / "benchmarks" / f"{rung.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     code = benchmark_main(
         [
-            "benchmark.py",
             str(path),
             "--steps",
             str(args.steps),

@@ -95,7 +95,7 @@ def plot(
     return drawn
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (each with metrics.jsonl)")
     parser.add_argument("--out", type=Path, help="output folder (default: FIRST_RUN/plots)")
@@ -125,3 +125,4 @@ def main(argv: Optional[list[str]] = None) -> None:
         log.info("Wrote %s", path)
     if not written:
         raise OLMoCliError(f"No metrics to plot in {', '.join(map(str, args.runs))}.")
+    return 0

@@ -258,7 +258,7 @@ def publish(staging: Path, out: Path, old_parts: list[Path]) -> None:
         os.replace(path, target)
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     out = Path(args.output)
     anchor, old_parts = check_output(out, args.overwrite)
@@ -301,3 +301,4 @@ def main(argv: Optional[list[str]] = None) -> None:
         elapsed,
         f"{total / max(elapsed, 1e-9):,.0f}",
     )
+    return 0

@@ -238,7 +238,7 @@ def write_examples(args: argparse.Namespace, formatter: Formatter, folder: Path)
     return summary
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     if not args.input.is_file():
         raise OLMoCliError(
@@ -290,3 +290,4 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     ids_path, mask_path = (args.output / name for name in OUTPUT_FILES)
     log.info("Wrote %s and %s (%s, seq_len %d).", ids_path, mask_path, args.dtype, args.seq_len)
+    return 0

@@ -18,6 +18,7 @@ process group, model or data order is set up. --dry_run stops right there and pr
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Optional
 
 from olmo.checkpoint.restore import RestorePlan, claim_save_folder, plan_restore, prepare_save_folder
@@ -40,13 +41,14 @@ from olmo.util.rng import seed_all
 log = logging.getLogger("train")
 
 
-def main(argv: list) -> int:
-    if any(a in ("-h", "--help") for a in argv[1:]):
-        print_help([a for a in argv[1:] if a not in ("-h", "--help")])
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print_help([a for a in argv if a not in ("-h", "--help")])
         return 0
-    if len(argv) < 2 or argv[1].startswith("-"):
-        raise OLMoCliError(f"Usage: {argv[0]} CONFIG.yaml [--key.path=value ...] (--help for more)")
-    cfg = TrainConfig.load(argv[1], argv[2:])
+    if not argv or argv[0].startswith("-"):
+        raise OLMoCliError("Usage: scripts/train.py CONFIG.yaml [--key.path=value ...] (--help for more)")
+    cfg = TrainConfig.load(argv[0], argv[1:])
     cfg.validate(env_world_size())
     # A bad name, or a module that cannot train a stage's KL penalty, fails before anything is built.
     train_module_class(cfg, cfg.train_module)

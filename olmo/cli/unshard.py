@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -36,7 +38,7 @@ log = logging.getLogger("unshard")
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog=Path(argv[0]).name,
+        prog="unshard.py",
         description="Convert a sharded OLMo checkpoint (stepN/) into the unsharded layout (model.pt, ...).",
     )
     parser.add_argument("input", metavar="INPUT_DIR", help="a committed sharded checkpoint, e.g. runs/x/step1000")
@@ -45,7 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--model-only", action="store_true", help="skip optim.pt (resume needs --reset_optimizer_state)"
     )
     parser.add_argument("--safetensors", action="store_true", help="write model.safetensors instead of model.pt")
-    return parser.parse_args(argv[1:])
+    return parser.parse_args(argv)
 
 
 def _size(n_bytes: int) -> str:
@@ -88,7 +90,8 @@ def unshard(input_dir: str, output_dir: str, model_only: bool = False, safetenso
     return target
 
 
-def main(argv: list[str]) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     unshard(args.input, args.output, model_only=args.model_only, safetensors=args.safetensors)
     return 0

@@ -253,7 +253,7 @@ def _file_tokens(dataset: MemMapDataset, i: int) -> int:
         return 0
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inputs", nargs="+", help="a training config YAML, or token files")
     parser.add_argument("--dtype", choices=MEMMAP_DTYPES, default=None, help="token dtype (default uint16)")
@@ -300,3 +300,4 @@ def main(argv: Optional[list[str]] = None) -> None:
             )
         raise OLMoDataError(problems)
     log.info("%d file(s), %s tokens: valid.", len(all_stats), f"{sum(s.tokens for s in all_stats):,}")
+    return 0

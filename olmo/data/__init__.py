@@ -7,6 +7,13 @@ Each builder takes only the config sections it needs. Inspect the batch of any s
     global_indices = np.memmap(f"{cfg.save_folder}/train_data/global_indices.npy", mode="r", dtype=np.uint32)
     for index in global_indices[s * cfg.global_train_batch_size:(s + 1) * cfg.global_train_batch_size]:
         token_ids = dataset[index]["input_ids"].tolist()
+
+Modules: ``memmap_dataset`` (instances cut from token files, local or remote), ``remote`` (byte-range reads of
+``http(s)``/``s3``/``r2``/``weka``/``gs`` files), ``read_ahead`` (fetching ahead along the order), ``order_file`` and
+``iterable_dataset`` (the epoch's order, split over ranks and workers), ``collator``, ``instance_filter``,
+``data_indices`` (``save_folder/data-indices``).
+
+May import: ``olmo.distributed`` (collectives only), ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
 """
 
 from __future__ import annotations

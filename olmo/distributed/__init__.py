@@ -1,20 +1,35 @@
-"""The distributed names scripts and users import, in one place: process groups and collectives
-(:mod:`olmo.distributed.collectives`) and what is applied to a built model (:mod:`olmo.distributed.parallelize`).
+"""Distributed training: ``collectives`` (process groups from torchrun's or Slurm's variables, rank helpers,
+``all_reduce``, ``barrier``) and ``parallelize`` (FSDP2, activation checkpointing and compile applied from outside
+to a built model). Both are re-exported here; the ``parallelize`` names are loaded on first use, so code below the
+parallelization layer (the data order's collectives, evaluators' reductions) imports ``collectives`` without
+loading the model.
 
-Library code imports from those two modules directly, so that code below the parallelization layer
-(evaluators' reductions, metrics) does not depend on the model.
+May import: ``olmo.model``, ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .collectives import DistEnv, all_reduce, barrier, init_distributed, teardown_distributed
-from .parallelize import (
-    apply_activation_checkpointing,
-    autocast_dtype,
-    build_model,
-    defer_replica_all_reduce,
-    model_config_fingerprint,
-)
+
+if TYPE_CHECKING:
+    from .parallelize import (
+        apply_activation_checkpointing,
+        autocast_dtype,
+        build_model,
+        defer_replica_all_reduce,
+        model_config_fingerprint,
+    )
+
+_LAZY = {
+    "build_model",
+    "apply_activation_checkpointing",
+    "defer_replica_all_reduce",
+    "autocast_dtype",
+    "model_config_fingerprint",
+}
 
 __all__ = [
     "DistEnv",
@@ -28,3 +43,11 @@ __all__ = [
     "autocast_dtype",
     "model_config_fingerprint",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.parallelize"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,6 +9,9 @@ trainer does this through :class:`EvalRunner`) or a bare model::
         metrics.update(evaluator.evaluate(train_module, env.device))
         # or: evaluator.evaluate(model, env.device, autocast_dtype=autocast_dtype(cfg, env.device))
 
+May import: ``olmo.data``, ``olmo.tokenizer``, ``olmo.distributed``, ``olmo.model``, ``olmo.config``, ``olmo.util``,
+``olmo.exceptions``.
+
 Metric names follow OLMo: ``eval/{label}/CrossEntropyLoss``, ``eval/{label}/Perplexity`` and
 ``eval/downstream/{label}_{acc,len_norm,f1,ce_loss,bpb}``.
 """

@@ -5,7 +5,11 @@
 * :mod:`olmo.ladder.fit`: scaling-law fits (loss against compute; the Chinchilla form).
 * :mod:`olmo.ladder.report`: checkpoint status, results, predictions and plots.
 
-``scripts/ladder.py`` (:mod:`olmo.cli.ladder`) is the command.
+* :mod:`olmo.ladder.run_planner`: what one run will do (parameters, batch, steps, FLOPs, memory, time), for the
+  ladder and ``scripts/train.py --dry_run``.
+
+``scripts/ladder.py`` (:mod:`olmo.cli.ladder`) is the command. May import every package below ``olmo.bench``
+(the run planner sizes stages with ``olmo.train.stages``).
 """
 
 from .config import NAMED_SIZES, BatchRule, LadderConfig, LRRule, SizeSpec, load_ladder

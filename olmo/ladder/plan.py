@@ -31,8 +31,8 @@ from typing import Any, Optional, cast
 from omegaconf import DictConfig
 from omegaconf import OmegaConf as om
 
-from ..config.cli import load_yaml, parse_override
 from ..config import TrainConfig
+from ..config.cli import load_yaml, parse_override
 from ..config.validation import parse_duration_steps
 from ..exceptions import OLMoCliError, OLMoConfigurationError
 from .config import LadderConfig, SizeSpec

@@ -30,9 +30,9 @@ from ..config import (
 )
 from ..distributed.parallelize import apply_activation_checkpointing
 from ..exceptions import OLMoConfigurationError
+from ..model import OLMo
 from ..model.flops import cpu_peak_flops, gpu_peak_flops
 from ..model.loss import FUSED_LOSS_CHUNK_TOKENS
-from ..model import OLMo
 from ..train.stages import plan_stages
 
 __all__ = ["DEFAULT_MFU", "DeviceSpec", "ModelFacts", "MemoryEstimate", "RunPlan", "resolve_device", "model_facts"]

@@ -3,6 +3,9 @@
 Tiny tests need a tiny vocabulary, so :func:`write_byte_memmap` stores real text (the Python
 standard library's own source, always present offline) as byte-level tokens: ids 0-255 are bytes,
 :data:`BYTE_EOS` ends each document. A model with ``vocab_size=257`` learns it quickly on CPU.
+:mod:`olmo.testing.http` is a real HTTP file server (Range, latency, faults) for tests of remote data.
+
+May import every package below ``olmo.bench`` (``run_train`` records the metrics ``olmo.train`` logs).
 """
 
 from __future__ import annotations
@@ -166,17 +169,16 @@ def write_config(path: Union[str, Path], cfg: dict[str, Any]) -> Path:
     return path
 
 
-def run_main(script: str, *args: Any) -> int:
-    """Run ``scripts/SCRIPT ARGS...`` in this process: call ``olmo.cli.NAME.main([SCRIPT, *ARGS])``, NAME being
-    the script's name without ``.py``; return its exit code.
+def run_main(script: str, *args: Any) -> Any:
+    """Run ``scripts/SCRIPT ARGS...`` in this process: call ``olmo.cli.NAME.main([*ARGS])``, NAME being the script's
+    name without ``.py``, and return what it returns (the exit status).
 
-    For the commands whose ``main`` takes ``sys.argv`` (program name first). Faster than :func:`run_script` (no
-    interpreter start, no imports); errors propagate as exceptions.
+    Faster than :func:`run_script` (no interpreter start, no imports); errors propagate as exceptions.
     """
     import importlib
 
     module = importlib.import_module(f"olmo.cli.{Path(script).stem}")
-    return module.main([script, *map(str, args)])
+    return module.main([str(a) for a in args])
 
 
 def run_train(config_path: Union[str, Path], *args: str, record: Optional[list] = None) -> int:

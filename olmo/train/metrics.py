@@ -9,20 +9,26 @@ import math
 import resource
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import Optional, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from ..data import FetchStats
 from ..distributed import all_reduce
 from ..exceptions import OLMoTrainingError
 from ..model.flops import PeakFlops, cpu_peak_flops, device_peak_flops, gpu_peak_flops, model_flops_utilization
 from .metrics_sinks import MetricsLogger
 
+T = TypeVar("T")
+
 __all__ = [
     "SpeedMonitor",
+    "ThroughputMonitor",
+    "fetch_metrics",
     "MetricsLogger",
     "StepMetrics",
     "StepMetricsQueue",
@@ -90,6 +96,53 @@ class SpeedMonitor:
         elif self.peak_flops is not None:
             self.warned = True
         return out
+
+
+class ThroughputMonitor:
+    """The throughput metrics of every training step, as the loop logs them: tokens/s and MFU over a window of steps
+    (:class:`SpeedMonitor`), the seconds the step waited for its batch, what reading remote training data cost this
+    launch, the tokens seen, and the peak memory.
+
+    :param speed: the window of step times.
+    :param device_tokens: tokens one step processes on this device.
+    :param device: where the peak memory is measured.
+    """
+
+    def __init__(self, speed: SpeedMonitor, device_tokens: int, device: torch.device):
+        self.speed, self.device_tokens, self.device = speed, device_tokens, device
+        self.data_wait = 0.0
+
+    def next_batch(self, batches: Iterator[T]) -> T:
+        """The next batch, timing how long the step waits for it."""
+        start = time.perf_counter()
+        batch = next(batches)
+        self.data_wait = time.perf_counter() - start
+        return batch
+
+    def reset(self) -> None:
+        """Forget the window of step times (after a checkpoint, an evaluation or a new stage)."""
+        self.speed.reset()
+
+    def step_metrics(self, tokens_seen: int, fetch_stats: Optional[FetchStats]) -> dict[str, float]:
+        """The metrics of the step that just finished (call once per step)."""
+        metrics = self.speed.step(self.device_tokens)
+        metrics["throughput/data_wait_seconds"] = self.data_wait
+        metrics.update(fetch_metrics(fetch_stats))
+        metrics["throughput/total_tokens"] = tokens_seen
+        metrics["System/Peak Memory (MB)"] = peak_memory_mb(self.device)
+        return metrics
+
+
+def fetch_metrics(stats: Optional[FetchStats]) -> dict[str, float]:
+    """What reading remote training data has cost this launch (nothing for local files)."""
+    if stats is None:
+        return {}
+    counts = stats.snapshot()
+    return {
+        "throughput/data_bytes_fetched": counts["bytes"],
+        "throughput/data_requests": counts["requests"] + counts["metadata_requests"],
+        "throughput/data_retries": counts["retries"],
+    }
 
 
 class ReduceType(str, Enum):

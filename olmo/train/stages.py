@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Optional
 
 from torch.utils.data import DataLoader
 
-from ..config.stages import parse_duration_steps, stage_data_config, stage_sum_problem
 from ..config import DEFAULT_MAX_DURATION, DataConfig, KLEstimator, SchedulerConfig, TrainConfig
+from ..config.stages import parse_duration_steps, stage_data_config, stage_sum_problem
 from ..exceptions import OLMoConfigurationError
 
 if TYPE_CHECKING:

@@ -30,8 +30,8 @@ from ..distributed.collectives import DistEnv, all_reduce
 from ..distributed.parallelize import autocast_dtype, defer_replica_all_reduce
 from ..eval.evaluator import ModelEval
 from ..exceptions import OLMoConfigurationError
-from ..model.loss import LossSums, next_token_labels, per_token_cross_entropy
 from ..model import OLMo
+from ..model.loss import LossSums, next_token_labels, per_token_cross_entropy
 from ..optim import BoltOnWarmupScheduler, build_scheduler, clip_grads, set_learning_rate
 from .metrics import ReduceType
 

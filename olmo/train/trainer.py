@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -21,12 +20,20 @@ import torch.distributed as dist
 
 from ..checkpoint import CheckpointInfo
 from ..config import TrainConfig
-from ..data import DataIndexLog, FilteredInstanceCounter, IterableDataset
+from ..data import DataIndexLog, FetchStats, FilteredInstanceCounter, IterableDataset
 from ..distributed import DistEnv, autocast_dtype, model_config_fingerprint
 from ..eval import EvalRunner, Evaluator
 from ..util.rng import get_rng_state, set_rng_state
 from .checkpointer import Checkpointer
-from .metrics import MetricsLogger, SpeedMonitor, StepMetrics, StepMetricsQueue, device_peak_flops, peak_memory_mb
+from .metrics import (
+    MetricsLogger,
+    SpeedMonitor,
+    StepMetrics,
+    StepMetricsQueue,
+    ThroughputMonitor,
+    device_peak_flops,
+    fetch_metrics,
+)
 from .stages import Stage, StagePlan, boundary_checkpoint_name, build_stage_dataloader, order_dir_of, plan_stages
 from .stop import EXIT_CODE_STOPPED, StopConditions
 from .train_module import TrainModule
@@ -187,9 +194,10 @@ class Trainer:
             self.train_module.num_flops_per_token(cfg.model.max_sequence_length),
             device_peak_flops(self.env.device, cfg.speed_monitor.gpu_flops_available),
         )
-        device_tokens = self.device_batch_size * cfg.model.max_sequence_length
-        start_step, exit_code = s.global_step, 0
-        self._stop_at = stop.stop_at
+        throughput = ThroughputMonitor(
+            speed, self.device_batch_size * cfg.model.max_sequence_length, self.env.device
+        )
+        start_step, exit_code, self._stop_at = s.global_step, 0, stop.stop_at
         if cfg.gen1_gc_interval is not None:
             gc.disable()
         try:
@@ -203,18 +211,11 @@ class Trainer:
                     if stage is None or s.global_step == stage.end_step:
                         stage = self.stage_plan.at(s.global_step + 1)
                         batches = self._enter_stage(stage, batches)
-                        speed.reset()
-                    wait_start = time.perf_counter()
-                    batch = next(batches)
-                    data_wait = time.perf_counter() - wait_start
-                    metrics = self.step(batch).values
+                        throughput.reset()
+                    metrics = self.step(throughput.next_batch(batches)).values
                     if self.stage_plan.staged:
                         metrics["train/stage"] = stage.index
-                    metrics.update(speed.step(device_tokens))
-                    metrics["throughput/data_wait_seconds"] = data_wait
-                    metrics.update(self._fetch_metrics())
-                    metrics["throughput/total_tokens"] = s.global_train_tokens_seen
-                    metrics["System/Peak Memory (MB)"] = peak_memory_mb(self.env.device)
+                    metrics.update(throughput.step_metrics(s.global_train_tokens_seen, self._fetch_stats()))
                     if s.global_step % self.collect_steps == 0:
                         self.log_metrics()
                     reason, all_written = stop.agree(writing=ckpt.is_writing())
@@ -227,7 +228,7 @@ class Trainer:
                         exit_code = EXIT_CODE_STOPPED
                         break
                     if ckpt.maybe_save(s.global_step) | self.maybe_eval(stop.stop_at):
-                        speed.reset()  # checkpoint and eval time is not training throughput
+                        throughput.reset()  # checkpoint and eval time is not training throughput
                 else:
                     self.log_metrics()
                     ckpt.maybe_save(s.global_step, final=True)
@@ -320,21 +321,13 @@ class Trainer:
             log.info("Epoch %d complete; starting epoch %d.", self.state.epoch - 1, self.state.epoch)
             self.dataset.reshuffle(self.state.epoch)
 
-    def _fetch_metrics(self) -> dict[str, float]:
-        """What reading remote training data has cost this launch (nothing for local files)."""
-        stats = getattr(self.dataset.dataset, "fetch_stats", None)
-        if stats is None:
-            return {}
-        counts = stats.snapshot()
-        return {
-            "throughput/data_bytes_fetched": counts["bytes"],
-            "throughput/data_requests": counts["requests"] + counts["metadata_requests"],
-            "throughput/data_retries": counts["retries"],
-        }
+    def _fetch_stats(self) -> Optional[FetchStats]:
+        """What reading the current training data costs, when it is remote."""
+        return getattr(self.dataset.dataset, "fetch_stats", None)
 
     def _summary(self, start_step: int, seconds: float) -> dict[str, Any]:
         last = self.metrics_logger.last
-        fetched = self._fetch_metrics()
+        fetched = fetch_metrics(self._fetch_stats())
         return {
             "steps this run": self.state.global_step - start_step,
             "global step": self.state.global_step,

@@ -1,6 +1,14 @@
-"""Logging, CLI environment and path helpers shared by the scripts.
+"""The bottom of the stack: what every layer may use, none of it about models or training.
 
-``env_rank``/``env_world_size``/``launch_env`` are re-exported from :mod:`olmo.util.launch`."""
+This module: logging (rank-aware), the CLI environment, path and URL helpers, machine facts. Its modules:
+``launch`` (rank and world size from torchrun's or Slurm's variables, before any process group), ``rng`` (capture
+and restore every RNG), ``json_lines`` (JSON-lines files), ``object_store`` (S3-API and GCS clients),
+``checkpoint_dirs`` (the commit marker and checkpoint discovery without torch, for the config resolver
+``${path.last_checkpoint:...}``) and ``tokenizer_files`` (where a tokenizer identifier's file comes from).
+``env_rank``/``env_world_size``/``launch_env`` are re-exported here.
+
+May import: ``olmo.exceptions`` only.
+"""
 
 from __future__ import annotations
 
