@@ -213,3 +213,13 @@ def test_tests_never_load_a_script_by_its_path():
         if path != Path(__file__).resolve() and "spec_from_file_location" in text and "scripts" in text:
             offenders.append(str(path.relative_to(REPO)))
     assert not offenders, f"import olmo.cli.NAME instead of loading scripts/NAME.py by its path: {offenders}"
+
+
+def test_tests_mirror_the_packages():
+    folders = {
+        p.name
+        for p in (REPO / "tests").iterdir()
+        if p.is_dir() and p.name not in ("fixtures", "golden", "__pycache__")
+    }
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert folders <= packages, f"tests/ folders that name no package of olmo: {sorted(folders - packages)}"

@@ -8,7 +8,7 @@ import pytest
 from olmo.testing import run_script
 from olmo.train.metrics import gpu_peak_flops
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PHASES = {"data", "prepare", "forward", "backward", "optimizer", "other"}
 
 

@@ -10,7 +10,7 @@ import pytest
 from olmo.bench import olmo as benchmark_olmo
 from olmo.testing import run_script
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts/benchmark_olmo.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts/benchmark_olmo.py"
 
 
 def test_ours_only_run_writes_the_report(tmp_path):

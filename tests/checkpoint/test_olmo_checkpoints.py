@@ -24,7 +24,7 @@ from olmo.model import OLMo
 from olmo.optim import build_optimizer
 from olmo.testing import run_main, run_torchrun, run_train
 
-FIXTURES = Path(__file__).parent / "fixtures" / "olmo_checkpoints"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "olmo_checkpoints"
 TOKENS = FIXTURES / "tokens.npy"
 
 

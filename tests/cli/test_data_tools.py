@@ -18,7 +18,7 @@ from olmo.exceptions import OLMoDataError
 from olmo.testing import BYTE_EOS, run_train, tiny_config_dict, write_byte_memmap, write_config
 from olmo.tokenizer import Tokenizer
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EOS, PAD = 50279, 1
 REAL_VOCAB = {
     "model.vocab_size": 50280,

@@ -18,7 +18,7 @@ import pytest
 from olmo.testing import run_train, stdlib_documents, tiny_config_dict, write_config
 from olmo.tokenizer import DEFAULT_TOKENIZER, Tokenizer
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EOS = 50279
 REAL_VOCAB = {
     "model.vocab_size": 50280,

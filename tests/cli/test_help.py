@@ -16,7 +16,7 @@ from olmo.config.docs import field_docs, format_value, undocumented_fields
 from olmo.exceptions import OLMoConfigurationError
 from olmo.testing import run_main, run_script, tiny_config_dict, write_config
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

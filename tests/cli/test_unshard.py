@@ -17,7 +17,7 @@ from olmo.model import OLMo
 from olmo.optim import build_optimizer
 from olmo.testing import run_torchrun, run_train, tiny_config_dict, write_byte_memmap, write_config
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts/unshard.py"
 
 

@@ -6,8 +6,8 @@ from olmo.config import TrainConfig, clean_opt
 from olmo.exceptions import OLMoConfigurationError
 from olmo.testing import tiny_config_dict, write_config
 
-REPO = Path(__file__).resolve().parent.parent
-# configs/ladder/ holds ladder configs (olmo/ladder/config.py), tested in tests/test_ladder.py.
+REPO = Path(__file__).resolve().parents[2]
+# configs/ladder/ holds ladder configs (olmo/ladder/config.py), tested in tests/ladder/test_ladder.py.
 SHIPPED_CONFIGS = sorted(p for p in REPO.glob("configs/**/*.yaml") if "ladder" not in p.relative_to(REPO).parts)
 
 

@@ -167,7 +167,7 @@ def _run_unprivileged(script: str, *args) -> subprocess.CompletedProcess[str]:
         "sys.argv = sys.argv[1:]\n"
         "runpy.run_path(sys.argv[0], run_name='__main__')\n"
     )
-    script_path = Path(__file__).resolve().parent.parent / "scripts" / script
+    script_path = Path(__file__).resolve().parents[2] / "scripts" / script
     env = {**os.environ, "WANDB_MODE": "disabled", "HOME": tempfile.gettempdir()}
     cmd = [sys.executable, "-c", child, str(script_path), *map(str, args)]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

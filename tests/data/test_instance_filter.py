@@ -14,7 +14,7 @@ from olmo.data import DataCollator, DataIndexLog, MemMapDataset, is_repetitive, 
 from olmo.exceptions import OLMoConfigurationError
 from olmo.testing import run_train, tiny_config_dict, write_byte_memmap, write_config
 
-FIXTURE = Path(__file__).parent / "fixtures/olmo_instance_filter/decisions.npz"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/olmo_instance_filter/decisions.npz"
 T = 32  # the tiny config's max_sequence_length
 
 

@@ -1,5 +1,5 @@
 """Run a few training steps under several parallelism settings in ONE torchrun launch (or in one
-process) and save the losses and final weights of each: ``python tests/distributed_worker.py OUT DATA``."""
+process) and save the losses and final weights of each: ``python tests/distributed/distributed_worker.py OUT DATA``."""
 
 import sys
 from pathlib import Path

@@ -18,7 +18,7 @@ from olmo.exceptions import OLMoError
 from olmo.testing import free_port, run_train, tiny_config_dict, write_byte_memmap, write_config
 from olmo.util.launch import expand_hostlist, launch_env
 
-TRAIN = Path(__file__).resolve().parent.parent / "scripts" / "train.py"
+TRAIN = Path(__file__).resolve().parents[2] / "scripts" / "train.py"
 LAUNCHER_PREFIXES = ("SLURM_", "MASTER_", "TORCHELASTIC_")
 TORCHRUN_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK"}
 

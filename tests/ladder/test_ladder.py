@@ -15,7 +15,7 @@ from olmo.ladder.report import lr_schedule, read_metrics
 from olmo.model import OLMo
 from olmo.testing import run_main, run_script, tiny_config_dict, write_byte_memmap, write_config
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs/ladder/tiny.yaml"
 OLMO = REPO / "configs/ladder/olmo.yaml"
 SIZES = (

@@ -19,7 +19,7 @@ from olmo.ladder.run_planner import DeviceSpec, estimate_memory, format_plan, mo
 from olmo.model import OLMo
 from olmo.testing import BYTE_VOCAB, run_main, tiny_config_dict, write_byte_memmap, write_config
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CPU = DeviceSpec("cpu", False, 64e9, 1e11, "a test's figure")
 H100 = DeviceSpec("H100 80GB", True, 80 * 2**30, 989e12, "a test's figure")
 

@@ -11,7 +11,7 @@ import torch
 from olmo.testing import run_main, run_train, tiny_config_dict, write_byte_memmap, write_config
 from olmo.train.metrics import PeakFlops, cpu_peak_flops, device_peak_flops, model_flops_utilization
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 OTHER_MACHINE = "Some Other CPU | 64 CPUs | 64 threads | torch 2.0.0"
 
 

@@ -37,7 +37,7 @@ KILL_CYCLES = int(os.environ.get("OLMO_KILL_CYCLES", 4))
 ``OLMO_KILL_CYCLES=20`` or more, and ``OLMO_KILL_SEED`` to vary the kill moments."""
 KILL_SEED = int(os.environ.get("OLMO_KILL_SEED", 0))
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "train.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train.py"
 TOKEN_VAR = "OLMO_CRASH_TEST_TOKEN"
 BIGGER_MODEL = {"model.d_model": 128, "model.n_layers": 4}  # ~9 MB per checkpoint: saves take a while
 

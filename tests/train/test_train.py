@@ -261,7 +261,7 @@ def test_sigterm_saves_a_checkpoint_and_the_relaunch_continues(tmp_path, corpus)
     import time
 
     config = _setup(tmp_path, corpus, max_duration=100_000, save_interval_unsharded=None)
-    script = Path(__file__).resolve().parent.parent / "scripts/train.py"
+    script = Path(__file__).resolve().parents[2] / "scripts/train.py"
     env = {**os.environ, "WANDB_MODE": "disabled"}
     proc = subprocess.Popen([sys.executable, str(script), str(config)], env=env, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "run/metrics.jsonl"

@@ -25,7 +25,7 @@ from olmo.train.train_module import (
 )
 
 TESTS = Path(__file__).resolve().parent
-README = TESTS.parent / "README.md"
+README = TESTS.parents[1] / "README.md"
 
 
 class LabelCountingTrainModule(BasicTrainModule):
