@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +19,8 @@ import torch
 
 from ..config import TrainConfig
 from ..exceptions import OLMoCheckpointError
-from ..util import is_url, unwritable_reason
-from ..util.checkpoint_dirs import read_marker
+from ..util import is_url, remove_path, unwritable_reason
+from ..util.checkpoint_dirs import read_marker, unreadable_checkpoints
 from .files import MARKER, describe_os_error, load_state_file, read_dcp_bytes_entries, safe_torch_load
 from .olmo_formats import clean_model_state, load_train_state
 from .storage import (
@@ -35,7 +34,14 @@ from .storage import (
     trainer_state,
 )
 
-__all__ = ["RestorePlan", "plan_restore", "preflight_restore", "prepare_save_folder", "claim_save_folder"]
+__all__ = [
+    "LaunchPlan",
+    "RestorePlan",
+    "plan_restore",
+    "preflight_restore",
+    "prepare_save_folder",
+    "claim_save_folder",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +61,18 @@ class RestorePlan:
     info: CheckpointInfo
     load_optimizer_state: bool
     load_trainer_state: bool
-    skipped: tuple[str, ...] = ()
-    """Newer checkpoints in save_folder that ``try_load_latest_save`` found damaged and passed over."""
 
 
-def plan_restore(cfg: TrainConfig) -> Optional[RestorePlan]:
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a launch restores (``restore``: None starts from scratch) and which checkpoints in ``save_folder`` it
+    found unusable (``unusable``: damaged, or not what their names say), which are moved aside, never deleted."""
+
+    restore: Optional[RestorePlan]
+    unusable: tuple[str, ...] = ()
+
+
+def plan_restore(cfg: TrainConfig) -> LaunchPlan:
     """Decide what this launch restores, and open every file of it (see :func:`preflight_restore`).
 
     ``try_load_latest_save`` wins when ``save_folder`` holds a committed checkpoint (and then the reset
@@ -71,25 +84,28 @@ def plan_restore(cfg: TrainConfig) -> Optional[RestorePlan]:
     """
     if cfg.kl_reference.load_path is not None and any(stage.kl_beta > 0 for stage in cfg.stages or []):
         _preflight_kl_reference(cfg)
+    unusable: list[str] = []
     if cfg.try_load_latest_save:
-        skipped: list[str] = []
+        for path in unreadable_checkpoints(cfg.save_folder):
+            log.warning("Passing over checkpoint %s: its %s marker cannot be read.", path, MARKER)
+            unusable.append(path)
         for candidate in reversed(list_checkpoints(cfg.save_folder)):
             try:
-                plan = RestorePlan(inspect_checkpoint(candidate.path), True, True, tuple(skipped))
+                plan = RestorePlan(inspect_checkpoint(candidate.path), True, True)
                 preflight_restore(plan, cfg.model)
             except ModelMismatchError:
                 raise  # the config changed, not the checkpoint: never pass over good checkpoints for that
             except OLMoCheckpointError as e:
                 log.warning("Passing over checkpoint %s for an older one: %s", candidate.path, e)
-                skipped.append(candidate.path)
+                unusable.append(candidate.path)
                 continue
             if cfg.reset_trainer_state or cfg.reset_optimizer_state or cfg.load_path:
                 log.info("try_load_latest_save found %s; ignoring load_path and the reset flags.", candidate.path)
-            return plan
-        if skipped and cfg.load_path is None:
+            return LaunchPlan(plan, tuple(unusable))
+        if unusable and cfg.load_path is None:
             log.warning("No checkpoint in '%s' could be restored; starting from scratch.", cfg.save_folder)
     if cfg.load_path is None:
-        return None
+        return LaunchPlan(None, tuple(unusable))
     info = inspect_checkpoint(cfg.load_path)
     load_optimizer_state = not cfg.reset_optimizer_state
     if load_optimizer_state and holds_model_only(info):
@@ -101,7 +117,7 @@ def plan_restore(cfg: TrainConfig) -> Optional[RestorePlan]:
         load_optimizer_state = False
     plan = RestorePlan(info, load_optimizer_state, not cfg.reset_trainer_state)
     preflight_restore(plan, cfg.model)
-    return plan
+    return LaunchPlan(plan, tuple(unusable))
 
 
 def _preflight_kl_reference(cfg: TrainConfig) -> None:
@@ -175,14 +191,14 @@ def _check_writable(root: Path) -> None:
         )
 
 
-def prepare_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
+def prepare_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
     """Check that ``save_folder`` can be written and holds no other run (unless ``save_overwrite``).
 
     Writes nothing; :func:`claim_save_folder` acts on it once every other check has passed.
 
     :raises OLMoCheckpointError: naming the flag that resolves the conflict.
     """
-    root = Path(cfg.save_folder)
+    root, plan = Path(cfg.save_folder), launch.restore
     _check_writable(root)
     if cfg.save_overwrite:
         return
@@ -198,7 +214,7 @@ def prepare_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
         )
     if resuming_here:
         assert plan is not None
-        newer = [c.path for c in existing if c.step > plan.info.step and c.path not in plan.skipped]
+        newer = [c.path for c in existing if c.step > plan.info.step and c.path not in launch.unusable]
         if newer:
             raise OLMoCheckpointError(
                 f"Resuming from step {plan.info.step} would overwrite newer checkpoints in '{root}' "
@@ -207,19 +223,23 @@ def prepare_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
             )
 
 
-def claim_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
+def claim_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
     """Make ``save_folder`` this run's and write its ``config.yaml``; rank 0 calls it after every check,
     before writing anything else.
 
-    * Damaged checkpoints that ``try_load_latest_save`` passed over are moved aside (renamed to hidden
-      ``.stepN.damaged-*`` folders), so no later launch picks them up and this run can save those steps.
-    * With ``save_overwrite``, a new run removes the previous run's checkpoints and run files (the
+    * Checkpoints found unusable (:attr:`LaunchPlan.unusable`) are moved aside (renamed to hidden
+      ``.stepN.damaged-*`` entries), never deleted, so no later launch picks them up and this run can save those
+      steps.
+    * With ``save_overwrite`` alone, a new run removes the previous run's checkpoints and run files (the
       :data:`RUN_FILES` and ``step*``/``eval-step*.json`` entries; nothing else in the folder), and a run
       resuming from a checkpoint in the folder removes the checkpoints newer than it. Markers go first,
-      so an interruption never leaves a half-deleted checkpoint that still looks committed.
+      so an interruption never leaves a half-deleted checkpoint that still looks committed. With
+      ``try_load_latest_save`` too (as OLMo's launch scripts pass both), nothing is removed up front: the run
+      replaces only what it writes again.
+    * A symlink is removed or moved as a link; what it points to (perhaps another run's files) is never touched.
     """
     try:
-        _clean_save_folder(cfg, plan)
+        _clean_save_folder(cfg, launch)
         Path(cfg.save_folder).mkdir(parents=True, exist_ok=True)
         cfg.save(Path(cfg.save_folder) / "config.yaml")
     except OSError as e:
@@ -229,12 +249,13 @@ def claim_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
         ) from None
 
 
-def _clean_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
-    root = Path(cfg.save_folder)
-    for path in plan.skipped if plan is not None else ():
+def _clean_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
+    root, plan = Path(cfg.save_folder), launch.restore
+    for path in launch.unusable:
         aside = Path(path).with_name(f".{Path(path).name}.damaged-{uuid.uuid4().hex[:8]}")
-        log.warning("Moving the damaged checkpoint %s aside to %s.", path, aside)
-        (Path(path) / MARKER).unlink(missing_ok=True)
+        log.warning("Moving the unusable checkpoint %s aside to %s.", path, aside)
+        if not Path(path).is_symlink():
+            (Path(path) / MARKER).unlink(missing_ok=True)
         Path(path).rename(aside)
     if not cfg.save_overwrite or not root.is_dir():
         return
@@ -247,6 +268,8 @@ def _clean_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
                 )
                 delete_checkpoint(c)
         return
+    if cfg.try_load_latest_save:
+        return
     doomed = sorted(p for p in root.iterdir() if p.name in RUN_FILES or _RUN_PATTERNS.match(p.name))
     if not doomed:
         return
@@ -254,9 +277,7 @@ def _clean_save_folder(cfg: TrainConfig, plan: Optional[RestorePlan]) -> None:
         "Removing the previous run in '%s' (--save_overwrite): %s.", root, ", ".join(p.name for p in doomed[:8])
     )
     for c in list_checkpoints(root):
-        (Path(c.path) / MARKER).unlink()
+        if not Path(c.path).is_symlink():
+            (Path(c.path) / MARKER).unlink()
     for entry in doomed:
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
+        remove_path(entry)

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ..config import TrainConfig
 from ..exceptions import OLMoCheckpointError
-from ..util import unwritable_reason
+from ..util import remove_path, unwritable_reason
 from .files import MARKER, describe_os_error, read_marker, root_cause
 
 __all__ = [
@@ -335,7 +335,7 @@ def _publish(pending: PendingCheckpoint) -> None:
         trash = root / f".{target.name}.old-{tmp.name.rsplit('-', 1)[-1]}"
         target.rename(trash)
         tmp.rename(target)
-        shutil.rmtree(trash)
+        remove_path(trash)  # a link to another run's checkpoint goes as a link
     else:
         tmp.rename(target)
     fsync_dir(root)

@@ -131,6 +131,13 @@ def inspect_checkpoint(path: str, flag: str = "--load_path", convertible: bool =
                     f"Checkpoint '{path}' is damaged: '{rel}' is missing or has the wrong size (expected "
                     f"{size} bytes). It may have been copied incompletely; copy it again or pick another."
                 )
+        if match and (int(match.group(1)), match.group(2) is None) != (meta["step"], meta["sharded"]):
+            kind = "sharded" if meta["sharded"] else "unsharded"
+            named = f"step{meta['step']}" + ("" if meta["sharded"] else "-unsharded")
+            raise OLMoCheckpointError(
+                f"Checkpoint '{path}' does not match its own marker ({MARKER} says step {meta['step']}, {kind}): it "
+                f"was renamed or copied over another. Rename it back to {named}, or pick another checkpoint."
+            )
         return CheckpointInfo(str(root), meta["step"], meta["sharded"], True)
     return _inspect_original(root, path, flag, int(match.group(1)) if match else 0, convertible)
 
@@ -333,7 +340,13 @@ def remove_ephemeral_checkpoints(folder: os.PathLike | str, keep_step: Optional[
 
 
 def delete_checkpoint(checkpoint: CheckpointInfo) -> None:
+    """Delete a committed checkpoint of this run. A symlink is removed as a link: what it points to (perhaps another
+    run's checkpoint) is never touched."""
+    path = Path(checkpoint.path)
+    if path.is_symlink():
+        path.unlink()
+        return
     # Un-commit first (remove the marker), so a crash mid-delete never leaves a half-deleted checkpoint
     # that still looks committed.
-    (Path(checkpoint.path) / MARKER).unlink()
-    shutil.rmtree(checkpoint.path)
+    (path / MARKER).unlink()
+    shutil.rmtree(path)

@@ -21,7 +21,7 @@ import logging
 import sys
 from typing import Optional
 
-from olmo.checkpoint.restore import RestorePlan, claim_save_folder, plan_restore, prepare_save_folder
+from olmo.checkpoint.restore import LaunchPlan, claim_save_folder, plan_restore, prepare_save_folder
 from olmo.config import DataConfig, TrainConfig
 from olmo.config.docs import describe_config
 from olmo.data import MemMapDataset, build_memmap_dataset
@@ -63,10 +63,11 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     # The stages' lengths (in epochs: of their data) must add up to max_duration.
     stages = plan_stages(cfg, lambda data: len(dataset_of(data)))
-    plan = plan_restore(cfg)  # opens every checkpoint file it will read
+    launch = plan_restore(cfg)  # opens every checkpoint file it will read
+    plan = launch.restore
     if plan is not None and plan.load_trainer_state and cfg.restore_dataloader:
         check_kl_reference(cfg, stages, plan.info.path, plan.info.step)
-    prepare_save_folder(cfg, plan)
+    prepare_save_folder(cfg, launch)
     # Every rank checks the files; only rank 0 pays for the full token-id scan. A staged run checks every
     # stage's data.
     scan_tokens = 2**31 if env_rank() == 0 else 0
@@ -81,7 +82,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     env = init_distributed(cfg.distributed_timeout_minutes)
     try:
-        return train(cfg, env, stages, plan, evaluators, dataset_of(stages.stages[0].data))
+        return train(cfg, env, stages, launch, evaluators, dataset_of(stages.stages[0].data))
     finally:
         teardown_distributed()  # after train() returned: what it built is garbage now, and is collected
 
@@ -90,11 +91,11 @@ def train(
     cfg: TrainConfig,
     env: DistEnv,
     stages: StagePlan,
-    plan: Optional[RestorePlan],
+    launch: LaunchPlan,
     evaluators: list[Evaluator],
     dataset: MemMapDataset,
 ) -> int:
-    """Build the run on the initialized process group, restore ``plan`` and train on ``dataset`` (the first stage's
+    """Build the run on the initialized process group, restore what ``launch`` says and train on ``dataset`` (the first stage's
     data, checked already); return the exit code."""
     seed_all(cfg.seed)
     log.info(
@@ -105,7 +106,7 @@ def train(
         cfg.grad_accum_steps(env.world_size),
     )
     if env.is_main and not cfg.dry_run:
-        claim_save_folder(cfg, plan)  # the launch's first write: cleans up, then writes config.yaml
+        claim_save_folder(cfg, launch)  # the launch's first write: cleans up, then writes config.yaml
     barrier()  # nobody writes into save_folder before rank 0 has made it this run's
     train_loader = build_stage_dataloader(cfg, stages.stages[0], env.world_size, env.rank, dataset)
     model = build_model(cfg, env)
@@ -119,6 +120,7 @@ def train(
     train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), cfg.train_module)
     trainer = Trainer(cfg, env, train_module, train_loader, evaluators, stages)
     log_speed_setup(cfg, trainer)
+    plan = launch.restore
     if plan is not None:
         trainer.restore(plan.info, plan.load_optimizer_state, plan.load_trainer_state)
     if cfg.force_save_unsharded:

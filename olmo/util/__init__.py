@@ -41,6 +41,7 @@ __all__ = [
     "env_world_size",
     "machine_info",
     "nearest_existing",
+    "remove_path",
     "unwritable_reason",
     "REMOTE_SDKS",
     "REMOTE_DATA_SCHEMES",
@@ -164,6 +165,19 @@ def resource_path(path: Union[str, Path]) -> Path:
         return Path(cached_path(str(path)))
     except Exception as e:  # cached-path raises many types (HTTP, boto, FileNotFound)
         raise OLMoCliError(f"Could not fetch '{path}': {e}. Check the URL and your network access.") from None
+
+
+def remove_path(path: Union[str, Path]) -> None:
+    """Delete ``path`` without ever following a symlink: a link (even one to a directory) or a file is unlinked,
+    a real directory is removed with its contents (``shutil.rmtree`` unlinks the links inside it). What a link points
+    to is never touched: it may belong to another run."""
+    import shutil
+
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path)
 
 
 def nearest_existing(path: Path) -> Path:

@@ -23,6 +23,7 @@ __all__ = [
     "read_marker",
     "list_checkpoints",
     "find_latest_checkpoint",
+    "unreadable_checkpoints",
     "path_last_checkpoint",
 ]
 
@@ -86,6 +87,22 @@ def list_checkpoints(folder: os.PathLike | str) -> list[CheckpointInfo]:
             found.append(CheckpointInfo(str(child), int(match.group(1)), match.group(2) is None, True, ephemeral))
     # At equal steps the sharded checkpoint sorts last (it is the one resumes prefer, as in OLMo).
     return sorted(found, key=lambda c: (c.step, c.sharded))
+
+
+def unreadable_checkpoints(folder: os.PathLike | str) -> list[str]:
+    """Checkpoint directories directly inside ``folder`` whose marker exists but cannot be read (damaged):
+    :func:`list_checkpoints` passes over them, and a resume must move them aside rather than write over them."""
+    root = Path(folder)
+    if not root.is_dir():
+        return []
+    out = []
+    for child in sorted(root.iterdir()):
+        if STEP_DIR.match(child.name) and child.is_dir() and (child / MARKER).is_file():
+            try:
+                read_marker(child / MARKER)
+            except OLMoCheckpointError:
+                out.append(str(child))
+    return out
 
 
 def find_latest_checkpoint(folder: os.PathLike | str) -> Optional[Path]:
