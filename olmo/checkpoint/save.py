@@ -9,10 +9,11 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -220,16 +221,27 @@ def _write_state(
     return future
 
 
-def check_new_output_dir(target: Path, hint: str = "") -> None:
-    """Refuse an ``OUTPUT_DIR`` of a conversion command that exists already or cannot be created, before any work.
+def check_new_output_dir(target: Path, hint: str = "", inputs: Sequence[Union[str, Path]] = ()) -> None:
+    """Refuse an ``OUTPUT_DIR`` of a conversion command that exists already (a dangling symlink counts), lies inside
+    one of its ``inputs``, or cannot be created, before any work.
 
     :param hint: appended to the message for an existing directory (e.g. a suggested path).
+    :param inputs: the directories the command reads (a committed checkpoint is never written into).
     :raises OLMoCheckpointError: naming the directory and the fix.
     """
-    if target.exists():
+    if os.path.lexists(target):
+        what = "is a symlink" if target.is_symlink() else "already exists"
         raise OLMoCheckpointError(
-            f"OUTPUT_DIR '{target}' already exists; it is never written into. Pick a new path{hint} or delete it first."
+            f"OUTPUT_DIR '{target}' {what}; it is never written into. Pick a new path{hint} or delete it first."
         )
+    resolved = target.resolve()
+    for source in inputs:
+        source_dir = Path(source).resolve()
+        if resolved == source_dir or source_dir in resolved.parents:
+            raise OLMoCheckpointError(
+                f"OUTPUT_DIR '{target}' is inside '{source}', which this command reads: nothing is ever written into "
+                f"an input (a committed checkpoint must stay as it was committed). Pick a path outside it{hint}."
+            )
     reason = unwritable_reason(target.parent)
     if reason is not None:
         raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' cannot be created: {reason}. Pick another OUTPUT_DIR.")

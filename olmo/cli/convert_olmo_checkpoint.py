@@ -63,9 +63,9 @@ def convert(input_dir: str, output_dir: str, model_only: bool = False, safetenso
             f"convert. Load it with --load_path={input_dir} (or unshard a sharded one with scripts/unshard.py)."
         )
     root, target = Path(info.path), Path(output_dir)
-    check_new_output_dir(target)
+    check_new_output_dir(target, inputs=[info.path])
     start = time.perf_counter()
-    cfg = TrainConfig.load(root / "config.yaml", ["compile=null"])
+    cfg = TrainConfig.load_saved(root / "config.yaml", ["compile=null"])
     log.info("Converting %s (original OLMo, %s layout, step %d).", root, info.layout, info.step)
     model = build_model(cfg, DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1))
     optimizer = None if model_only else build_optimizer(cfg.optimizer, model)

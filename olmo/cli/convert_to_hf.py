@@ -83,9 +83,9 @@ def convert_to_hf(
     max_shard_bytes = parse_size(max_shard_size)
     info = inspect_checkpoint(checkpoint_dir, flag="CHECKPOINT_DIR")
     target = Path(output_dir)
-    check_new_output_dir(target)
+    check_new_output_dir(target, inputs=[info.path])
     start = time.perf_counter()
-    cfg = TrainConfig.load(Path(info.path) / "config.yaml", ["compile=null"])
+    cfg = TrainConfig.load_saved(Path(info.path) / "config.yaml", ["compile=null"])
     import_transformers()
     hf_model_type(cfg.model)  # an architecture transformers cannot hold fails before the weights are read
     base_tokenizer = export_tokenizer(tokenizer or cfg.tokenizer.identifier, cfg.model)

@@ -44,7 +44,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--out=")), None)
     overrides = [a for a in argv[1:] if not a.startswith("--out=")]
     info = inspect_checkpoint(argv[0], flag="CHECKPOINT_DIR")
-    cfg = TrainConfig.load(fetch(info.path, "config.yaml"), ["compile=null", *overrides])
+    cfg = TrainConfig.load_saved(fetch(info.path, "config.yaml"), ["compile=null", *overrides])
     cfg.validate(env_world_size())
     if not cfg.evaluators:
         raise OLMoConfigurationError(

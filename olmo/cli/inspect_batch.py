@@ -216,7 +216,12 @@ def main(argv: Optional[list[str]] = None) -> list[Row]:
             )
     else:
         config_path = args.target
-    cfg = TrainConfig.load(config_path, extra)
+    # A run's config.yaml was saved resolved and may come from anyone: never resolve what it holds.
+    cfg = (
+        TrainConfig.load_saved(config_path, extra)
+        if args.target.is_dir()
+        else TrainConfig.load(config_path, extra)
+    )
     batch_size, world_size = cfg.global_train_batch_size, args.world_size
     if world_size is not None and (
         world_size <= 0 or batch_size % world_size or not 0 <= (args.rank or 0) < world_size

@@ -71,11 +71,11 @@ def unshard(input_dir: str, output_dir: str, model_only: bool = False, safetenso
             f"to convert. Load it directly with --load_path={input_dir}."
         )
     target = Path(output_dir)
-    check_new_output_dir(target, f" (e.g. {Path(info.path).parent}/step{info.step}-unsharded)")
+    check_new_output_dir(target, f" (e.g. {Path(info.path).parent}/step{info.step}-unsharded)", [info.path])
     start = time.perf_counter()
     root = Path(info.path)
     # Built exactly as the trainer builds it for one CPU process; compiling would only cost time here.
-    cfg = TrainConfig.load(root / "config.yaml", ["compile=null"])
+    cfg = TrainConfig.load_saved(root / "config.yaml", ["compile=null"])
     preflight_restore(RestorePlan(info, load_optimizer_state=not model_only, load_trainer_state=True), cfg.model)
     n_ranks = len(list((root / "train").glob("rank*.pt")))
     log.info("Loading sharded checkpoint %s (step %d, saved by %d rank(s)).", root, info.step, n_ranks)

@@ -7,6 +7,7 @@ schema is passed in), so it sits below ``olmo.config``.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -68,6 +69,35 @@ def load_structured(
         return om.to_object(conf)  # type: ignore[return-value]
     except OmegaConfBaseException as e:
         raise error(e, f"in {path} or its command-line overrides") from None
+
+
+_INTERPOLATION = re.compile(r"(?<!\\)\$\{")
+
+
+def refuse_interpolations(raw: DictConfig, path: Union[str, Path]) -> DictConfig:
+    """``raw`` (a YAML file's content, unresolved) when no value in it holds a ``${...}`` interpolation.
+
+    For files that come from elsewhere (a checkpoint's or a run's ``config.yaml``, written resolved): an
+    interpolation there is refused, never resolved, so the file can neither read this machine's environment
+    (``${oc.env:...}``) nor look at its files.
+
+    :raises OLMoConfigurationError: naming the first key that holds one.
+    """
+
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, str) and _INTERPOLATION.search(node):
+            raise OLMoConfigurationError(
+                f"'{path}' came with a checkpoint or a run, and such configs are saved resolved, but {key} holds "
+                f"the interpolation {node!r}. It is refused, not resolved: a config from elsewhere must not read "
+                f"this machine's environment or files. Write the value itself in that file, or pass it with "
+                f"--{key}=VALUE."
+            )
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            walk(v, f"{key}.{k}" if key and isinstance(k, str) else f"{key}[{k}]" if key else str(k))
+
+    walk(om.to_container(raw, resolve=False), "")
+    return raw
 
 
 def clean_opt(arg: str) -> str:

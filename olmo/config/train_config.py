@@ -18,7 +18,7 @@ from typing import Any, Optional, TypeVar, Union
 from omegaconf import OmegaConf as om
 from omegaconf.errors import OmegaConfBaseException
 
-from .cli import clean_opt, config_error, load_structured
+from .cli import clean_opt, config_error, load_structured, refuse_interpolations
 from .resolvers import register_resolvers
 from .sections import (
     ActivationCheckpointingStrategy,
@@ -309,6 +309,18 @@ class TrainConfig:
         """
         register_resolvers()
         return load_structured(cls, path, overrides, prepare=_update_legacy_settings)
+
+    @classmethod
+    def load_saved(cls: type[C], path: Union[str, Path], overrides: Optional[list[str]] = None) -> C:
+        """Load the ``config.yaml`` that came with a checkpoint or a run (written resolved by :meth:`save`), then
+        apply command-line overrides. Such a file may come from anyone: a ``${...}`` in it is refused, never
+        resolved, so it can neither read this machine's environment (``${oc.env:...}``) nor look at its files.
+
+        :raises OLMoConfigurationError: naming the key that holds an interpolation, and as :meth:`load` does.
+        """
+        register_resolvers()
+        prepare = lambda raw: _update_legacy_settings(refuse_interpolations(raw, path))  # noqa: E731
+        return load_structured(cls, path, overrides, prepare=prepare)
 
     @classmethod
     def from_dict(cls: type[C], values: dict[str, Any]) -> C:

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..exceptions import OLMoConfigurationError
-from ..util import REMOTE_DATA_SCHEMES, redact_url, remote_save_folder_problems, split_remote
+from ..util import (
+    REMOTE_DATA_SCHEMES,
+    missing_slash_problem,
+    redact_url,
+    remote_save_folder_problems,
+    split_remote,
+)
 from ..util.tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
 from .sections import DataConfig, EvaluatorConfig, EvaluatorType, FSDPWrapStrategy, TruncationDirection
 from .stages import parse_duration_steps, stage_problems
@@ -52,6 +58,8 @@ def validate_train_config(cfg: TrainConfig, world_size: int) -> None:
     problems += _data_problems(cfg)
     problems += _optim_problems(cfg)
     problems += _checkpoint_problems(cfg)
+    problems += _run_name_problems(cfg)
+    problems += _location_problems(cfg)
     problems += _strategy_problems(cfg, world_size)
     if cfg.evaluators:
         problems += evaluator_problems(cfg)
@@ -195,6 +203,10 @@ def data_location_problems(d: DataConfig, key: str) -> list[str]:
     lists.update({f"{key}.datasets.{label}": paths for label, paths in (d.datasets or {}).items()})
     for list_key, paths in lists.items():
         for i, path in enumerate(paths or []):
+            typo = missing_slash_problem(str(path), f"{list_key}[{i}]")
+            if typo is not None:
+                out.append(typo)
+                continue
             scheme = split_remote(str(path))[0]
             if scheme and scheme != "file" and scheme not in REMOTE_DATA_SCHEMES:
                 out.append(
@@ -269,6 +281,40 @@ def _optim_problems(cfg: TrainConfig) -> list[str]:
 
 
 _OLMO_SHARDED_CHECKPOINTERS = ("torch_new", "torch_legacy", "local", "olmo_core")
+
+
+MAX_RUN_NAME_BYTES = 128
+"""A run name becomes a folder name (with suffixes such as ``-unsharded``); file systems hold 255 bytes a name."""
+
+
+def _run_name_problems(cfg: TrainConfig) -> list[str]:
+    """``run_name`` is a name, never a path: it becomes folder names (``runs/${run_name}``) and the wandb name."""
+    name = cfg.run_name
+    if name is None:
+        return []
+    if not name.strip() or name in (".", "..") or any(c in name for c in "/\\\0"):
+        return [
+            f"run_name={name!r} is not a name: it must not be empty, '.' or '..', nor hold '/', '\\' or NUL, because "
+            f"it becomes a folder name (save_folder: runs/${{run_name}} would land outside runs/). Use letters, digits, "
+            f"'-', '_' or '.', e.g. --run_name=OLMo-1B-seed2; set save_folder to choose the folder."
+        ]
+    size = len(name.encode("utf-8"))
+    if size > MAX_RUN_NAME_BYTES:
+        return [
+            f"run_name is {size} bytes long in UTF-8 ({name[:24]!r}...); it becomes a folder name and file systems "
+            f"allow 255 bytes a name, with suffixes added. Use at most {MAX_RUN_NAME_BYTES} bytes."
+        ]
+    return []
+
+
+def _location_problems(cfg: TrainConfig) -> list[str]:
+    """Paths that are URLs with a slash missing (they would name a local folder such as ``s3:``)."""
+    values = {
+        "save_folder": cfg.save_folder,
+        "load_path": cfg.load_path,
+        "kl_reference.load_path": cfg.kl_reference.load_path,
+    }
+    return [p for key, value in values.items() if (p := missing_slash_problem(value, key)) is not None]
 
 
 def _checkpoint_problems(cfg: TrainConfig) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import uuid
@@ -139,7 +140,7 @@ def staging_dir(target: Path) -> Iterator[Path]:
 
     :raises OLMoCheckpointError: if ``target`` exists, now or by the time the rename would happen.
     """
-    if target.exists():
+    if os.path.lexists(target):  # a dangling symlink too: the rename would follow it
         raise OLMoCheckpointError(f"OUTPUT_DIR '{target}' already exists; pick a new path or delete it first.")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"

@@ -46,6 +46,7 @@ __all__ = [
     "REMOTE_SDKS",
     "REMOTE_DATA_SCHEMES",
     "split_remote",
+    "missing_slash_problem",
     "local_path_of",
     "remote_save_folder_problems",
 ]
@@ -235,6 +236,22 @@ REMOTE_DATA_SCHEMES = ("http", "https", "s3", "r2", "weka", "gs")
 REMOTE_SDKS = {"s3": "boto3", "r2": "boto3", "gs": "google.cloud.storage"}  # pip names: "." -> "-"
 
 
+_SCHEME_MISSING_A_SLASH = re.compile(r"^(s3|r2|gs|weka|https?|file|hf):/?(?!/)(.*)$", re.IGNORECASE)
+
+
+def missing_slash_problem(value: Optional[str], key: str) -> Optional[str]:
+    """The problem with a path that is a URL with a slash missing (``s3:/bucket/x``, ``https:host/x``), which would
+    otherwise name a local folder ``s3:`` in the working directory; None for anything else."""
+    match = _SCHEME_MISSING_A_SLASH.match(value or "")
+    if match is None:
+        return None
+    scheme, rest = match.group(1).lower(), match.group(2).lstrip("/")
+    return (
+        f"{key}={redact_url(str(value))!r} is a {scheme}:// URL with a slash missing; as written it would name a local "
+        f"folder '{scheme}:' in the working directory. Write it as {scheme}://{redact_url(rest)}."
+    )
+
+
 def split_remote(remote: str) -> tuple[str, str, str]:
     """(scheme, bucket, prefix) of a URL; ("", "", remote) for a plain path."""
     match = _REMOTE.match(remote)
@@ -256,6 +273,9 @@ def remote_save_folder_problems(remote: Optional[str], save_folder: Optional[str
     """
     if remote is None:
         return []
+    problem = missing_slash_problem(remote, "remote_save_folder")
+    if problem is not None:
+        return [problem]
     where = f"remote_save_folder={remote!r}"
     if not remote.strip():
         return [f"{where} is empty. Set it to s3://BUCKET/PREFIX, r2://, gs://, file://, a folder, or null."]

@@ -1,0 +1,108 @@
+"""Careless and hostile inputs to the newest commands (issue 25), through their real entry points: a config that
+comes with a checkpoint never reads the environment, outputs never land inside inputs, run names are names, and
+URLs with a slash missing are refused before anything is written."""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from olmo.checkpoint import MARKER
+from olmo.exceptions import OLMoCheckpointError, OLMoConfigurationError
+from olmo.testing import run_main, run_script, run_train, tiny_config_dict, write_byte_memmap, write_config
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    write_byte_memmap(root / "a.npy", 10_000)
+    return [str(root / "a.npy")]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, corpus):
+    """A finished 2-step run with a sharded and an unsharded checkpoint of step 2."""
+    root = tmp_path_factory.mktemp("run")
+    config = write_config(
+        root / "c.yaml",
+        tiny_config_dict(root / "run", corpus, max_duration=2, save_interval=2, save_interval_unsharded=2),
+    )
+    assert run_train(config) == 0
+    return root / "run"
+
+
+def _digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(folder)).encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+def test_a_checkpoints_config_never_reads_the_environment(tmp_path, run):
+    checkpoint = tmp_path / "step2-unsharded"
+    checkpoint.mkdir()
+    for f in (run / "step2-unsharded").iterdir():
+        (checkpoint / f.name).write_bytes(f.read_bytes())
+    config = yaml.safe_load((checkpoint / "config.yaml").read_text())
+    config["evaluators"] = [
+        {"label": "leak-${oc.env:OLMO_TEST_SECRET}", "type": "lm", "data": {"paths": ["x.npy"]}}
+    ]
+    (checkpoint / "config.yaml").write_text(yaml.safe_dump(config))
+    marker = json.loads((checkpoint / MARKER).read_text())  # a crafted checkpoint comes with a matching marker
+    marker["files"]["config.yaml"] = (checkpoint / "config.yaml").stat().st_size
+    (checkpoint / MARKER).write_text(json.dumps(marker))
+    os.environ["OLMO_TEST_SECRET"] = "hunter2-do-not-print"
+    try:
+        result = run_script("eval.py", checkpoint, cwd=tmp_path)
+    finally:
+        del os.environ["OLMO_TEST_SECRET"]
+    assert result.returncode != 0
+    assert "hunter2" not in result.stdout + result.stderr
+    assert "evaluators[0].label holds the interpolation" in result.stderr and "Traceback" not in result.stderr
+    assert not list(checkpoint.glob("eval-*")) and not list(tmp_path.glob("eval-*"))
+    # The same refusal guards every command that reads a checkpoint's config.
+    with pytest.raises(OLMoConfigurationError, match=r"refused, not resolved"):
+        run_main("convert_to_hf.py", checkpoint, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_outputs_never_land_inside_inputs(tmp_path, run):
+    before = _digest(run / "step2")
+    with pytest.raises(OLMoCheckpointError, match=r"inside .*step2', which this command reads"):
+        run_main("unshard.py", run / "step2", run / "step2" / "train" / "unsharded")
+    with pytest.raises(OLMoCheckpointError, match=r"inside .*step2-unsharded', which this command reads"):
+        run_main("convert_to_hf.py", run / "step2-unsharded", run / "step2-unsharded" / "hf")
+    assert _digest(run / "step2") == before
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(OLMoCheckpointError, match=r"OUTPUT_DIR .*dangling' is a symlink"):
+        run_main("convert_to_hf.py", run / "step2-unsharded", tmp_path / "dangling")
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize(
+    "override, pattern",
+    [
+        ("--run_name=../../escaped", r"run_name='\.\./\.\./escaped' is not a name"),
+        ("--run_name=" + "é" * 100, r"run_name is 200 bytes long"),
+        (
+            "--remote_save_folder=s3:/bucket/prefix",
+            r"remote_save_folder='s3:/bucket/prefix' is a s3:// URL with a slash",
+        ),
+        ("--data.paths=[https:/olmo-data.org/a.npy]", r"data\.paths\[0\]=.*https:// URL with a slash missing"),
+    ],
+)
+def test_names_and_urls_are_checked_before_anything_is_written(tmp_path, corpus, override, pattern):
+    config = tiny_config_dict("runs/${run_name}", corpus, max_duration=1)
+    path = write_config(tmp_path / "c.yaml", config)
+    cwd = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        with pytest.raises(OLMoConfigurationError, match=pattern):
+            run_train(path, override)
+    finally:
+        os.chdir(cwd)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]
+    assert not (tmp_path.parent / "escaped").exists()
