@@ -82,6 +82,14 @@ def get_param_groups(cfg: OptimizerConfig, model: nn.Module) -> list[dict[str, A
     return groups
 
 
+OPTIMIZER_STATE_KEYS = {
+    OptimizerType.adamw: frozenset({"step", "exp_avg", "exp_avg_sq"}),
+    OptimizerType.lionw: frozenset({"exp_avg"}),
+}
+"""The per-parameter state each optimizer keeps (besides what gradient clipping adds), which tells whose state a
+checkpoint holds."""
+
+
 def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optimizer:
     """Build the optimizer named by ``cfg.name`` over :func:`get_param_groups` of ``model``.
 

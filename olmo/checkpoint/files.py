@@ -36,12 +36,15 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 
 from ..exceptions import OLMoCheckpointError
+from ..optim import OPTIMIZER_STATE_KEYS
 from ..util import is_url, resource_path
 from ..util.checkpoint_dirs import MARKER, read_marker
 
 __all__ = [
     "ModelMismatchError",
+    "check_optimizer_kind",
     "check_shapes",
+    "check_trainer_state",
     "MARKER",
     "fetch",
     "read_marker",
@@ -267,6 +270,53 @@ def describe_os_error(e: OSError) -> str:
 
 class ModelMismatchError(OLMoCheckpointError):
     """A sound checkpoint of another model shape: the config is wrong, not the checkpoint."""
+
+
+def check_optimizer_kind(path: str, saved_keys: set[str], optimizer: str) -> None:
+    """The per-parameter optimizer state a checkpoint holds (``saved_keys``, e.g. ``exp_avg``) is the state of the
+    configured ``optimizer``: checked before anything is written, since a resume would otherwise fail (or, sharded,
+    quietly load another optimizer's moments) after the launch had claimed its save folder.
+
+    :raises ModelMismatchError: naming both optimizers and the fixes (the config differs, not the checkpoint).
+    """
+    wanted = OPTIMIZER_STATE_KEYS.get(optimizer)  # type: ignore[call-overload]
+    if wanted is None or not saved_keys:
+        return
+    known = set().union(*OPTIMIZER_STATE_KEYS.values())
+    found = saved_keys & known
+    if found == wanted:
+        return
+    holder = next((str(name) for name, keys in OPTIMIZER_STATE_KEYS.items() if keys == found), "another optimizer")
+    raise ModelMismatchError(
+        f"The optimizer state in '{path}' is {holder}'s (it holds {sorted(found)}), but optimizer.name is "
+        f"{optimizer}, which keeps {sorted(wanted)}. Set optimizer.name={holder} to resume; or, to start {optimizer} "
+        f"fresh from these weights, pass --load_path={path} --reset_optimizer_state (without --try_load_latest_save, "
+        f"which restores everything)."
+    )
+
+
+TRAINER_STATE_COUNTERS = ("global_step", "global_train_tokens_seen", "global_train_examples_seen_this_epoch")
+
+
+def check_trainer_state(path: Union[str, Path], state: Any, ours: bool = True) -> None:
+    """A trainer state (``train.pt``, ``train/rank{R}.pt``) holds what a resume reads, as whole numbers.
+
+    :param ours: written by this trainer; an original OLMo state may spell its data position the legacy way.
+    :raises OLMoCheckpointError: naming the file and the key.
+    """
+    if not isinstance(state, dict):
+        raise OLMoCheckpointError(f"'{path}' holds a {type(state).__name__}, not a trainer state.")
+    counters = TRAINER_STATE_COUNTERS if ours else ("global_step",)
+    for key in counters:
+        value = state.get(key)
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            what = "is missing" if key not in state else f"is {value!r}, not a whole number >= 0"
+            raise OLMoCheckpointError(
+                f"The trainer state '{path}' is damaged: {key} {what}, so where training stopped is unknown. Resume "
+                f"from another checkpoint, or load this one's weights with --reset_trainer_state."
+            )
 
 
 def _shape(value: Any) -> tuple:

@@ -21,7 +21,16 @@ from ..config import TrainConfig
 from ..exceptions import OLMoCheckpointError
 from ..util import is_url, remove_path, unwritable_reason
 from ..util.checkpoint_dirs import read_marker, unreadable_checkpoints
-from .files import MARKER, describe_os_error, load_state_file, read_dcp_bytes_entries, safe_torch_load
+from .files import (
+    MARKER,
+    check_optimizer_kind,
+    check_trainer_state,
+    describe_os_error,
+    load_state_file,
+    read_dcp_bytes_entries,
+    read_dcp_metadata,
+    safe_torch_load,
+)
 from .olmo_formats import clean_model_state, load_train_state
 from .storage import (
     CheckpointInfo,
@@ -92,7 +101,7 @@ def plan_restore(cfg: TrainConfig) -> LaunchPlan:
         for candidate in reversed(list_checkpoints(cfg.save_folder)):
             try:
                 plan = RestorePlan(inspect_checkpoint(candidate.path), True, True)
-                preflight_restore(plan, cfg.model)
+                preflight_restore(plan, cfg.model, cfg.optimizer)
             except ModelMismatchError:
                 raise  # the config changed, not the checkpoint: never pass over good checkpoints for that
             except OLMoCheckpointError as e:
@@ -116,7 +125,7 @@ def plan_restore(cfg: TrainConfig) -> LaunchPlan:
         )
         load_optimizer_state = False
     plan = RestorePlan(info, load_optimizer_state, not cfg.reset_trainer_state)
-    preflight_restore(plan, cfg.model)
+    preflight_restore(plan, cfg.model, cfg.optimizer)
     return LaunchPlan(plan, tuple(unusable))
 
 
@@ -145,9 +154,10 @@ def holds_model_only(info: CheckpointInfo) -> bool:
     return isinstance(files, dict) and "optim.pt" not in files
 
 
-def preflight_restore(plan: RestorePlan, model_cfg: Any) -> None:
+def preflight_restore(plan: RestorePlan, model_cfg: Any, optimizer_cfg: Any = None) -> None:
     """Open every file the restore will read, safely, and compare the saved parameter shapes with the
-    model ``model_cfg`` builds (on the meta device).
+    model ``model_cfg`` builds (on the meta device), the optimizer state with the optimizer ``optimizer_cfg`` names,
+    and the trainer state with what a resume reads.
 
     Tensors are memory-mapped, not read, so this costs little even for large checkpoints; what it catches
     (a crafted or damaged file, another model's weights) would otherwise surface only after the launch
@@ -160,20 +170,28 @@ def preflight_restore(plan: RestorePlan, model_cfg: Any) -> None:
     info = plan.info
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in OLMo(model_cfg).state_dict().items()}
+    ours = info.layout == "olmo-trainer"
     if info.sharded:
         folder = str(Path(info.path) / "model_and_optim")
         check_shapes(info.path, sharded_model_shapes(folder), expected)
         read_dcp_bytes_entries(folder, ("model.", "optim.") if plan.load_optimizer_state else ("model.",))
+        if plan.load_optimizer_state and optimizer_cfg is not None and ours:
+            entries = read_dcp_metadata(folder).state_dict_metadata
+            sharded_keys = {k.rpartition(".")[2] for k in entries if k.startswith("optim.state.")}
+            check_optimizer_kind(info.path, sharded_keys, optimizer_cfg.name)
         if plan.load_trainer_state:
             for path in sorted((Path(info.path) / "train").glob("rank*.pt")):
-                load_train_state(path) if info.layout != "olmo-trainer" else safe_torch_load(path)
+                check_trainer_state(path, load_train_state(path) if not ours else safe_torch_load(path), ours)
         return
     saved = load_state_file(info.path, "model")
-    check_shapes(info.path, clean_model_state(saved) if info.layout != "olmo-trainer" else saved, expected)
+    check_shapes(info.path, clean_model_state(saved) if not ours else saved, expected)
     if plan.load_optimizer_state:
-        load_state_file(info.path, "optim")
+        optim = load_state_file(info.path, "optim")
+        if optimizer_cfg is not None and ours and isinstance(optim.get("state"), dict):
+            keys = {k for values in optim["state"].values() if isinstance(values, dict) for k in values}
+            check_optimizer_kind(info.path, keys, optimizer_cfg.name)
     if plan.load_trainer_state:
-        trainer_state(info)
+        check_trainer_state(f"{info.path}/train.pt", trainer_state(info))
 
 
 def _resuming_here(root: Path, plan: Optional[RestorePlan]) -> bool:

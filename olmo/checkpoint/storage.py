@@ -46,6 +46,7 @@ from .files import (
     SafeFileSystemReader,
     SafeLoadPlanner,
     check_shapes,
+    check_trainer_state,
     fetch,
     load_state_file,
     read_dcp_metadata,
@@ -250,7 +251,9 @@ def trainer_state(info: CheckpointInfo) -> dict[str, Any]:
     if info.layout != "olmo-trainer":
         world_size = dist.get_world_size() if dist.is_initialized() else 1
         own_rng = info.sharded and path.name == f"rank{rank()}.pt"
-        return convert_trainer_state(load_train_state(path), rank(), world_size, own_rng)
+        original = load_train_state(path)
+        check_trainer_state(path, original, ours=False)
+        return convert_trainer_state(original, rank(), world_size, own_rng)
     state = safe_torch_load(path)
     if not isinstance(state, dict):
         raise OLMoCheckpointError(f"'{path}' holds a {type(state).__name__}, not a trainer state.")

@@ -39,6 +39,7 @@ from typing import Any, Optional
 
 from olmo.bench.train_step import main as benchmark_main
 from olmo.cli.train import main as train_main
+from olmo.data import build_memmap_dataset
 from olmo.exceptions import OLMoCliError
 from olmo.ladder.config import LadderConfig, load_ladder
 from olmo.ladder.plan import Rung, plan_ladder, write_rung_config
@@ -141,6 +142,10 @@ def run(ladder: LadderConfig, args: argparse.Namespace) -> int:
             f"torchrun --nproc_per_node={devices} (or --nnodes x --nproc_per_node = {devices}), or plan it for "
             f"{world_size} with --max_devices={world_size} if its batch allows."
         )
+    # The training data is checked (its files, not their tokens) before the size's config is written.
+    build_memmap_dataset(rung.cfg, rung.cfg.data, include_instance_metadata=False).validate(
+        rung.cfg.model.vocab_size, scan_max_tokens=0
+    )
     path = write_rung_config(ladder, rung)
     log.info("Size %s: train config %s, save folder %s.", rung.name, path, rung.save_folder)
     if not args.benchmark:

@@ -177,6 +177,7 @@ def check_kl_reference(cfg: TrainConfig, plan: StagePlan, restored: Optional[str
     :raises OLMoCheckpointError: naming the checkpoint that is missing and what to do.
     """
     from ..checkpoint import inspect_checkpoint
+    from ..checkpoint.restore import RestorePlan, preflight_restore
     from ..exceptions import OLMoCheckpointError
 
     stage = plan.at(restored_step + 1)
@@ -192,7 +193,16 @@ def check_kl_reference(cfg: TrainConfig, plan: StagePlan, restored: Optional[str
             f"that checkpoint is missing (not in save_folder nor next to '{restored}'). Copy it there, resume from a "
             f"checkpoint at or before step {stage.start_step}, or name the reference with --kl_reference.load_path."
         )
-    inspect_checkpoint(str(found), "the KL reference")
+    # Opened and checked as a --load_path is, before anything is written: damaged, partial or of another shape.
+    info = inspect_checkpoint(str(found), "the KL reference")
+    try:
+        preflight_restore(RestorePlan(info, load_optimizer_state=False, load_trainer_state=False), cfg.model)
+    except OLMoCheckpointError as e:
+        raise type(e)(
+            f"The reference of KL stage {stage.index} ({stage.name}), '{found}', cannot be used: {e} Copy the stage's "
+            f"first-step checkpoint back, resume from a checkpoint at or before step {stage.start_step}, or name the "
+            f"reference with --kl_reference.load_path."
+        ) from None
 
 
 def find_boundary_checkpoint(cfg: TrainConfig, stage: Stage, restored: Optional[str]) -> Optional[Path]:
