@@ -290,7 +290,8 @@ class TrainConfig:
     fused_loss: Optional[bool] = None
     """Compute the loss chunk by chunk from the final hidden states without materializing the (tokens,
     vocab) logits (:func:`olmo.model.loss.fused_output_loss`; pure PyTorch, unlike OLMo's flash-attn kernel).
-    Same loss and gradients up to rounding, less memory around the 50k-wide output layer. None = off."""
+    Same loss and gradients up to rounding, less memory around the 50k-wide output layer. None = off: on an
+    H200 it saved 6-14 GB but cost 4-12 % of the speed (RESEARCH_LOG 2026-11-26), so it is a memory option."""
     train_module: Optional[str] = None
     """The TrainModule that runs each step: a dotted path (``my_pkg.modules.MyTrainModule``) or a class name
     from :mod:`olmo.train.train_module`; null is :class:`olmo.train.train_module.TransformerTrainModule`, OLMo's step."""
