@@ -88,18 +88,23 @@ def convert_from_hf(hf_dir: str, output_dir: str, safetensors: bool = False) -> 
     check_new_output_dir(target, inputs=[source])
     hf_config = read_hf_config(source)
     start = time.perf_counter()
-    model_cfg = model_config_from_hf(hf_config, hf_tokenizer_vocab_size(source))
+    tokenizer_vocab = hf_tokenizer_vocab_size(source)  # None without a tokenizer.json that loads
+    model_cfg = model_config_from_hf(hf_config, tokenizer_vocab)
     state = from_hf_state(read_hf_weights(source), model_cfg, str(source))
     model = OLMo(model_cfg, init_params=False)
     model.load_state_dict(state, strict=True)  # casts to the model's fp32
     del state
 
     tokenizer_file = source / "tokenizer.json"
-    if not tokenizer_file.is_file():
+    if tokenizer_vocab is None:
         log.warning(
-            "'%s' has no tokenizer.json; config.yaml names %s, which may not match.", source, DEFAULT_TOKENIZER
+            "'%s' has no tokenizer.json that loads; config.yaml names %s, which may not match (set "
+            "tokenizer.identifier when you fine-tune; convert_to_hf.py then exports without tokenizer files unless "
+            "given --tokenizer).",
+            source,
+            DEFAULT_TOKENIZER,
         )
-    identifier = str(tokenizer_file.resolve()) if tokenizer_file.is_file() else DEFAULT_TOKENIZER
+    identifier = str(tokenizer_file.resolve()) if tokenizer_vocab is not None else DEFAULT_TOKENIZER
     cfg = TrainConfig(run_name=target.name, model=model_cfg, tokenizer=TokenizerConfig(identifier=identifier))
     train_state = {
         "format_version": 1,

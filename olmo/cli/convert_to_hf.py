@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from tokenizers import Tokenizer
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint
 from olmo.checkpoint.save import check_new_output_dir
 from olmo.config import TrainConfig
-from olmo.exceptions import OLMoCliError
+from olmo.exceptions import OLMoCliError, OLMoConfigurationError
 from olmo.hf import HF_MODEL_TYPES, hf_model_type, import_transformers
 from olmo.hf.files import export_tokenizer, parse_size, write_hf_model
 from olmo.model import OLMo
@@ -88,7 +89,15 @@ def convert_to_hf(
     cfg = TrainConfig.load_saved(Path(info.path) / "config.yaml", ["compile=null"])
     import_transformers()
     hf_model_type(cfg.model)  # an architecture transformers cannot hold fails before the weights are read
-    base_tokenizer = export_tokenizer(tokenizer or cfg.tokenizer.identifier, cfg.model)
+    if tokenizer is not None:
+        base_tokenizer: Optional[Tokenizer] = export_tokenizer(tokenizer, cfg.model)
+    else:
+        try:
+            base_tokenizer = export_tokenizer(cfg.tokenizer.identifier, cfg.model, "tokenizer.identifier")
+        except OLMoConfigurationError as e:
+            # E.g. a model imported without a tokenizer: the weights still export (and load in transformers).
+            log.warning("Exporting without tokenizer files: %s", e)
+            base_tokenizer = None
 
     log.info("Loading %s (step %d, %s).", info.path, info.step, "sharded" if info.sharded else "unsharded")
     model = OLMo(cfg.model, init_params=False)

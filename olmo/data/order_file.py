@@ -29,6 +29,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..util import default_file_mode
+
 __all__ = ["OrderSpec", "build_order", "order_in_memory", "read_order_record", "verify_order_file"]
 
 log = logging.getLogger(__name__)
@@ -152,6 +154,7 @@ def _build_file(folder: Path, spec: OrderSpec) -> str:
                     view.release()
             out.flush()
             os.fsync(out.fileno())
+        default_file_mode(tmp)  # mkstemp made it readable by its owner only
     except BaseException:
         os.unlink(tmp)
         raise

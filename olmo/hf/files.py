@@ -25,6 +25,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from ..checkpoint.files import safe_torch_load
 from ..config import ModelConfig
 from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
+from ..util import default_file_mode
 from ..util.tokenizer_files import load_base_tokenizer
 from .mapping import HF_MODEL_TYPES, build_hf_config, hf_model_type, import_transformers, to_hf_state
 
@@ -94,12 +95,13 @@ def write_hf_model(
     target: Path,
     model_state: Mapping[str, torch.Tensor],
     model_cfg: ModelConfig,
-    tokenizer: HFTokenizer,
+    tokenizer: Optional[HFTokenizer],
     dtype: torch.dtype,
     max_shard_bytes: int,
 ) -> list[str]:
     """Write the transformers model directory ``target`` from our model's full state dict: ``config.json``,
-    ``generation_config.json``, the weights (sharded above ``max_shard_bytes``) and the tokenizer files. Written
+    ``generation_config.json``, the weights (sharded above ``max_shard_bytes``) and the tokenizer files (none when
+    ``tokenizer`` is None). Written
     into a hidden sibling and renamed into place; returns the file names.
 
     :raises OLMoConfigurationError: for an architecture transformers cannot hold (before anything is written).
@@ -113,9 +115,10 @@ def write_hf_model(
         hf_config.save_pretrained(str(tmp))
         generation.save_pretrained(str(tmp))
         files = write_safetensors(tmp, state, dtype, max_shard_bytes)
-        files += write_tokenizer_files(
-            tmp, tokenizer, model_cfg.eos_token_id, model_cfg.pad_token_id, model_cfg.max_sequence_length
-        )
+        if tokenizer is not None:
+            files += write_tokenizer_files(
+                tmp, tokenizer, model_cfg.eos_token_id, model_cfg.pad_token_id, model_cfg.max_sequence_length
+            )
     return files
 
 
@@ -147,6 +150,9 @@ def staging_dir(target: Path) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
+        for file in tmp.rglob("*"):
+            if file.is_file():
+                default_file_mode(file)  # safetensors writes its files for their owner only
         if target.exists():
             raise OLMoCheckpointError(f"'{target}' appeared while it was being written; nothing was written.")
         tmp.rename(target)
@@ -240,7 +246,14 @@ def read_hf_config(path: Path) -> Any:
         raise _not_a_model(path, f"its config.json has model_type={model_type!r}")
     transformers = import_transformers()
     config_class = transformers.Olmo2Config if model_type == "olmo2" else transformers.OlmoConfig
-    return config_class.from_pretrained(str(path), local_files_only=True)
+    try:
+        return config_class.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # transformers validates fields with several exception types of its own
+        why = " ".join(str(e).split())
+        raise OLMoConfigurationError(
+            f"The config.json of this {model_type} model in '{path}' is damaged; nothing was written: {why}. Fix the "
+            f"field it names, or save the model again with transformers' save_pretrained."
+        ) from None
 
 
 def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -253,8 +266,7 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     if (path / SAFETENSORS_INDEX).is_file():
-        weight_map = json.loads((path / SAFETENSORS_INDEX).read_text())["weight_map"]
-        files = sorted(set(weight_map.values()))
+        files = _index_files(path / SAFETENSORS_INDEX)
     elif (path / "model.safetensors").is_file():
         files = ["model.safetensors"]
     elif (path / "pytorch_model.bin").is_file():
@@ -271,6 +283,24 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError) as e:
             raise OLMoCheckpointError(f"Could not read '{path / file}' ({e}); it is damaged or missing.") from None
     return state
+
+
+def _index_files(index: Path) -> list[str]:
+    """The shard files a ``model.safetensors.index.json`` names (plain names in its folder, nothing else).
+
+    :raises OLMoCheckpointError: for an index that is not JSON with a ``weight_map`` of names to file names.
+    """
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+        if not files or not all(isinstance(f, str) and f == Path(f).name and f not in (".", "..") for f in files):
+            raise ValueError(f"its files must be plain names in its folder, got {files[:3]}")
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+        raise OLMoCheckpointError(
+            f"'{index}' is not a safetensors index ({type(e).__name__}: {e}); it must be JSON with a \"weight_map\" from "
+            f"each weight's name to its shard's file name. Re-save the model with transformers' save_pretrained."
+        ) from None
+    return files
 
 
 def hf_tokenizer_vocab_size(path: Path) -> Optional[int]:

@@ -31,6 +31,7 @@ import torch
 
 from ..config import ActivationType, LayerNormType, ModelConfig
 from ..exceptions import OLMoConfigurationError, OLMoError
+from ..model import OLMo
 
 __all__ = [
     "HF_MODEL_TYPES",
@@ -191,6 +192,28 @@ def _rope_theta(hf: Any) -> tuple[float, str]:
     return float("nan" if theta is None else theta), params.get("rope_type", params.get("type", "default"))
 
 
+_POSITIVE_SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
+
+
+def _size_problems(hf: Any) -> list[str]:
+    """Sizes of config.json that are not positive whole numbers (a damaged or hand-edited file)."""
+    out = []
+    for name in (*_POSITIVE_SIZES, "num_key_value_heads", "max_position_embeddings"):
+        value = getattr(hf, name, None)
+        if value is None and name not in _POSITIVE_SIZES:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            out.append(f"{name}={value!r} must be a positive whole number.")
+    if not out and hf.hidden_size % hf.num_attention_heads:
+        out.append(
+            f"hidden_size={hf.hidden_size} is not a multiple of num_attention_heads={hf.num_attention_heads}."
+        )
+    kv = getattr(hf, "num_key_value_heads", None)
+    if not out and kv and hf.num_attention_heads % kv:
+        out.append(f"num_attention_heads={hf.num_attention_heads} is not a multiple of num_key_value_heads={kv}.")
+    return out
+
+
 def _import_problems(hf: Any) -> list[str]:
     out = []
     if getattr(hf, "attention_bias", False):
@@ -218,6 +241,11 @@ def model_config_from_hf(hf: Any, vocab_size: Optional[int] = None) -> ModelConf
     if hf.model_type not in HF_MODEL_TYPES:
         raise OLMoConfigurationError(
             f"model_type={hf.model_type!r} is not an OLMo model; only {', '.join(HF_MODEL_TYPES)} convert."
+        )
+    sizes = _size_problems(hf)
+    if sizes:
+        raise OLMoConfigurationError(
+            f"The config.json of this {hf.model_type} model is damaged; nothing was written: {' '.join(sizes)}"
         )
     problems = _import_problems(hf)
     if problems:
@@ -346,8 +374,28 @@ def from_hf_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: s
             f"unexpected {unexpected[:5] or 'none'}"
             f"{' (and more)' if max(len(missing), len(unexpected)) > 5 else ''}. Is the directory complete?"
         )
+    for name in sorted(wanted):
+        if not state[name].is_floating_point():
+            raise OLMoConfigurationError(
+                f"The weight {name} in '{source}' is {str(state[name].dtype).replace('torch.', '')}, not floating "
+                f"point: a quantized or damaged export, which our model cannot hold. Convert the model's original "
+                f"float32, bfloat16 or float16 weights."
+            )
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in OLMo(cfg).state_dict().items()}
     out = {}
     for param in params:
         parts = [state[name] for name in param.hf]
-        out[param.ours] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        try:
+            out[param.ours] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        except RuntimeError as e:
+            raise OLMoConfigurationError(
+                f"The weights {param.hf} in '{source}' do not fit together: {e}"
+            ) from None
+        if tuple(out[param.ours].shape) != expected[param.ours]:
+            raise OLMoConfigurationError(
+                f"The weight {' + '.join(param.hf)} in '{source}' has shape {list(out[param.ours].shape)}, but its "
+                f"config.json makes it {list(expected[param.ours])}: the weights and config.json come from different "
+                f"models, or a file is damaged. Nothing was written."
+            )
     return out

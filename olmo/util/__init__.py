@@ -42,6 +42,7 @@ __all__ = [
     "machine_info",
     "nearest_existing",
     "remove_path",
+    "default_file_mode",
     "unwritable_reason",
     "REMOTE_SDKS",
     "REMOTE_DATA_SCHEMES",
@@ -166,6 +167,27 @@ def resource_path(path: Union[str, Path]) -> Path:
         return Path(cached_path(str(path)))
     except Exception as e:  # cached-path raises many types (HTTP, boto, FileNotFound)
         raise OLMoCliError(f"Could not fetch '{path}': {e}. Check the URL and your network access.") from None
+
+
+def default_file_mode(path: Union[str, Path]) -> None:
+    """Give a file the permissions a plain ``open(path, "w")`` would (``0o666`` less the umask): files written
+    through ``tempfile.mkstemp`` or by libraries that do (safetensors) are otherwise readable by their owner only."""
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (setting it to read it back races with
+    other threads that create files)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def remove_path(path: Union[str, Path]) -> None:

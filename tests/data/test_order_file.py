@@ -2,6 +2,7 @@
 relaunch reuses it after a cheap check, and neither DataLoader workers nor other ranks recompute it."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,16 @@ def test_the_file_holds_olmos_permutation_and_is_mapped_not_copied(tmp_path):
         "shuffle": True,
         "bytes": 4 * n,
     }
+
+
+def test_the_order_file_is_readable_by_whoever_may_read_the_run(tmp_path):
+    """Built through mkstemp (owner-only), it is then given the umask's mode, as every other run file is."""
+    old = os.umask(0o022)
+    try:
+        IterableDataset(Numbers(100), 8, seed=5, work_dir=tmp_path)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "global_indices.npy").stat().st_mode & 0o777 == 0o644
 
 
 def test_a_relaunch_reuses_the_file_and_a_damaged_one_is_refused(tmp_path, monkeypatch):
