@@ -52,7 +52,7 @@ from olmo.ladder.report import (
     rung_status,
 )
 from olmo.ladder.run_planner import format_plan
-from olmo.util import env_rank, env_world_size
+from olmo.util import env_rank, env_world_size, unwritable_reason
 
 log = logging.getLogger("ladder")
 
@@ -97,8 +97,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         else:
             print("\n\n".join(describe_rung(r) for r in rungs))
     elif args.command == "plot-lr":
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+        out = _output_folder(args.out)
         for rung in rungs:
             plot_lr(rung, out / f"lr_{rung.name}.png")
             print(out / f"lr_{rung.name}.png")
@@ -180,13 +179,27 @@ def run(ladder: LadderConfig, args: argparse.Namespace) -> int:
     return code
 
 
+def _output_folder(out: str) -> Path:
+    """The folder of ``--out``, created.
+
+    :raises OLMoCliError: where it cannot be a folder this user writes to (a file, say).
+    """
+    folder = Path(out)
+    problem = unwritable_reason(folder)
+    if problem is not None:
+        raise OLMoCliError(
+            f"--out={out!r} cannot hold the output: {problem}. Give a folder (it is created if missing)."
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def results(ladder: LadderConfig, args: argparse.Namespace) -> int:
     rungs = plan_ladder(ladder, args.size)
     report: dict[str, Any] = {"ladder": ladder.name, **ladder_results(rungs, ladder.fit_metric)}
     text = format_results(report)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+        out = _output_folder(args.out)
         (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
         (out / "results.md").write_text(text + "\n")
         if plot_loss_vs_compute(report, out / "loss_vs_compute.png"):

@@ -79,6 +79,10 @@ class KLReferenceConfig:
     is also saved as ``save_folder/stage{i}-step{N}`` so that a resume rebuilds the same reference."""
 
 
+MAX_STEPS = 10**12
+"""The longest run :func:`parse_duration_steps` accepts: a million times OLMo-2's longest."""
+
+
 def parse_duration_steps(
     duration: Union[int, str], global_batch: int, tokens_per_batch: int, instances_per_epoch: int
 ) -> int:
@@ -98,10 +102,18 @@ def parse_duration_steps(
             f"epochs with an ep suffix); a run of no steps would only write a checkpoint. Set --max_duration."
         )
     if unit == "T":
-        return math.ceil(amount / tokens_per_batch)
-    if unit == "ep":
-        return int(amount * (instances_per_epoch // global_batch))
-    return int(amount)
+        steps = amount / tokens_per_batch
+    elif unit == "ep":
+        steps = amount * (instances_per_epoch // global_batch)
+    else:
+        steps = amount
+    if steps > MAX_STEPS:
+        raise OLMoConfigurationError(
+            f"max_duration={duration!r} is {steps:.3g} steps of {tokens_per_batch:,} tokens; more than {MAX_STEPS:.0e} "
+            f"steps is taken for a typo (OLMo-2 13B trained 5e12 tokens in ~600k steps). Set --max_duration to the "
+            f"run's real length."
+        )
+    return math.ceil(steps) if unit == "T" else int(steps)
 
 
 def stage_data_config(run_data: DataConfig, stage_data: Optional[dict[str, Any]], where: str) -> DataConfig:

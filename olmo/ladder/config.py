@@ -225,6 +225,10 @@ def _size_spec(item: Any, key: str) -> SizeSpec:
     return dataclasses.replace(spec, **{k: v for k, v in named.items() if getattr(spec, k) is None})
 
 
+MAX_EXPONENT = 4
+MAX_CHINCHILLA_MULTIPLE = 10_000
+
+
 def validate_ladder(ladder: LadderConfig) -> None:
     """Check the values that types cannot, reporting every problem at once.
 
@@ -259,6 +263,22 @@ def validate_ladder(ladder: LadderConfig) -> None:
         "lr.reference_batch_tokens": ladder.lr.reference_batch_tokens,
     }
     problems += [f"{k}={v} must be positive." for k, v in positive.items() if not v > 0]
+    exponents = {
+        "batch.exponent": ladder.batch.exponent,
+        "lr.params_exponent": ladder.lr.params_exponent,
+        "lr.batch_exponent": ladder.lr.batch_exponent,
+    }
+    problems += [
+        f"{k}={v} must be between -{MAX_EXPONENT} and {MAX_EXPONENT} (scaling rules use about 2/3 for the batch and "
+        f"-1/3 for the learning rate)."
+        for k, v in exponents.items()
+        if not -MAX_EXPONENT <= v <= MAX_EXPONENT
+    ]
+    if ladder.chinchilla_multiple > MAX_CHINCHILLA_MULTIPLE:
+        problems.append(
+            f"chinchilla_multiple={ladder.chinchilla_multiple} is more than {MAX_CHINCHILLA_MULTIPLE:,} "
+            f"(= {20 * MAX_CHINCHILLA_MULTIPLE:,} tokens per parameter; Llama-3 8B trained ~1,900); use 0.5 to 100."
+        )
     if ladder.lr.warmup_tokens_per_param < 0:
         problems.append(f"lr.warmup_tokens_per_param={ladder.lr.warmup_tokens_per_param} must be >= 0.")
     if not 0 < ladder.assumed_mfu <= 1:

@@ -33,6 +33,7 @@ from omegaconf import OmegaConf as om
 
 from ..config import TrainConfig
 from ..config.cli import load_yaml, parse_override
+from ..config.stages import MAX_STEPS
 from ..config.validation import parse_duration_steps
 from ..exceptions import OLMoCliError, OLMoConfigurationError
 from .config import LadderConfig, SizeSpec
@@ -168,6 +169,10 @@ def _model_fields(spec: SizeSpec, sequence_length: int) -> dict[str, Any]:
     return fields
 
 
+MAX_BATCH_TOKENS = 10**9
+"""The largest global batch the batch rule may give: 250x OLMo-2's 4M tokens."""
+
+
 def _target_instances(ladder: LadderConfig, n_params: int) -> tuple[float, int]:
     """The batch rule: (target tokens, instances rounded as the rule says)."""
     rule = ladder.batch
@@ -223,7 +228,17 @@ def _plan_size(ladder: LadderConfig, base: _Base, spec: SizeSpec, device: Device
     shaped = base.shaped(spec, ladder.sequence_length)
     facts = model_facts(shaped)
     n = facts.num_non_embedding_params
-    target_tokens, instances = _target_instances(ladder, n)
+    try:
+        target_tokens, instances = _target_instances(ladder, n)
+        if not target_tokens <= MAX_BATCH_TOKENS:
+            raise OverflowError
+    except (OverflowError, ValueError):
+        raise OLMoConfigurationError(
+            f"size {spec.name!r}: the batch rule batch.tokens_coefficient={ladder.batch.tokens_coefficient} x "
+            f"({n:,} / batch.reference_params={ladder.batch.reference_params}) ^ batch.exponent={ladder.batch.exponent} "
+            f"is not a batch a run can have (at most {MAX_BATCH_TOKENS:.0e} tokens). Use the rule's usual values (e.g. exponent 2/3) or give the "
+            f"size a global_batch_size."
+        ) from None
     if spec.global_batch_size is not None:
         instances = spec.global_batch_size
     micro, devices = _micro_and_devices(ladder, spec, shaped, facts, device, instances)
@@ -247,7 +262,13 @@ def _plan_size(ladder: LadderConfig, base: _Base, spec: SizeSpec, device: Device
     if spec.max_duration is not None:
         steps = parse_duration_steps(spec.max_duration, instances, batch_tokens, 0)
     else:
-        steps = max(1, math.ceil(ladder.chinchilla_multiple * 20 * n / batch_tokens))
+        length = ladder.chinchilla_multiple * 20 * n / batch_tokens
+        if not length <= MAX_STEPS:
+            raise OLMoConfigurationError(
+                f"size {spec.name!r}: chinchilla_multiple={ladder.chinchilla_multiple} makes {length:.3g} steps of "
+                f"{batch_tokens:,} tokens, more than {MAX_STEPS:.0e}. Lower chinchilla_multiple (0.5 to 100 is usual)."
+            )
+        steps = max(1, math.ceil(length))
     warmup = math.ceil(rule.warmup_tokens_per_param * n / batch_tokens)
     if warmup >= steps:
         raise OLMoConfigurationError(

@@ -178,13 +178,9 @@ def default_file_mode(path: Union[str, Path]) -> None:
 def _umask() -> int:
     """The process's umask, read without changing it where Linux shows it (setting it to read it back races with
     other threads that create files)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    shown = _proc_field("/proc/self/status", "Umask")
+    if shown is not None and shown.isdigit():
+        return int(shown, 8)
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -92,6 +92,7 @@ def test_outputs_never_land_inside_inputs(tmp_path, run):
             r"remote_save_folder='s3:/bucket/prefix' is a s3:// URL with a slash",
         ),
         ("--data.paths=[https:/olmo-data.org/a.npy]", r"data\.paths\[0\]=.*https:// URL with a slash missing"),
+        ("--max_duration=1e300T", r"max_duration='1e300T' is [0-9.e+]+ steps .* more than 1e\+12"),
     ],
 )
 def test_names_and_urls_are_checked_before_anything_is_written(tmp_path, corpus, override, pattern):

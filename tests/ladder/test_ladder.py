@@ -272,6 +272,30 @@ def test_ladder_errors_print_one_paragraph_without_a_traceback():
     assert "Did you mean 'max_devices'" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "override, pattern",
+    [
+        ("--batch.exponent=1e6", r"batch\.exponent=1000000\.0 must be between -4 and 4"),
+        ("--lr.params_exponent=-50", r"lr\.params_exponent=-50\.0 must be between -4 and 4"),
+        ("--chinchilla_multiple=1e300", r"chinchilla_multiple=1e\+300 is more than 10,000"),
+        ("--batch.tokens_coefficient=1e300", r"size '60M': the batch rule .*at most 1e\+09 tokens"),
+    ],
+)
+def test_absurd_ladder_numbers_are_refused_with_their_bound(tmp_path, override, pattern):
+    with pytest.raises(OLMoConfigurationError, match=pattern):
+        run_main("ladder.py", "dry-run", OLMO, "--sizes=[60M]", override)
+    with pytest.raises(OLMoConfigurationError, match=pattern):
+        run_main("ladder.py", "run", OLMO, "--sizes=[60M]", f"--dir={tmp_path / 'ladder'}", "--size=60M", override)
+    assert not (tmp_path / "ladder").exists()
+
+
+def test_plot_lr_into_a_file_is_refused(tmp_path):
+    (tmp_path / "plots").write_text("not a folder")
+    with pytest.raises(OLMoCliError, match=r"--out='.*plots' cannot hold the output: .* is a file, not a folder"):
+        run_main("ladder.py", "plot-lr", OLMO, "--sizes=[60M]", f"--out={tmp_path / 'plots'}")
+    assert (tmp_path / "plots").read_text() == "not a folder"
+
+
 def test_compute_fit_recovers_known_parameters_with_errors_that_cover_them():
     rng = np.random.default_rng(0)
     flops = np.geomspace(1e15, 1e19, 6)
