@@ -28,7 +28,7 @@ import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Union
+from typing import Any, BinaryIO, Optional, Union
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
@@ -76,25 +76,34 @@ def fetch(checkpoint: str, name: str) -> Path:
 
 
 def refusal(path: Union[str, Path], e: BaseException) -> OLMoCheckpointError:
-    first_line = _ANSI.sub("", str(e)).strip().splitlines()
-    reason = next(
-        (line.strip() for line in first_line if "Unsupported" in line), first_line[0] if first_line else ""
-    )
+    """Our refusal of a file that weights-only loading stopped: names the object the file asked for (torch's
+    ``GLOBAL module.name``) and never repeats torch's advice to load it with ``weights_only=False``."""
+    text = _ANSI.sub("", str(e))
+    asked = re.search(r"GLOBAL ([\w.]+)", text)
+    if asked:
+        reason = f"it asks to run or build {asked.group(1)}, which is not a tensor or a plain value"
+    else:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        advice = ("weights_only", "Re-running", "documentation", "trusted source")
+        reason = next((line for line in lines if not any(a in line for a in advice)), type(e).__name__)[:200]
     return OLMoCheckpointError(
-        f"Refusing to load '{path}': it is not a plain tensor file ({type(e).__name__}: {reason}). Checkpoint "
-        f"files are loaded weights-only, so a file holding other pickled objects (code, custom classes) is "
-        f"never unpickled. Use a checkpoint written by this trainer, or load weights only with "
+        f"Refusing to load '{path}': {reason}. Checkpoint files are loaded weights-only, so code or other pickled "
+        f"objects in a file are never unpickled. Use a checkpoint written by this trainer, or load weights only with "
         f"--reset_trainer_state if only train.pt is affected."
     )
 
 
-def safe_torch_load(path: Path, mmap: bool = True, allowed_globals: Sequence[Any] = ()) -> Any:
+def safe_torch_load(
+    path: Path, mmap: bool = True, allowed_globals: Sequence[Any] = (), name: Optional[str] = None
+) -> Any:
     """``torch.load`` of a checkpoint file, weights-only, memory-mapped by default.
 
     :param allowed_globals: classes admitted besides tensors and plain values (``torch.serialization.safe_globals``
         entries), for files of the original OLMo trainer that hold a few harmless ones.
+    :param name: how errors name the file (its URL, for a file fetched into the cache); default ``path``.
     :raises OLMoCheckpointError: for a missing, unreadable or non-weights-only file.
     """
+    shown = name or str(path)
     try:
         # Memory-mapped: tensors are read straight from the page cache into the model and optimizer
         # instead of first being copied into freshly allocated memory (3-10x faster for large files).
@@ -102,12 +111,12 @@ def safe_torch_load(path: Path, mmap: bool = True, allowed_globals: Sequence[Any
             warnings.simplefilter("ignore", DeprecationWarning)  # numpy.core names in old pickles
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
-        raise OLMoCheckpointError(f"Checkpoint file '{path}' is missing.") from None
+        raise OLMoCheckpointError(f"Checkpoint file '{shown}' is missing.") from None
     except pickle.UnpicklingError as e:
-        raise refusal(path, e) from None
+        raise refusal(shown, e) from None
     except Exception as e:
         raise OLMoCheckpointError(
-            f"Could not read checkpoint file '{path}' ({type(e).__name__}: {_ANSI.sub('', str(e)).strip()[:300]}). "
+            f"Could not read checkpoint file '{shown}' ({type(e).__name__}: {_ANSI.sub('', str(e)).strip()[:300]}). "
             f"It is damaged or not a torch checkpoint file; copy it again or load another checkpoint."
         ) from None
 
@@ -129,7 +138,7 @@ def load_state_file(checkpoint: str, stem: str) -> dict[str, Any]:
                 raise OLMoCheckpointError(
                     f"Could not read '{st}' ({e}). It is damaged or not a safetensors file."
                 ) from None
-    state = safe_torch_load(fetch(checkpoint, f"{stem}.pt"))
+    state = safe_torch_load(fetch(checkpoint, f"{stem}.pt"), name=f"{checkpoint.rstrip('/')}/{stem}.pt")
     if not isinstance(state, dict):
         raise OLMoCheckpointError(
             f"'{checkpoint}/{stem}.pt' holds a {type(state).__name__}, not a state dict; it is not a checkpoint file."

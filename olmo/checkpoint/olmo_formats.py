@@ -331,9 +331,12 @@ def read_olmo_core(folder: Path) -> dict[str, torch.Tensor]:
     try:
         for key, meta in tensors.items():
             shape = tuple(int(s) for s in meta["shape"])
+            if any(s < 0 for s in shape):
+                raise ValueError(f"'{key}' has the shape {list(shape)}")
             numel = int(np.prod(shape, dtype=np.int64))
-            flat: Optional[torch.Tensor] = None  # allocated with the dtype of the first shard read
-            covered = 0
+            # Every shard is read and matched against the ranges it claims before the full tensor is allocated, so
+            # a damaged or crafted shape can never ask for more memory than the files hold.
+            pieces: list[tuple[list[tuple[int, int]], torch.Tensor]] = []
             for fname, spec in meta["shard_spec_per_file"].items():
                 ranges = [(a, b) for a, b in _flat_ranges(spec, shape) if b > a]
                 if not ranges:
@@ -341,18 +344,26 @@ def read_olmo_core(folder: Path) -> dict[str, torch.Tensor]:
                 if fname not in handles:
                     handles[fname] = safe_open(str(folder / fname), framework="pt")
                 local = handles[fname].get_tensor(key).reshape(-1)
-                if flat is None:
-                    flat = torch.empty(numel, dtype=local.dtype)
+                claimed = sum(end - start for start, end in ranges)
+                if claimed != local.numel() or not all(0 <= a and b <= numel for a, b in ranges):
+                    raise ValueError(
+                        f"{fname} holds {local.numel()} elements of '{key}' (shape {list(shape)}) but its metadata "
+                        f"places {claimed} at {ranges[:3]}"
+                    )
+                pieces.append((ranges, local))
+                if not meta.get("is_sharded", True):
+                    break  # replicated: every rank wrote the whole tensor
+            if not pieces:
+                raise ValueError(f"no file holds '{key}'")
+            covered = sum(local.numel() for _, local in pieces)
+            if covered < numel:
+                raise ValueError(f"its shards cover {covered} of the {numel} elements of '{key}'")
+            flat = torch.empty(numel, dtype=pieces[0][1].dtype)
+            for ranges, local in pieces:
                 pos = 0
                 for start, end in ranges:
                     flat[start:end] = local[pos : pos + end - start]
-                    pos, covered = pos + end - start, covered + end - start
-                if not meta.get("is_sharded", True):
-                    break  # replicated: every rank wrote the whole tensor
-            if flat is None:
-                raise ValueError(f"no file holds '{key}'")
-            if covered < flat.numel():
-                raise ValueError(f"its shards cover {covered} of the {flat.numel()} elements of '{key}'")
+                    pos += end - start
             out[key] = flat.reshape(shape)
     except (OSError, SafetensorError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise OLMoCheckpointError(

@@ -254,9 +254,10 @@ def trainer_state(info: CheckpointInfo) -> dict[str, Any]:
         original = load_train_state(path)
         check_trainer_state(path, original, ours=False)
         return convert_trainer_state(original, rank(), world_size, own_rng)
-    state = safe_torch_load(path)
+    shown = f"{info.path.rstrip('/')}/train.pt" if not info.sharded else str(path)
+    state = safe_torch_load(path, name=shown)
     if not isinstance(state, dict):
-        raise OLMoCheckpointError(f"'{path}' holds a {type(state).__name__}, not a trainer state.")
+        raise OLMoCheckpointError(f"'{shown}' holds a {type(state).__name__}, not a trainer state.")
     return state
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -234,7 +235,33 @@ def test_refusals_carry_our_advice_not_torchs(run, tmp_path):
         run_train(_config(run, tmp_path), f"--load_path={checkpoint}")
     message = str(error.value)
     assert "train.pt" in message and "weights-only" in message
+    assert re.search(r"it asks to run or build (builtins\.)?exec,", message)  # the refused object, named
+    assert "weights_only" not in message and "likely succeed" not in message  # torch's advice to unpickle it, not
     assert "bypass" not in message.lower() and "\x1b[" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize("payload", ["unsharded/train.pt", "unsharded/model.pt"])
+def test_a_refused_file_from_a_url_is_named_by_its_url(run, tmp_path, payload):
+    import functools
+    import http.server
+    import threading
+
+    import cached_path
+
+    checkpoint, sentinel = _poisoned_copy(run, tmp_path / "served", payload)
+    cached_path.set_cache_dir(tmp_path / "cache")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(checkpoint.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/{checkpoint.name}"
+    try:
+        with pytest.raises(OLMoCheckpointError, match="Refusing to load") as error:
+            run_train(_config(run, tmp_path), f"--load_path={url}")
+    finally:
+        server.shutdown()
+    message = str(error.value)
+    assert f"'{url}/{payload.split('/')[1]}'" in message and str(tmp_path / "cache") not in message
+    assert not sentinel.exists()
 
 
 def test_a_changed_model_config_is_an_error_not_a_reason_to_pass_over_checkpoints(run, tmp_path):
@@ -247,3 +274,18 @@ def test_a_changed_model_config_is_an_error_not_a_reason_to_pass_over_checkpoint
         run_train(write_config(tmp_path / "c.yaml", cfg), "--try_load_latest_save", "--model.d_model=64")
     assert {c.step for c in list_checkpoints(folder)} == {2, 4}
     assert not list(folder.glob(".*damaged*"))
+
+
+class _ShellPayload:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo this must never run",))
+
+
+def test_the_refusal_names_the_function_a_file_asks_for(tmp_path):
+    from olmo.checkpoint.files import safe_torch_load
+
+    torch.save({"weight": torch.zeros(2), "x": _ShellPayload()}, tmp_path / "model.pt")
+    with pytest.raises(OLMoCheckpointError, match=r"it asks to run or build posix\.system, which is not a tensor"):
+        safe_torch_load(tmp_path / "model.pt")

@@ -197,3 +197,36 @@ def test_unknown_incomplete_and_unsupported_directories_get_clear_errors(tmp_pat
     (legacy / "config.yaml").write_text("{}")
     with pytest.raises(OLMoCheckpointError, match="torch_legacy layout.*unshard.py"):
         inspect_checkpoint(str(legacy))
+
+
+@pytest.mark.parametrize("shape", [[2**40, 2**30], [-64, 32], [64, 64]])
+def test_an_olmo_core_shape_the_shards_cannot_fill_is_refused_before_allocating(tmp_path, shape):
+    import json
+
+    checkpoint = tmp_path / "step2"
+    shutil.copytree(FIXTURES / "olmo_core" / "step2", checkpoint)
+    meta_path = checkpoint / "model" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["tensors"]["transformer.wte.weight"]["shape"] = shape
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(
+        OLMoCheckpointError, match=r"olmo_core checkpoint folder '.*model'.*transformer\.wte\.weight"
+    ):
+        run_main("convert_olmo_checkpoint.py", checkpoint, tmp_path / "converted")
+    assert not (tmp_path / "converted").exists()
+
+
+def test_an_original_train_pt_whose_step_is_not_a_number_is_refused_before_any_write(tmp_path):
+    checkpoint = tmp_path / "step2-unsharded"
+    shutil.copytree(FIXTURES / "ddp" / "step2-unsharded", checkpoint)
+    state = load_train_state(checkpoint / "train.pt")
+    state["global_step"] = "2x"
+    torch.save(state, checkpoint / "train.pt")
+    with pytest.raises(
+        OLMoCheckpointError, match=r"train\.pt' is damaged: global_step is '2x', not a whole number"
+    ):
+        _resume(checkpoint, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(OLMoCheckpointError, match=r"global_step is '2x'"):
+        run_main("convert_olmo_checkpoint.py", checkpoint, tmp_path / "converted")
+    assert not (tmp_path / "converted").exists()
