@@ -99,6 +99,20 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+def _where_checkpoints_are(path: Path, flag: str) -> str:
+    """Advice for a checkpoint path that is not there: the checkpoints that are beside it, if any."""
+    near = [c.path for c in list_checkpoints(path.parent)][-3:]
+    if near:
+        return f"Checkpoints beside it: {', '.join(near)}; point {flag} at one of them."
+    resume = (
+        " (or, in train.py, resume a run's newest with --try_load_latest_save)" if flag == "--load_path" else ""
+    )
+    return (
+        f"'{path.parent}' holds no committed checkpoint; point {flag} at a step*/ directory with a {MARKER} file, "
+        f"as runs/RUN_NAME/step1000-unsharded{resume}."
+    )
+
+
 def inspect_checkpoint(path: str, flag: str = "--load_path", convertible: bool = False) -> CheckpointInfo:
     """Check that ``path`` is a complete, committed checkpoint, before anything is built or written.
 
@@ -114,8 +128,7 @@ def inspect_checkpoint(path: str, flag: str = "--load_path", convertible: bool =
     root = Path(path)
     if not root.is_dir():
         raise OLMoCheckpointError(
-            f"{flag} '{path}' does not exist or is not a directory. Point {flag} at a checkpoint directory such "
-            f"as {Path(path).parent}/step1000-unsharded (or resume with --try_load_latest_save)."
+            f"{flag} '{path}' does not exist or is not a directory. {_where_checkpoints_are(root, flag)}"
         )
     if ".tmp-" in name:
         raise OLMoCheckpointError(

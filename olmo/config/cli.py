@@ -48,27 +48,77 @@ def load_structured(
     """
     path = Path(path)
     raw = load_yaml(path)
-    try:
-        conf = om.merge(om.structured(schema), prepare(raw))
-    except OmegaConfBaseException as e:
-        raise error(e, f"in {path}") from None
+    problems: list[Exception] = []
+    conf = _merge_collecting(om.structured(schema), prepare(raw), f"in {path}", error, problems)
     for arg in overrides or []:
-        override = parse_override(arg, schema)
+        try:
+            override = parse_override(arg, schema)
+        except OLMoCliError as e:
+            problems.append(e)
+            continue
         try:
             conf = om.merge(conf, om.from_dotlist([override]))
         except yaml.YAMLError as e:
-            raise override_yaml_error(override, e) from None
+            problems.append(override_yaml_error(override, e))
         except OmegaConfBaseException as e:
-            raise error(e, f"from the command-line override '--{override}'") from None
+            problems.append(error(e, f"from the command-line override '--{override}'"))
         except (TypeError, ValueError) as e:  # e.g. a dotted path into a list: evaluators.1.label=x
-            raise OLMoConfigurationError(
-                f"Cannot apply the override '--{override}': {e}. A list can only be replaced as a whole "
-                f"(e.g. --data.paths=[a.npy,b.npy] or --evaluators=[]), not element by element."
-            ) from None
+            problems.append(
+                OLMoConfigurationError(
+                    f"Cannot apply the override '--{override}': {e}. A list can only be replaced as a whole "
+                    f"(e.g. --data.paths=[a.npy,b.npy] or --evaluators=[]), not element by element."
+                )
+            )
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        listing = "\n".join(f"  - {p}" for p in problems)
+        raise OLMoConfigurationError(
+            f"{path}{' and its command-line overrides' if overrides else ''} {'have' if overrides else 'has'} "
+            f"{len(problems)} problems; fix them all:\n{listing}"
+        )
     try:
         return om.to_object(conf)  # type: ignore[return-value]
     except OmegaConfBaseException as e:
         raise error(e, f"in {path} or its command-line overrides") from None
+
+
+def _merge_collecting(
+    conf: Any,
+    raw: Any,
+    source: str,
+    error: Callable[[OmegaConfBaseException, str], Exception],
+    problems: list[Exception],
+) -> Any:
+    """``raw`` merged into ``conf``; where that fails, each section and then each key is merged alone, so every
+    bad key of the file is reported (into ``problems``) rather than only the first."""
+    try:
+        return om.merge(conf, raw)
+    except OmegaConfBaseException as e:
+        first = e
+    if not isinstance(raw, DictConfig):
+        problems.append(error(first, source))
+        return conf
+    items = om.to_container(raw, resolve=False)
+    assert isinstance(items, dict)
+
+    def merge(conf: Any, value: Any, keys: list[Any]) -> Any:
+        nested = value
+        for key in reversed(keys):
+            nested = {key: nested}
+        try:
+            return om.merge(conf, om.create(nested))
+        except OmegaConfBaseException as e:
+            if isinstance(value, dict) and value:
+                for key, item in value.items():
+                    conf = merge(conf, item, [*keys, key])
+                return conf
+            problems.append(error(e, source))
+            return conf
+
+    for key, value in items.items():
+        conf = merge(conf, value, [key])
+    return conf
 
 
 _INTERPOLATION = re.compile(r"(?<!\\)\$\{")
@@ -221,7 +271,8 @@ def config_error(e: OmegaConfBaseException, source: str) -> OLMoConfigurationErr
         fix = f"Fix the value in the YAML file, or replace the whole list with --{list_key}=[...]."
     else:
         fix = f"Fix the value in the YAML file or override it, e.g. --{key}=VALUE."
-    return OLMoConfigurationError(f"Invalid config key '{key}' ({source}): {msg}. {fix}")
+    stop = "" if msg.endswith(("?", "!")) else "."
+    return OLMoConfigurationError(f"Invalid config key '{key}' ({source}): {msg}{stop} {fix}")
 
 
 def override_yaml_error(override: str, e: yaml.YAMLError) -> OLMoCliError:

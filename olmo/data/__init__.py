@@ -72,9 +72,11 @@ log = logging.getLogger(__name__)
 
 
 def build_memmap_dataset(
-    train_config: TrainConfig, data_config: DataConfig, include_instance_metadata: bool = True
+    train_config: TrainConfig, data_config: DataConfig, include_instance_metadata: bool = True, key: str = "data"
 ) -> MemMapDataset:
     """The instances of ``data_config`` (``data.paths``, or ``data.datasets`` with sorted labels).
+
+    :param key: where the section is in the config (``evaluators[0].data``), for errors.
 
     Chunk size and the pad and EOS tokens come from ``train_config.model``. Local paths may be glob
     patterns; their matches are used in sorted order, so the instance numbering does not depend on the file
@@ -86,19 +88,19 @@ def build_memmap_dataset(
     paths: list[str] = []
     metadata: list[dict[str, Any]] = []
     if data_config.paths and data_config.datasets:
-        raise OLMoConfigurationError("data.paths and data.datasets are mutually exclusive; set only one.")
+        raise OLMoConfigurationError(f"{key}.paths and {key}.datasets are mutually exclusive; set only one.")
     if data_config.paths:
-        paths = _expand(data_config.paths, "data.paths")
+        paths = _expand(data_config.paths, f"{key}.paths")
         metadata = [{} for _ in paths]
     elif data_config.datasets:
         for label in sorted(data_config.datasets):
-            label_paths = _expand(data_config.datasets[label], f"data.datasets.{label}")
+            label_paths = _expand(data_config.datasets[label], f"{key}.datasets.{label}")
             paths += label_paths
             metadata += [{"label": label} for _ in label_paths]
     else:
         raise OLMoConfigurationError(
-            "No training data: set data.paths to the token files (e.g. --data.paths=[tokens.npy]), or "
-            "data.datasets to label -> files."
+            f"No data: set {key}.paths to the token files (e.g. --{key}.paths=[tokens.npy]), or "
+            f"{key}.datasets to label -> files."
         )
     label_masks = data_config.label_mask_paths
     cfg = train_config
@@ -110,7 +112,7 @@ def build_memmap_dataset(
         include_instance_metadata=include_instance_metadata,
         generate_attention_mask=data_config.generate_attention_mask,
         pad_token_id=train_config.model.pad_token_id,
-        label_mask_paths=None if label_masks is None else _expand(label_masks, "data.label_mask_paths"),
+        label_mask_paths=None if label_masks is None else _expand(label_masks, f"{key}.label_mask_paths"),
         generate_doc_lengths=data_config.generate_doc_lengths,
         eos_token_id=train_config.model.eos_token_id,
         instance_filter_config=data_config.instance_filter,
@@ -119,6 +121,7 @@ def build_memmap_dataset(
         metadata_cache=Path(cfg.save_folder) / "train_data" / METADATA_CACHE_NAME,
         # A new run that replaces an old one (--save_overwrite without resuming) starts a new record.
         reuse_metadata_cache=not cfg.save_overwrite or cfg.try_load_latest_save or cfg.load_path is not None,
+        config_key=key,
     )
 
 

@@ -65,8 +65,6 @@ ChunkHook = Callable[[int, int, np.ndarray], None]
 """``on_chunk(file index, token offset, ids)`` of :meth:`MemMapDataset.validate`."""
 NPY_MAGIC = b"\x93NUMPY"
 _NPY_HEADER_READERS = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
-_TOKENS_KEY = "data.paths (or data.datasets)"
-_MASKS_KEY = "data.label_mask_paths"
 _logged_headers: set[str] = set()
 """Files whose npy header was logged in this process (a run builds several datasets over the same files)."""
 PROBE_BYTES = 1024
@@ -162,9 +160,11 @@ class MemMapDataset(Dataset):
         remote: RemoteDataConfig | None = None,
         metadata_cache: Union[str, os.PathLike[str], None] = None,
         reuse_metadata_cache: bool = True,
+        config_key: str = "data",
     ):
+        self.config_key = config_key  # where errors say the files come from: data, evaluators[0].data, ...
         if not paths:
-            raise OLMoConfigurationError("No token files given; list at least one file in data.paths.")
+            raise OLMoConfigurationError(f"No token files given; list at least one file in {config_key}.paths.")
         assert chunk_size > 0, f"chunk_size must be positive, got {chunk_size}"
         self.paths: list[str] = [str(p) for p in paths]
         self.chunk_size = chunk_size
@@ -172,8 +172,8 @@ class MemMapDataset(Dataset):
         self.label_mask_paths = None if label_mask_paths is None else [str(p) for p in label_mask_paths]
         if self.label_mask_paths is not None and len(self.label_mask_paths) != len(self.paths):
             raise OLMoConfigurationError(
-                f"data.label_mask_paths has {len(self.label_mask_paths)} entries for {len(self.paths)} token "
-                f"files; give exactly one label mask per token file (data.paths), in the same order."
+                f"{config_key}.label_mask_paths has {len(self.label_mask_paths)} entries for {len(self.paths)} token "
+                f"files; give exactly one label mask per token file ({config_key}.paths), in the same order."
             )
         per_file = [metadata or {}] * len(self.paths) if not isinstance(metadata, Sequence) else list(metadata)
         assert len(per_file) == len(self.paths), "metadata needs one dict per path"
@@ -322,7 +322,7 @@ class MemMapDataset(Dataset):
                 continue
             if n_tokens[i] == 0:
                 problems.append(
-                    f"Token file '{path}' is empty. Remove it from data.paths, or re-run the data preparation "
+                    f"Token file '{path}' is empty. Remove it from {self.config_key}.paths, or re-run the data preparation "
                     f"script that writes it."
                 )
         short = {i: n for i, n in n_tokens.items() if 0 < n < self.chunk_size}
@@ -331,7 +331,7 @@ class MemMapDataset(Dataset):
             problems.append(
                 f"No token file holds a full instance of chunk_size={self.chunk_size} tokens "
                 f"(model.max_sequence_length); the longest, '{self.paths[longest]}', has {short[longest]} "
-                f"tokens. Lower --model.max_sequence_length or add more data to data.paths."
+                f"tokens. Lower --model.max_sequence_length or add more data to {self.config_key}.paths."
             )
         else:
             for i, n in short.items():
@@ -382,10 +382,10 @@ class MemMapDataset(Dataset):
         if not used or len(unlabeled) < len(used):
             return []
         return [
-            f"No label mask in data.label_mask_paths holds a True in the tokens cut into instances ({len(used)} "
+            f"No label mask in {self.config_key}.label_mask_paths holds a True in the tokens cut into instances ({len(used)} "
             f"checked), so no token would be trained on and the loss would be 0.0 for the whole run. Regenerate "
             f"the masks (True marks a token to train on, such as an assistant reply), or remove "
-            f"data.label_mask_paths to train on every token."
+            f"{self.config_key}.label_mask_paths to train on every token."
         ]
 
     def _vocab_problems(
@@ -452,9 +452,17 @@ class MemMapDataset(Dataset):
                 raise OLMoDataError(
                     f"Label mask '{mask_path}' has {n_mask} entries but its token file '{path}' has {n} tokens. "
                     f"A label mask must be a bool memmap of the same length as its token file: check the order "
-                    f"of data.label_mask_paths against data.paths, or regenerate the mask."
+                    f"of {self.config_key}.label_mask_paths against {self.config_key}.paths, or regenerate the mask."
                 )
         return n
+
+    @property
+    def _tokens_key(self) -> str:
+        return f"{self.config_key}.paths (or {self.config_key}.datasets)"
+
+    @property
+    def _masks_key(self) -> str:
+        return f"{self.config_key}.label_mask_paths"
 
     def _layout(self, path: str, is_mask: bool) -> _Layout:
         """Where the items of a token file (or label mask) lie, found and checked once per file.
@@ -464,7 +472,7 @@ class MemMapDataset(Dataset):
         if (path, is_mask) in self._probe_errors:
             raise self._probe_errors[path, is_mask]
         if (path, is_mask) not in self._layouts:
-            kind, key = ("Label mask file", _MASKS_KEY) if is_mask else ("Token file", _TOKENS_KEY)
+            kind, key = ("Label mask file", self._masks_key) if is_mask else ("Token file", self._tokens_key)
             size, header = self._read_start(path, kind, key)
             if header is not None:
                 layout = self._header_layout(path, size, header, is_mask, f"{kind} '{path}' (an entry of {key})")
@@ -530,7 +538,7 @@ class MemMapDataset(Dataset):
                 found += f" in the non-native byte order '{header.dtype.byteorder}'"
             if is_mask:
                 raise OLMoDataError(
-                    f"{found}, but a label mask ({_MASKS_KEY}) must be bool. Re-save it: {save_as}."
+                    f"{found}, but a label mask ({self._masks_key}) must be bool. Re-save it: {save_as}."
                 )
             fix = f"re-save it as {self.dtype.name}: {save_as}"
             if header.dtype.isnative and header.dtype.name in MEMMAP_DTYPES:

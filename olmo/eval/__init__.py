@@ -83,7 +83,9 @@ def build_evaluators(
             task = build_task(ecfg.label, tokenizer, cfg.model.max_sequence_length)
             evaluators.append(DownstreamEvaluator(ecfg.label, task, **common))
         else:
-            dataset = build_memmap_dataset(cfg, ecfg.data, include_instance_metadata=True)
+            dataset = build_memmap_dataset(
+                cfg, ecfg.data, include_instance_metadata=True, key=f"evaluators[{i}].data"
+            )
             # Checked now, before training starts, not when the first evaluation runs; rank 0 scans the ids.
             dataset.validate(cfg.model.vocab_size, 2**31 if rank == 0 else 0)
             evaluators.append(

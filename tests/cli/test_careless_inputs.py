@@ -107,3 +107,40 @@ def test_names_and_urls_are_checked_before_anything_is_written(tmp_path, corpus,
         os.chdir(cwd)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]
     assert not (tmp_path.parent / "escaped").exists()
+
+
+def test_every_config_problem_is_reported_at_once(tmp_path):
+    """Bad keys and values in the file and in the overrides come in one report, each naming its key and source."""
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiny/OLMo-tiny.yaml").read_text())
+    config["seed"] = "x"
+    config["optimizer"]["lr"] = 3
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config))
+    result = run_script(
+        "train.py", tmp_path / "bad.yaml", "--model.n_layer=2", "--optimizer.learning_rate=abc", "--dry_run"
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    err = result.stderr
+    assert "has 4 problems" in err or "have 4 problems" in err, err
+    assert "Invalid config key 'seed' (in " in err and "Invalid config key 'optimizer.lr' (in " in err
+    assert "'model.n_layer' (from the command-line override '--model.n_layer=2')" in err
+    assert "'optimizer.learning_rate' (from the command-line override '--optimizer.learning_rate=abc')" in err
+    assert "Did you mean: 'n_layers'? Remove" in err  # no "?." before the advice
+
+
+def test_errors_point_at_what_the_user_gave(tmp_path, run, corpus):
+    # eval.py on a checkpoint that is not there lists the ones beside it, and no train.py flag.
+    with pytest.raises(
+        OLMoCheckpointError, match=r"Checkpoints beside it: .*step2-unsharded.*point CHECKPOINT_DIR"
+    ) as e:
+        run_main("eval.py", run / "step9-unsharded")
+    assert "--try_load_latest_save" not in str(e.value)
+    # An evaluator's files are named as the evaluator's, not as data.paths.
+    for paths in (["/nonexistent/val.npy"], [str(tmp_path / "empty.npy")]):
+        (tmp_path / "empty.npy").write_bytes(b"")
+        evaluators = [{"label": "val", "type": "lm", "data": {"paths": paths}}]
+        config = write_config(
+            tmp_path / "c.yaml", tiny_config_dict(tmp_path / "new", corpus, max_duration=1, evaluators=evaluators)
+        )
+        with pytest.raises(Exception, match=r"evaluators\[0\]\.data\.paths") as e:
+            run_train(config)
+        assert "an entry of data.paths" not in str(e.value) and "Remove it from data.paths" not in str(e.value)
