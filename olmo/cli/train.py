@@ -27,7 +27,7 @@ from olmo.config.docs import describe_config
 from olmo.data import MemMapDataset, build_memmap_dataset
 from olmo.distributed import DistEnv, barrier, build_model, init_distributed, teardown_distributed
 from olmo.eval import Evaluator, build_evaluators
-from olmo.exceptions import OLMoCliError
+from olmo.exceptions import OLMoCliError, OLMoConfigurationError, OLMoDataError
 from olmo.hf.files import check_hf_export
 from olmo.ladder.run_planner import format_plan, plan_run
 from olmo.model import describe_attention
@@ -71,10 +71,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     # Every rank checks the files; only rank 0 pays for the full token-id scan. A staged run checks every
     # stage's data.
     scan_tokens = 2**31 if env_rank() == 0 else 0
-    for stage in stages.stages:
-        if stage.segment == stage.index:  # the first stage of its data
-            dataset_of(stage.data).validate(cfg.model.vocab_size, scan_tokens)
-    evaluators = build_evaluators(cfg, world_size=env_world_size(), rank=env_rank())
+    try:
+        for stage in stages.stages:
+            if stage.segment == stage.index:  # the first stage of its data
+                dataset_of(stage.data).validate(cfg.model.vocab_size, scan_tokens)
+        evaluators = build_evaluators(cfg, world_size=env_world_size(), rank=env_rank())
+    except (OLMoDataError, OLMoConfigurationError):
+        if cfg.dry_run and env_rank() == 0:  # the plan needs no data: show it, then what is wrong with the data
+            print(format_plan(plan_run(cfg, env_world_size(), None)))
+        raise
     if cfg.dry_run and not cfg.force_save_unsharded:
         if env_rank() == 0:
             print(format_plan(plan_run(cfg, env_world_size(), len(dataset_of(stages.stages[0].data)))))

@@ -23,16 +23,12 @@ _URL = re.compile(r"^[a-z0-9]+://")
 
 
 def _path_glob(*patterns: str) -> list[str]:
-    """Sorted matches of every pattern, concatenated; a pattern that matches nothing is an error."""
+    """Sorted matches of every pattern, concatenated. A pattern that matches nothing stays as it is: the config
+    still loads (for ``--help``, ``--dry_run``'s plan, a ladder's dry run), and building the data then stops with
+    an error naming the key and the pattern (:func:`olmo.data.build_memmap_dataset`)."""
     matches: list[str] = []
     for pattern in patterns:
-        found = sorted(glob.glob(pattern))
-        if not found:
-            raise OLMoConfigurationError(
-                f"${{path.glob:{pattern}}} matched no files. Check the pattern, or create the data "
-                f"first (see scripts/prepare_memmap_dataset.py)."
-            )
-        matches.extend(found)
+        matches.extend(sorted(glob.glob(pattern)) or [pattern])
     return matches
 
 

@@ -60,7 +60,11 @@ def _write(path, array):
             OLMoConfigurationError,
             r"global_train_batch_size=6.*--global_train_batch_size=4",
         ),
-        (["--data.paths=${path.glob:/nonexistent/*.npy}"], OLMoConfigurationError, r"matched no files"),
+        (
+            ["--data.paths=${path.glob:/nonexistent/*.npy}"],
+            OLMoDataError,
+            r"'/nonexistent/\*\.npy' matches no file",
+        ),
     ],
 )
 def test_config_errors(tmp_path, corpus, args, error, pattern):

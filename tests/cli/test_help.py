@@ -3,6 +3,8 @@
 import dataclasses
 import importlib.util
 import inspect
+import json
+import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,7 +15,7 @@ import torch.distributed
 
 from olmo.config import TrainConfig
 from olmo.config.docs import field_docs, format_value, undocumented_fields
-from olmo.exceptions import OLMoConfigurationError
+from olmo.exceptions import OLMoConfigurationError, OLMoDataError
 from olmo.testing import run_main, run_script, tiny_config_dict, write_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -182,3 +184,26 @@ def _run_as_user(path: Path, args: list[str]) -> subprocess.CompletedProcess[str
     if path.suffix == ".sh":
         return subprocess.run(["bash", str(path), *args], capture_output=True, text=True, timeout=60)
     return run_script(path.name, *args, timeout=120)
+
+
+def test_help_and_plans_need_no_data(tmp_path, capsys):
+    """On a fresh clone, before the quickstart prepared data/quickstart: --help lists the fields, --dry_run prints
+    the plan and then names the missing data, and the ladder's dry run plans every size."""
+    import shutil
+
+    shutil.copytree(REPO / "configs", tmp_path / "configs")  # their paths are relative to the working directory
+    cwd = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        assert run_main("train.py", "configs/tiny/OLMo-tiny.yaml", "--help") == 0
+        assert "data.paths" in capsys.readouterr().out
+        with pytest.raises(
+            OLMoDataError, match=r"data\.paths entry 'data/quickstart/train/\*\.npy' matches no file"
+        ):
+            run_main("train.py", "configs/tiny/OLMo-tiny.yaml", "--dry_run")
+        assert "duration: 150 steps" in capsys.readouterr().out
+        assert run_main("ladder.py", "dry-run", "configs/ladder/tiny.yaml", "--json") == 0
+        assert len(json.loads(capsys.readouterr().out)) >= 2
+    finally:
+        os.chdir(cwd)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["configs"]  # nothing written

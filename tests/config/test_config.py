@@ -89,10 +89,16 @@ def test_env_interpolation_and_glob_resolver(tmp_path, monkeypatch):
     assert [Path(p).name for p in cfg.data.paths] == ["a.npy", "b.npy"]
 
 
-def test_glob_with_no_match_is_a_config_error(tmp_path):
+def test_glob_with_no_match_loads_and_fails_when_the_data_is_built(tmp_path):
+    """The config loads (--help and a dry run's plan need no data); the data names the key and the pattern."""
+    from olmo.data import build_memmap_dataset
+    from olmo.exceptions import OLMoDataError
+
     path = _config(tmp_path, **{"data.paths": f"${{path.glob:{tmp_path}/nothing/*.npy}}"})
-    with pytest.raises(OLMoConfigurationError, match="matched no files"):
-        TrainConfig.load(path)
+    cfg = TrainConfig.load(path)
+    assert cfg.data.paths == [f"{tmp_path}/nothing/*.npy"]
+    with pytest.raises(OLMoDataError, match=r"data\.paths entry '.*nothing/\*\.npy' matches no file"):
+        build_memmap_dataset(cfg, cfg.data)
 
 
 def test_unknown_key_suggests_the_right_one(tmp_path):
