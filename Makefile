@@ -4,13 +4,17 @@ PY := $(VENV)/bin/python
 
 .PHONY: install checks test quickstart clean tokenizers
 
+# pip runs without -q so that the ~2 minutes of a first install show each package as it is fetched and installed.
 $(PY):
+	@echo "[install 1/2 $$(date +%T)] a virtualenv in $(VENV) and torch 2.13.0 (~1 minute on a fresh machine)"
 	python3 -m venv $(VENV)
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build on CPU machines.
-	$(VENV)/bin/pip install -q "torch==2.13.0"
+	$(VENV)/bin/pip install --progress-bar off "torch==2.13.0"
 
 install: $(PY)
-	$(VENV)/bin/pip install -q -e ".[dev,hf]"
+	@echo "[install 2/2 $$(date +%T)] olmo-trainer and its dependencies, editable (~1 minute on a fresh machine)"
+	$(VENV)/bin/pip install --progress-bar off -e ".[dev,hf]"
+	@echo "[install done $$(date +%T)]"
 
 checks: install
 	$(VENV)/bin/ruff check olmo scripts tests

@@ -161,7 +161,7 @@ class DownstreamEvaluator(Evaluator):
         batches = (self.task.collate_fn(samples[i : i + bs]) for i in range(0, len(samples), bs))
         metrics = {kind: ICLMetric(metric_type=kind) for kind in _SCORES[self.task.metric_type]}
         target = as_eval_target(target, device)
-        for batch, logits in forward_in_lockstep(target, batches, -(-len(samples) // bs), device):
+        for batch, logits in forward_in_lockstep(target, batches, -(-len(samples) // bs), device, self.label):
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             for metric in metrics.values():
                 metric.update(batch, logits)

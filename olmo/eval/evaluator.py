@@ -10,6 +10,7 @@ Evaluators run forward passes through an :class:`EvalTarget`'s ``eval_batch``: i
 from __future__ import annotations
 
 import abc
+import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Optional, Protocol, Union
@@ -21,8 +22,11 @@ import torch.nn as nn
 from ..distributed.collectives import all_reduce
 from ..exceptions import OLMoConfigurationError
 from ..model.loss import per_token_cross_entropy
+from ..util.progress import ProgressLog
 
 __all__ = ["Evaluator", "EvalTarget", "ModelEval", "EvalRunner", "rank_order", "forward_in_lockstep"]
+
+log = logging.getLogger(__name__)
 
 
 class EvalTarget(Protocol):
@@ -136,9 +140,10 @@ def rank_order(n: int, seed: int, world_size: int, rank: int) -> list[int]:
 
 
 def forward_in_lockstep(
-    target: EvalTarget, batches: Iterable[dict[str, Any]], num_batches: int, device: torch.device
+    target: EvalTarget, batches: Iterable[dict[str, Any]], num_batches: int, device: torch.device, label: str = ""
 ) -> Iterator[tuple[dict[str, Any], torch.Tensor]]:
-    """Yield ``(batch, logits)`` for each of this rank's ``num_batches`` batches.
+    """Yield ``(batch, logits)`` for each of this rank's ``num_batches`` batches, logging the progress of a long
+    evaluation (``label``) every 30 seconds.
 
     Ranks can hold different numbers of batches. With FSDP every forward pass gathers parameters from
     all ranks, so a rank that stopped early would leave the others waiting forever: a rank that runs out
@@ -147,7 +152,9 @@ def forward_in_lockstep(
     steps = torch.tensor(num_batches, device=device)
     all_reduce(steps, dist.ReduceOp.MAX)
     it = iter(batches)
+    progress = ProgressLog(f"Evaluating {label or 'batches'}", int(steps), "batches", log)
     for step in range(int(steps)):
+        progress.update(step)
         if step < num_batches:
             batch = next(it)
             logits = target.eval_batch(batch)  # (B, T, embedding_size)
@@ -155,6 +162,7 @@ def forward_in_lockstep(
             yield batch, logits
         else:
             target.eval_batch({"input_ids": torch.zeros((1, 1), dtype=torch.long, device=device)})
+    progress.update(int(steps))
 
 
 class EvalRunner:

@@ -81,7 +81,7 @@ class LMEvaluator(Evaluator):
         )
         row_of = {name: i for i, name in enumerate(self.dataset_labels)}
         totals = torch.zeros(len(row_of), 2, dtype=torch.float64, device=device)  # (loss sum, tokens) per label
-        for batch, logits in forward_in_lockstep(target, loader, len(loader), device):
+        for batch, logits in forward_in_lockstep(target, loader, len(loader), device, self.label):
             loss_sum, n_tokens = _instance_losses(batch, logits)  # (B,), (B,)
             rows = torch.tensor(
                 [row_of[_label_of(batch, i, self.label)] for i in range(len(loss_sum))], device=device

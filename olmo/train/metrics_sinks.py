@@ -13,10 +13,12 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from ..config import TrainConfig
+from ..util.progress import estimate_left, format_duration
 
 __all__ = ["MetricsLogger", "ConsoleSink", "JsonlSink", "WandbSink"]
 
@@ -49,8 +51,16 @@ class ConsoleSink:
         ("throughput/mfu", "mfu"),
     )
 
-    def __init__(self, interval: int, max_steps: int, progress_bar: Optional[bool] = None):
+    def __init__(
+        self,
+        interval: int,
+        max_steps: int,
+        progress_bar: Optional[bool] = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.interval, self.max_steps = max(1, interval), max_steps
+        self.clock, self.start = clock, clock()
+        self.first: Optional[tuple[int, float]] = None  # (step, time) of this launch's first logged step
         self.progress: Any = None
         if progress_bar if progress_bar is not None else sys.stderr.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -67,6 +77,9 @@ class ConsoleSink:
             self.progress.start()
 
     def log(self, step: int, metrics: dict[str, float], eval_keys: Optional[list[str]]) -> None:
+        now = self.clock()
+        if self.first is None:
+            self.first = (step, now)
         loss = metrics.get("train/CrossEntropyLoss")
         if self.progress is not None and loss is not None:
             self.progress.update(self.task, completed=step, status=f"loss {loss:.4f}")
@@ -74,6 +87,11 @@ class ConsoleSink:
             log.info("[step=%d] %s", step, " ".join(f"{k}={_format(metrics[k])}" for k in eval_keys))
         elif step % self.interval == 0:
             parts = [f"{short}={_format(metrics[key])}" for key, short in self.KEYS if key in metrics]
+            parts.append(f"elapsed={format_duration(now - self.start)}")
+            # The rate since this launch's first step (its compile and warm-up excluded), evaluations included.
+            left = estimate_left(step - self.first[0], self.max_steps - self.first[0], now - self.first[1])
+            if left is not None:
+                parts.append(f"eta={format_duration(left)}")
             log.info("[step=%d/%d] %s", step, self.max_steps, " ".join(parts))
 
     def close(self, summary: dict[str, Any], exit_code: int) -> None:

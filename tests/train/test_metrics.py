@@ -32,16 +32,19 @@ def test_jsonl_sink_appends_one_line_per_step_across_launches(tmp_path):
 
 
 def test_console_sink_shows_training_every_interval_and_evaluations_in_full(caplog):
-    sink = ConsoleSink(interval=2, max_steps=4, progress_bar=False)
+    now = [100.0]
+    sink = ConsoleSink(interval=2, max_steps=4, progress_bar=False, clock=lambda: now[0])
     with caplog.at_level(logging.INFO, logger="olmo.train.metrics_sinks"):
+        now[0] += 30  # the first step (compile, warm-up) takes 30 s, the others 5 s each
         for step in range(1, 5):
             sink.log(step, {"train/CrossEntropyLoss": 1.5, "optim/total_grad_norm": 1234.5}, None)
+            now[0] += 5
         sink.log(4, {"eval/x/Perplexity": 12.345}, ["eval/x/Perplexity"])
         sink.close({"global step": 4}, 0)
     lines = [r.getMessage() for r in caplog.records]
     assert lines[:3] == [
-        "[step=2/4] loss=1.5000 grad_norm=1,234",
-        "[step=4/4] loss=1.5000 grad_norm=1,234",
+        "[step=2/4] loss=1.5000 grad_norm=1,234 elapsed=0:00:35 eta=0:00:10",  # the rate after the first step
+        "[step=4/4] loss=1.5000 grad_norm=1,234 elapsed=0:00:45 eta=0:00:00",
         "[step=4] eval/x/Perplexity=12.35",
     ]
     assert lines[3] == "Run summary:\n  global step: 4"
