@@ -338,19 +338,22 @@ def _distributed(cfg: TrainConfig, world_size: int) -> str:
     return f"FSDP {strategy} over {world_size} ranks (sharded {_shard_degree(cfg, world_size)} ways)"
 
 
-def _max_steps(cfg: TrainConfig, instances_per_epoch: Optional[int], notes: list[str]) -> Optional[int]:
+def _max_steps(
+    cfg: TrainConfig, instances_per_epoch: Optional[int], notes: list[str]
+) -> tuple[Optional[int], int]:
     """The run's optimizer steps by the trainer's own rule (:func:`olmo.train.stages.plan_stages`: ``max_duration``, or
-    the sum of the ``stages``); None for a length in epochs when the dataset's size is not given."""
+    the sum of the ``stages``), None for a length in epochs when the dataset's size is not given; and how many of
+    them train with a KL penalty (each also runs the reference model forward)."""
     durations = [cfg.max_duration, *(stage.max_duration for stage in cfg.stages or [])]
     if instances_per_epoch is None and any(str(d).strip().endswith("ep") for d in durations if d is not None):
         notes.append("The length is given in epochs: its steps need the dataset's size.")
-        return None
+        return None, 0
     stages = plan_stages(cfg, lambda _data: instances_per_epoch or 0)
     if stages.staged:
         notes.append(stages.describe())
     if cfg.stop_at is not None and cfg.stop_at < stages.total_steps:
         notes.append(f"stop_at={cfg.stop_at} ends the run before its last step ({stages.total_steps:,}).")
-    return stages.total_steps
+    return stages.total_steps, sum(s.num_steps for s in stages.stages if s.kl_beta)
 
 
 def plan_run(
@@ -372,9 +375,16 @@ def plan_run(
     facts = facts or model_facts(cfg)
     device = resolve_device(device_type, cfg.speed_monitor.gpu_flops_available)
     m, notes = cfg.model, list[str]()
-    max_steps = _max_steps(cfg, instances_per_epoch, notes)
+    max_steps, kl_steps = _max_steps(cfg, instances_per_epoch, notes)
     total_tokens = None if max_steps is None else max_steps * cfg.tokens_per_batch
     train_flops = None if total_tokens is None else float(facts.flops_per_token) * total_tokens
+    if train_flops is not None and kl_steps:
+        # The reference's forward pass is a third of a training step's 6N (2N forward, 4N backward).
+        reference = facts.flops_per_token / 3 * kl_steps * cfg.tokens_per_batch
+        train_flops += reference
+        notes.append(
+            f"FLOPs include the KL reference's forward passes ({kl_steps:,} steps, {format_count(reference)})."
+        )
     memory = estimate_memory(cfg, facts, world_size, device, cfg.device_train_microbatch_size)
     capacity, rate = device.memory_bytes, world_size * (device.peak_flops or 0.0) * mfu
     wall = train_flops / rate if train_flops is not None and rate else None

@@ -91,7 +91,7 @@ class StagePlan:
         cost = (
             "; a KL stage also holds the frozen reference (one more copy of the weights, sharded like them) and "
         )
-        cost += "runs its forward pass every step (not in the estimates here)"
+        cost += "runs its forward pass every step (in the FLOPs and time here; its weights are not in the memory)"
         return f"{len(self.stages)} stages: " + ", ".join(parts) + (cost if kl else "")
 
     def segment_start(self, stage: Stage) -> int:
