@@ -8,8 +8,10 @@ the remote upload client) through low-level helpers only, so the config layer im
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
+import math
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -122,6 +124,32 @@ def _model_problems(cfg: TrainConfig) -> list[str]:
         token = getattr(m, name)
         if not 0 <= token < m.effective_embedding_size:
             out.append(f"model.{name}={token} is outside the embedding (size {m.effective_embedding_size}).")
+    return out + _model_size_problems(cfg)
+
+
+MAX_LAYERS = 4096
+MAX_SEQUENCE_LENGTH = 2**24
+MAX_PARAMS = 10**13
+
+
+def _model_size_problems(cfg: TrainConfig) -> list[str]:
+    """Sizes no model has (a typo, an extra zero): refused before the model is built on the meta device, which for
+    a hundred million layers would take hours."""
+    m, out = cfg.model, list[str]()
+    if m.n_layers > MAX_LAYERS:
+        out.append(
+            f"model.n_layers={m.n_layers:,} is more than {MAX_LAYERS:,}; the deepest released models have ~130."
+        )
+    if m.max_sequence_length > MAX_SEQUENCE_LENGTH:
+        out.append(
+            f"model.max_sequence_length={m.max_sequence_length:,} is more than {MAX_SEQUENCE_LENGTH:,} tokens."
+        )
+    approx = 12 * m.n_layers * m.d_model**2 + 2 * max(m.effective_embedding_size, 0) * m.d_model
+    if not out and approx > MAX_PARAMS:
+        out.append(
+            f"model.d_model={m.d_model:,} with model.n_layers={m.n_layers:,} makes about {approx:.2g} parameters, "
+            f"more than {MAX_PARAMS:.0e} (a typo?); OLMo-2 32B has d_model 5120 and 64 layers."
+        )
     return out
 
 
@@ -263,8 +291,17 @@ def _instance_filter_problems(cfg: TrainConfig) -> list[str]:
 def _optim_problems(cfg: TrainConfig) -> list[str]:
     o, s = cfg.optimizer, cfg.scheduler
     out: list[str] = []
-    if o.learning_rate <= 0:
-        out.append(f"optimizer.learning_rate={o.learning_rate} must be positive.")
+    if not 0 < o.learning_rate < math.inf:
+        out.append(f"optimizer.learning_rate={o.learning_rate} must be a positive, finite number.")
+    for section, values in (("optimizer", o), ("scheduler", s)):
+        for field in dataclasses.fields(values):
+            value = getattr(values, field.name)
+            if isinstance(value, float) and not math.isfinite(value) and field.name != "learning_rate":
+                out.append(f"{section}.{field.name}={value} must be a finite number.")
+    for name in ("max_grad_norm", "max_grad_norm_ratio"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, float) and math.isnan(value):
+            out.append(f"{name}={value} must be a number (or null to disable).")
     if not all(0.0 <= b < 1.0 for b in o.betas):
         out.append(f"optimizer.betas={list(o.betas)} must each be in [0, 1).")
     if s.t_warmup < 0:
@@ -291,6 +328,13 @@ def _run_name_problems(cfg: TrainConfig) -> list[str]:
     """``run_name`` is a name, never a path: it becomes folder names (``runs/${run_name}``) and the wandb name."""
     name = cfg.run_name
     if name is None:
+        for key in ("save_folder", "remote_save_folder"):
+            folder = getattr(cfg, key)
+            if folder is not None and "None" in str(folder).replace("\\", "/").split("/"):
+                return [
+                    f"{key}={folder!r} names a folder 'None': it interpolates a key that is null, most likely "
+                    f"run_name. Set --run_name=NAME (or give {key} in full)."
+                ]
         return []
     if not name.strip() or name in (".", "..") or any(c in name for c in "/\\\0"):
         return [
@@ -323,6 +367,11 @@ def _checkpoint_problems(cfg: TrainConfig) -> list[str]:
         value = getattr(cfg, name)
         if value is not None and value <= 0:
             out.append(f"{name}={value} must be a positive number of steps (or null to disable).")
+    if cfg.console_log_interval < 1:
+        out.append(f"console_log_interval={cfg.console_log_interval} must be a positive number of steps.")
+    for name in ("save_num_checkpoints_to_keep", "save_num_unsharded_checkpoints_to_keep"):
+        if getattr(cfg, name) < -1:
+            out.append(f"{name}={getattr(cfg, name)} must be -1 (keep all), 0 (no such checkpoints) or a count.")
     for name in ("sharded_checkpointer", "load_path_sharded_checkpointer"):
         value = getattr(cfg, name)
         if value is not None and value not in _OLMO_SHARDED_CHECKPOINTERS:

@@ -30,6 +30,7 @@ from typing import Any, Optional
 import torch
 
 from ..config import ActivationType, LayerNormType, ModelConfig
+from ..config.validation import MAX_LAYERS
 from ..exceptions import OLMoConfigurationError, OLMoError
 from ..model import OLMo
 
@@ -204,6 +205,8 @@ def _size_problems(hf: Any) -> list[str]:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             out.append(f"{name}={value!r} must be a positive whole number.")
+    if not out and hf.num_hidden_layers > MAX_LAYERS:
+        out.append(f"num_hidden_layers={hf.num_hidden_layers:,} is more than {MAX_LAYERS:,}.")
     if not out and hf.hidden_size % hf.num_attention_heads:
         out.append(
             f"hidden_size={hf.hidden_size} is not a multiple of num_attention_heads={hf.num_attention_heads}."

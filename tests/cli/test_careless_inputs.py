@@ -93,6 +93,13 @@ def test_outputs_never_land_inside_inputs(tmp_path, run):
         ),
         ("--data.paths=[https:/olmo-data.org/a.npy]", r"data\.paths\[0\]=.*https:// URL with a slash missing"),
         ("--max_duration=1e300T", r"max_duration='1e300T' is [0-9.e+]+ steps .* more than 1e\+12"),
+        ("--model.n_layers=100000000", r"model\.n_layers=100,000,000 is more than 4,096"),
+        ("--model.d_model=100000000", r"makes about [0-9.]+e\+17 parameters, more than 1e\+13"),
+        ("--optimizer.learning_rate=nan", r"optimizer\.learning_rate=nan must be a positive, finite number"),
+        ("--optimizer.weight_decay=inf", r"optimizer\.weight_decay=inf must be a finite number"),
+        ("--console_log_interval=0", r"console_log_interval=0 must be a positive number of steps"),
+        ("--save_num_checkpoints_to_keep=-5", r"save_num_checkpoints_to_keep=-5 must be -1 \(keep all\)"),
+        ("--run_name=null", r"save_folder='runs/None' names a folder 'None'.*--run_name=NAME"),
     ],
 )
 def test_names_and_urls_are_checked_before_anything_is_written(tmp_path, corpus, override, pattern):

@@ -63,6 +63,7 @@ def _refused(tmp_path: Path, hf: Path, error, match: str) -> str:
         ({"num_hidden_layers": 2.5}, "num_hidden_layers.*2.5"),
         ({"hidden_size": 30}, "hidden_size=30 is not a multiple of num_attention_heads=4"),
         ({"num_key_value_heads": 3}, "num_attention_heads=4 is not a multiple of num_key_value_heads=3"),
+        ({"num_hidden_layers": 100_000_000}, "num_hidden_layers=100,000,000 is more than 4,096"),
     ],
 )
 def test_a_damaged_config_json_is_refused_naming_the_size(tmp_path, values, match):
