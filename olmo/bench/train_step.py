@@ -75,12 +75,13 @@ from olmo.distributed import (
     init_distributed,
     teardown_distributed,
 )
+from olmo.exceptions import OLMoCliError
 from olmo.model import OLMo, describe_attention
 from olmo.optim import build_optimizer, build_scheduler
 from olmo.train import Trainer
 from olmo.train.metrics import PeakFlops, StepMetrics, device_peak_flops, model_flops_utilization, peak_memory_mb
 from olmo.train.train_module import build_train_module
-from olmo.util import REPO, env_world_size, machine_info
+from olmo.util import REPO, env_world_size, machine_info, result_file_problem, write_result_file
 from olmo.util.rng import seed_all
 
 log = logging.getLogger("benchmark")
@@ -113,6 +114,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             setattr(args, name, value)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
+    problem = result_file_problem(Path(args.out), ("setup", "results")) if args.out else None
+    if problem is not None:
+        raise OLMoCliError(
+            f"--out={args.out} cannot be written: {problem}. Give a new file, or an earlier result."
+        )
     return args
 
 
@@ -358,7 +364,7 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
     }
     print_table(report)
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1, default=str) + "\n")
+        write_result_file(Path(args.out), json.dumps(report, indent=1, default=str) + "\n")
         log.info("Wrote %s", args.out)
     return 0
 

@@ -28,7 +28,7 @@ from olmo.config import TrainConfig
 from olmo.distributed import DistEnv, autocast_dtype, build_model, init_distributed, teardown_distributed
 from olmo.eval import Evaluator, build_evaluators
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError
-from olmo.util import env_rank, env_world_size, unwritable_reason
+from olmo.util import env_rank, env_world_size, result_file_problem, write_result_file
 from olmo.util.rng import seed_all
 
 log = logging.getLogger("eval")
@@ -62,9 +62,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         elapsed = time.perf_counter() - start
         if env.is_main:
             _report(metrics, info.path, info.step, elapsed)
-            out_path.parent.mkdir(parents=True, exist_ok=True)
-            out_path.write_text(
-                json.dumps({"checkpoint": info.path, "step": info.step, **metrics}, indent=1) + "\n"
+            write_result_file(
+                out_path, json.dumps({"checkpoint": info.path, "step": info.step, **metrics}, indent=1) + "\n"
             )
             log.info("Wrote %s", out_path)
         return 0
@@ -87,10 +86,14 @@ def evaluate(
 
 
 def check_output_path(path: Path) -> None:
-    """Refuse an ``--out`` that cannot be written, before the (long) evaluation runs."""
-    reason = "it is a directory" if path.is_dir() else unwritable_reason(path.parent)
+    """Refuse an ``--out`` that cannot or must not be written (anything but an earlier eval.py result), before the
+    (long) evaluation runs."""
+    reason = result_file_problem(path, ("checkpoint", "step"))
     if reason is not None:
-        raise OLMoCliError(f"--out={path} cannot be written: {reason}. Give --out=FILE.json in a writable folder.")
+        raise OLMoCliError(
+            f"--out={path} cannot be written: {reason}. Give --out=FILE.json, a new file or an earlier result, in a "
+            f"writable folder."
+        )
 
 
 def _report(metrics: dict[str, float], checkpoint: str, step: int, seconds: float) -> None:

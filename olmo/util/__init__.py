@@ -13,6 +13,7 @@ May import: ``olmo.exceptions`` only.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import re
@@ -42,6 +43,8 @@ __all__ = [
     "machine_info",
     "nearest_existing",
     "remove_path",
+    "result_file_problem",
+    "write_result_file",
     "default_file_mode",
     "unwritable_reason",
     "REMOTE_SDKS",
@@ -184,6 +187,32 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def result_file_problem(path: Path, keys: tuple[str, ...]) -> Optional[str]:
+    """Why a command must not write its JSON result to ``path``, or None: a link, a folder, a folder that cannot be
+    written, or an existing file that is not an earlier result of the same command (a JSON object with ``keys``).
+    Writing over an earlier result is allowed; over anything else (a config, a system file) it is not."""
+    if path.is_symlink():
+        return f"it is a symlink (to '{os.readlink(path)}'); give the file itself"
+    if path.is_dir():
+        return "it is a directory"
+    if path.exists():
+        try:
+            existing = json.loads(path.read_text())
+        except (OSError, ValueError):
+            existing = None
+        if not isinstance(existing, dict) or not all(k in existing for k in keys):
+            return "it exists and is not an earlier result of this command, so it is never written over"
+    return unwritable_reason(path.parent)
+
+
+def write_result_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: a crash never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def remove_path(path: Union[str, Path]) -> None:

@@ -128,3 +128,19 @@ def test_loss_benchmark_compares_plain_and_fused_on_the_same_inputs(tmp_path):
     assert 6.5 < r["plain"]["mean_ce"] < 7.5  # ~ln(1000) for a near-uniform prediction
     assert all(v["median_seconds"] > 0 for v in r.values())
     assert "| fused |" in result.stdout
+
+
+def test_out_never_replaces_a_file_that_is_not_a_benchmark_result(tmp_path):
+    from olmo.bench.train_step import parse_args
+    from olmo.exceptions import OLMoCliError
+
+    config = tmp_path / "config.yaml"
+    config.write_text("run_name: x\n")
+    with pytest.raises(
+        OLMoCliError, match=r"--out=.*config\.yaml cannot be written: it exists and is not an earlier"
+    ):
+        parse_args([str(config), "--out", str(config)])
+    assert config.read_text() == "run_name: x\n"
+    earlier = tmp_path / "r.json"
+    earlier.write_text(json.dumps({"setup": {}, "results": {}}))
+    assert parse_args([str(config), "--out", str(earlier)]).out == str(earlier)

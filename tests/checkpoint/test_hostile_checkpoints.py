@@ -289,3 +289,21 @@ def test_the_refusal_names_the_function_a_file_asks_for(tmp_path):
     torch.save({"weight": torch.zeros(2), "x": _ShellPayload()}, tmp_path / "model.pt")
     with pytest.raises(OLMoCheckpointError, match=r"it asks to run or build posix\.system, which is not a tensor"):
         safe_torch_load(tmp_path / "model.pt")
+
+
+def test_eval_writes_over_its_own_results_only(run, tmp_path):
+    """--out naming a file that is not an earlier result (a config, a system file), or a link, is refused before
+    the evaluation; an earlier result is replaced whole."""
+    checkpoint = run / "run" / "step2-unsharded"
+    evaluators = f"--evaluators=[{{label: held, type: lm, data: {{paths: [{run / 'a.npy'}]}}}}]"
+    precious = tmp_path / "passwd"
+    precious.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (tmp_path / "link.json").symlink_to(precious)
+    for out, why in ((precious, "is not an earlier result"), (tmp_path / "link.json", "is a symlink")):
+        with pytest.raises(OLMoCliError, match=f"--out=.* cannot be written: it (exists and )?{why}"):
+            run_main("eval.py", checkpoint, f"--out={out}", evaluators)
+    assert precious.read_text() == "root:x:0:0:root:/root:/bin/bash\n"
+    result = tmp_path / "eval.json"
+    for _ in range(2):  # the second run replaces the first run's result
+        assert run_main("eval.py", checkpoint, f"--out={result}", evaluators) == 0
+    assert json.loads(result.read_text())["step"] == 2 and not list(tmp_path.glob(".eval.json.tmp-*"))
