@@ -26,6 +26,7 @@ from ..checkpoint.files import safe_torch_load
 from ..config import ModelConfig
 from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
 from ..util import default_file_mode
+from ..util.progress import ProgressLog
 from ..util.tokenizer_files import load_base_tokenizer
 from .mapping import HF_MODEL_TYPES, build_hf_config, hf_model_type, import_transformers, to_hf_state
 
@@ -183,9 +184,12 @@ def write_safetensors(
         if len(shards) == 1
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
-    for file, names in zip(files, shards):
+    progress = ProgressLog("Writing safetensors", len(files), "files", log)
+    for i, (file, names) in enumerate(zip(files, shards)):
+        progress.update(i)
         tensors = {name: state[name].detach().to(dtype=dtype, device="cpu").contiguous() for name in names}
         save_file(tensors, str(folder / file), metadata={"format": "pt"})
+    progress.update(len(files))
     if len(shards) > 1:
         index = {
             "metadata": {"total_size": sum(t.numel() * dtype.itemsize for t in state.values())},
@@ -277,11 +281,14 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
     else:
         raise _not_a_model(path, "it has no model.safetensors, safetensors index or pytorch_model.bin")
     state = {}
-    for file in files:
+    progress = ProgressLog(f"Reading {path}", len(files), "files", log)
+    for i, file in enumerate(files):
+        progress.update(i)
         try:
             state.update(load_file(str(path / file)))
         except (SafetensorError, OSError) as e:
             raise OLMoCheckpointError(f"Could not read '{path / file}' ({e}); it is damaged or missing.") from None
+    progress.update(len(files))
     return state
 
 
