@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Optional
 
 from olmo.checkpoint.restore import LaunchPlan, claim_save_folder, plan_restore, prepare_save_folder
 from olmo.config import DataConfig, TrainConfig
 from olmo.config.docs import describe_config
 from olmo.data import MemMapDataset, build_memmap_dataset
+from olmo.data.mixture import MIXTURE_FILE, MixturePlan
 from olmo.distributed import DistEnv, barrier, build_model, init_distributed, teardown_distributed
 from olmo.eval import Evaluator, build_evaluators
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError, OLMoDataError
@@ -63,6 +66,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     # The stages' lengths (in epochs: of their data) must add up to max_duration.
     stages = plan_stages(cfg, lambda data: len(dataset_of(data)))
+    try:
+        mixes = mixture_plans(stages, dataset_of)  # a mix its sources cannot meet is refused before any write
+    except (OLMoDataError, OLMoConfigurationError):
+        if cfg.dry_run and env_rank() == 0:
+            print(format_plan(plan_run(cfg, env_world_size(), None)))
+        raise
     launch = plan_restore(cfg)  # opens every checkpoint file it will read
     plan = launch.restore
     if plan is not None and plan.load_trainer_state and cfg.restore_dataloader:
@@ -83,13 +92,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     if cfg.dry_run and not cfg.force_save_unsharded:
         if env_rank() == 0:
             print(format_plan(plan_run(cfg, env_world_size(), len(dataset_of(stages.stages[0].data)))))
+            for name, mix in mixes.items():
+                print(f"\nmixture ({name}):\n  " + "\n  ".join(mix.describe()))
         return 0
+    if env_rank() == 0:
+        for name, mix in mixes.items():
+            mix.write(Path(cfg.save_folder) / "train_data", name)
 
     env = init_distributed(cfg.distributed_timeout_minutes)
     try:
         return train(cfg, env, stages, launch, evaluators, dataset_of(stages.stages[0].data))
     finally:
         teardown_distributed()  # after train() returned: what it built is garbage now, and is collected
+
+
+def mixture_plans(stages: StagePlan, dataset_of: Callable[[DataConfig], MemMapDataset]) -> dict[str, MixturePlan]:
+    """The mixture of each data segment that is one (built now: its sources' sizes decide it), by file name:
+    ``mixture.json`` for the first segment, ``mixture-{stage name}.json`` for a later stage's own."""
+    out: dict[str, MixturePlan] = {}
+    for stage in stages.stages:
+        if stage.segment == stage.index and stage.data.mixture is not None:
+            plan = dataset_of(stage.data).mixture_plan
+            out[MIXTURE_FILE if stage.index == 0 else f"mixture-{stage.name}.json"] = plan
+    return out
 
 
 def train(

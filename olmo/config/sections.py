@@ -374,6 +374,30 @@ class CustomDatasetConfig:
 
 
 @dataclass
+class MixtureSourceConfig:
+    name: str = "???"
+    """The source's name: letters, digits, '.', '_' or '-' (it names the metric ``train/{name}/CrossEntropyLoss``)."""
+    paths: list[str] = field(default_factory=list)
+    """Its token files, as in ``data.paths`` (globs and URLs allowed)."""
+    ratio: float = "???"  # type: ignore[assignment]
+    """Its share of the drawn tokens; the ratios of all sources add up to 1."""
+    max_repetition: float = 1.0
+    """How many times over its instances may be drawn at most (1: each at most once)."""
+    label_mask_paths: Optional[list[str]] = None
+    """One bool memmap per token file, as ``data.label_mask_paths``; give them for every source or for none."""
+
+
+@dataclass
+class MixtureConfig:
+    seed: int = 0
+    """Seed of which instances of a source are drawn (a source drawn less than once over, or a fraction over)."""
+    tokens: Optional[int] = None
+    """Tokens to draw in all; null: what ``max_duration`` trains on (its steps times the global batch)."""
+    sources: list[MixtureSourceConfig] = field(default_factory=list)
+    """The sources, each with its token files, its ratio and its repetition allowance."""
+
+
+@dataclass
 class DataConfig:
     paths: Optional[list[str]] = None
     """Token memmaps (local paths or ``http(s)``/``s3``/``r2``/``weka``/``gs`` URLs, read in place by byte range),
@@ -412,6 +436,9 @@ class DataConfig:
     """Drop instances that repeat a short pattern too often (see ``InstanceFilterConfig``); null: keep all."""
     remote: RemoteDataConfig = field(default_factory=RemoteDataConfig)
     """How files at URLs are read: concurrency, read-ahead memory, retries and timeouts (see ``RemoteDataConfig``)."""
+    mixture: Optional[MixtureConfig] = None
+    """Sources mixed by target token ratios (see ``MixtureConfig`` and the README's "Data mixtures"); exclusive with
+    ``paths`` and ``datasets``. The realized mix is written to ``save_folder/train_data/mixture.json``."""
     custom_dataset: Optional[CustomDatasetConfig] = None
     """OLMo's hook for a dataset class imported from ``module`` by name. Accepted as null (OLMo writes it
     into every config.yaml); anything else is refused by validation, since it would run code named by a

@@ -30,7 +30,7 @@ __all__ = [
     "DATA_SOURCES",
 ]
 
-DATA_SOURCES = ("paths", "datasets", "label_mask_paths", "custom_dataset")
+DATA_SOURCES = ("paths", "datasets", "label_mask_paths", "mixture", "custom_dataset")
 """The fields of ``data`` that say *what* is trained on. A stage that gives any of them replaces all of them;
 its other ``data`` fields override the run's one by one."""
 

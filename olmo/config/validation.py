@@ -28,7 +28,7 @@ from ..util import (
 )
 from ..util.tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
 from .sections import DataConfig, EvaluatorConfig, EvaluatorType, FSDPWrapStrategy, TruncationDirection
-from .stages import parse_duration_steps, stage_problems
+from .stages import parse_duration_steps, stage_data_config, stage_problems
 
 if TYPE_CHECKING:
     from .train_config import TrainConfig
@@ -211,6 +211,15 @@ def _data_problems(cfg: TrainConfig) -> list[str]:
             )
     if d.num_workers < 0:
         out.append("data.num_workers must be >= 0.")
+    if d.mixture is not None:
+        out += mixture_problems(d, "data", cfg)
+    for i, stage in enumerate(cfg.stages or []):
+        if stage.data and "mixture" in stage.data and stage.data["mixture"] is not None:
+            try:
+                stage_data = stage_data_config(d, stage.data, f"stages[{i}].data")
+            except OLMoConfigurationError:
+                continue  # reported by the stage checks
+            out += mixture_problems(stage_data, f"stages[{i}].data", cfg)
     out += data_location_problems(d, "data")
     if d.instance_filter is not None:
         out += _instance_filter_problems(cfg)
@@ -223,12 +232,79 @@ def _data_problems(cfg: TrainConfig) -> list[str]:
     return out
 
 
+_SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def mixture_problems(d: DataConfig, key: str, cfg: TrainConfig) -> list[str]:
+    """A ``{key}.mixture`` that cannot be a mix whatever the files hold (:mod:`olmo.data.mixture` checks the rest
+    once the files' sizes are known)."""
+    m, out = d.mixture, list[str]()
+    assert m is not None
+    where = f"{key}.mixture"
+    if d.paths or d.datasets or d.label_mask_paths:
+        out.append(
+            f"{where} is exclusive with {key}.paths, {key}.datasets and {key}.label_mask_paths: list the files in the "
+            f"mixture's sources, and set the others to null."
+        )
+    if not m.sources:
+        out.append(f"{where}.sources is empty: give each source's name, paths and ratio.")
+        return out
+    names = [s.name for s in m.sources]
+    for i, src in enumerate(m.sources):
+        at = f"{where}.sources[{i}]"
+        if not _SOURCE_NAME.match(src.name) or len(src.name) > 64:
+            out.append(f"{at}.name={src.name!r} must be letters, digits, '.', '_' or '-' (it names a metric).")
+        if names.count(src.name) > 1 and names.index(src.name) == i:
+            out.append(
+                f"{where}: the source name {src.name!r} is used {names.count(src.name)} times; names are unique."
+            )
+        if not src.paths:
+            out.append(f"{at} ({src.name!r}) has no paths; list its token files.")
+        if not (0 < src.ratio <= 1):
+            out.append(f"{at}.ratio={src.ratio} must be in (0, 1].")
+        if not (0 < src.max_repetition < math.inf):
+            out.append(
+                f"{at}.max_repetition={src.max_repetition} must be a positive number (1: each instance once)."
+            )
+        if src.label_mask_paths is not None and len(src.label_mask_paths) != len(src.paths):
+            out.append(
+                f"{at}.label_mask_paths has {len(src.label_mask_paths)} entries for {len(src.paths)} paths; give one "
+                f"label mask per token file, in the same order."
+            )
+    masked = [src.label_mask_paths is not None for src in m.sources]
+    if any(masked) and not all(masked):
+        out.append(
+            f"{where}: label masks are given for {sum(masked)} of {len(masked)} sources; give them for every source "
+            f"(an all-True mask trains on every token) or for none."
+        )
+    total = sum(src.ratio for src in m.sources)
+    if all(math.isfinite(src.ratio) for src in m.sources) and abs(total - 1) > 1e-6:
+        out.append(
+            f"{where}: the ratios add up to {total:.6g}, not 1 ({', '.join(f'{s.name} {s.ratio}' for s in m.sources)}); "
+            f"they are shares of the drawn tokens."
+        )
+    chunk = cfg.model.max_sequence_length
+    if m.tokens is not None and m.tokens < chunk:
+        out.append(f"{where}.tokens={m.tokens} must be at least one instance ({chunk} tokens), or null.")
+    if m.tokens is None and (cfg.stages or key != "data" or str(cfg.max_duration).strip().endswith("ep")):
+        out.append(
+            f"{where}.tokens is null, but the tokens to draw cannot come from max_duration here (a staged run, a "
+            f"stage's data, or a length in epochs); give {where}.tokens."
+        )
+    if m.seed < 0:
+        out.append(f"{where}.seed={m.seed} must be >= 0.")
+    return out
+
+
 def data_location_problems(d: DataConfig, key: str) -> list[str]:
     """Problems with where the data config ``key`` reads its files: URL schemes that are not read by byte range,
     and ``{key}.remote`` values that cannot work."""
     out: list[str] = []
     lists = {f"{key}.paths": d.paths, f"{key}.label_mask_paths": d.label_mask_paths}
     lists.update({f"{key}.datasets.{label}": paths for label, paths in (d.datasets or {}).items()})
+    for i, src in enumerate(d.mixture.sources if d.mixture is not None else []):
+        lists[f"{key}.mixture.sources[{i}].paths"] = src.paths
+        lists[f"{key}.mixture.sources[{i}].label_mask_paths"] = src.label_mask_paths
     for list_key, paths in lists.items():
         for i, path in enumerate(paths or []):
             typo = missing_slash_problem(str(path), f"{list_key}[{i}]")
@@ -481,6 +557,11 @@ def evaluator_problems(cfg: TrainConfig) -> list[str]:
             problems.append(f"{key}.device_eval_batch_size (or device_eval_batch_size) must be at least 1.")
         if ecfg.type == EvaluatorType.downstream:
             downstream[f"{key}.label"] = ecfg.label
+        elif ecfg.data.mixture is not None:
+            problems.append(
+                f"{key}.data.mixture: an evaluator reads its files whole, not a mixture; list them in {key}.data.paths "
+                f"or, per label, in {key}.data.datasets."
+            )
         elif not (ecfg.data.paths or ecfg.data.datasets):
             problems.append(
                 f"{key} (label {ecfg.label!r}) is an lm evaluator without data: set {key}.data.paths to token "

@@ -24,11 +24,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from ..config import DataConfig, TrainConfig
+from ..config.stages import parse_duration_steps
 from ..exceptions import OLMoConfigurationError, OLMoDataError
 from ..util import env_rank, env_world_size, is_url
 from .collator import DataCollator, check_token_ids
@@ -45,6 +47,7 @@ from .iterable_dataset import (
     worker_share,
 )
 from .memmap_dataset import MemMapDataset
+from .mixture import mixture_selection, plan_mixture
 from .remote import METADATA_CACHE_NAME, FetchStats
 
 __all__ = [
@@ -85,6 +88,8 @@ def build_memmap_dataset(
     :raises OLMoConfigurationError: when neither ``data.paths`` nor ``data.datasets`` is set.
     :raises OLMoDataError: when a glob pattern matches no file.
     """
+    if data_config.mixture is not None:
+        return _build_mixture_dataset(train_config, data_config, include_instance_metadata, key)
     paths: list[str] = []
     metadata: list[dict[str, Any]] = []
     if data_config.paths and data_config.datasets:
@@ -123,6 +128,72 @@ def build_memmap_dataset(
         reuse_metadata_cache=not cfg.save_overwrite or cfg.try_load_latest_save or cfg.load_path is not None,
         config_key=key,
     )
+
+
+def mixture_total_instances(train_config: TrainConfig, data_config: DataConfig) -> int:
+    """Instances a mixture draws: ``mixture.tokens`` cut into instances, else what ``max_duration`` trains on."""
+    assert data_config.mixture is not None
+    chunk = train_config.model.max_sequence_length
+    if data_config.mixture.tokens is not None:
+        return data_config.mixture.tokens // chunk
+    assert train_config.max_duration is not None  # validation asks for mixture.tokens otherwise
+    steps = parse_duration_steps(
+        train_config.max_duration, train_config.global_train_batch_size, train_config.tokens_per_batch, 0
+    )
+    return steps * train_config.global_train_batch_size
+
+
+def _build_mixture_dataset(
+    train_config: TrainConfig, data_config: DataConfig, include_instance_metadata: bool, key: str
+) -> MemMapDataset:
+    """All sources' files as one dataset whose instances are the mixture's selection (:mod:`olmo.data.mixture`)."""
+    mixture = data_config.mixture
+    assert mixture is not None
+    paths: list[str] = []
+    masks: list[str] = []
+    metadata: list[dict[str, Any]] = []
+    files_per_source = []
+    for i, src in enumerate(mixture.sources):
+        source_paths = _expand(src.paths, f"{key}.mixture.sources[{i}].paths")
+        files_per_source.append(len(source_paths))
+        paths += source_paths
+        metadata += [{"source": src.name} for _ in source_paths]
+        if src.label_mask_paths is not None:
+            masks += _expand(src.label_mask_paths, f"{key}.mixture.sources[{i}].label_mask_paths")
+    cfg = train_config
+    dataset = MemMapDataset(
+        *paths,
+        chunk_size=cfg.model.max_sequence_length,
+        memmap_dtype=data_config.memmap_dtype,
+        metadata=metadata,
+        include_instance_metadata=include_instance_metadata,
+        generate_attention_mask=data_config.generate_attention_mask,
+        pad_token_id=cfg.model.pad_token_id,
+        label_mask_paths=masks or None,
+        generate_doc_lengths=data_config.generate_doc_lengths,
+        eos_token_id=cfg.model.eos_token_id,
+        instance_filter_config=data_config.instance_filter,
+        vocab_size=cfg.model.vocab_size,
+        remote=data_config.remote,
+        metadata_cache=Path(cfg.save_folder) / "train_data" / METADATA_CACHE_NAME,
+        reuse_metadata_cache=not cfg.save_overwrite or cfg.try_load_latest_save or cfg.load_path is not None,
+        config_key=f"{key}.mixture",
+    )
+    bounds = dataset.instance_bounds()
+    ends = np.cumsum(files_per_source)
+    starts = ends - np.asarray(files_per_source)
+    offsets = [int(bounds[a]) for a in starts]
+    available = [int(bounds[b] - bounds[a]) for a, b in zip(starts, ends)]
+    plan = plan_mixture(
+        mixture,
+        available,
+        mixture_total_instances(cfg, data_config),
+        cfg.model.max_sequence_length,
+        f"{key}.mixture",
+    )
+    dataset.selection = mixture_selection(plan, offsets)
+    dataset.mixture_plan = plan
+    return dataset
 
 
 def build_train_dataloader(

@@ -201,6 +201,10 @@ class MemMapDataset(Dataset):
         self._reuse_cache = reuse_metadata_cache
         self._cache: Optional[MetadataCache] = None
         self.fetch_stats: Optional[FetchStats] = FetchStats() if self.has_remote_files else None
+        self.selection: Optional[np.ndarray] = None
+        """For a mixture: instance ``i`` is instance ``selection[i]`` of the files taken together
+        (:mod:`olmo.data.mixture`); None: every instance once, in file order."""
+        self.mixture_plan: Any = None  # the MixturePlan the selection realizes
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -216,7 +220,7 @@ class MemMapDataset(Dataset):
         return [*self.paths, *(self.label_mask_paths or [])]
 
     def __len__(self) -> int:
-        return int(self._instance_bounds()[-1])
+        return len(self.selection) if self.selection is not None else int(self._instance_bounds()[-1])
 
     def __getitem__(self, index: Any) -> dict[str, Any]:
         file_index, local_index = self._locate(index)
@@ -426,13 +430,19 @@ class MemMapDataset(Dataset):
         # global_indices.npy neither wraps around when negated nor overflows when offset.
         g = operator.index(index)
         bounds = self._instance_bounds()
-        n = int(bounds[-1])
+        n = len(self)
         if g < 0:
             g += n
         if not 0 <= g < n:
             raise IndexError(f"Instance index {index} is out of range for a dataset of {n} instances.")
+        if self.selection is not None:
+            g = int(self.selection[g])
         file_index = int(np.searchsorted(bounds, g, side="right")) - 1
         return file_index, g - int(bounds[file_index])
+
+    def instance_bounds(self) -> np.ndarray:
+        """``[0, end_0, end_1, ...]``: where each file's instances end, counted over the files in order."""
+        return self._instance_bounds()
 
     def _instance_bounds(self) -> np.ndarray:
         if self._bounds is None:

@@ -1,0 +1,187 @@
+"""Data mixtures (``data.mixture``, issue 26): sources of unequal sizes drawn by target token ratios, one of them
+repeated; the realized shares, the determinism of the selection, the refusal of a mix that cannot be met, and
+training on a mixture (``mixture.json``, exact resume)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from olmo.config import TrainConfig
+from olmo.data import build_memmap_dataset
+from olmo.data.mixture import allocate
+from olmo.exceptions import OLMoConfigurationError
+from olmo.testing import run_train, tiny_config_dict, write_byte_memmap, write_config
+
+CHUNK = 32  # tiny_config_dict's max_sequence_length
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, list[str]]:
+    """Three sources of 300, 60 and 20 instances of 32 tokens (web in two files)."""
+    root = tmp_path_factory.mktemp("sources")
+    write_byte_memmap(root / "web-0.npy", 200 * CHUNK)
+    write_byte_memmap(root / "web-1.npy", 100 * CHUNK, skip_bytes=300_000)
+    write_byte_memmap(root / "code.npy", 60 * CHUNK, skip_bytes=600_000)
+    write_byte_memmap(root / "math.npy", 20 * CHUNK, skip_bytes=700_000)
+    return {
+        "web": [str(root / "web-*.npy")],
+        "code": [str(root / "code.npy")],
+        "math": [str(root / "math.npy")],
+    }
+
+
+def _mixture(sources, ratios=(0.6, 0.3, 0.1), repetitions=(1.0, 2.0, 4.0), **extra):
+    return {
+        "seed": 7,
+        **extra,
+        "sources": [
+            {"name": name, "paths": sources[name], "ratio": r, "max_repetition": m}
+            for name, r, m in zip(("web", "code", "math"), ratios, repetitions)
+        ],
+    }
+
+
+def _config(tmp_path, sources, **overrides) -> TrainConfig:
+    overrides = {"data.paths": None, "data.mixture": _mixture(sources), **overrides}
+    return TrainConfig.from_dict(tiny_config_dict(tmp_path / "run", [], **overrides))
+
+
+def test_allocation_adds_up_and_rounds_by_largest_remainder():
+    assert allocate([0.6, 0.3, 0.1], 10) == [6, 3, 1]
+    assert allocate([1 / 3, 1 / 3, 1 / 3], 10) == [4, 3, 3]
+    counts = allocate([0.123, 0.456, 0.421], 9_999)
+    assert sum(counts) == 9_999 and all(abs(c - r * 9_999) < 1 for c, r in zip(counts, [0.123, 0.456, 0.421]))
+
+
+def test_realized_shares_follow_the_targets_and_a_small_source_repeats(tmp_path, sources):
+    cfg = _config(tmp_path, sources, max_duration=50)  # 50 steps x 8 instances = 400 instances
+    cfg.validate(1)
+    dataset = build_memmap_dataset(cfg, cfg.data)
+    assert len(dataset) == 400
+    drawn = [dataset[i]["metadata"]["source"] for i in range(len(dataset))]
+    counts = {name: drawn.count(name) for name in ("web", "code", "math")}
+    assert counts == {"web": 240, "code": 120, "math": 40}
+    plan = dataset.mixture_plan.as_json()["sources"]
+    assert [(s["name"], s["instances"], s["repetition"]) for s in plan] == [
+        ("web", 240, 0.8),
+        ("code", 120, 2.0),
+        ("math", 40, 2.0),
+    ]
+    for s in plan:
+        assert abs(s["realized_ratio"] - s["target_ratio"]) <= 1 / 400  # the nearest whole instance
+    # Each math instance twice (two whole passes); web's 240 of 300 distinct, drawn with the seed.
+    math_ids = [i for i in range(len(dataset)) if drawn[i] == "math"]
+    math_tokens = {dataset[i]["input_ids"].numpy().tobytes() for i in math_ids}
+    assert len(math_tokens) == 20
+    web = dataset.selection[:240]
+    assert len(set(web.tolist())) == 240 and np.all(np.diff(web) > 0)
+    # Deterministic: the same config gives the same instances.
+    again = build_memmap_dataset(cfg, cfg.data)
+    assert np.array_equal(again.selection, dataset.selection)
+    other_seed = _config(tmp_path, sources, max_duration=50, **{"data.mixture.seed": 8})
+    assert not np.array_equal(build_memmap_dataset(other_seed, other_seed.data).selection, dataset.selection)
+
+
+def test_a_mix_the_sources_cannot_meet_is_refused_with_the_numbers(tmp_path, sources):
+    cfg = _config(
+        tmp_path, sources, max_duration=50, **{"data.mixture": _mixture(sources, repetitions=(1, 2, 1.5))}
+    )
+    cfg.validate(1)
+    with pytest.raises(
+        OLMoConfigurationError,
+        match=r"sources\[2\] \('math'\): ratio 0\.1 of 400 instances is 40 "
+        r"instances, 2\.00x its 20 .* max_repetition=1\.5\. Raise max_repetition to 2\.0",
+    ):
+        build_memmap_dataset(cfg, cfg.data)
+
+
+@pytest.mark.parametrize(
+    "mixture, pattern",
+    [
+        (lambda s: _mixture(s, ratios=(0.6, 0.3, 0.2)), r"the ratios add up to 1\.1, not 1"),
+        (lambda s: _mixture(s, ratios=(0.6, 0.5, -0.1)), r"sources\[2\]\.ratio=-0\.1 must be in \(0, 1\]"),
+        (lambda s: {**_mixture(s), "sources": []}, r"data\.mixture\.sources is empty"),
+        (lambda s: {**_mixture(s), "tokens": 5}, r"data\.mixture\.tokens=5 must be at least one instance"),
+    ],
+)
+def test_an_impossible_mixture_is_refused_at_validation(tmp_path, sources, mixture, pattern):
+    cfg = _config(tmp_path, sources, **{"data.mixture": mixture(sources)})
+    with pytest.raises(OLMoConfigurationError, match=pattern):
+        cfg.validate(1)
+
+
+def test_mixture_and_paths_are_exclusive_and_names_are_names(tmp_path, sources):
+    mixture = _mixture(sources)
+    mixture["sources"][1]["name"] = "web"
+    mixture["sources"][2]["name"] = "a/b"
+    cfg = _config(tmp_path, sources, **{"data.paths": sources["code"], "data.mixture": mixture})
+    with pytest.raises(OLMoConfigurationError) as error:
+        cfg.validate(1)
+    message = str(error.value)
+    assert "exclusive with data.paths" in message and "'web' is used 2 times" in message
+    assert "name='a/b' must be letters" in message
+
+
+def test_training_on_a_mixture_records_it_and_resumes_exactly(tmp_path, sources):
+    def config(folder: Path) -> Path:
+        cfg = tiny_config_dict(folder, [], max_duration=6, save_interval_unsharded=3)
+        cfg["data"] = {"paths": None, "num_workers": 0, "mixture": _mixture(sources)}
+        return write_config(folder.parent / f"{folder.name}.yaml", cfg)
+
+    full = tmp_path / "full"
+    assert run_train(config(full)) == 0
+    record = json.loads((full / "train_data" / "mixture.json").read_text())
+    assert [s["name"] for s in record["sources"]] == ["web", "code", "math"]
+    assert record["total_instances"] == 48 and sum(s["instances"] for s in record["sources"]) == 48
+    assert {k for k in record["sources"][0]} >= {
+        "name",
+        "target_ratio",
+        "realized_ratio",
+        "tokens",
+        "instances",
+        "repetition",
+    }
+
+    parts = tmp_path / "parts"
+    assert run_train(config(parts), "--stop_at=3") == 0
+    assert run_train(config(parts), "--try_load_latest_save") == 0
+
+    def losses(folder: Path) -> dict[int, float]:
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["train/CrossEntropyLoss"] for r in rows if "train/CrossEntropyLoss" in r}
+
+    assert losses(parts) == losses(full)
+    assert (parts / "train_data" / "mixture.json").read_text() == (
+        full / "train_data" / "mixture.json"
+    ).read_text()
+
+
+def test_the_run_plan_shows_the_shares_and_a_dry_run_writes_nothing(tmp_path, sources, capsys):
+    from olmo.testing import run_main
+
+    cfg = tiny_config_dict(tmp_path / "run", [], max_duration=50)
+    cfg["data"] = {"paths": None, "num_workers": 0, "mixture": _mixture(sources)}
+    assert run_main("train.py", write_config(tmp_path / "c.yaml", cfg), "--dry_run") == 0
+    out = capsys.readouterr().out
+    assert "mixture (mixture.json):" in out
+    assert "web: 60.00% of tokens (target 60.00%), 240 instances, 0.80x its 300" in out
+    assert "math: 10.00% of tokens (target 10.00%), 40 instances, 2.00x its 20" in out
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_anneal_stage_trains_on_its_own_mixture(tmp_path, sources):
+    """Stage 2 of a two-stage run anneals on a different mix of the sources, recorded as mixture-anneal.json."""
+    mixture = {**_mixture(sources, ratios=(0.2, 0.4, 0.4), repetitions=(1, 2, 4)), "tokens": 4 * 8 * CHUNK}
+    cfg = tiny_config_dict(tmp_path / "run", sources["code"], max_duration=None)
+    cfg["stages"] = [
+        {"name": "pretrain", "max_duration": 4},
+        {"name": "anneal", "max_duration": 4, "data": {"mixture": mixture}},
+    ]
+    assert run_train(write_config(tmp_path / "c.yaml", cfg)) == 0
+    record = json.loads((tmp_path / "run" / "train_data" / "mixture-anneal.json").read_text())
+    assert [s["instances"] for s in record["sources"]] == [6, 13, 13]  # 0.2/0.4/0.4 of 32 instances
+    assert not (tmp_path / "run" / "train_data" / "mixture.json").exists()  # stage 1 trains on data.paths
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 8
