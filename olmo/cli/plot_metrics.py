@@ -3,7 +3,8 @@
     python scripts/plot_metrics.py RUN_DIR [RUN_DIR ...] [--out DIR]
 
 Writes PNG files into ``--out`` (default ``FIRST_RUN_DIR/plots``): ``loss.png`` (training cross entropy,
-raw and smoothed, and with a KL stage the total loss), ``kl.png`` (``train/KL``, with a KL stage),
+raw and smoothed, and with a KL stage the total loss), ``loss_by_source.png`` (with a data mixture, each
+source's ``train/{source}/CrossEntropyLoss``), ``kl.png`` (``train/KL``, with a KL stage),
 ``learning_rate.png``, ``throughput.png`` (tokens/s per device) and one file per evaluation metric group
 (``eval_<label>.png``, ``eval_downstream.png``). In a staged run (``stages:``) every plot marks where each
 stage begins with a dashed line.
@@ -109,6 +110,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         (["optim/learning_rate_group0"], "Learning rate", "learning rate", "learning_rate.png", False),
         (["throughput/device/tokens_per_second"], "Throughput", "tokens/s per device", "throughput.png", True),
     ]
+    source_keys = sorted(
+        {k for series in runs.values() for k in series if k.startswith("train/") and k.count("/") == 2}
+    )
+    if source_keys:  # a mixture: one curve per source (train/{source}/CrossEntropyLoss)
+        figures.insert(1, (source_keys, "Training loss per source", "loss", "loss_by_source.png", True))
     eval_keys = sorted({key for series in runs.values() for key in series if key.startswith("eval/")})
     groups: dict[str, list[str]] = defaultdict(list)
     for key in eval_keys:

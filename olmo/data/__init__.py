@@ -193,6 +193,7 @@ def _build_mixture_dataset(
     )
     dataset.selection = mixture_selection(plan, offsets)
     dataset.mixture_plan = plan
+    dataset.file_sources = np.repeat(np.arange(len(files_per_source)), files_per_source)
     return dataset
 
 

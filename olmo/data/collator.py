@@ -50,6 +50,8 @@ class DataCollator:
                 batch[key] = self._stack(items, key, pad_value, max_len)
         if "index" in items[0]:
             batch["index"] = torch.tensor([int(item["index"]) for item in items], dtype=torch.long)
+        if "source_id" in items[0]:  # a mixture's source of each instance (per-source losses)
+            batch["source_id"] = torch.tensor([int(item["source_id"]) for item in items], dtype=torch.long)
         if "instance_mask" in items[0]:
             batch["instance_mask"] = torch.tensor(
                 [bool(item["instance_mask"]) for item in items], dtype=torch.bool

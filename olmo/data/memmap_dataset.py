@@ -205,6 +205,9 @@ class MemMapDataset(Dataset):
         """For a mixture: instance ``i`` is instance ``selection[i]`` of the files taken together
         (:mod:`olmo.data.mixture`); None: every instance once, in file order."""
         self.mixture_plan: Any = None  # the MixturePlan the selection realizes
+        self.file_sources: Optional[np.ndarray] = None
+        """For a mixture: the source (its position in ``mixture.sources``) of each file, given to every instance
+        as ``source_id`` (the per-source losses are keyed by it)."""
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -240,6 +243,8 @@ class MemMapDataset(Dataset):
             item["attention_mask"] = (input_ids != self.pad_token_id).float()
         if self.generate_doc_lengths and self.eos_token_id is not None:  # __init__ ensures both or neither
             item["doc_lens"] = document_lengths(input_ids, self.eos_token_id)
+        if self.file_sources is not None:
+            item["source_id"] = int(self.file_sources[file_index])
         if self.include_instance_metadata:
             item["metadata"] = {"path": self.paths[file_index], **self._metadata[file_index]}
         return item

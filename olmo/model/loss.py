@@ -47,10 +47,16 @@ class LossSums(NamedTuple):
     """Summed z-loss (already times its multiplier), detached; None without z-loss."""
     kl: Optional[torch.Tensor] = None
     """Summed ``KL(policy || reference)`` over the labelled positions, detached; None without a reference."""
+    ce_rows: Optional[torch.Tensor] = None
+    """(B,) the cross entropy summed per row (instance), detached, when asked for (``per_row``); else None."""
 
 
 def cross_entropy_sums(
-    logits: torch.Tensor, labels: torch.Tensor, z_loss_multiplier: Optional[float], ce_weight: float = 1.0
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    z_loss_multiplier: Optional[float],
+    ce_weight: float = 1.0,
+    per_row: bool = False,
 ) -> LossSums:
     """Summed cross entropy (and z-loss) of ``logits`` over labels that are not -100.
 
@@ -58,17 +64,24 @@ def cross_entropy_sums(
     :param labels: (...) target ids, -100 where no loss is taken.
     :param z_loss_multiplier: weight of ``logsumexp(logits)**2``, or None for no z-loss.
     :param ce_weight: ``total`` is ``ce_weight * ce + z`` (``ce`` itself is reported unweighted).
+    :param per_row: also return ``ce_rows``, the sums over the last dimension of ``labels`` (per instance).
     """
     flat_logits = logits.reshape(-1, logits.size(-1))  # (N, V)
     flat_labels = labels.reshape(-1)  # (N,)
-    ce = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum")
+    ce_rows = None
+    if per_row:
+        per_token = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="none")  # (N,)
+        ce = per_token.sum()
+        ce_rows = per_token.detach().reshape(-1, labels.size(-1)).sum(dim=-1)  # (B,)
+    else:
+        ce = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum")
     weighted = ce if ce_weight == 1.0 else ce * ce_weight
     if not z_loss_multiplier:
-        return LossSums(weighted, ce.detach(), None)
+        return LossSums(weighted, ce.detach(), None, None, ce_rows)
     valid = flat_labels != -100
     upcast = flat_logits.to(torch.promote_types(flat_logits.dtype, torch.float32))
     z = z_loss_multiplier * (torch.logsumexp(upcast, dim=-1)[valid] ** 2).sum()
-    return LossSums(weighted + z, ce.detach(), z.detach())
+    return LossSums(weighted + z, ce.detach(), z.detach(), None, ce_rows)
 
 
 def fused_output_loss(
@@ -82,6 +95,7 @@ def fused_output_loss(
     ce_weight: float = 1.0,
     reference: Optional[OutputHead] = None,
     kl_beta: float = 0.0,
+    per_row: bool = False,
 ) -> LossSums:
     """The sums of :func:`cross_entropy_sums` for ``logits = (hidden @ weight.T + bias) * logit_scale``,
     computed chunk by chunk without keeping the logits.
@@ -107,6 +121,7 @@ def fused_output_loss(
         bias = None if bias is None else bias.to(dtype)
         if ref is not None:
             ref = (ref[0].to(dtype), ref[1].to(dtype), None if ref[2] is None else ref[2].to(dtype))
+    row_length = labels.size(-1) if per_row else 0
     hidden = hidden.reshape(-1, hidden.size(-1))  # (N, C)
     labels = labels.reshape(-1)  # (N,)
     if ref is not None:
@@ -114,8 +129,14 @@ def fused_output_loss(
     need_grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     options = (z_loss_multiplier or 0.0, float(logit_scale), chunk_size, need_grads, float(ce_weight), kl_beta)
     with torch.autocast(device_type, enabled=False):
-        total, ce, z, kl = _FusedOutputLoss.apply(hidden, weight, bias, labels, ref, *options)
-    return LossSums(total, ce, z if z_loss_multiplier else None, None if reference is None else kl)
+        total, ce, z, kl, ce_rows = _FusedOutputLoss.apply(hidden, weight, bias, labels, ref, *options, row_length)
+    return LossSums(
+        total,
+        ce,
+        z if z_loss_multiplier else None,
+        None if reference is None else kl,
+        ce_rows if per_row else None,
+    )
 
 
 class OutputHead(NamedTuple):
@@ -147,9 +168,13 @@ class _FusedOutputLoss(torch.autograd.Function):
         need_grads: bool,
         ce_weight: float = 1.0,
         kl_beta: float = 0.0,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        row_length: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         acc = torch.promote_types(hidden.dtype, torch.float32)  # softmax and sums: fp32, or fp64 for fp64
         ce = torch.zeros((), dtype=acc, device=hidden.device)
+        # Per row (instance) sums when row_length is given: each chunk's per-token losses are added to their rows.
+        n_rows = hidden.size(0) // row_length if row_length else 0
+        ce_rows = torch.zeros(n_rows, dtype=acc, device=hidden.device)
         z = torch.zeros_like(ce)
         kl = torch.zeros_like(ce)
         # Gradients are kept in fp32 (fp64 for fp64) until backward has scaled them: scaling a bf16 gradient
@@ -171,7 +196,11 @@ class _FusedOutputLoss(torch.autograd.Function):
             lse = torch.logsumexp(logits, dim=-1)  # (n,)
             mask = (y != -100).to(acc)  # (n,)
             target = y.clamp(min=0)[:, None]  # (n, 1); masked rows point at column 0 and are zeroed by mask
-            ce += ((lse - logits.gather(1, target).squeeze(1)) * mask).sum()
+            token_ce = (lse - logits.gather(1, target).squeeze(1)) * mask  # (n,)
+            ce += token_ce.sum()
+            if row_length:
+                rows = torch.arange(start, start + y.size(0), device=hidden.device) // row_length
+                ce_rows.index_add_(0, rows, token_ce)
             if z_mult:
                 z += z_mult * (lse.square() * mask).sum()
             grad_kl = None
@@ -205,9 +234,9 @@ class _FusedOutputLoss(torch.autograd.Function):
                 grad_weight += torch.mm(g.t(), h)  # promoted element by element, no fp32 copy of the product
         ctx.grads = (grad_hidden, grad_weight, grad_bias)
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
-        ctx.mark_non_differentiable(ce, z, kl)
+        ctx.mark_non_differentiable(ce, z, kl, ce_rows)
         total = ce + z if ce_weight == 1.0 else ce_weight * ce + z
-        return (total if ref is None else total + kl_beta * kl), ce, z, kl
+        return (total if ref is None else total + kl_beta * kl), ce, z, kl, ce_rows
 
     @staticmethod
     def backward(ctx: Any, grad_total: torch.Tensor, *_: Any) -> tuple[Optional[torch.Tensor], ...]:
@@ -220,7 +249,7 @@ class _FusedOutputLoss(torch.autograd.Function):
             grad_hidden.mul_(grad_total).to(hidden_dtype),
             grad_weight.mul_(grad_total).to(weight_dtype),
             None if grad_bias is None else grad_bias.mul_(grad_total).to(bias_dtype),
-            *([None] * 8),
+            *([None] * 9),
         )
 
 

@@ -36,11 +36,10 @@ from ..checkpoint import inspect_checkpoint, load_checkpoint
 from ..config import KLEstimator
 from ..distributed.parallelize import build_model
 from ..exceptions import OLMoCheckpointError
-from ..model.layers import lm_head
-from ..model.loss import LossSums, OutputHead, cross_entropy_sums, fused_output_loss
+from ..model.loss import LossSums, OutputHead
 from .metrics import ReduceType
 from .stages import Stage, boundary_checkpoint_name, find_boundary_checkpoint
-from .train_module import TransformerTrainModule
+from .train_module import TransformerTrainModule, output_head_loss
 
 __all__ = ["KLTrainModule"]
 
@@ -61,6 +60,7 @@ class KLTrainModule(TransformerTrainModule):
     # ----------------------------------------------------------------------------------------------
     def enter_stage(self, stage: Stage, at_boundary: bool) -> None:
         self.stage = stage
+        self.set_sources(stage)
         if stage.kl_beta == 0:
             if self.reference is not None:
                 log.info("Stage %s has no KL penalty: dropping the reference model.", stage.name)
@@ -123,13 +123,26 @@ class KLTrainModule(TransformerTrainModule):
                 ref_ce = reference(input_ids, labels=labels, fused_loss=fused, **inputs).loss.ce
             # d/dθ [ce + beta * (ce - const)] = (1 + beta) d(ce)/dθ: the policy's loss with its cross entropy
             # weighted by 1 + beta, computed the way the reference's was.
-            head = partial(_head_loss, labels=labels, z_loss_multiplier=z, fused=fused, ce_weight=1 + beta)
+            head = partial(
+                output_head_loss,
+                labels=labels,
+                z_loss_multiplier=z,
+                fused=fused,
+                ce_weight=1 + beta,
+                per_row=self.per_row,
+            )
             loss = self.model(input_ids, head=head, **inputs).loss
-            return LossSums(loss.total - beta * ref_ce, loss.ce, loss.z, loss.ce - ref_ce)
+            return LossSums(loss.total - beta * ref_ce, loss.ce, loss.z, loss.ce - ref_ce, loss.ce_rows)
         with torch.no_grad():
             ref_head = reference(input_ids, head=_captured_head, **inputs).loss
         head = partial(
-            _head_loss, labels=labels, z_loss_multiplier=z, fused=True, reference=ref_head, kl_beta=beta
+            output_head_loss,
+            labels=labels,
+            z_loss_multiplier=z,
+            fused=True,
+            reference=ref_head,
+            kl_beta=beta,
+            per_row=self.per_row,
         )
         return self.model(input_ids, head=head, **inputs).loss
 
@@ -138,34 +151,6 @@ class KLTrainModule(TransformerTrainModule):
             return
         self.record_metric("train/KL", sums.kl * per_label, ReduceType.sum)
         self.record_metric("train/TotalLoss", sums.total * per_label, ReduceType.sum)
-
-
-def _head_loss(
-    out: OutputHead,
-    labels: torch.Tensor,
-    z_loss_multiplier: Optional[float],
-    fused: bool,
-    ce_weight: float = 1.0,
-    reference: Optional[OutputHead] = None,
-    kl_beta: float = 0.0,
-) -> LossSums:
-    """The output layer's loss sums (as :func:`olmo.model.layers.lm_head` computes them) with the cross entropy weighted
-    by ``ce_weight`` in ``total``; with a ``reference`` head, plus ``kl_beta`` times the exact KL to it (fused)."""
-    if fused or reference is not None:
-        return fused_output_loss(
-            out.hidden,
-            out.weight,
-            labels,
-            z_loss_multiplier,
-            out.logit_scale,
-            out.bias,
-            ce_weight=ce_weight,
-            reference=reference,
-            kl_beta=kl_beta,
-        )
-    logits, _ = lm_head(out.hidden, out.weight, out.bias, None, None, False, out.logit_scale)
-    assert logits is not None
-    return cross_entropy_sums(logits, labels, z_loss_multiplier, ce_weight)
 
 
 def _captured_head(out: OutputHead) -> OutputHead:

@@ -154,6 +154,9 @@ class ReduceType(str, Enum):
     """The sum over ranks."""
     max = "max"
     """The largest value on any rank."""
+    ratio = "ratio"
+    """A (numerator, denominator) pair, each summed over ranks, logged as their quotient (not at all when the
+    denominator is 0): a token-weighted mean such as a source's loss."""
 
 
 @dataclass
@@ -236,6 +239,12 @@ class StepMetricsQueue:
             if not entries:
                 continue
             device = entries[0][2].device
+            if reduce_type == ReduceType.ratio:
+                pairs = all_reduce(torch.stack([v.detach().double().reshape(2).to(device) for _, _, v in entries]))
+                for (record, name, _), (num, den) in zip(entries, pairs.tolist()):
+                    if den > 0:
+                        record.values[name] = num / den
+                continue
             local = torch.stack([v.detach().float().reshape(()).to(device) for _, _, v in entries])
             reduced = all_reduce(local, dist.ReduceOp.MAX if reduce_type == ReduceType.max else dist.ReduceOp.SUM)
             if reduce_type == ReduceType.mean and dist.is_initialized():

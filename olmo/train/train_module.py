@@ -18,6 +18,7 @@ import importlib
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
@@ -31,7 +32,15 @@ from ..distributed.parallelize import autocast_dtype, defer_replica_all_reduce
 from ..eval.evaluator import ModelEval
 from ..exceptions import OLMoConfigurationError
 from ..model import OLMo
-from ..model.loss import LossSums, next_token_labels, per_token_cross_entropy
+from ..model.layers import lm_head
+from ..model.loss import (
+    LossSums,
+    OutputHead,
+    cross_entropy_sums,
+    fused_output_loss,
+    next_token_labels,
+    per_token_cross_entropy,
+)
 from ..optim import BoltOnWarmupScheduler, build_scheduler, clip_grads, set_learning_rate
 from .metrics import ReduceType
 
@@ -219,6 +228,25 @@ class TransformerTrainModule(TrainModule):
             model, "set_requires_all_reduce"
         )
         self._stage_schedulers: dict[int, Any] = {}
+        self.source_names: Optional[list[str]] = None
+        """The sources of the data being trained (a mixture), whose losses are logged as
+        ``train/{name}/CrossEntropyLoss``; None without a mixture."""
+        self._source_sums: Optional[torch.Tensor] = None  # (S, 2): this rank's CE sum and label count per source
+
+    @property
+    def per_row(self) -> bool:
+        """Whether the step needs each instance's loss (for the per-source losses of a mixture)."""
+        return self.source_names is not None
+
+    def enter_stage(self, stage: Stage, at_boundary: bool) -> None:
+        super().enter_stage(stage, at_boundary)
+        self.set_sources(stage)
+
+    def set_sources(self, stage: Stage) -> None:
+        """Log per-source losses while ``stage`` trains on a mixture (its sources, in order, are the batch's
+        ``source_id`` values)."""
+        mixture = stage.data.mixture
+        self.source_names = None if mixture is None else [s.name for s in mixture.sources]
 
     def on_optimizer_reset(self, step: int) -> None:
         # A fresh optimizer restarting mid-schedule gets its own warmup back up to the schedule.
@@ -242,6 +270,10 @@ class TransformerTrainModule(TrainModule):
         if not dry_run:
             self.record_ce_loss(sums.ce, n_labels, sums.z)
             self.record_step_sums(sums, loss_scale / W)
+            if self._source_sums is not None and self.source_names is not None:
+                for name, pair in zip(self.source_names, self._source_sums.unbind()):
+                    self.record_metric(f"train/{name}/CrossEntropyLoss", pair, ReduceType.ratio)
+        self._source_sums = None
 
     def record_step_sums(self, sums: LossSums, per_label: torch.Tensor) -> None:
         """Record metrics beyond the cross entropy from this rank's summed losses of the step (``per_label`` is
@@ -264,6 +296,8 @@ class TransformerTrainModule(TrainModule):
         total_sum = torch.zeros((), device=device)
         kl_sum: Optional[torch.Tensor] = None
         micro, n_rows = self.cfg.device_train_microbatch_size, batch["input_ids"].size(0)
+        sources = batch.get("source_id") if self.source_names is not None else None  # (B,)
+        source_sums = None if sources is None else torch.zeros(len(self.source_names or []), 2, device=device)
         try:
             for start in range(0, n_rows, micro):
                 rows = slice(start, start + micro)
@@ -287,14 +321,32 @@ class TransformerTrainModule(TrainModule):
                     z_sum += loss.z
                 if loss.kl is not None:
                     kl_sum = loss.kl if kl_sum is None else kl_sum + loss.kl
+                if source_sums is not None and sources is not None and loss.ce_rows is not None:
+                    # Each instance's loss and label count to its source's row: no host sync, one add each.
+                    per_row = torch.stack(
+                        [loss.ce_rows.float(), (labels[rows] != -100).sum(dim=-1).float()], dim=1
+                    )
+                    source_sums.index_add_(0, sources[rows], per_row)
         finally:
             if self.defer_replica_all_reduce:
                 self.model.set_requires_all_reduce(True)  # type: ignore[operator]
+        self._source_sums = source_sums
         return LossSums(total_sum, ce_sum, z_sum, kl_sum)
 
     def micro_batch_loss(self, input_ids: torch.Tensor, labels: torch.Tensor, inputs: dict[str, Any]) -> LossSums:
         """The summed losses of one micro-batch, under the step's autocast; ``total`` is what backward runs on.
-        ``inputs`` holds the model's other arguments (``attention_mask``, ``doc_lens``, ``max_doc_lens``)."""
+        ``inputs`` holds the model's other arguments (``attention_mask``, ``doc_lens``, ``max_doc_lens``). With
+        :attr:`per_row`, the loss is computed through the model's output head hook, with each instance's sum."""
+        if self.per_row:
+            fused = bool(self.cfg.fused_loss)
+            head = partial(
+                output_head_loss,
+                labels=labels,
+                z_loss_multiplier=self.z_loss_multiplier,
+                fused=fused,
+                per_row=True,
+            )
+            return self.model(input_ids, head=head, **inputs).loss
         return self.model(
             input_ids,
             labels=labels,
@@ -389,6 +441,37 @@ class BasicTrainModule(TrainModule):
 STAGED_TRAIN_MODULE = "olmo.train.kl.KLTrainModule"
 """The train module of a run with ``stages`` when ``train_module`` is unset (named, not imported: it subclasses
 :class:`TransformerTrainModule`)."""
+
+
+def output_head_loss(
+    out: OutputHead,
+    labels: torch.Tensor,
+    z_loss_multiplier: Optional[float],
+    fused: bool,
+    ce_weight: float = 1.0,
+    reference: Optional[OutputHead] = None,
+    kl_beta: float = 0.0,
+    per_row: bool = False,
+) -> LossSums:
+    """The output layer's loss sums (as :func:`olmo.model.layers.lm_head` computes them) with the cross entropy weighted
+    by ``ce_weight`` in ``total``; with a ``reference`` head, plus ``kl_beta`` times the exact KL to it (fused);
+    ``per_row``: with each instance's cross entropy too (``ce_rows``)."""
+    if fused or reference is not None:
+        return fused_output_loss(
+            out.hidden,
+            out.weight,
+            labels,
+            z_loss_multiplier,
+            out.logit_scale,
+            out.bias,
+            ce_weight=ce_weight,
+            reference=reference,
+            kl_beta=kl_beta,
+            per_row=per_row,
+        )
+    logits, _ = lm_head(out.hidden, out.weight, out.bias, None, None, False, out.logit_scale)
+    assert logits is not None
+    return cross_entropy_sums(logits, labels, z_loss_multiplier, ce_weight, per_row)
 
 
 def build_train_module(

@@ -153,6 +153,10 @@ def test_training_on_a_mixture_records_it_and_resumes_exactly(tmp_path, sources)
         return {r["step"]: r["train/CrossEntropyLoss"] for r in rows if "train/CrossEntropyLoss" in r}
 
     assert losses(parts) == losses(full)
+    from olmo.testing import run_main
+
+    assert run_main("plot_metrics.py", full) == 0
+    assert (full / "plots" / "loss_by_source.png").stat().st_size > 0
     assert (parts / "train_data" / "mixture.json").read_text() == (
         full / "train_data" / "mixture.json"
     ).read_text()
@@ -177,11 +181,41 @@ def test_an_anneal_stage_trains_on_its_own_mixture(tmp_path, sources):
     cfg = tiny_config_dict(tmp_path / "run", sources["code"], max_duration=None)
     cfg["stages"] = [
         {"name": "pretrain", "max_duration": 4},
-        {"name": "anneal", "max_duration": 4, "data": {"mixture": mixture}},
+        {"name": "anneal", "max_duration": 4, "kl_beta": 0.1, "data": {"mixture": mixture}},
     ]
     assert run_train(write_config(tmp_path / "c.yaml", cfg)) == 0
     record = json.loads((tmp_path / "run" / "train_data" / "mixture-anneal.json").read_text())
     assert [s["instances"] for s in record["sources"]] == [6, 13, 13]  # 0.2/0.4/0.4 of 32 instances
     assert not (tmp_path / "run" / "train_data" / "mixture.json").exists()  # stage 1 trains on data.paths
-    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert max(steps) == 8
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in rows) == 8
+    # Per-source losses exist in the mixture stage (with its KL penalty) only.
+    assert not any("train/code/CrossEntropyLoss" in r for r in rows if r["step"] <= 4)
+    annealed = [r for r in rows if r["step"] > 4 and "train/CrossEntropyLoss" in r]
+    assert len(annealed) == 4 and all("train/code/CrossEntropyLoss" in r and "train/KL" in r for r in annealed)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_per_source_losses_reduce_exactly_to_the_overall_loss(tmp_path, sources, fused):
+    """train/{source}/CrossEntropyLoss is each source's token-weighted mean: weighted by the labels each source had
+    in the step's global batch (read back from the data order), they give train/CrossEntropyLoss."""
+    cfg = tiny_config_dict(tmp_path / "run", [], max_duration=4, fused_loss=fused)
+    cfg["data"] = {"paths": None, "num_workers": 0, "mixture": _mixture(sources)}
+    config = write_config(tmp_path / "c.yaml", cfg)
+    assert run_train(config) == 0
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "train/CrossEntropyLoss" in r]
+    assert len(train_rows) == 4
+    loaded = TrainConfig.load(config)
+    dataset = build_memmap_dataset(loaded, loaded.data)
+    order = np.fromfile(run / "train_data" / "global_indices.npy", dtype=np.uint32)
+    batch = loaded.global_train_batch_size
+    for r in train_rows:
+        step = r["step"]
+        drawn = [dataset[int(i)]["metadata"]["source"] for i in order[(step - 1) * batch : step * batch]]
+        labels = {name: drawn.count(name) * (CHUNK - 1) for name in ("web", "code", "math")}  # T-1 labels a row
+        logged = {name: r.get(f"train/{name}/CrossEntropyLoss") for name in labels}
+        assert all((logged[n] is None) == (labels[n] == 0) for n in labels), (logged, labels)
+        total = sum(logged[n] * labels[n] for n in labels if labels[n]) / sum(labels.values())
+        assert total == pytest.approx(r["train/CrossEntropyLoss"], rel=1e-6)
