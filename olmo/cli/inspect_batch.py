@@ -1,6 +1,6 @@
 """Show the instances of the global batch a run trained on at step N (as OLMo's inspect_train_data.py).
 
-    python scripts/inspect_batch.py RUN_DIR --step N [--rank R --world-size W] [--decode]
+    python scripts/inspect_batch.py RUN_DIR --step N [--rank R --world-size W] [--decode] [--json]
     python scripts/inspect_batch.py CONFIG.yaml --step N [--order-file PATH] [--key.path=value ...]
 
 RUN_DIR is a run's save_folder: its ``config.yaml`` and ``train_data/global_indices.npy`` are read (in a
@@ -18,11 +18,18 @@ trains on every W-th entry from offset R. This assumes the run went through the 
 step 1 (a fresh run, a resume, or a fine-tune with ``--reset_trainer_state``); after a resume with
 ``--epoch``, ``--fast_forward_batches`` or ``--restore_dataloader=false`` the positions differ, and
 ``{save_folder}/data-indices/`` (``olmo.data.read_data_indices``) holds what was actually trained on.
+
+``--json`` prints the instances as a JSON list instead of a table: ``position``, ``rank`` (of ``--world-size``,
+else of the ranks that wrote ``data-indices/``), ``index``, ``source`` (the ``data.mixture`` source or the
+``data.datasets`` label), ``file``, ``token_offset``, ``documents`` (``{id, start, end}``: each document's token
+span within the instance, from the metadata ``dolma tokens`` writes beside a token file; empty without it, and
+``document_metadata`` says which), ``filtered`` (dropped by ``data.instance_filter``) and ``label_tokens``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from dataclasses import dataclass
@@ -45,6 +52,8 @@ from olmo.data import (
     rank_slice,
     read_instances,
 )
+from olmo.data.instance_filter import is_repetitive
+from olmo.data.provenance import instance_documents
 from olmo.exceptions import OLMoCliError, OLMoDataError
 from olmo.tokenizer import Tokenizer
 from olmo.train.stages import plan_stages
@@ -63,6 +72,27 @@ class Row:
     """Token offset of the instance in ``path``."""
     label_tokens: Optional[int] = None
     text: Optional[str] = None
+    source: Optional[str] = None
+    """The mixture source or ``data.datasets`` label of the instance's file."""
+    documents: Optional[list[dict[str, object]]] = None
+    """The documents in the instance (``{id, start, end}``, token spans within it) from dolma's metadata beside
+    the token file; None when there is none."""
+    filtered: bool = False
+    """Dropped from the loss by ``data.instance_filter``."""
+
+    def as_json(self, world_size: Optional[int]) -> dict[str, object]:
+        return {
+            "position": self.position,
+            "rank": None if world_size is None else self.position % world_size,
+            "index": self.index,
+            "source": self.source,
+            "file": self.path,
+            "token_offset": self.offset,
+            "documents": self.documents or [],
+            "document_metadata": self.documents is not None,
+            "filtered": self.filtered,
+            "label_tokens": self.label_tokens,
+        }
 
 
 def load_order(
@@ -101,6 +131,7 @@ def batch_rows(
     world_size: Optional[int] = None,
     tokenizer: Optional[Tokenizer] = None,
     max_chars: int = 200,
+    provenance: bool = False,
 ) -> list[Row]:
     """The instances of the global batch of training step ``step`` (only rank ``rank``'s if given). In a staged
     run, a stage with its own data has its own order, in ``train_data/stage{i}/`` next to ``default_order_dir``,
@@ -148,21 +179,36 @@ def batch_rows(
     batch = global_indices[s * batch_size : (s + 1) * batch_size]
     rows = []
     # Remote instances are fetched concurrently, and only those of the batch.
-    wanted = tokenizer is not None or stage.data.label_mask_paths is not None
+    instance_filter = stage.data.instance_filter
+    masked = stage.data.label_mask_paths is not None or any(
+        s.label_mask_paths is not None for s in (stage.data.mixture.sources if stage.data.mixture else [])
+    )
+    wanted = tokenizer is not None or masked or (provenance and instance_filter is not None)
     instances = read_instances(dataset, (int(batch[p]) for p in positions)) if wanted else iter(())
     for position in positions:
         index = batch[position]
         path_of, offset = dataset.instance_location(index)
-        row = Row(position, int(index), path_of, offset)
+        row = Row(position, int(index), path_of, offset, source=dataset.instance_source(index))
+        if provenance:
+            row.documents = instance_documents(path_of, offset, cfg.model.max_sequence_length)
         if wanted:
             instance = next(instances)
             if "label_mask" in instance:
                 row.label_tokens = int(instance["label_mask"].sum())
+            if instance_filter is not None:
+                row.filtered = is_repetitive(instance["input_ids"].numpy(), instance_filter)
             if tokenizer is not None:
                 text = tokenizer.decode(instance["input_ids"].tolist()).replace("\n", "\\n")
                 row.text = text if len(text) <= max_chars else text[:max_chars] + "…"
         rows.append(row)
     return rows
+
+
+def _launch_world_size(target: Path) -> Optional[int]:
+    """The ranks of a run's last launch, from its ``data-indices/rank{R}.tsv.gz`` files; None when unknown."""
+    folder = target / "data-indices" if target.is_dir() else None
+    ranks = len(list(folder.glob("rank*.tsv.gz"))) if folder is not None and folder.is_dir() else 0
+    return ranks or None
 
 
 def print_table(rows: list[Row], title: str, show_rank_of: Optional[int]) -> None:
@@ -200,6 +246,9 @@ def main(argv: Optional[list[str]] = None) -> list[Row]:
     parser.add_argument("--order-file", type=Path, default=None, help="the epoch's global_indices file")
     parser.add_argument("--tokenizer", default=None, help="tokenizer for --decode (default: the config's)")
     parser.add_argument("--max-chars", type=int, default=200, help="characters of text per instance (%(default)s)")
+    parser.add_argument(
+        "--json", action="store_true", help="print the instances as JSON (source, documents, filtered) instead"
+    )
     args, extra = parser.parse_known_args(argv)
     bad = [a for a in extra if not a.startswith("--")]
     if bad:
@@ -236,8 +285,20 @@ def main(argv: Optional[list[str]] = None) -> list[Row]:
         identifier = args.tokenizer or cfg.tokenizer.identifier
         tokenizer = Tokenizer.from_file(identifier, cfg.model.eos_token_id, cfg.model.pad_token_id)
     rows = batch_rows(
-        cfg, args.step, args.order_file, order_dir, args.rank, args.world_size, tokenizer, args.max_chars
+        cfg,
+        args.step,
+        args.order_file,
+        order_dir,
+        args.rank,
+        args.world_size,
+        tokenizer,
+        args.max_chars,
+        provenance=args.json,
     )
+    if args.json:
+        world = args.world_size or _launch_world_size(args.target)
+        print(json.dumps([r.as_json(world) for r in rows], indent=1))
+        return rows
     who = "all ranks" if args.rank is None else f"rank {args.rank} of {args.world_size}"
     title = (
         f"Step {args.step}: {len(rows)} instances of {cfg.model.max_sequence_length} tokens "

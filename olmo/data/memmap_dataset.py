@@ -275,6 +275,12 @@ class MemMapDataset(Dataset):
         window = max(1, self.remote.prefetch_bytes // instance_bytes)
         return read_ahead(get, indices, window, fetch_pool(self.remote.max_concurrency))
 
+    def instance_source(self, index: Any) -> Optional[str]:
+        """The mixture source (``data.mixture``) or the ``data.datasets`` label of ``index``'s file, else None."""
+        file_index, _ = self._locate(index)
+        meta = self._metadata[file_index]
+        return meta.get("source", meta.get("label"))
+
     def instance_location(self, index: Any) -> tuple[str, int]:
         """The token file (as given) and the offset, in tokens after any npy header, where ``index`` starts."""
         file_index, local_index = self._locate(index)

@@ -145,3 +145,44 @@ def test_prepare_memmap_dataset_strips_whitespace_like_dolma(tmp_path):
     theirs = prepare_dolma(tmp_path / "docs", tmp_path / "dolma")
     ours = prepare_memmap_dataset(tmp_path / "docs", tmp_path / "ours")
     assert documents(ours) == documents(theirs)
+
+
+def test_inspect_batch_names_the_documents_of_every_instance(corpus, dolma_dir, tmp_path, capsys):
+    """inspect_batch.py --json reads dolma's metadata: each instance's documents tile it, and each span holds the
+    tokens of the document with that id in the JSONL input."""
+    from olmo.testing import run_main
+
+    docs, texts = corpus
+    cfg = tiny_config_dict(
+        tmp_path / "run",
+        [],
+        max_duration=2,
+        save_interval_unsharded=None,
+        **{"data.paths": f"${{path.glob:{dolma_dir.resolve()}/*.npy}}"},
+        **REAL_VOCAB,
+    )
+    assert run_train(write_config(tmp_path / "config.yaml", cfg)) == 0
+    capsys.readouterr()
+    run_main("inspect_batch.py", tmp_path / "run", "--step", "2", "--json")
+    instances = json.loads(capsys.readouterr().out)
+    tokenizer = Tokenizer.from_file(DEFAULT_TOKENIZER)
+    T = REAL_VOCAB["model.max_sequence_length"]
+    assert len(instances) == cfg["global_train_batch_size"]
+    for inst in instances:
+        assert inst["rank"] == 0 and inst["source"] is None and inst["filtered"] is False
+        assert inst["document_metadata"] and inst["documents"]
+        tokens = np.memmap(inst["file"], dtype=np.uint16, mode="r")[
+            inst["token_offset"] : inst["token_offset"] + T
+        ]
+        spans = inst["documents"]
+        assert spans[0]["start"] == 0 and spans[-1]["end"] == T
+        assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:]))  # they tile the instance
+        for i, span in enumerate(spans):
+            full = tokenizer.encode(texts[int(span["id"].removeprefix("doc-"))])
+            piece = tokens[span["start"] : span["end"]].tolist()
+            if 0 < i < len(spans) - 1:
+                assert piece == full
+            elif len(spans) > 1:
+                assert piece == (full[-len(piece) :] if i == 0 else full[: len(piece)])
+            else:
+                assert any(full[k : k + len(piece)] == piece for k in range(len(full) - len(piece) + 1))

@@ -153,13 +153,35 @@ def test_training_on_a_mixture_records_it_and_resumes_exactly(tmp_path, sources)
         return {r["step"]: r["train/CrossEntropyLoss"] for r in rows if "train/CrossEntropyLoss" in r}
 
     assert losses(parts) == losses(full)
+    assert (parts / "train_data" / "mixture.json").read_text() == (
+        full / "train_data" / "mixture.json"
+    ).read_text()
     from olmo.testing import run_main
 
     assert run_main("plot_metrics.py", full) == 0
     assert (full / "plots" / "loss_by_source.png").stat().st_size > 0
-    assert (parts / "train_data" / "mixture.json").read_text() == (
-        full / "train_data" / "mixture.json"
-    ).read_text()
+
+
+def test_inspect_batch_names_each_instances_source(tmp_path, sources, capsys):
+    """An entry of global_indices.npy is a position in the selection; mixture.json's ranges say whose."""
+    from olmo.testing import run_main
+
+    cfg = tiny_config_dict(tmp_path / "run", [], max_duration=3)
+    cfg["data"] = {"paths": None, "num_workers": 0, "mixture": _mixture(sources)}
+    assert run_train(write_config(tmp_path / "c.yaml", cfg)) == 0
+    ranges = {
+        s["name"]: s["positions"]
+        for s in json.loads((tmp_path / "run/train_data/mixture.json").read_text())["sources"]
+    }
+    capsys.readouterr()
+    run_main("inspect_batch.py", tmp_path / "run", "--step", "3", "--json")
+    instances = json.loads(capsys.readouterr().out)
+    assert len(instances) == 8
+    for inst in instances:
+        low, high = ranges[inst["source"]]
+        assert low <= inst["index"] < high
+        assert Path(inst["file"]).name.startswith(inst["source"])  # web-0.npy, code.npy, math.npy
+        assert inst["documents"] == [] and inst["document_metadata"] is False  # no dolma metadata beside them
 
 
 def test_the_run_plan_shows_the_shares_and_a_dry_run_writes_nothing(tmp_path, sources, capsys):
