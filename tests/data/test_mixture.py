@@ -241,3 +241,65 @@ def test_per_source_losses_reduce_exactly_to_the_overall_loss(tmp_path, sources,
         assert all((logged[n] is None) == (labels[n] == 0) for n in labels), (logged, labels)
         total = sum(logged[n] * labels[n] for n in labels if labels[n]) / sum(labels.values())
         assert total == pytest.approx(r["train/CrossEntropyLoss"], rel=1e-6)
+
+
+def test_two_fsdp_ranks_train_the_mixture_as_one_process(tmp_path, sources):
+    """The selection does not depend on the world size: 2 gloo ranks (FSDP) see the same instances and log the same
+    overall and per-source losses as 1 process (rtol 1e-5)."""
+    from olmo.testing import run_torchrun
+
+    def config(name: str) -> Path:
+        cfg = tiny_config_dict(tmp_path / name, [], max_duration=4, save_interval_unsharded=None)
+        cfg["data"] = {"paths": None, "num_workers": 0, "mixture": _mixture(sources)}
+        return write_config(tmp_path / f"{name}.yaml", cfg)
+
+    assert run_train(config("single")) == 0
+    proc = run_torchrun(2, config("fsdp"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def metrics(name: str) -> dict[int, dict]:
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r for r in rows if "train/CrossEntropyLoss" in r}
+
+    single, fsdp = metrics("single"), metrics("fsdp")
+    assert set(single) == set(fsdp) == {1, 2, 3, 4}
+    for step in single:
+        keys = {k for k in single[step] if k.startswith("train/") and k.endswith("CrossEntropyLoss")}
+        assert len(keys) >= 3 and keys == {
+            k for k in fsdp[step] if k.startswith("train/") and k.endswith("CrossEntropyLoss")
+        }
+        for key in keys:
+            assert fsdp[step][key] == pytest.approx(single[step][key], rel=1e-5), (step, key)
+    assert (tmp_path / "fsdp/train_data/mixture.json").read_text() == (
+        tmp_path / "single/train_data/mixture.json"
+    ).read_text()
+
+
+def test_the_shipped_tiny_mixture_config_trains_on_the_stdlib_split_into_three_sources(tmp_path):
+    """configs/tiny/OLMo-tiny-mix.yaml with its sources prepared as its header says (smaller globs here)."""
+    import os
+    import shutil
+    import sysconfig
+
+    from olmo.testing import run_main, run_script
+
+    repo = Path(__file__).resolve().parents[2]
+    shutil.copytree(repo / "configs", tmp_path / "configs")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for name, pattern in (("a-m", "[a-c]*.py"), ("n-z", "[p-s]*.py"), ("packages", "json/*.py")):
+        result = run_script(
+            "prepare_memmap_dataset.py", str(stdlib / pattern), "-o", f"data/mix/{name}", cwd=tmp_path
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+    cwd = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        args = ["configs/tiny/OLMo-tiny-mix.yaml", "--max_duration=3", "--evaluators=[]", "--wandb=null"]
+        assert run_main("train.py", *args) == 0
+    finally:
+        os.chdir(cwd)
+    record = json.loads((tmp_path / "runs/OLMo-tiny-mix/train_data/mixture.json").read_text())
+    assert [s["name"] for s in record["sources"]] == ["stdlib-a-m", "stdlib-n-z", "packages"]
+    assert [s["instances"] for s in record["sources"]] == [12, 7, 5]  # 0.5/0.3/0.2 of 3 x 8 instances
+    rows = [json.loads(line) for line in (tmp_path / "runs/OLMo-tiny-mix/metrics.jsonl").read_text().splitlines()]
+    assert any("train/packages/CrossEntropyLoss" in r for r in rows)
