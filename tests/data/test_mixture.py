@@ -303,3 +303,43 @@ def test_the_shipped_tiny_mixture_config_trains_on_the_stdlib_split_into_three_s
     assert [s["instances"] for s in record["sources"]] == [12, 7, 5]  # 0.5/0.3/0.2 of 3 x 8 instances
     rows = [json.loads(line) for line in (tmp_path / "runs/OLMo-tiny-mix/metrics.jsonl").read_text().splitlines()]
     assert any("train/packages/CrossEntropyLoss" in r for r in rows)
+
+
+def test_label_masks_are_given_per_source_and_follow_their_instances(tmp_path, sources):
+    """Each source's masks travel with its files: every drawn instance carries its own file's mask slice."""
+    masks = {}
+    for name, paths in sources.items():
+        folder = Path(paths[0]).parent
+        files = sorted(folder.glob(Path(paths[0]).name))
+        mask_paths = []
+        for i, f in enumerate(files):
+            n = f.stat().st_size // 2
+            mask = (np.arange(n) + i + len(name)) % 3 != 0  # a different pattern per file
+            mask_path = tmp_path / f"{f.stem}-mask.npy"
+            mask.tofile(mask_path)
+            mask_paths.append(str(mask_path))
+        masks[name] = mask_paths
+    mixture = _mixture(sources)
+    for src in mixture["sources"]:
+        src["paths"] = [
+            str(p) for p in sorted(Path(sources[src["name"]][0]).parent.glob(Path(sources[src["name"]][0]).name))
+        ]
+        src["label_mask_paths"] = masks[src["name"]]
+    cfg = _config(tmp_path, sources, max_duration=10, **{"data.mixture": mixture})
+    cfg.validate(1)
+    dataset = build_memmap_dataset(cfg, cfg.data)
+    for i in range(0, len(dataset), 7):
+        item = dataset[i]
+        path, offset = dataset.instance_location(i)
+        mask_path = masks[item["metadata"]["source"]][
+            [
+                str(p) for s in mixture["sources"] for p in s["paths"] if s["name"] == item["metadata"]["source"]
+            ].index(path)
+        ]
+        expected = np.fromfile(mask_path, dtype=np.bool_)[offset : offset + CHUNK]
+        assert np.array_equal(item["label_mask"].numpy(), expected)
+    one_masked = _mixture(sources)
+    one_masked["sources"][0]["label_mask_paths"] = masks["web"]
+    bad = _config(tmp_path, sources, **{"data.mixture": one_masked})
+    with pytest.raises(OLMoConfigurationError, match=r"label masks are given for 1 of 3 sources"):
+        bad.validate(1)
