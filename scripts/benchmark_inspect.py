@@ -1,6 +1,7 @@
 """Measure how long inspect_batch.py --json takes to answer for a run over many token files (with dolma metadata).
 
-``--help`` shows the usage; the command is :mod:`olmo.cli.benchmark_inspect`.
+``--help`` shows the usage; the command is :mod:`olmo.cli.benchmark_inspect` (in the command layer, since it
+times ``inspect_batch.py``'s own code).
 """
 
 import sys

@@ -23,7 +23,10 @@ def test_every_shipped_config_loads_and_validates(path, tmp_path, monkeypatch):
     world_size = 1 if "tiny" in path.parts else 8
     cfg.validate(world_size)
     assert cfg.run_name and cfg.save_folder.endswith(cfg.run_name)
-    assert cfg.data.paths, "every shipped config trains on data"
+    mixture = cfg.data.mixture
+    assert cfg.data.paths or (mixture and all(s.paths for s in mixture.sources)), (
+        "every shipped config trains on data"
+    )
 
 
 def test_official_configs_keep_the_released_hyperparameters():
