@@ -343,3 +343,34 @@ def test_label_masks_are_given_per_source_and_follow_their_instances(tmp_path, s
     bad = _config(tmp_path, sources, **{"data.mixture": one_masked})
     with pytest.raises(OLMoConfigurationError, match=r"label masks are given for 1 of 3 sources"):
         bad.validate(1)
+
+
+def test_a_mixture_keeps_the_instance_filter_and_document_masking(tmp_path, sources, capsys):
+    """A source of repetitive instances: they are drawn at its ratio, dropped from the loss by the filter, and said
+    so by inspect_batch --json; document masking runs on the mixture too."""
+    from olmo.testing import run_main
+
+    repetitive = tmp_path / "rep.npy"
+    np.tile(np.array([65, 66], dtype=np.uint16), 20 * CHUNK // 2).tofile(repetitive)  # "ABAB...": 20 instances
+    mixture = _mixture({**sources, "math": [str(repetitive)]})
+    cfg = tiny_config_dict(tmp_path / "run", [], max_duration=3)
+    cfg["data"] = {
+        "paths": None,
+        "num_workers": 0,
+        "mixture": mixture,
+        "instance_filter": {"repetition_max_period": 4, "repetition_min_period": 1, "repetition_max_count": 8},
+        "generate_doc_lengths": True,
+    }
+    assert run_train(write_config(tmp_path / "c.yaml", cfg)) == 0
+    rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    filtered = sum(r.get("train/FilteredInstances", 0) for r in rows)
+    capsys.readouterr()
+    seen = reported = 0
+    for step in (1, 2, 3):
+        run_main("inspect_batch.py", tmp_path / "run", "--step", str(step), "--json")
+        for inst in json.loads(capsys.readouterr().out):
+            if inst["source"] == "math":  # all repetitive; stdlib text can be too (long runs of '=' or spaces)
+                assert inst["filtered"]
+                seen += 1
+            reported += inst["filtered"]
+    assert seen > 0 and filtered == reported
