@@ -153,13 +153,18 @@ def _build_mixture_dataset(
     masks: list[str] = []
     metadata: list[dict[str, Any]] = []
     files_per_source = []
+    path_keys: dict[str, str] = {}
     for i, src in enumerate(mixture.sources):
-        source_paths = _expand(src.paths, f"{key}.mixture.sources[{i}].paths")
+        where = f"{key}.mixture.sources[{i}]"
+        source_paths = _expand(src.paths, f"{where}.paths")
         files_per_source.append(len(source_paths))
         paths += source_paths
         metadata += [{"source": src.name} for _ in source_paths]
+        path_keys.update({p: f"{where}.paths" for p in source_paths})
         if src.label_mask_paths is not None:
-            masks += _expand(src.label_mask_paths, f"{key}.mixture.sources[{i}].label_mask_paths")
+            source_masks = _expand(src.label_mask_paths, f"{where}.label_mask_paths")
+            masks += source_masks
+            path_keys.update({p: f"{where}.label_mask_paths" for p in source_masks})
     cfg = train_config
     dataset = MemMapDataset(
         *paths,
@@ -179,6 +184,7 @@ def _build_mixture_dataset(
         reuse_metadata_cache=not cfg.save_overwrite or cfg.try_load_latest_save or cfg.load_path is not None,
         config_key=f"{key}.mixture",
     )
+    dataset.path_keys = path_keys
     bounds = dataset.instance_bounds()
     ends = np.cumsum(files_per_source)
     starts = ends - np.asarray(files_per_source)

@@ -205,6 +205,8 @@ class MemMapDataset(Dataset):
         """For a mixture: instance ``i`` is instance ``selection[i]`` of the files taken together
         (:mod:`olmo.data.mixture`); None: every instance once, in file order."""
         self.mixture_plan: Any = None  # the MixturePlan the selection realizes
+        self.path_keys: dict[str, str] = {}
+        """Where a file was given in the config, when not ``{config_key}.paths`` (a mixture's source), for errors."""
         self.file_sources: Optional[np.ndarray] = None
         """For a mixture: the source (its position in ``mixture.sources``) of each file, given to every instance
         as ``source_id`` (the per-source losses are keyed by it)."""
@@ -494,6 +496,7 @@ class MemMapDataset(Dataset):
             raise self._probe_errors[path, is_mask]
         if (path, is_mask) not in self._layouts:
             kind, key = ("Label mask file", self._masks_key) if is_mask else ("Token file", self._tokens_key)
+            key = self.path_keys.get(path, key)
             size, header = self._read_start(path, kind, key)
             if header is not None:
                 layout = self._header_layout(path, size, header, is_mask, f"{kind} '{path}' (an entry of {key})")

@@ -374,3 +374,41 @@ def test_a_mixture_keeps_the_instance_filter_and_document_masking(tmp_path, sour
                 seen += 1
             reported += inst["filtered"]
     assert seen > 0 and filtered == reported
+
+
+def test_a_source_read_from_a_url_mixes_as_the_same_files_on_disk(tmp_path, sources):
+    """A source at http:// (read by byte range) gives the same mixture, instances and losses as the local files."""
+    from olmo.testing.http import FileServer
+
+    folder = Path(sources["code"][0]).parent
+
+    def config(name: str, code: list[str]) -> Path:
+        cfg = tiny_config_dict(tmp_path / name, [], max_duration=3, save_interval_unsharded=None)
+        mixture = _mixture({**sources, "code": code})
+        cfg["data"] = {"paths": None, "num_workers": 0, "mixture": mixture}
+        return write_config(tmp_path / f"{name}.yaml", cfg)
+
+    assert run_train(config("local", sources["code"])) == 0
+    with FileServer(folder) as server:
+        assert run_train(config("remote", [server.url("code.npy")])) == 0
+
+    def losses(name: str) -> list[float]:
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return [r["train/CrossEntropyLoss"] for r in rows if "train/CrossEntropyLoss" in r]
+
+    assert losses("remote") == losses("local")
+    local, remote = (
+        json.loads((tmp_path / n / "train_data/mixture.json").read_text()) for n in ("local", "remote")
+    )
+    assert [s["instances"] for s in local["sources"]] == [s["instances"] for s in remote["sources"]]
+
+
+def test_a_missing_source_file_is_named_by_its_source(tmp_path, sources):
+    cfg = _config(
+        tmp_path, sources, **{"data.mixture": _mixture({**sources, "code": [str(tmp_path / "gone.npy")]})}
+    )
+    cfg.validate(1)
+    with pytest.raises(
+        Exception, match=r"gone\.npy' \(an entry of data\.mixture\.sources\[1\]\.paths\) does not exist"
+    ):
+        build_memmap_dataset(cfg, cfg.data)
