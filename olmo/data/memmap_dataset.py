@@ -201,7 +201,7 @@ class MemMapDataset(Dataset):
         self._reuse_cache = reuse_metadata_cache
         self._cache: Optional[MetadataCache] = None
         self.fetch_stats: Optional[FetchStats] = FetchStats() if self.has_remote_files else None
-        self.selection: Optional[np.ndarray] = None
+        self.selection: Any = None
         """For a mixture: instance ``i`` is instance ``selection[i]`` of the files taken together
         (:mod:`olmo.data.mixture`); None: every instance once, in file order."""
         self.mixture_plan: Any = None  # the MixturePlan the selection realizes

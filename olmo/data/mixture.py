@@ -4,8 +4,9 @@ A source is cut into fixed-length instances like any token file (``chunk_size`` 
 instance boundaries as in OLMo's pretraining data), so a source's share of tokens is its share of instances. The
 mix is a *selection*: for every source the number of instances its ratio asks for (the largest-remainder rounding of
 ``ratio * total``, so the counts add up exactly), made of whole passes over the source and, for the fraction of a
-pass left, instances drawn without replacement with ``mixture.seed``. The selection depends only on the config and
-the files' sizes, never on the world size; the epoch's order (``global_indices.npy``) then shuffles it as it
+pass left, instances drawn without replacement with ``mixture.seed`` (the first values of a keyed permutation of
+the source, computed one at a time: the selection takes no memory however large the mix). It depends only on the
+config and the files' sizes, never on the world size; the epoch's order (``global_indices.npy``) then shuffles it as it
 shuffles any dataset, so an index in that file is a position in the selection (``mixture.json`` says which
 positions belong to which source: they are contiguous, in the order the sources are listed).
 
@@ -19,7 +20,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
@@ -28,7 +29,15 @@ from ..exceptions import OLMoConfigurationError
 if TYPE_CHECKING:
     from ..config import MixtureConfig
 
-__all__ = ["MixturePlan", "SourcePlan", "allocate", "plan_mixture", "mixture_selection", "MIXTURE_FILE"]
+__all__ = [
+    "MixturePlan",
+    "MixtureSelection",
+    "SourcePlan",
+    "allocate",
+    "plan_mixture",
+    "mixture_selection",
+    "MIXTURE_FILE",
+]
 
 MIXTURE_FILE = "mixture.json"
 """Written to ``save_folder/train_data/`` by rank 0 of a run whose data is a mixture."""
@@ -151,16 +160,77 @@ def plan_mixture(
     )
 
 
-def mixture_selection(plan: MixturePlan, offsets: list[int]) -> np.ndarray:
+def mixture_selection(plan: MixturePlan, offsets: list[int]) -> MixtureSelection:
     """The selected instances as indices into the sources' files taken together (source ``i`` starts at
     ``offsets[i]``): for each source, its whole passes in order, then the rest of a pass drawn without replacement
-    (sorted) with a generator seeded by ``(seed, source position)``."""
-    parts = []
-    for i, (src, offset) in enumerate(zip(plan.sources, offsets)):
-        passes, rest = divmod(src.instances, src.available) if src.available else (0, 0)
-        local = np.arange(src.available, dtype=np.int64)
-        parts.extend([local + offset] * passes)
-        if rest:
-            rng = np.random.Generator(np.random.PCG64([plan.seed, i]))
-            parts.append(np.sort(rng.choice(src.available, size=rest, replace=False)).astype(np.int64) + offset)
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    (the first instances of a seeded permutation of the source, keyed by ``(seed, source position)``)."""
+    return MixtureSelection(plan, offsets)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finalizer: a bijective scramble of 64 bits."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+class _Permutation:
+    """A seeded permutation of ``range(n)`` computed element by element in O(1) memory: a 4-round Feistel network
+    over the smallest square power of two at least ``n``, walked until it lands inside ``range(n)`` (on average
+    fewer than 4 steps). Drawing ``k`` instances without replacement is taking its first ``k`` values."""
+
+    ROUNDS = 4
+
+    def __init__(self, n: int, key: tuple[int, ...]):
+        self.n = n
+        self.half_bits = max(1, (max(n - 1, 1).bit_length() + 1) // 2)
+        self.mask = (1 << self.half_bits) - 1
+        seed = 0
+        for part in key:
+            seed = _mix64((seed ^ (part & _MASK64)) + 0x9E3779B97F4A7C15 & _MASK64)
+        self.keys = [_mix64(seed + r + 1 & _MASK64) for r in range(self.ROUNDS)]
+
+    def _encrypt(self, x: int) -> int:
+        left, right = x >> self.half_bits, x & self.mask
+        for k in self.keys:
+            left, right = right, left ^ (_mix64(right ^ k) & self.mask)
+        return (left << self.half_bits) | right
+
+    def __call__(self, x: int) -> int:
+        y = self._encrypt(x)
+        while y >= self.n:
+            y = self._encrypt(y)
+        return y
+
+
+class MixtureSelection:
+    """The mixture's selection as a function from a position to an instance of the files taken together, in memory
+    that grows with the number of sources only (an OLMo-scale mix of a billion instances costs nothing to hold, on
+    every rank and DataLoader worker). Positions ``[starts[i], starts[i + 1])`` belong to source ``i``."""
+
+    def __init__(self, plan: MixturePlan, offsets: list[int]):
+        counts = [s.instances for s in plan.sources]
+        self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        self.offsets = list(offsets)
+        self.available = [s.available for s in plan.sources]
+        self.full = [(s.instances // s.available) * s.available if s.available else 0 for s in plan.sources]
+        self.permutations = [_Permutation(max(n, 1), (plan.seed, i)) for i, n in enumerate(self.available)]
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, position: int) -> int:
+        if not 0 <= position < len(self):
+            raise IndexError(f"position {position} is outside the mixture's {len(self)} instances")
+        i = int(np.searchsorted(self.starts, position, side="right")) - 1
+        p = position - int(self.starts[i])
+        local = p % self.available[i] if p < self.full[i] else self.permutations[i](p - self.full[i])
+        return self.offsets[i] + local
+
+    def indices(self, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
+        """Positions ``[start, stop)`` as an int64 array (for inspection and tests; training reads one at a time)."""
+        stop = len(self) if stop is None else stop
+        return np.fromiter((self[p] for p in range(start, stop)), dtype=np.int64, count=stop - start)

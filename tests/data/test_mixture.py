@@ -75,13 +75,14 @@ def test_realized_shares_follow_the_targets_and_a_small_source_repeats(tmp_path,
     math_ids = [i for i in range(len(dataset)) if drawn[i] == "math"]
     math_tokens = {dataset[i]["input_ids"].numpy().tobytes() for i in math_ids}
     assert len(math_tokens) == 20
-    web = dataset.selection[:240]
-    assert len(set(web.tolist())) == 240 and np.all(np.diff(web) > 0)
+    web = dataset.selection.indices(0, 240)
+    assert len(set(web.tolist())) == 240 and web.min() >= 0 and web.max() < 300  # distinct web instances
     # Deterministic: the same config gives the same instances.
     again = build_memmap_dataset(cfg, cfg.data)
-    assert np.array_equal(again.selection, dataset.selection)
+    assert np.array_equal(again.selection.indices(), dataset.selection.indices())
     other_seed = _config(tmp_path, sources, max_duration=50, **{"data.mixture.seed": 8})
-    assert not np.array_equal(build_memmap_dataset(other_seed, other_seed.data).selection, dataset.selection)
+    other = build_memmap_dataset(other_seed, other_seed.data).selection
+    assert not np.array_equal(other.indices(), dataset.selection.indices())
 
 
 def test_a_mix_the_sources_cannot_meet_is_refused_with_the_numbers(tmp_path, sources):
@@ -412,3 +413,43 @@ def test_a_missing_source_file_is_named_by_its_source(tmp_path, sources):
         Exception, match=r"gone\.npy' \(an entry of data\.mixture\.sources\[1\]\.paths\) does not exist"
     ):
         build_memmap_dataset(cfg, cfg.data)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 1000, 4097])
+def test_the_draw_is_a_permutation_of_the_source(n):
+    """The keyed permutation behind a partial pass: every instance exactly once over a whole pass, so the first k
+    values are k distinct instances; another seed or source gives another order."""
+    from olmo.data.mixture import _Permutation
+
+    perm = _Permutation(n, (42, 0))
+    values = [perm(x) for x in range(n)]
+    assert sorted(values) == list(range(n))
+    if n >= 64:
+        assert values != [_Permutation(n, (43, 0))(x) for x in range(n)]
+        assert values != [_Permutation(n, (42, 1))(x) for x in range(n)]
+        assert values != list(range(n))
+
+
+def test_an_olmo_scale_selection_takes_no_memory():
+    """A billion-instance mix of a source drawn 1.5 times over: held in a few objects, answered position by position."""
+    import pickle
+
+    from olmo.config import MixtureConfig, MixtureSourceConfig
+    from olmo.data.mixture import mixture_selection, plan_mixture
+
+    mixture = MixtureConfig(
+        seed=3,
+        sources=[
+            MixtureSourceConfig(name="web", paths=["x"], ratio=0.75, max_repetition=1.0),
+            MixtureSourceConfig(name="math", paths=["y"], ratio=0.25, max_repetition=2.0),
+        ],
+    )
+    plan = plan_mixture(mixture, [900_000_000, 200_000_000], 1_000_000_000, 4096)
+    selection = mixture_selection(plan, [0, 900_000_000])
+    assert len(pickle.dumps(selection)) < 10_000  # what each DataLoader worker receives
+    assert len(selection) == 1_000_000_000
+    assert 0 <= selection[0] < 900_000_000 and selection[749_999_999] < 900_000_000
+    math_first_pass = [selection[750_000_000 + p] for p in (0, 1, 199_999_999)]
+    assert math_first_pass == [900_000_000, 900_000_001, 1_099_999_999]  # whole passes come first, in order
+    rest = {selection[950_000_000 + p] for p in range(1000)}  # the partial pass: distinct draws
+    assert len(rest) == 1000 and all(900_000_000 <= r < 1_100_000_000 for r in rest)
