@@ -198,8 +198,11 @@ def test_the_run_plan_shows_the_shares_and_a_dry_run_writes_nothing(tmp_path, so
     assert not (tmp_path / "run").exists()
 
 
-def test_an_anneal_stage_trains_on_its_own_mixture(tmp_path, sources):
-    """Stage 2 of a two-stage run anneals on a different mix of the sources, recorded as mixture-anneal.json."""
+def test_an_anneal_stage_trains_on_its_own_mixture(tmp_path, sources, capsys):
+    """Stage 2 of a two-stage run anneals on a different mix of the sources, recorded as mixture-anneal.json, and
+    inspect_batch --json names the sources of its steps (stage 1's have none)."""
+    from olmo.testing import run_main
+
     mixture = {**_mixture(sources, ratios=(0.2, 0.4, 0.4), repetitions=(1, 2, 4)), "tokens": 4 * 8 * CHUNK}
     cfg = tiny_config_dict(tmp_path / "run", sources["code"], max_duration=None)
     cfg["stages"] = [
@@ -216,6 +219,14 @@ def test_an_anneal_stage_trains_on_its_own_mixture(tmp_path, sources):
     assert not any("train/code/CrossEntropyLoss" in r for r in rows if r["step"] <= 4)
     annealed = [r for r in rows if r["step"] > 4 and "train/CrossEntropyLoss" in r]
     assert len(annealed) == 4 and all("train/code/CrossEntropyLoss" in r and "train/KL" in r for r in annealed)
+    capsys.readouterr()
+    for step, named in ((2, False), (6, True)):
+        run_main("inspect_batch.py", tmp_path / "run", "--step", str(step), "--json")
+        instances = json.loads(capsys.readouterr().out)
+        assert len(instances) == 8
+        assert all((inst["source"] in ("web", "code", "math")) == named for inst in instances)
+        if named:
+            assert all(Path(inst["file"]).name.startswith(inst["source"]) for inst in instances)
 
 
 @pytest.mark.parametrize("fused", [False, True])
