@@ -108,20 +108,33 @@ def build_memmap_dataset(
             f"{key}.datasets to label -> files."
         )
     label_masks = data_config.label_mask_paths
-    cfg = train_config
+    masks = None if label_masks is None else _expand(label_masks, f"{key}.label_mask_paths")
+    return _memmap_dataset(train_config, data_config, paths, metadata, masks, include_instance_metadata, key)
+
+
+def _memmap_dataset(
+    cfg: TrainConfig,
+    data_config: DataConfig,
+    paths: list[str],
+    metadata: list[dict[str, Any]],
+    masks: list[str] | None,
+    include_instance_metadata: bool,
+    key: str,
+) -> MemMapDataset:
+    """The dataset of these files with the model's and ``data_config``'s settings."""
     return MemMapDataset(
         *paths,
-        chunk_size=train_config.model.max_sequence_length,
+        chunk_size=cfg.model.max_sequence_length,
         memmap_dtype=data_config.memmap_dtype,
         metadata=metadata,
         include_instance_metadata=include_instance_metadata,
         generate_attention_mask=data_config.generate_attention_mask,
-        pad_token_id=train_config.model.pad_token_id,
-        label_mask_paths=None if label_masks is None else _expand(label_masks, f"{key}.label_mask_paths"),
+        pad_token_id=cfg.model.pad_token_id,
+        label_mask_paths=masks,
         generate_doc_lengths=data_config.generate_doc_lengths,
-        eos_token_id=train_config.model.eos_token_id,
+        eos_token_id=cfg.model.eos_token_id,
         instance_filter_config=data_config.instance_filter,
-        vocab_size=train_config.model.vocab_size,
+        vocab_size=cfg.model.vocab_size,
         remote=data_config.remote,
         metadata_cache=Path(cfg.save_folder) / "train_data" / METADATA_CACHE_NAME,
         # A new run that replaces an old one (--save_overwrite without resuming) starts a new record.
@@ -166,23 +179,8 @@ def _build_mixture_dataset(
             masks += source_masks
             path_keys.update({p: f"{where}.label_mask_paths" for p in source_masks})
     cfg = train_config
-    dataset = MemMapDataset(
-        *paths,
-        chunk_size=cfg.model.max_sequence_length,
-        memmap_dtype=data_config.memmap_dtype,
-        metadata=metadata,
-        include_instance_metadata=include_instance_metadata,
-        generate_attention_mask=data_config.generate_attention_mask,
-        pad_token_id=cfg.model.pad_token_id,
-        label_mask_paths=masks or None,
-        generate_doc_lengths=data_config.generate_doc_lengths,
-        eos_token_id=cfg.model.eos_token_id,
-        instance_filter_config=data_config.instance_filter,
-        vocab_size=cfg.model.vocab_size,
-        remote=data_config.remote,
-        metadata_cache=Path(cfg.save_folder) / "train_data" / METADATA_CACHE_NAME,
-        reuse_metadata_cache=not cfg.save_overwrite or cfg.try_load_latest_save or cfg.load_path is not None,
-        config_key=f"{key}.mixture",
+    dataset = _memmap_dataset(
+        cfg, data_config, paths, metadata, masks or None, include_instance_metadata, f"{key}.mixture"
     )
     dataset.path_keys = path_keys
     bounds = dataset.instance_bounds()
