@@ -95,13 +95,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             for name, mix in mixes.items():
                 print(f"\nmixture ({name}):\n  " + "\n  ".join(mix.describe()))
         return 0
-    if env_rank() == 0:
-        for name, mix in mixes.items():
-            mix.write(Path(cfg.save_folder) / "train_data", name)
 
     env = init_distributed(cfg.distributed_timeout_minutes)
     try:
-        return train(cfg, env, stages, launch, evaluators, dataset_of(stages.stages[0].data))
+        return train(cfg, env, stages, launch, evaluators, dataset_of(stages.stages[0].data), mixes)
     finally:
         teardown_distributed()  # after train() returned: what it built is garbage now, and is collected
 
@@ -124,9 +121,11 @@ def train(
     launch: LaunchPlan,
     evaluators: list[Evaluator],
     dataset: MemMapDataset,
+    mixes: Optional[dict[str, MixturePlan]] = None,
 ) -> int:
     """Build the run on the initialized process group, restore what ``launch`` says and train on ``dataset`` (the first stage's
-    data, checked already); return the exit code."""
+    data, checked already); ``mixes`` are recorded in ``train_data/`` once the save folder is this run's. Return the
+    exit code."""
     seed_all(cfg.seed)
     log.info(
         "World size %d; device batch %d in micro-batches of %d (%d accumulation steps).",
@@ -137,6 +136,8 @@ def train(
     )
     if env.is_main and not cfg.dry_run:
         claim_save_folder(cfg, launch)  # the launch's first write: cleans up, then writes config.yaml
+        for name, mix in (mixes or {}).items():
+            mix.write(Path(cfg.save_folder) / "train_data", name)
     barrier()  # nobody writes into save_folder before rank 0 has made it this run's
     train_loader = build_stage_dataloader(cfg, stages.stages[0], env.world_size, env.rank, dataset)
     model = build_model(cfg, env)

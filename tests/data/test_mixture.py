@@ -464,3 +464,14 @@ def test_an_olmo_scale_selection_takes_no_memory():
     assert math_first_pass == [900_000_000, 900_000_001, 1_099_999_999]  # whole passes come first, in order
     rest = {selection[950_000_000 + p] for p in range(1000)}  # the partial pass: distinct draws
     assert len(rest) == 1000 and all(900_000_000 <= r < 1_100_000_000 for r in rest)
+
+
+def test_a_run_that_replaces_another_keeps_its_mixture_record(tmp_path, sources):
+    """--save_overwrite (as ladder.py run --overwrite passes it) cleans the folder first, then the record is written."""
+    cfg = tiny_config_dict(tmp_path / "run", [], max_duration=2, save_interval_unsharded=None)
+    cfg["data"] = {"paths": None, "num_workers": 0, "mixture": _mixture(sources)}
+    config = write_config(tmp_path / "c.yaml", cfg)
+    assert run_train(config) == 0
+    assert run_train(config, "--save_overwrite") == 0
+    record = json.loads((tmp_path / "run/train_data/mixture.json").read_text())
+    assert record["total_instances"] == 16
