@@ -154,6 +154,14 @@ def test_training_on_a_mixture_records_it_and_resumes_exactly(tmp_path, sources)
         return {r["step"]: r["train/CrossEntropyLoss"] for r in rows if "train/CrossEntropyLoss" in r}
 
     assert losses(parts) == losses(full)
+    # What step 5 trained on, asked of the resumed run and of the uninterrupted one: the same instances.
+    from olmo.testing import run_main as _run_main
+
+    answers = []
+    for folder in (full, parts):
+        rows = _run_main("inspect_batch.py", folder, "--step", "5", "--json")
+        answers.append([(r.index, r.source, r.path, r.offset) for r in rows])
+    assert answers[0] == answers[1] and all(a[1] in ("web", "code", "math") for a in answers[0])
     assert (parts / "train_data" / "mixture.json").read_text() == (
         full / "train_data" / "mixture.json"
     ).read_text()
@@ -475,3 +483,29 @@ def test_a_run_that_replaces_another_keeps_its_mixture_record(tmp_path, sources)
     assert run_train(config, "--save_overwrite") == 0
     record = json.loads((tmp_path / "run/train_data/mixture.json").read_text())
     assert record["total_instances"] == 16
+
+
+def test_a_ladder_trains_each_size_on_the_mixture_of_its_base_config(tmp_path, sources):
+    from olmo.testing import run_main
+
+    repo = Path(__file__).resolve().parents[2]
+    base = tiny_config_dict(tmp_path / "unused", [], save_data_indices=False)
+    base["data"] = {"paths": None, "num_workers": 0, "mixture": _mixture(sources)}
+    args = [
+        str(repo / "configs/ladder/tiny.yaml"),
+        f"--base_config={write_config(tmp_path / 'base.yaml', base)}",
+        f"--dir={tmp_path / 'ladder'}",
+        "--train_overrides=[console_log_interval=100,'evaluators=[]']",
+        "--sizes=[{name: s16, d_model: 16, n_layers: 1, n_heads: 2}]",
+        "--next_sizes=[]",
+        "--sequence_length=32",
+        "--chinchilla_multiple=0.02",
+        "--batch.tokens_coefficient=256",
+        "--batch.exponent=0",
+        "--lr.warmup_tokens_per_param=0.05",
+    ]
+    assert run_main("ladder.py", "run", *args, "--size", "s16", "--overwrite") == 0
+    record = json.loads((tmp_path / "ladder/s16/train_data/mixture.json").read_text())
+    steps = [json.loads(line)["step"] for line in (tmp_path / "ladder/s16/metrics.jsonl").read_text().splitlines()]
+    assert record["total_instances"] == max(steps) * 8  # the size's length, drawn 60/30/10
+    assert [s["name"] for s in record["sources"]] == ["web", "code", "math"]
