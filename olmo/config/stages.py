@@ -16,7 +16,8 @@ from omegaconf import OmegaConf as om
 from omegaconf.errors import OmegaConfBaseException
 
 from ..exceptions import OLMoConfigurationError
-from .sections import DataConfig, SchedulerConfig, StrEnum
+from .data_sections import DataConfig
+from .sections import SchedulerConfig, StrEnum
 
 if TYPE_CHECKING:
     from .train_config import TrainConfig
@@ -134,7 +135,7 @@ def stage_data_config(run_data: DataConfig, stage_data: Optional[dict[str, Any]]
         msg = str(getattr(e, "msg", None) or e).splitlines()[0].rstrip(".")
         raise OLMoConfigurationError(
             f"{where}.{key}: {msg}. A stage's data takes the fields of the run's data section (paths, datasets, "
-            f"label_mask_paths, num_workers, seed, ...; see DataConfig in olmo/config/sections.py)."
+            f"label_mask_paths, num_workers, seed, ...; see DataConfig in olmo/config/data_sections.py)."
         ) from None
 
 

@@ -1,5 +1,6 @@
 """Typed run configuration: ``TrainConfig`` with YAML/CLI loading and validation. The sections (model,
-optimizer, data, ...) and enums live in :mod:`olmo.config.sections` and are re-exported here.
+optimizer, data, ...) and enums live in :mod:`olmo.config.sections` and :mod:`olmo.config.data_sections`, and are
+re-exported here.
 
 Field names and defaults follow the original OLMo ``TrainConfig`` so that OLMo configs and habits
 carry over. A config is loaded once (:meth:`TrainConfig.load`), validated once
@@ -19,33 +20,35 @@ from omegaconf import OmegaConf as om
 from omegaconf.errors import OmegaConfBaseException
 
 from .cli import clean_opt, config_error, load_structured, refuse_interpolations
+from .data_sections import (
+    CustomDatasetCollatorConfig,
+    CustomDatasetConfig,
+    DataConfig,
+    EvaluatorConfig,
+    InstanceFilterConfig,
+    MixtureConfig,
+    MixtureSourceConfig,
+    RemoteDataConfig,
+)
 from .resolvers import register_resolvers
 from .sections import (
     ActivationCheckpointingStrategy,
     ActivationType,
     BlockType,
     CompilerConfig,
-    CustomDatasetCollatorConfig,
-    CustomDatasetConfig,
-    DataConfig,
     DDPConfig,
     DDPGradSyncMode,
     DistributedStrategy,
-    EvaluatorConfig,
     EvaluatorType,
     FSDPConfig,
     FSDPPrecision,
     FSDPWrapStrategy,
     InitFnType,
-    InstanceFilterConfig,
     LayerNormType,
-    MixtureConfig,
-    MixtureSourceConfig,
     ModelConfig,
     OptimizerConfig,
     OptimizerType,
     PaddingDirection,
-    RemoteDataConfig,
     SchedulerConfig,
     SchedulerType,
     SchedulerUnits,

@@ -27,7 +27,8 @@ from ..util import (
     split_remote,
 )
 from ..util.tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
-from .sections import DataConfig, EvaluatorConfig, EvaluatorType, FSDPWrapStrategy, TruncationDirection
+from .data_sections import DataConfig, EvaluatorConfig
+from .sections import EvaluatorType, FSDPWrapStrategy, TruncationDirection
 from .stages import parse_duration_steps, stage_data_config, stage_problems
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..config.sections import InstanceFilterConfig
+from ..config.data_sections import InstanceFilterConfig
 
 __all__ = ["FilteredInstanceCounter", "is_repetitive"]
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.utils.data
 from torch.utils.data import Dataset, get_worker_info
 
-from ..config.sections import DataConfig
+from ..config.data_sections import DataConfig
 from ..distributed.collectives import all_reduce
 from ..exceptions import OLMoConfigurationError, OLMoDataError
 from .order_file import OrderSpec, build_order, order_in_memory, verify_order_file

@@ -37,7 +37,7 @@ import torch
 from numpy.lib import format as npy_format
 from torch.utils.data import Dataset
 
-from ..config.sections import InstanceFilterConfig, RemoteDataConfig
+from ..config.data_sections import InstanceFilterConfig, RemoteDataConfig
 from ..config.validation import MEMMAP_DTYPES
 from ..exceptions import OLMoConfigurationError, OLMoDataError
 from ..util import local_path_of, redact_url

@@ -43,7 +43,7 @@ from typing import Any, NoReturn, Optional, TypeVar
 
 import numpy as np
 
-from ..config.sections import RemoteDataConfig
+from ..config.data_sections import RemoteDataConfig
 from ..exceptions import OLMoDataError
 from ..util import REMOTE_DATA_SCHEMES, redact_url, split_remote
 from ..util.object_store import credentials_help, endpoint_problem
