@@ -16,20 +16,16 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ..exceptions import OLMoConfigurationError
 from ..util import (
-    REMOTE_DATA_SCHEMES,
     missing_slash_problem,
-    redact_url,
     remote_save_folder_problems,
-    split_remote,
 )
 from ..util.tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
-from .data_sections import DataConfig, EvaluatorConfig
+from .data_sections import EvaluatorConfig
+from .data_validation import MEMMAP_DTYPES, data_location_problems, data_problems
 from .sections import EvaluatorType, FSDPWrapStrategy, TruncationDirection
-from .stages import parse_duration_steps, stage_data_config, stage_problems
+from .stages import parse_duration_steps, stage_problems
 
 if TYPE_CHECKING:
     from .train_config import TrainConfig
@@ -48,8 +44,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MEMMAP_DTYPES = ("uint8", "uint16", "uint32", "uint64")
-MAX_REMOTE_CONCURRENCY = 1024
 PRECISIONS = ("amp_bf16", "amp_fp16", "fp32")
 
 
@@ -58,7 +52,7 @@ def validate_train_config(cfg: TrainConfig, world_size: int) -> None:
     problems: list[str] = []
     problems += _model_problems(cfg)
     problems += _batch_problems(cfg, world_size)
-    problems += _data_problems(cfg)
+    problems += data_problems(cfg)
     problems += _optim_problems(cfg)
     problems += _checkpoint_problems(cfg)
     problems += _run_name_problems(cfg)
@@ -188,180 +182,6 @@ def _batch_problems(cfg: TrainConfig, world_size: int) -> list[str]:
             out.append(f"{name}={value} must be positive (or null).")
     if not 0 <= cfg.seed < 2**32:
         out.append(f"seed={cfg.seed} must be in [0, 2^32).")
-    return out
-
-
-def _data_problems(cfg: TrainConfig) -> list[str]:
-    d = cfg.data
-    out: list[str] = []
-    if d.memmap_dtype not in MEMMAP_DTYPES:
-        out.append(f"data.memmap_dtype={d.memmap_dtype!r} must be one of {', '.join(MEMMAP_DTYPES)}.")
-    elif cfg.model.vocab_size - 1 > np.iinfo(np.dtype(d.memmap_dtype)).max:
-        out.append(
-            f"data.memmap_dtype={d.memmap_dtype} cannot hold token ids up to model.vocab_size-1="
-            f"{cfg.model.vocab_size - 1}; use --data.memmap_dtype=uint32 (and tokenize with that dtype)."
-        )
-    if d.paths is not None and d.datasets is not None:
-        out.append("data.paths and data.datasets are mutually exclusive; set only one.")
-    if d.label_mask_paths is not None:
-        n_paths = len(d.paths or [])
-        if len(d.label_mask_paths) != n_paths:
-            out.append(
-                f"data.label_mask_paths has {len(d.label_mask_paths)} entries but data.paths has {n_paths}; "
-                f"give exactly one label mask per token file, in the same order."
-            )
-    if d.num_workers < 0:
-        out.append("data.num_workers must be >= 0.")
-    if d.mixture is not None:
-        out += mixture_problems(d, "data", cfg)
-    for i, stage in enumerate(cfg.stages or []):
-        if stage.data and "mixture" in stage.data and stage.data["mixture"] is not None:
-            try:
-                stage_data = stage_data_config(d, stage.data, f"stages[{i}].data")
-            except OLMoConfigurationError:
-                continue  # reported by the stage checks
-            out += mixture_problems(stage_data, f"stages[{i}].data", cfg)
-    out += data_location_problems(d, "data")
-    if d.instance_filter is not None:
-        out += _instance_filter_problems(cfg)
-    if d.custom_dataset is not None:
-        out.append(
-            f"data.custom_dataset ({d.custom_dataset.module or '?'}.{d.custom_dataset.name}) is not supported: it "
-            f"would import and run code named by the config. Tokenize the data into memmaps (dolma tokens or "
-            f"scripts/prepare_memmap_dataset.py), list them in data.paths, and set data.custom_dataset to null."
-        )
-    return out
-
-
-_SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def mixture_problems(d: DataConfig, key: str, cfg: TrainConfig) -> list[str]:
-    """A ``{key}.mixture`` that cannot be a mix whatever the files hold (:mod:`olmo.data.mixture` checks the rest
-    once the files' sizes are known)."""
-    m, out = d.mixture, list[str]()
-    assert m is not None
-    where = f"{key}.mixture"
-    if d.paths or d.datasets or d.label_mask_paths:
-        out.append(
-            f"{where} is exclusive with {key}.paths, {key}.datasets and {key}.label_mask_paths: list the files in the "
-            f"mixture's sources, and set the others to null."
-        )
-    if not m.sources:
-        out.append(f"{where}.sources is empty: give each source's name, paths and ratio.")
-        return out
-    names = [s.name for s in m.sources]
-    for i, src in enumerate(m.sources):
-        at = f"{where}.sources[{i}]"
-        if not _SOURCE_NAME.match(src.name) or len(src.name) > 64:
-            out.append(f"{at}.name={src.name!r} must be letters, digits, '.', '_' or '-' (it names a metric).")
-        if names.count(src.name) > 1 and names.index(src.name) == i:
-            out.append(
-                f"{where}: the source name {src.name!r} is used {names.count(src.name)} times; names are unique."
-            )
-        if not src.paths:
-            out.append(f"{at} ({src.name!r}) has no paths; list its token files.")
-        if not (0 < src.ratio <= 1):
-            out.append(f"{at}.ratio={src.ratio} must be in (0, 1].")
-        if not (0 < src.max_repetition < math.inf):
-            out.append(
-                f"{at}.max_repetition={src.max_repetition} must be a positive number (1: each instance once)."
-            )
-        if src.label_mask_paths is not None and len(src.label_mask_paths) != len(src.paths):
-            out.append(
-                f"{at}.label_mask_paths has {len(src.label_mask_paths)} entries for {len(src.paths)} paths; give one "
-                f"label mask per token file, in the same order."
-            )
-    masked = [src.label_mask_paths is not None for src in m.sources]
-    if any(masked) and not all(masked):
-        out.append(
-            f"{where}: label masks are given for {sum(masked)} of {len(masked)} sources; give them for every source "
-            f"(an all-True mask trains on every token) or for none."
-        )
-    total = sum(src.ratio for src in m.sources)
-    if all(math.isfinite(src.ratio) for src in m.sources) and abs(total - 1) > 1e-6:
-        out.append(
-            f"{where}: the ratios add up to {total:.6g}, not 1 ({', '.join(f'{s.name} {s.ratio}' for s in m.sources)}); "
-            f"they are shares of the drawn tokens."
-        )
-    chunk = cfg.model.max_sequence_length
-    if m.tokens is not None and m.tokens < chunk:
-        out.append(f"{where}.tokens={m.tokens} must be at least one instance ({chunk} tokens), or null.")
-    if m.tokens is None and (cfg.stages or key != "data" or str(cfg.max_duration).strip().endswith("ep")):
-        out.append(
-            f"{where}.tokens is null, but the tokens to draw cannot come from max_duration here (a staged run, a "
-            f"stage's data, or a length in epochs); give {where}.tokens."
-        )
-    if m.seed < 0:
-        out.append(f"{where}.seed={m.seed} must be >= 0.")
-    return out
-
-
-def data_location_problems(d: DataConfig, key: str) -> list[str]:
-    """Problems with where the data config ``key`` reads its files: URL schemes that are not read by byte range,
-    and ``{key}.remote`` values that cannot work."""
-    out: list[str] = []
-    lists = {f"{key}.paths": d.paths, f"{key}.label_mask_paths": d.label_mask_paths}
-    lists.update({f"{key}.datasets.{label}": paths for label, paths in (d.datasets or {}).items()})
-    for i, src in enumerate(d.mixture.sources if d.mixture is not None else []):
-        lists[f"{key}.mixture.sources[{i}].paths"] = src.paths
-        lists[f"{key}.mixture.sources[{i}].label_mask_paths"] = src.label_mask_paths
-    for list_key, paths in lists.items():
-        for i, path in enumerate(paths or []):
-            typo = missing_slash_problem(str(path), f"{list_key}[{i}]")
-            if typo is not None:
-                out.append(typo)
-                continue
-            scheme = split_remote(str(path))[0]
-            if scheme and scheme != "file" and scheme not in REMOTE_DATA_SCHEMES:
-                out.append(
-                    f"{list_key}[{i}]={redact_url(str(path))!r}: {scheme}:// URLs cannot be read by byte range. Use "
-                    f"{', '.join(s + '://' for s in REMOTE_DATA_SCHEMES)}, a file:// URL or a local path (download "
-                    f"the file first)."
-                )
-    r = d.remote
-    for name in ("max_concurrency", "prefetch_bytes", "max_attempts"):
-        if getattr(r, name) < 1:
-            out.append(f"{key}.remote.{name}={getattr(r, name)} must be at least 1.")
-    if r.max_concurrency > MAX_REMOTE_CONCURRENCY:
-        out.append(
-            f"{key}.remote.max_concurrency={r.max_concurrency} would start that many threads and connections in every "
-            f"loader process; use at most {MAX_REMOTE_CONCURRENCY} (64 already fetch ~1,200 instances/s at 50 ms)."
-        )
-    for name in ("timeout_seconds", "max_backoff_seconds"):
-        if not getattr(r, name) > 0:
-            out.append(f"{key}.remote.{name}={getattr(r, name)} must be a positive number of seconds.")
-    if not r.backoff_seconds >= 0:
-        out.append(f"{key}.remote.backoff_seconds={r.backoff_seconds} must be >= 0.")
-    return out
-
-
-def _instance_filter_problems(cfg: TrainConfig) -> list[str]:
-    f = cfg.data.instance_filter
-    assert f is not None
-    defaults = type(f)()
-    out = [
-        f"data.instance_filter.{name}={getattr(f, name)} must be a positive number of {unit}; set it to one, "
-        f"e.g. OLMo's default {getattr(defaults, name)}."
-        for name, unit in (
-            ("repetition_min_period", "tokens"),
-            ("repetition_max_period", "tokens"),
-            ("repetition_max_count", "repeats"),
-        )
-        if getattr(f, name) <= 0
-    ]
-    if not out and f.repetition_min_period > f.repetition_max_period:
-        out.append(
-            f"data.instance_filter.repetition_min_period={f.repetition_min_period} is above repetition_max_period="
-            f"{f.repetition_max_period}, so no pattern length is checked and nothing is ever filtered. Swap them, "
-            f"or set data.instance_filter to null to turn the filter off."
-        )
-    elif not out and f.repetition_max_count < 3:
-        log.warning(
-            "data.instance_filter.repetition_max_count=%d acts as 3: the repetition detector (as in OLMo) only sees "
-            "patterns repeated at least 3 times.",
-            f.repetition_max_count,
-        )
     return out
 
 

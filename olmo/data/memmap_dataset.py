@@ -38,7 +38,7 @@ from numpy.lib import format as npy_format
 from torch.utils.data import Dataset
 
 from ..config.data_sections import InstanceFilterConfig, RemoteDataConfig
-from ..config.validation import MEMMAP_DTYPES
+from ..config.data_validation import MEMMAP_DTYPES
 from ..exceptions import OLMoConfigurationError, OLMoDataError
 from ..util import local_path_of, redact_url
 from .instance_filter import is_repetitive
