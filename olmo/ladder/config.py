@@ -152,7 +152,7 @@ class LadderConfig:
     """The learning rate and warmup rule."""
     max_rank_microbatch_size: int = 32
     """Largest micro-batch (instances per device per forward pass) tried; the largest power of two up to it that
-    fits the device's memory (see :func:`olmo.ladder.run_planner.estimate_memory`) is used."""
+    fits the device's memory (see :func:`olmo.ladder.estimates.estimate_memory`) is used."""
     checkpoints_per_run: int = 4
     """Checkpoints (and evaluations) per size, evenly spaced in steps; the last is at the final step."""
     sharded_checkpoints: bool = False

@@ -1,11 +1,11 @@
 """Each size of a ladder as a train config and a run plan: the per-size arithmetic.
 
-For a size with N non-embedding parameters (counted by the model's own code, see :func:`olmo.ladder.run_planner.model_facts`):
+For a size with N non-embedding parameters (counted by the model's own code, see :func:`olmo.ladder.estimates.model_facts`):
 
 1. the target global batch is ``batch.tokens_coefficient * (N / batch.reference_params) ** batch.exponent`` tokens,
    in instances of ``sequence_length`` rounded to a power of two (or the nearest integer);
 2. the micro-batch is the largest power of two up to ``max_rank_microbatch_size`` (and the batch) whose estimated
-   peak memory fits the device (:func:`olmo.ladder.run_planner.estimate_memory`), with ``min(max_devices, batch / micro)``
+   peak memory fits the device (:func:`olmo.ladder.estimates.estimate_memory`), with ``min(max_devices, batch / micro)``
    data-parallel devices; the batch is then rounded to a multiple of devices x micro-batch;
 3. the learning rate is ``lr.coefficient * (N / lr.reference_params) ** lr.params_exponent`` (times the batch
    term when ``lr.batch_exponent`` is set), warmed up over ``lr.warmup_tokens_per_param * N`` tokens;

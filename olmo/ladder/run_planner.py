@@ -4,281 +4,39 @@ out without building a process group, touching data or allocating a parameter.
 Parameter counts and FLOPs come from the model's own code (``OLMo(cfg.model)`` built on the meta device, and
 :meth:`~olmo.model.OLMo.num_flops_per_token`, the rule the trainer's MFU uses); batch, accumulation and steps from
 the config's own rules (:meth:`~olmo.config.TrainConfig.grad_accum_steps`, :meth:`~olmo.config.TrainConfig.max_steps`).
-The memory estimate (:func:`estimate_memory`) counts what our training step keeps per device, and the wall
+The memory estimate (:func:`olmo.ladder.estimates.estimate_memory`) counts what our training step keeps per device, and the wall
 time is the training FLOPs at an assumed MFU. ``scripts/train.py CONFIG --dry_run`` prints a plan; the scaling
 ladder (:mod:`olmo.ladder`) plans every rung with it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
-
-import torch
 
 from ..config import (
     DEFAULT_MAX_DURATION,
     FSDPConfig,
-    LayerNormType,
     SchedulerUnits,
-    ShardingStrategy,
     TrainConfig,
 )
-from ..distributed.parallelize import apply_activation_checkpointing
-from ..exceptions import OLMoConfigurationError
-from ..model import OLMo
-from ..model.flops import cpu_peak_flops, gpu_peak_flops
-from ..model.loss import FUSED_LOSS_CHUNK_TOKENS
 from ..train.stages import plan_stages
+from .estimates import (
+    DeviceSpec,
+    MemoryEstimate,
+    ModelFacts,
+    estimate_memory,
+    model_facts,
+    resolve_device,
+    shard_degree,
+)
 
 __all__ = ["DEFAULT_MFU", "DeviceSpec", "ModelFacts", "MemoryEstimate", "RunPlan", "resolve_device", "model_facts"]
 __all__ += ["estimate_memory", "plan_run", "format_plan", "format_count"]
 
 DEFAULT_MFU = 0.4
 """MFU assumed for the wall-time estimate: what a well-tuned bf16 FSDP run of a mid-size OLMo reaches on H100s."""
-GPUS_PER_NODE = 8
-"""Devices per node assumed for hybrid sharding when ``fsdp.hybrid_sharding_num_model_replicas`` is not set."""
-CUDA_CONTEXT_BYTES = 1 << 30
-"""Device memory the CUDA context and NCCL take outside PyTorch's allocator (not in ``max_memory_allocated``)."""
-FRAGMENTATION = 0.10
-"""Allocator headroom on a GPU: a plan fits when its estimate plus 10% plus the CUDA context fits the device."""
-CPU_BASELINE_BYTES = 350 << 20
-"""A training process's resident memory besides its tensors (Python, torch, the data loader): 0.33 GB on our
-CPU machines. Its peak is this plus the tensors when glibc returns freed blocks (``MALLOC_MMAP_THRESHOLD_=65536``);
-with glibc's default, which keeps them, up to 2x more."""
-
-GATHERED_STRATEGIES = (ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy._HYBRID_SHARD_ZERO2)
-"""Sharding strategies that keep every block's parameters gathered from the forward to the backward pass."""
-# Device memory in GiB by name, for names that do not state it ("H100 80GB" does). Longest match first.
-_GPU_MEMORY_GIB = {"H100 NVL": 94, "H100": 80, "GH200": 96, "H200": 141, "A100": 80, "L40S": 48, "A10G": 24}
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """One training device as the planner sees it.
-
-    :param name: as given (``H100 80GB``) or detected (``cpu``, ``torch.cuda.get_device_name``).
-    :param is_gpu: whether training runs with CUDA (autocast and FSDP mixed precision apply).
-    :param memory_bytes: memory available to one rank.
-    :param peak_flops: dense peak FLOP/s of one device (bf16 on a GPU, the measured fp32 matmul rate on a CPU),
-        or None when unknown.
-    :param peak_flops_source: where ``peak_flops`` came from.
-    """
-
-    name: str
-    is_gpu: bool
-    memory_bytes: float
-    peak_flops: Optional[float]
-    peak_flops_source: str
-
-
-def resolve_device(device_type: Optional[str] = None, peak_flops_override: Optional[float] = None) -> DeviceSpec:
-    """The device named by ``device_type``: ``cpu``, a GPU name (``H100``, ``H100 80GB``, ``A100 40GB``, ...),
-    or None for this machine's (its first GPU, else its CPU).
-
-    :param peak_flops_override: ``speed_monitor.gpu_flops_available``, which wins over any table, as in training.
-    :raises OLMoConfigurationError: for a GPU whose memory is neither in the name nor known.
-    """
-    if device_type is None and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        return _device(props.name, float(props.total_memory), peak_flops_override)
-    if device_type is None or device_type.strip().lower() == "cpu":
-        return _device("cpu", float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), peak_flops_override)
-    stated = re.search(r"(\d+(?:\.\d+)?)\s*GB", device_type, re.IGNORECASE)
-    known = [g for k, g in _GPU_MEMORY_GIB.items() if k in device_type]
-    gib = float(stated.group(1)) if stated else (known[0] if known else None)
-    if gib is None:
-        raise OLMoConfigurationError(
-            f"device_type={device_type!r}: its memory is unknown. Name a known GPU "
-            f"({', '.join(_GPU_MEMORY_GIB)}) or state the memory in the name, e.g. "
-            f"'{device_type} 80GB'; or use cpu."
-        )
-    return _device(device_type, gib * 2**30, peak_flops_override)
-
-
-def _device(name: str, memory: float, peak_flops_override: Optional[float]) -> DeviceSpec:
-    is_gpu = name != "cpu"
-    if peak_flops_override:
-        return DeviceSpec(name, is_gpu, memory, float(peak_flops_override), "speed_monitor.gpu_flops_available")
-    if not is_gpu:
-        peak = cpu_peak_flops()
-        return DeviceSpec(name, False, memory, peak.flops, peak.source)
-    flops = gpu_peak_flops(name)
-    source = f"the dense bf16 peak of {name}" if flops else "unknown (set speed_monitor.gpu_flops_available)"
-    return DeviceSpec(name, True, memory, flops, source)
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """Counts taken from the model's own code, built on the meta device (nothing allocated)."""
-
-    num_params: int
-    num_non_embedding_params: int
-    block_params: int
-    """Parameters of one transformer block (every block has the same)."""
-    flops_per_token: int
-    """Training FLOPs per token at the config's sequence length (:meth:`OLMo.num_flops_per_token`)."""
-    checkpointed_blocks: int
-    """Blocks whose activations are recomputed in the backward pass (``activation_checkpointing``)."""
-
-
-def model_facts(cfg: TrainConfig) -> ModelFacts:
-    """Build ``OLMo(cfg.model)`` on the meta device, apply the config's activation checkpointing to it (as
-    training does), and count."""
-    with torch.device("meta"):
-        model = OLMo(cfg.model)
-    blocks = model.transformer.typed_blocks()
-    checkpointed = 0
-    if cfg.activation_checkpointing is not None:
-        apply_activation_checkpointing(model, cfg.activation_checkpointing)
-        # A checkpointed block has its forward (or attention and MLP) replaced by an instance attribute.
-        checkpointed = sum(1 for b in blocks if {"forward", "attention", "feed_forward"} & vars(b).keys())
-    return ModelFacts(
-        num_params=model.num_params(),
-        num_non_embedding_params=model.num_params(include_embedding=False),
-        block_params=sum(p.numel() for p in blocks[0].parameters()) if blocks else 0,
-        flops_per_token=model.num_flops_per_token(cfg.model.max_sequence_length),
-        checkpointed_blocks=checkpointed,
-    )
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Bytes one device holds at the peak of a training step (the start of the backward pass of a micro-batch,
-    after the first optimizer step), by kind."""
-
-    params: float
-    """fp32 parameters, this rank's shard."""
-    grads: float
-    """fp32 gradients, this rank's shard."""
-    optimizer: float
-    """Optimizer state: AdamW's two fp32 moments, LionW's one."""
-    gathered_params: float
-    """Full parameters FSDP gathers for compute (the root unit, the blocks in use), or autocast's cached copies."""
-    activations: float
-    """What the blocks (and the final norm) save for the backward pass of one micro-batch."""
-    loss: float
-    """The output layer and loss at their peak: logits and their gradient, or the fused loss's chunk buffers."""
-    recompute: float
-    """A checkpointed block's activations, rebuilt in the backward pass once the loss's buffers are freed."""
-    overhead: float
-    """Outside the tensors: allocator headroom and the CUDA context on a GPU, the process baseline on a CPU."""
-
-    @property
-    def tensors(self) -> float:
-        """Everything but the overhead, at the step's peak (the loss, or later a recomputed block): comparable to
-        ``torch.cuda.max_memory_allocated``."""
-        state = self.params + self.grads + self.optimizer + self.gathered_params
-        return state + self.activations + max(self.loss, self.recompute)
-
-    @property
-    def total(self) -> float:
-        return self.tensors + self.overhead
-
-
-def _shard_degree(cfg: TrainConfig, world_size: int) -> int:
-    """Over how many ranks parameters, gradients and optimizer state are split."""
-    fsdp = cfg.fsdp or FSDPConfig()
-    if world_size == 1 or cfg.distributed_strategy in ("ddp", "single") or fsdp.sharding_strategy == "NO_SHARD":
-        return 1
-    if fsdp.sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
-        replicas = fsdp.hybrid_sharding_num_model_replicas or max(1, world_size // GPUS_PER_NODE)
-        return max(1, world_size // replicas)
-    return world_size
-
-
-def _block_activation_bytes(cfg: TrainConfig, compute: int, residual: int) -> tuple[float, float]:
-    """Bytes one block saves for backward per token: (attention part, MLP part), read off ``OLMoBlock``."""
-    m = cfg.model
-    d, head_dim = m.d_model, m.d_model // m.n_heads
-    kv = m.effective_n_kv_heads * head_dim
-    hidden = m.effective_mlp_hidden_size
-    # Pre-norm input (residual stream) with its per-token statistics, and the projection's copy of the norm output.
-    attention = residual * d + 8 + compute * d
-    if m.effective_n_kv_heads != m.n_heads and not m.flash_attention:
-        # SDPA gets k and v repeated to every query head, and q: rotated, or a view keeping the fused output alive.
-        attention += compute * (2 * d + (d if m.rope else d + 2 * kv))
-    else:
-        attention += compute * (d + 2 * kv)  # the fused q/k/v output (v, a view of it, keeps it alive)
-        attention += compute * (d + kv) if m.rope else 0  # the rotated q and k are new tensors
-    attention += compute * d + 4 * m.n_heads  # SDPA's output (attn_out's input, a view of it); log-sum-exp in fp32
-    mlp = residual * d + 8 + compute * d
-    # ff_proj's output (for SwiGLU kept alive by its two halves, views of it), then the activation's output (SwiGLU:
-    # silu of the gate half, and its product with the other half), which ff_out saves: twice the hidden width.
-    mlp += compute * 2 * hidden
-    return attention, mlp
-
-
-def estimate_memory(
-    cfg: TrainConfig, facts: ModelFacts, world_size: int, device: DeviceSpec, micro_batch: Optional[int] = None
-) -> MemoryEstimate:
-    """Peak memory of one device for ``cfg`` on ``world_size`` ranks of ``device``.
-
-    Counts fp32 parameters, gradients and optimizer state split over the ranks that shard them (FULL_SHARD and
-    SHARD_GRAD_OP over all ranks, HYBRID_SHARD within a node of :data:`GPUS_PER_NODE`, NO_SHARD and DDP not at
-    all); the gathered bf16 copies FSDP computes with (the root unit, plus two blocks for FULL_SHARD or every
-    block for SHARD_GRAD_OP); the activations one micro-batch saves (per block, as ``OLMoBlock`` computes, only
-    block inputs under activation checkpointing); and the larger of the logits' peak (or, with ``fused_loss``,
-    one chunk's) and a checkpointed block rebuilt in the backward pass. Dropout masks and the attention bias of ``generate_doc_lengths`` / ALiBi are not counted.
-
-    :param micro_batch: instances per forward pass; ``device_train_microbatch_size`` by default.
-    """
-    m = cfg.model
-    micro = micro_batch or cfg.device_train_microbatch_size
-    tokens = micro * m.max_sequence_length
-    autocast = device.is_gpu and cfg.autocast_precision is not None
-    compute = 2 if autocast else 4
-    shard = _shard_degree(cfg, world_size)
-    fsdp_units = world_size > 1 and shard > 1
-    mixed = fsdp_units and autocast and cfg.fsdp is not None and cfg.fsdp.precision is not None
-    residual = compute if mixed else 4  # FSDP's bf16 parameters make the embedding output bf16
-    P = facts.num_params
-    params, grads = 4 * P / shard, 4 * P / shard
-    optimizer = (8 if cfg.optimizer.name == "adamw" else 4) * P / shard
-
-    gathered = 0.0
-    if fsdp_units:
-        unit = compute if mixed else 4
-        root = P - m.n_layers * facts.block_params
-        keep_all = cfg.fsdp is not None and cfg.fsdp.sharding_strategy in GATHERED_STRATEGIES
-        blocks = m.n_layers if keep_all else min(2, m.n_layers)
-        # The unsharded gradient of the block being reduced, in the reduce dtype (fp32 unless pure bf16).
-        gathered = unit * (root + blocks * facts.block_params) + 4 * facts.block_params
-    elif autocast:
-        gathered = compute * P  # autocast caches a low-precision copy of every weight during the forward pass
-
-    attention, mlp = _block_activation_bytes(cfg, compute, residual)
-    full_block = attention + mlp
-    if cfg.activation_checkpointing == "fine_grained":
-        # The norms stay outside the checkpoints; each checkpoint saves its (fp32 under autocast) input.
-        norm_out = 4 if autocast and m.layer_norm_type != LayerNormType.low_precision else compute
-        kept = 2 * (residual + norm_out) * m.d_model
-        recompute = max(attention, mlp)
-    else:
-        kept, recompute = residual * m.d_model, full_block  # a checkpointed block saves only its input
-    checkpointed = facts.checkpointed_blocks
-    activations = tokens * ((m.n_layers - checkpointed) * full_block + checkpointed * kept)
-    activations += tokens * m.d_model * (residual + compute)  # ln_f's input and the output layer's
-
-    vocab = m.effective_embedding_size
-    kept_by_loss = 0  # what the loss keeps for the backward pass, beside a recomputed block
-    if cfg.fused_loss:
-        chunk = min(tokens, FUSED_LOSS_CHUNK_TOKENS)
-        # One chunk's fp32 logits, their softmax and its gradient; the hidden states' and the weight's gradients.
-        kept_by_loss = 4 * tokens * m.d_model + 4 * vocab * m.d_model
-        loss = 3 * 4 * chunk * vocab + kept_by_loss
-    else:
-        # The logits (in the compute dtype), then cross entropy's fp32 log-probabilities and their gradient.
-        loss = tokens * vocab * (compute + 2 * 4)
-    recompute = tokens * recompute + kept_by_loss if checkpointed else 0.0
-
-    estimate = MemoryEstimate(params, grads, optimizer, gathered, activations, loss, recompute, 0.0)
-    overhead = FRAGMENTATION * estimate.tensors + CUDA_CONTEXT_BYTES if device.is_gpu else CPU_BASELINE_BYTES
-    return dataclasses.replace(estimate, overhead=overhead)
 
 
 @dataclass
@@ -335,7 +93,7 @@ def _distributed(cfg: TrainConfig, world_size: int) -> str:
     if world_size == 1 or cfg.distributed_strategy == "ddp":
         return "single process (no sharding)" if world_size == 1 else f"DDP over {world_size} ranks (replicated)"
     strategy = (cfg.fsdp or FSDPConfig()).sharding_strategy
-    return f"FSDP {strategy} over {world_size} ranks (sharded {_shard_degree(cfg, world_size)} ways)"
+    return f"FSDP {strategy} over {world_size} ranks (sharded {shard_degree(cfg, world_size)} ways)"
 
 
 def _max_steps(

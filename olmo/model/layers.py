@@ -4,14 +4,14 @@ and the output layer with its loss."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..config import LayerNormType, ModelConfig
-from .loss import OutputHead, cross_entropy_sums, fused_output_loss
+from .loss import LossSums, OutputHead, cross_entropy_sums, fused_output_loss
 
 __all__ = [
     "LayerNorm",
@@ -22,6 +22,7 @@ __all__ = [
     "apply_rotary",
     "lm_head",
     "make_dropout",
+    "output_head_loss",
     "rotary_cos_sin",
 ]
 
@@ -169,3 +170,34 @@ class OutputLayer(nn.Linear):
         head: OutputHeadFn | None = None,
     ) -> tuple[torch.Tensor | None, Any]:
         return lm_head(x, self.weight, self.bias, labels, z_loss_multiplier, fused_loss, logit_scale, head)
+
+
+def output_head_loss(
+    out: OutputHead,
+    labels: torch.Tensor,
+    z_loss_multiplier: Optional[float],
+    fused: bool,
+    ce_weight: float = 1.0,
+    reference: Optional[OutputHead] = None,
+    kl_beta: float = 0.0,
+    per_row: bool = False,
+) -> LossSums:
+    """The output layer's loss sums (as :func:`olmo.model.layers.lm_head` computes them) with the cross entropy weighted
+    by ``ce_weight`` in ``total``; with a ``reference`` head, plus ``kl_beta`` times the exact KL to it (fused);
+    ``per_row``: with each instance's cross entropy too (``ce_rows``)."""
+    if fused or reference is not None:
+        return fused_output_loss(
+            out.hidden,
+            out.weight,
+            labels,
+            z_loss_multiplier,
+            out.logit_scale,
+            out.bias,
+            ce_weight=ce_weight,
+            reference=reference,
+            kl_beta=kl_beta,
+            per_row=per_row,
+        )
+    logits, _ = lm_head(out.hidden, out.weight, out.bias, None, None, False, out.logit_scale)
+    assert logits is not None
+    return cross_entropy_sums(logits, labels, z_loss_multiplier, ce_weight, per_row)

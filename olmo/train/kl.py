@@ -36,10 +36,11 @@ from ..checkpoint import inspect_checkpoint, load_checkpoint
 from ..config import KLEstimator
 from ..distributed.parallelize import build_model
 from ..exceptions import OLMoCheckpointError
+from ..model.layers import output_head_loss
 from ..model.loss import LossSums, OutputHead
 from .metrics import ReduceType
 from .stages import Stage, boundary_checkpoint_name, find_boundary_checkpoint
-from .train_module import TransformerTrainModule, output_head_loss
+from .train_module import TransformerTrainModule
 
 __all__ = ["KLTrainModule"]
 

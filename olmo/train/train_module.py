@@ -32,12 +32,9 @@ from ..distributed.parallelize import autocast_dtype, defer_replica_all_reduce
 from ..eval.evaluator import ModelEval
 from ..exceptions import OLMoConfigurationError
 from ..model import OLMo
-from ..model.layers import lm_head
+from ..model.layers import output_head_loss
 from ..model.loss import (
     LossSums,
-    OutputHead,
-    cross_entropy_sums,
-    fused_output_loss,
     next_token_labels,
     per_token_cross_entropy,
 )
@@ -441,37 +438,6 @@ class BasicTrainModule(TrainModule):
 STAGED_TRAIN_MODULE = "olmo.train.kl.KLTrainModule"
 """The train module of a run with ``stages`` when ``train_module`` is unset (named, not imported: it subclasses
 :class:`TransformerTrainModule`)."""
-
-
-def output_head_loss(
-    out: OutputHead,
-    labels: torch.Tensor,
-    z_loss_multiplier: Optional[float],
-    fused: bool,
-    ce_weight: float = 1.0,
-    reference: Optional[OutputHead] = None,
-    kl_beta: float = 0.0,
-    per_row: bool = False,
-) -> LossSums:
-    """The output layer's loss sums (as :func:`olmo.model.layers.lm_head` computes them) with the cross entropy weighted
-    by ``ce_weight`` in ``total``; with a ``reference`` head, plus ``kl_beta`` times the exact KL to it (fused);
-    ``per_row``: with each instance's cross entropy too (``ce_rows``)."""
-    if fused or reference is not None:
-        return fused_output_loss(
-            out.hidden,
-            out.weight,
-            labels,
-            z_loss_multiplier,
-            out.logit_scale,
-            out.bias,
-            ce_weight=ce_weight,
-            reference=reference,
-            kl_beta=kl_beta,
-            per_row=per_row,
-        )
-    logits, _ = lm_head(out.hidden, out.weight, out.bias, None, None, False, out.logit_scale)
-    assert logits is not None
-    return cross_entropy_sums(logits, labels, z_loss_multiplier, ce_weight, per_row)
 
 
 def build_train_module(
