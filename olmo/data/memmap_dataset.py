@@ -30,18 +30,27 @@ import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
-from numpy.lib import format as npy_format
 from torch.utils.data import Dataset
 
 from ..config.data_sections import InstanceFilterConfig, RemoteDataConfig
 from ..config.data_validation import MEMMAP_DTYPES
 from ..exceptions import OLMoConfigurationError, OLMoDataError
 from ..util import local_path_of, redact_url
+from .file_checks import FileChecks
 from .instance_filter import is_repetitive
+from .npy_files import (
+    MAX_NPY_HEADER_BYTES,
+    NPY_MAGIC,
+    PROBE_BYTES,
+    Layout,
+    NpyHeader,
+    npy_header_bytes,
+    read_npy_header,
+)
 from .read_ahead import fetch_pool, read_ahead
 from .remote import (
     CachedFile,
@@ -59,60 +68,11 @@ __all__ = ["MemMapDataset"]
 log = logging.getLogger(__name__)
 
 PathOrStr = str | os.PathLike[str]
-SCAN_CHUNK_TOKENS = 2**24
-"""Tokens (or mask entries) read per step while scanning files (bounds the scans' memory)."""
-ChunkHook = Callable[[int, int, np.ndarray], None]
-"""``on_chunk(file index, token offset, ids)`` of :meth:`MemMapDataset.validate`."""
-NPY_MAGIC = b"\x93NUMPY"
-_NPY_HEADER_READERS = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
 _logged_headers: set[str] = set()
 """Files whose npy header was logged in this process (a run builds several datasets over the same files)."""
-PROBE_BYTES = 1024
-"""Bytes read from the start of a remote file the first time a run sees it, for its npy header (if any)."""
-MAX_NPY_HEADER_BYTES = 65536
-"""The largest npy header read from a remote file (numpy itself refuses headers over 10,000 bytes by default)."""
 
 
-class _NpyHeader(NamedTuple):
-    """The header of a file written by ``np.save``."""
-
-    size: int
-    """Bytes before the first item."""
-    shape: tuple[int, ...]
-    fortran_order: bool
-    dtype: np.dtype
-
-
-class _Layout(NamedTuple):
-    header_bytes: int
-    """Bytes before the first item: 0 for a headerless memmap."""
-    n_items: int
-
-
-def _npy_header_bytes(start: bytes) -> int:
-    """The size of the npy header that ``start`` (at least the file's first 12 bytes) begins."""
-    if start[6:7] == b"\x01":
-        return 10 + struct.unpack("<H", start[8:10])[0]
-    return 12 + struct.unpack("<I", start[8:12])[0]
-
-
-def _read_npy_header(f: BinaryIO) -> _NpyHeader | None:
-    """The npy header that the file ``f`` (open at its start) begins with, or None when it has none.
-
-    :raises ValueError: when the file starts with the npy magic but its header cannot be parsed.
-    """
-    if f.read(len(NPY_MAGIC)) != NPY_MAGIC:
-        return None
-    f.seek(0)
-    version = npy_format.read_magic(f)
-    reader = _NPY_HEADER_READERS.get(version)
-    if reader is None:
-        raise ValueError(f"npy format version {version[0]}.{version[1]} is not supported (1.0 and 2.0 are)")
-    shape, fortran_order, dtype = reader(f)
-    return _NpyHeader(f.tell(), tuple(shape), bool(fortran_order), np.dtype(dtype))
-
-
-class MemMapDataset(Dataset):
+class MemMapDataset(FileChecks, Dataset):
     """Instances of ``chunk_size`` tokens cut from one or more token memmaps.
 
     Memmaps are opened lazily, once per process, so the dataset pickles cheaply into DataLoader workers.
@@ -190,7 +150,7 @@ class MemMapDataset(Dataset):
         self.instance_filter_config = instance_filter_config
         self.vocab_size = vocab_size
         self.remote = remote if remote is not None else RemoteDataConfig()
-        self._layouts: dict[tuple[str, bool], _Layout] = {}  # (path, is label mask) -> layout; kept when pickled
+        self._layouts: dict[tuple[str, bool], Layout] = {}  # (path, is label mask) -> layout; kept when pickled
         self._bounds: np.ndarray | None = None  # [0, end_0, end_1, ...] in instances
         self._memmaps: dict[tuple[str, bool], Any] = {}  # per process; dropped when pickled
         # Remote files: what their metadata requests said (kept when pickled), failures of the concurrent probe,
@@ -300,144 +260,6 @@ class MemMapDataset(Dataset):
         assert self.label_mask_paths is not None, "this dataset has no label masks"
         return self._memmap(self.label_mask_paths[i], is_mask=True)
 
-    def validate(
-        self,
-        vocab_size: int,
-        scan_max_tokens: int = 2**31,
-        on_chunk: ChunkHook | None = None,
-        scan_remote: bool = False,
-    ) -> None:
-        """Check every file before training and raise one :class:`OLMoDataError` listing every problem.
-
-        Finds missing, unreadable or unfetchable files and directories, sizes that are not a whole number of
-        ``memmap_dtype`` tokens, npy headers that do not match, empty files, label masks of another length,
-        label masks without a single True in the tokens cut into instances (each one is a warning; all of
-        them, a problem), and token ids ``>= vocab_size``. Token files are scanned fully, in order, until
-        ``scan_max_tokens`` tokens in total have been read; label masks are always checked. A file too short
-        to hold one instance only gets a warning, unless no file holds one.
-
-        Remote files are checked by their metadata (all at once) and npy headers only: their ids and label masks
-        are not read up front unless ``scan_remote`` (reading a remote corpus would take longer than training on
-        it); give the dataset a ``vocab_size`` to check each instance's ids as it is read instead.
-
-        :param on_chunk: called with (file index, token offset, ids) for every chunk of ids the scan reads, in
-            order, so a caller can gather statistics in the same pass; files are then read to the end (within
-            ``scan_max_tokens``) even after a bad id.
-        """
-        problems: list[str] = []
-        n_tokens: dict[int, int] = {}
-        self._probe_remote()
-        for i, path in enumerate(self.paths):
-            try:
-                n_tokens[i] = self._file_tokens(i)
-            except RemoteUnreachable as e:
-                # The network or the credentials: stop at the first such file instead of waiting out the
-                # retries of each of possibly hundreds of URLs.
-                raise RemoteUnreachable(f"{e} ({len(self.paths) - i - 1} later paths were not checked.)") from None
-            except OLMoDataError as e:
-                problems.append(str(e))
-                continue
-            if n_tokens[i] == 0:
-                problems.append(
-                    f"Token file '{path}' is empty. Remove it from {self.config_key}.paths, or re-run the data preparation "
-                    f"script that writes it."
-                )
-        short = {i: n for i, n in n_tokens.items() if 0 < n < self.chunk_size}
-        if n_tokens and all(n < self.chunk_size for n in n_tokens.values()) and short:
-            longest = max(short, key=short.__getitem__)
-            problems.append(
-                f"No token file holds a full instance of chunk_size={self.chunk_size} tokens "
-                f"(model.max_sequence_length); the longest, '{self.paths[longest]}', has {short[longest]} "
-                f"tokens. Lower --model.max_sequence_length or add more data to {self.config_key}.paths."
-            )
-        else:
-            for i, n in short.items():
-                log.warning(
-                    "Token file '%s' has %d tokens, fewer than one instance of %d (model.max_sequence_length); "
-                    "it contributes no training data.",
-                    self.paths[i],
-                    n,
-                    self.chunk_size,
-                )
-        remote = {i for i in n_tokens if is_remote(self.paths[i])}
-        if remote and not scan_remote:
-            log.info(
-                "%d of %d token files are remote: their token ids are checked as each instance is read, not up front.",
-                len(remote),
-                len(self.paths),
-            )
-            n_local = {i: n for i, n in n_tokens.items() if i not in remote}
-        else:
-            n_local = n_tokens
-        problems += self._label_problems(n_tokens, scan_remote)
-        problems += self._vocab_problems(n_local, vocab_size, scan_max_tokens, on_chunk)
-        if len(problems) == 1:
-            raise OLMoDataError(problems[0])
-        if problems:
-            listing = "\n".join(f"  - {p}" for p in problems)
-            raise OLMoDataError(f"The training data has {len(problems)} problems; fix them all:\n{listing}")
-
-    def _label_problems(self, n_tokens: dict[int, int], scan_remote: bool) -> list[str]:
-        """Warn about each label mask with no True in its instances; a problem when that is all of them (remote
-        masks are read only with ``scan_remote``)."""
-        if self.label_mask_paths is None:
-            return []
-        masks = self.label_mask_paths
-        used = {
-            i: n // self.chunk_size * self.chunk_size
-            for i, n in n_tokens.items()
-            if n >= self.chunk_size and (scan_remote or not is_remote(masks[i]))
-        }
-        unlabeled = [i for i, n in used.items() if not _holds_true(self.label_mask(i)[:n])]
-        for i in unlabeled:
-            log.warning(
-                "Label mask '%s' holds no True in the tokens cut into instances: token file '%s' contributes no "
-                "labels (none of its tokens is trained on).",
-                self.label_mask_paths[i],
-                self.paths[i],
-            )
-        if not used or len(unlabeled) < len(used):
-            return []
-        return [
-            f"No label mask in {self.config_key}.label_mask_paths holds a True in the tokens cut into instances ({len(used)} "
-            f"checked), so no token would be trained on and the loss would be 0.0 for the whole run. Regenerate "
-            f"the masks (True marks a token to train on, such as an assistant reply), or remove "
-            f"{self.config_key}.label_mask_paths to train on every token."
-        ]
-
-    def _vocab_problems(
-        self, n_tokens: dict[int, int], vocab_size: int, budget: int, on_chunk: ChunkHook | None
-    ) -> list[str]:
-        problems: list[str] = []
-        scanned = 0
-        for i, n in n_tokens.items():
-            if n == 0 or scanned >= budget:
-                continue
-            tokens = self.tokens(i)
-            limit = min(n, budget - scanned)
-            found = False
-            for start in range(0, limit, SCAN_CHUNK_TOKENS):
-                chunk = np.asarray(tokens[start : min(start + SCAN_CHUNK_TOKENS, limit)])
-                if on_chunk is not None:
-                    on_chunk(i, start, chunk)
-                if not found and chunk.max() >= vocab_size:
-                    found = True
-                    offset = int(np.argmax(chunk >= vocab_size))
-                    problems.append(
-                        f"Token file '{self.paths[i]}' holds token id {int(chunk[offset])} at token offset "
-                        f"{start + offset}, but model.vocab_size is {vocab_size}. The data was tokenized with "
-                        f"another tokenizer than this run's (tokenizer.identifier), model.vocab_size is too "
-                        f"small for that tokenizer, or data.memmap_dtype={self.dtype.name} is not the dtype "
-                        f"the file was written with; fix whichever does not match."
-                    )
-                    if on_chunk is None:
-                        break
-            scanned += limit
-        total = sum(n_tokens.values())
-        if scanned < total:
-            log.info("Scanned the first %d of %d tokens for ids >= vocab_size=%d.", scanned, total, vocab_size)
-        return problems
-
     def _locate(self, index: Any) -> tuple[int, int]:
         # operator.index turns numpy/torch integers into a Python int first, so a numpy uint32 from
         # global_indices.npy neither wraps around when negated nor overflows when offset.
@@ -487,7 +309,7 @@ class MemMapDataset(Dataset):
     def _masks_key(self) -> str:
         return f"{self.config_key}.label_mask_paths"
 
-    def _layout(self, path: str, is_mask: bool) -> _Layout:
+    def _layout(self, path: str, is_mask: bool) -> Layout:
         """Where the items of a token file (or label mask) lie, found and checked once per file.
 
         This is the only place that decides how many tokens a file holds and where they start.
@@ -509,11 +331,11 @@ class MemMapDataset(Dataset):
                     f"{', '.join(fits)}), or re-create the file."
                 )
             else:
-                layout = _Layout(0, size // (1 if is_mask else self.dtype.itemsize))
+                layout = Layout(0, size // (1 if is_mask else self.dtype.itemsize))
             self._layouts[path, is_mask] = layout
         return self._layouts[path, is_mask]
 
-    def _read_start(self, path: str, kind: str, key: str) -> tuple[int, _NpyHeader | None]:
+    def _read_start(self, path: str, kind: str, key: str) -> tuple[int, NpyHeader | None]:
         """The size of a file in bytes and the npy header it starts with, if any."""
         if is_remote(path):
             return self._remote_start(path, kind, key)
@@ -521,7 +343,7 @@ class MemMapDataset(Dataset):
         what = f"{kind} '{path}' (an entry of {key})"
         try:
             with open(local, "rb") as f:
-                return os.fstat(f.fileno()).st_size, _read_npy_header(f)
+                return os.fstat(f.fileno()).st_size, read_npy_header(f)
         except FileNotFoundError:
             raise OLMoDataError(
                 f"{what} does not exist. Check the path in the config, or run the data preparation script "
@@ -547,7 +369,7 @@ class MemMapDataset(Dataset):
                 f"Re-save it with np.save, or write the array headerless with ndarray.tofile."
             ) from None
 
-    def _header_layout(self, path: str, size: int, header: _NpyHeader, is_mask: bool, what: str) -> _Layout:
+    def _header_layout(self, path: str, size: int, header: NpyHeader, is_mask: bool, what: str) -> Layout:
         expected = np.dtype(np.bool_) if is_mask else self.dtype
         save_as = f"np.save(path, np.ravel(values).astype('{expected.name}'))"
         where = f"{what} was written by np.save: its npy header"
@@ -587,9 +409,9 @@ class MemMapDataset(Dataset):
                 header.size,
                 n_items,
             )
-        return _Layout(header.size, n_items)
+        return Layout(header.size, n_items)
 
-    def _remote_start(self, path: str, kind: str, key: str) -> tuple[int, _NpyHeader | None]:
+    def _remote_start(self, path: str, kind: str, key: str) -> tuple[int, NpyHeader | None]:
         """A remote file's size and npy header: from the run's record after one metadata request, or, the first
         time, from a metadata request and a small range read of its start."""
         reader = remote_reader(path, self.remote)
@@ -609,7 +431,7 @@ class MemMapDataset(Dataset):
                 )
             self._remote_files[path] = file
             header = cached.header
-            return file.size, None if header is None else _NpyHeader(
+            return file.size, None if header is None else NpyHeader(
                 header["size"], tuple(header["shape"]), header["fortran_order"], np.dtype(header["dtype"])
             )
         self._remote_files[path] = file
@@ -617,12 +439,12 @@ class MemMapDataset(Dataset):
         if not start.startswith(NPY_MAGIC):
             return file.size, None
         try:
-            needed = _npy_header_bytes(start) if len(start) >= 12 else len(start) + 1
+            needed = npy_header_bytes(start) if len(start) >= 12 else len(start) + 1
             if needed > MAX_NPY_HEADER_BYTES:
                 raise ValueError(f"it claims {needed} bytes, more than any array's header needs")
             if needed > len(start) and needed <= file.size:
                 start = reader.read(file, 0, needed, self.fetch_stats, probe=True)
-            return file.size, _read_npy_header(io.BytesIO(start))
+            return file.size, read_npy_header(io.BytesIO(start))
         except (ValueError, struct.error) as e:
             raise OLMoDataError(
                 f"{kind} '{redact_url(path)}' (an entry of {key}) starts like an npy file (written by np.save) but "
@@ -723,15 +545,3 @@ def document_lengths(input_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor
     if len(ends) == 0 or int(ends[-1]) != len(input_ids) - 1:
         ends = torch.cat([ends, ends.new_tensor([len(input_ids) - 1])])
     return torch.diff(ends, prepend=ends.new_tensor([-1]))
-
-
-def _holds_true(mask: np.ndarray) -> bool:
-    """Whether ``mask`` holds a True, read in growing chunks: a usual mask answers within its first few
-    kilobytes, and an all-False one is read in bounded steps."""
-    start, step = 0, 2**12
-    while start < len(mask):
-        if mask[start : start + step].any():
-            return True
-        start += step
-        step = min(2 * step, SCAN_CHUNK_TOKENS)
-    return False

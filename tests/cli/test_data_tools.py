@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from olmo.data import MemMapDataset, memmap_dataset, read_data_indices
+from olmo.data import MemMapDataset, file_checks, read_data_indices
 from olmo.exceptions import OLMoDataError
 from olmo.testing import BYTE_EOS, run_train, tiny_config_dict, write_byte_memmap, write_config
 from olmo.tokenizer import Tokenizer
@@ -163,7 +163,7 @@ def test_validate_data_statistics(tmp_path, tokenizer, capsys, monkeypatch):
     data = write_byte_memmap(tmp_path / "bytes.npy", 30_000)
     ends = np.flatnonzero(data == BYTE_EOS)
     # Documents span chunks, both of validate()'s one pass and of the scan of files validate() does not read.
-    monkeypatch.setattr(memmap_dataset, "SCAN_CHUNK_TOKENS", 1000)
+    monkeypatch.setattr(file_checks, "SCAN_CHUNK_TOKENS", 1000)
     monkeypatch.setattr(validate, "CHUNK_TOKENS", 1500)
     dataset = MemMapDataset(tmp_path / "bytes.npy", chunk_size=64)
     one_pass = validate.Scan(dataset, 257, BYTE_EOS, total=30_000)
