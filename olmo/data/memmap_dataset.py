@@ -60,8 +60,8 @@ from .remote import (
     RemoteFile,
     RemoteUnreachable,
     is_remote,
-    remote_reader,
 )
+from .remote_backends import remote_reader
 
 __all__ = ["MemMapDataset"]
 
