@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Optional
 
 import numpy as np
 
 from ..exceptions import OLMoDataError
+from .memmap_remote import RemoteFileAccess
 from .remote import RemoteUnreachable, is_remote
 
 __all__ = ["FileChecks", "ChunkHook", "SCAN_CHUNK_TOKENS"]
@@ -23,14 +23,12 @@ ChunkHook = Callable[[int, int, np.ndarray], None]
 """``on_chunk(file index, token offset, ids)`` of :meth:`FileChecks.validate`."""
 
 
-class FileChecks:
-    """:meth:`validate` for a dataset of token files (and label masks) cut into ``chunk_size``-token instances."""
+class FileChecks(RemoteFileAccess):
+    """:meth:`validate` for a dataset of token files (and label masks) cut into ``chunk_size``-token instances
+    (remote ones probed all at once first, :class:`olmo.data.memmap_remote.RemoteFileAccess`)."""
 
-    paths: list[str]
-    label_mask_paths: Optional[list[str]]
     chunk_size: int
     config_key: str
-    dtype: np.dtype
 
     def tokens(self, i: int) -> np.ndarray:
         raise NotImplementedError
@@ -39,9 +37,6 @@ class FileChecks:
         raise NotImplementedError
 
     def _file_tokens(self, i: int) -> int:
-        raise NotImplementedError
-
-    def _probe_remote(self) -> None:
         raise NotImplementedError
 
     def validate(

@@ -14,7 +14,7 @@ import pytest
 
 from olmo.config import InstanceFilterConfig, RemoteDataConfig
 from olmo.data import IterableDataset, MemMapDataset
-from olmo.data.memmap_dataset import PROBE_BYTES
+from olmo.data.npy_files import PROBE_BYTES
 from olmo.data.remote import RemoteUnreachable
 from olmo.exceptions import OLMoDataError
 from olmo.testing import BYTE_EOS, BYTE_VOCAB, free_port, write_byte_memmap
