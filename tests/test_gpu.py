@@ -90,3 +90,41 @@ def test_fp32_matmuls_may_use_tf32_unless_told_otherwise(tmp_path, corpus):
     _trainer(tmp_path / "strict", corpus, float32_matmul_precision="highest")
     assert torch.get_float32_matmul_precision() == "highest"
     torch.set_float32_matmul_precision("high")
+
+
+def test_per_source_losses_add_no_host_sync(tmp_path):
+    """A mixture's per-source losses (``train/{source}/CrossEntropyLoss``) are summed on the device and only read at
+    metric collection, like the overall loss: still no host synchronization between collections."""
+    for name, skip in (("web", 0), ("code", 300_000)):
+        write_byte_memmap(tmp_path / f"{name}.npy", 30_000, skip_bytes=skip)
+    mixture = {
+        "seed": 3,
+        "sources": [
+            {"name": "web", "paths": [str(tmp_path / "web.npy")], "ratio": 0.7, "max_repetition": 4.0},
+            {"name": "code", "paths": [str(tmp_path / "code.npy")], "ratio": 0.3, "max_repetition": 4.0},
+        ],
+    }
+    for fused in (False, True):
+        trainer, batches = _trainer(
+            tmp_path / str(fused),
+            [],
+            fused_loss=fused,
+            metrics_collect_interval=100,
+            **{"data.paths": None, "data.mixture": mixture},
+        )
+        trainer.train_module.enter_stage(trainer.stage_plan.at(1), at_boundary=True)
+        _train(trainer, batches, 2)
+        ready = [next(batches) for _ in range(3)]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        records = []
+        try:
+            for batch in ready:
+                trainer.state.global_step += 1
+                records.append(trainer.train_step(batch))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        trainer.collect_metrics()
+        per_source = {k: v for k, v in records[-1].values.items() if k.count("/") == 2}
+        assert set(per_source) == {"train/web/CrossEntropyLoss", "train/code/CrossEntropyLoss"}, per_source
+        assert all(0 < v < 20 for v in per_source.values()), per_source

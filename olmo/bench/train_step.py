@@ -278,7 +278,7 @@ def print_table(report: dict[str, Any]) -> None:
         (
             "loss first / last",
             f"{r['first_loss']:.3f} / {r['last_loss']:.3f}",
-            "synthetic: 4 batches, cycled and learnt",
+            "synthetic: 4 batches, cycled and learnt" if setup["data"] == "synthetic" else "the config's data",
         ),
         ("attention", attn["backend"], f"SDPA kernel {attn['sdpa_kernel']}" if attn["sdpa_kernel"] else ""),
         (

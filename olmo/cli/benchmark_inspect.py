@@ -74,14 +74,16 @@ def write_files(folder: Path, args: argparse.Namespace) -> list[str]:
     return paths
 
 
-def build_run(folder: Path, paths: list[str], seq_len: int) -> tuple[Path, Any]:
-    """A run folder as training leaves it: its resolved config.yaml and the epoch's order file."""
+def build_run(folder: Path, paths: list[str], seq_len: int, steps: int) -> tuple[Path, Any]:
+    """A run folder as training leaves it (a run of ``steps`` steps): its resolved config.yaml and the epoch's order
+    file."""
     from olmo.config import TrainConfig
     from olmo.data import IterableDataset, build_memmap_dataset
 
     run = folder / "run"
     raw = tiny_config_dict(run, paths, **{"model.max_sequence_length": seq_len, "model.vocab_size": 50_304})
     raw["model"]["embedding_size"] = 50_304
+    raw["max_duration"] = steps
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(yaml.safe_dump(raw))
     cfg = TrainConfig.load_saved(run / "config.yaml")
@@ -96,9 +98,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         folder = Path(scratch)
         start = time.perf_counter()
         paths = write_files(folder, args)
-        run, cfg = build_run(folder, paths, args.seq_len)
+        steps_per_epoch = (
+            args.files * args.instances_per_file // tiny_config_dict(folder, [])["global_train_batch_size"]
+        )
+        run, cfg = build_run(folder, paths, args.seq_len, steps_per_epoch)
         setup_s = time.perf_counter() - start
-        steps_per_epoch = args.files * args.instances_per_file // cfg.global_train_batch_size
         steps = sorted({int(s) for s in np.linspace(1, steps_per_epoch, args.lookups)})
         times = []
         for step in steps:

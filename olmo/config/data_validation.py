@@ -8,14 +8,14 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
 from ..exceptions import OLMoConfigurationError
 from ..util import REMOTE_DATA_SCHEMES, missing_slash_problem, redact_url, split_remote
 from .data_sections import DataConfig
-from .stages import stage_data_config
+from .stages import segment_lengths, stage_data_config
 
 if TYPE_CHECKING:
     from .train_config import TrainConfig
@@ -51,14 +51,15 @@ def data_problems(cfg: TrainConfig) -> list[str]:
     if d.num_workers < 0:
         out.append("data.num_workers must be >= 0.")
     if d.mixture is not None:
-        out += mixture_problems(d, "data", cfg)
+        out += mixture_problems(d, "data", cfg, _segment_durations(cfg, None))
     for i, stage in enumerate(cfg.stages or []):
-        if stage.data and "mixture" in stage.data and stage.data["mixture"] is not None:
+        if stage.data is not None:
             try:
                 stage_data = stage_data_config(d, stage.data, f"stages[{i}].data")
             except OLMoConfigurationError:
                 continue  # reported by the stage checks
-            out += mixture_problems(stage_data, f"stages[{i}].data", cfg)
+            if stage_data.mixture is not None:
+                out += mixture_problems(stage_data, f"stages[{i}].data", cfg, _segment_durations(cfg, i))
     out += data_location_problems(d, "data")
     if d.instance_filter is not None:
         out += _instance_filter_problems(cfg)
@@ -74,9 +75,22 @@ def data_problems(cfg: TrainConfig) -> list[str]:
 _SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def mixture_problems(d: DataConfig, key: str, cfg: TrainConfig) -> list[str]:
+def _segment_durations(cfg: TrainConfig, first: Optional[int]) -> list[str]:
+    """The lengths that decide the draw of a mixture with null ``tokens`` (see :func:`segment_lengths`), and for
+    the run's ``data`` in a staged run its ``max_duration`` too (the stages must add up to it)."""
+    out = [str(x) for x in segment_lengths(cfg, first)]
+    if cfg.stages and first is None and cfg.max_duration is not None:
+        out.append(str(cfg.max_duration))
+    return out
+
+
+def mixture_problems(d: DataConfig, key: str, cfg: TrainConfig, durations: list[str]) -> list[str]:
     """A ``{key}.mixture`` that cannot be a mix whatever the files hold (:mod:`olmo.data.mixture` checks the rest
-    once the files' sizes are known)."""
+    once the files' sizes are known).
+
+    :param durations: the lengths that train on this data (see :func:`_segment_durations`); with a null
+        ``mixture.tokens`` the draw is what they train, which cannot be known from a length in epochs.
+    """
     m, out = d.mixture, list[str]()
     assert m is not None
     where = f"{key}.mixture"
@@ -125,10 +139,12 @@ def mixture_problems(d: DataConfig, key: str, cfg: TrainConfig) -> list[str]:
     chunk = cfg.model.max_sequence_length
     if m.tokens is not None and m.tokens < chunk:
         out.append(f"{where}.tokens={m.tokens} must be at least one instance ({chunk} tokens), or null.")
-    if m.tokens is None and (cfg.stages or key != "data" or str(cfg.max_duration).strip().endswith("ep")):
+    in_epochs = [x for x in durations if x.strip().endswith("ep")]
+    if m.tokens is None and in_epochs:
         out.append(
-            f"{where}.tokens is null, but the tokens to draw cannot come from max_duration here (a staged run, a "
-            f"stage's data, or a length in epochs); give {where}.tokens."
+            f"{where}.tokens is null, so the mixture draws what its run or stage trains, but that length is "
+            f"{in_epochs[0]!r}, in epochs of this very mixture; give {where}.tokens, or the length in steps or "
+            f"tokens."
         )
     if m.seed < 0:
         out.append(f"{where}.seed={m.seed} must be >= 0.")

@@ -27,6 +27,7 @@ __all__ = [
     "StageConfig",
     "KLReferenceConfig",
     "stage_data_config",
+    "segment_lengths",
     "stage_problems",
     "DATA_SOURCES",
 ]
@@ -115,6 +116,24 @@ def parse_duration_steps(
             f"run's real length."
         )
     return math.ceil(steps) if unit == "T" else int(steps)
+
+
+def segment_lengths(cfg: TrainConfig, first: Optional[int]) -> list[Union[int, str]]:
+    """The lengths (``max_duration``) trained on one data config: the run's ``data`` (``first`` None) or
+    ``stages[first].data`` (a stage without its own data continues the one before it). Without stages, the run's
+    ``max_duration`` (10000 steps when null)."""
+    from .train_config import DEFAULT_MAX_DURATION
+
+    if not cfg.stages:
+        return [DEFAULT_MAX_DURATION if cfg.max_duration is None else cfg.max_duration]
+    start, out = 0 if first is None else first, list[Union[int, str]]()
+    for i in range(start, len(cfg.stages)):
+        stage = cfg.stages[i]
+        if stage.data is not None and (i > start or first is None):
+            break  # the next data segment
+        if stage.max_duration is not None:
+            out.append(stage.max_duration)
+    return out
 
 
 def stage_data_config(run_data: DataConfig, stage_data: Optional[dict[str, Any]], where: str) -> DataConfig:

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from ..config import DataConfig, TrainConfig
-from ..config.stages import parse_duration_steps
+from ..config.stages import parse_duration_steps, segment_lengths
 from ..exceptions import OLMoConfigurationError, OLMoDataError
 from ..util import env_rank, env_world_size, is_url
 from .collator import DataCollator, check_token_ids
@@ -144,16 +144,17 @@ def _memmap_dataset(
 
 
 def mixture_total_instances(train_config: TrainConfig, data_config: DataConfig) -> int:
-    """Instances a mixture draws: ``mixture.tokens`` cut into instances, else what ``max_duration`` trains on."""
+    """Instances a mixture draws: ``mixture.tokens`` cut into instances, else what the run (or, in a staged run,
+    the stages that train on the run's ``data``) trains: a stage's own mixture gets its segment's length from the
+    stage plan (:func:`olmo.train.stages.plan_stages`), which fills in its ``tokens``."""
     assert data_config.mixture is not None
-    chunk = train_config.model.max_sequence_length
+    cfg = train_config
     if data_config.mixture.tokens is not None:
-        return data_config.mixture.tokens // chunk
-    assert train_config.max_duration is not None  # validation asks for mixture.tokens otherwise
-    steps = parse_duration_steps(
-        train_config.max_duration, train_config.global_train_batch_size, train_config.tokens_per_batch, 0
-    )
-    return steps * train_config.global_train_batch_size
+        return data_config.mixture.tokens // cfg.model.max_sequence_length
+    # Validation refuses a null mixture.tokens with a length in epochs (of the mixture itself).
+    lengths = segment_lengths(cfg, None)
+    steps = sum(parse_duration_steps(x, cfg.global_train_batch_size, cfg.tokens_per_batch, 0) for x in lengths)
+    return steps * cfg.global_train_batch_size
 
 
 def _build_mixture_dataset(

@@ -9,11 +9,21 @@ May import every package below it: ``olmo.eval``, ``olmo.hf``, ``olmo.checkpoint
 ``olmo.exceptions``.
 """
 
-from .trainer import (
-    EXIT_CODE_STOPPED,
-    Trainer,
-    TrainerState,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .trainer import EXIT_CODE_STOPPED, Trainer, TrainerState
+
+
+def __getattr__(name: str) -> Any:
+    # The trainer is imported on first use, so that a light module of this package (``olmo.train.stages`` for
+    # ``inspect_batch.py``) does not pull in torch.distributed.checkpoint (0.7 s).
+    if name in __all__:
+        from . import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Trainer",

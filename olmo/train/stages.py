@@ -127,7 +127,7 @@ def plan_stages(cfg: TrainConfig, num_instances: Optional[Callable[[DataConfig],
     if not cfg.stages:
         duration = DEFAULT_MAX_DURATION if cfg.max_duration is None else cfg.max_duration
         only = Stage(0, "stage0", 0, steps(duration, cfg.data), cfg.data, 0, "train_data")
-        return StagePlan((only,))
+        return StagePlan(_with_mixture_tokens(cfg, (only,)))
     out: list[Stage] = []
     start, segment, order_dir, data = 0, 0, "train_data", cfg.data
     for i, sc in enumerate(cfg.stages):
@@ -140,12 +140,29 @@ def plan_stages(cfg: TrainConfig, num_instances: Optional[Callable[[DataConfig],
         estimator = KLEstimator(sc.kl_estimator)
         out.append(Stage(i, name, start, end, data, segment, order_dir, sc.kl_beta, estimator, sc.scheduler))
         start = end
-    plan = StagePlan(tuple(out), staged=True)
+    plan = StagePlan(_with_mixture_tokens(cfg, tuple(out)), staged=True)
     if cfg.max_duration is not None:
         given = steps(cfg.max_duration, cfg.data)
         if given != plan.total_steps:
             raise OLMoConfigurationError(stage_sum_problem(cfg, plan.total_steps, given))
     return plan
+
+
+def _with_mixture_tokens(cfg: TrainConfig, stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
+    """The stages, where a data segment trains on a mixture whose ``tokens`` is null, with the segment's own
+    length filled in: the mixture draws exactly the instances its stages train (the stages of one segment keep
+    sharing one data config)."""
+    out = list(stages)
+    for segment in sorted({s.segment for s in stages}):
+        members = [s for s in stages if s.segment == segment]
+        mixture = members[0].data.mixture
+        if mixture is None or mixture.tokens is not None:
+            continue
+        instances = sum(s.num_steps for s in members) * cfg.global_train_batch_size
+        data = replace(members[0].data, mixture=replace(mixture, tokens=instances * cfg.model.max_sequence_length))
+        for s in members:
+            out[s.index] = replace(s, data=data)
+    return tuple(out)
 
 
 def order_dir_of(cfg: TrainConfig, stage: Stage) -> Path:

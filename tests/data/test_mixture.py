@@ -208,10 +208,11 @@ def test_the_run_plan_shows_the_shares_and_a_dry_run_writes_nothing(tmp_path, so
 
 def test_an_anneal_stage_trains_on_its_own_mixture(tmp_path, sources, capsys):
     """Stage 2 of a two-stage run anneals on a different mix of the sources, recorded as mixture-anneal.json, and
-    inspect_batch --json names the sources of its steps (stage 1's have none)."""
+    inspect_batch --json names the sources of its steps (stage 1's have none). Its mixture.tokens is null: it draws
+    what the stage trains."""
     from olmo.testing import run_main
 
-    mixture = {**_mixture(sources, ratios=(0.2, 0.4, 0.4), repetitions=(1, 2, 4)), "tokens": 4 * 8 * CHUNK}
+    mixture = _mixture(sources, ratios=(0.2, 0.4, 0.4), repetitions=(1, 2, 4))
     cfg = tiny_config_dict(tmp_path / "run", sources["code"], max_duration=None)
     cfg["stages"] = [
         {"name": "pretrain", "max_duration": 4},
@@ -235,6 +236,30 @@ def test_an_anneal_stage_trains_on_its_own_mixture(tmp_path, sources, capsys):
         assert all((inst["source"] in ("web", "code", "math")) == named for inst in instances)
         if named:
             assert all(Path(inst["file"]).name.startswith(inst["source"]) for inst in instances)
+
+
+def test_a_null_mixture_tokens_draws_what_its_data_segment_trains(tmp_path, sources):
+    """In a staged run, the run's mixture is drawn for the stages that train on the run's data (a stage without its
+    own data continues the one before), and a stage's own mixture for its segment; a length in epochs of the
+    mixture itself is refused, naming the key."""
+    from olmo.train.stages import plan_stages
+
+    stages = [
+        {"name": "a", "max_duration": 3},
+        {"name": "b", "max_duration": "768T"},  # 3 steps of 8 x 32 tokens, continuing the run's mixture
+        {"name": "c", "max_duration": 4, "data": {"mixture": _mixture(sources, ratios=(0.5, 0.25, 0.25))}},
+        {"name": "d", "max_duration": 1},
+    ]
+    cfg = _config(tmp_path, sources, max_duration=None, stages=stages)
+    cfg.validate(1)
+    plan = plan_stages(cfg)
+    assert [s.data.mixture.tokens for s in plan.stages] == [6 * 8 * CHUNK] * 2 + [5 * 8 * CHUNK] * 2
+    assert plan.stages[0].data is plan.stages[1].data and plan.stages[2].data is plan.stages[3].data
+    assert len(build_memmap_dataset(cfg, plan.stages[2].data)) == 40
+    assert len(build_memmap_dataset(cfg, cfg.data)) == 48  # the same draw, from the config alone
+    stages[3]["max_duration"] = "2ep"
+    with pytest.raises(OLMoConfigurationError, match=r"stages\[2\]\.data\.mixture\.tokens is null.*'2ep'"):
+        _config(tmp_path, sources, max_duration=None, stages=stages).validate(1)
 
 
 @pytest.mark.parametrize("fused", [False, True])
