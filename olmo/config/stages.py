@@ -121,11 +121,9 @@ def parse_duration_steps(
 def segment_lengths(cfg: TrainConfig, first: Optional[int]) -> list[Union[int, str]]:
     """The lengths (``max_duration``) trained on one data config: the run's ``data`` (``first`` None) or
     ``stages[first].data`` (a stage without its own data continues the one before it). Without stages, the run's
-    ``max_duration`` (10000 steps when null)."""
-    from .train_config import DEFAULT_MAX_DURATION
-
+    ``max_duration`` (none when null: the default length)."""
     if not cfg.stages:
-        return [DEFAULT_MAX_DURATION if cfg.max_duration is None else cfg.max_duration]
+        return [] if cfg.max_duration is None else [cfg.max_duration]
     start, out = 0 if first is None else first, list[Union[int, str]]()
     for i in range(start, len(cfg.stages)):
         stage = cfg.stages[i]

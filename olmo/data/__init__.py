@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from ..config import DataConfig, TrainConfig
+from ..config import DEFAULT_MAX_DURATION, DataConfig, TrainConfig
 from ..config.stages import parse_duration_steps, segment_lengths
 from ..exceptions import OLMoConfigurationError, OLMoDataError
 from ..util import env_rank, env_world_size, is_url
@@ -152,7 +152,7 @@ def mixture_total_instances(train_config: TrainConfig, data_config: DataConfig) 
     if data_config.mixture.tokens is not None:
         return data_config.mixture.tokens // cfg.model.max_sequence_length
     # Validation refuses a null mixture.tokens with a length in epochs (of the mixture itself).
-    lengths = segment_lengths(cfg, None)
+    lengths = segment_lengths(cfg, None) or [DEFAULT_MAX_DURATION]
     steps = sum(parse_duration_steps(x, cfg.global_train_batch_size, cfg.tokens_per_batch, 0) for x in lengths)
     return steps * cfg.global_train_batch_size
 
