@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional, TypeVar, Union
 
 import yaml
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 from omegaconf import OmegaConf as om
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
@@ -57,16 +57,18 @@ def load_structured(
             problems.append(e)
             continue
         try:
-            conf = om.merge(conf, om.from_dotlist([override]))
+            conf = _apply_override(conf, override)
+        except OLMoConfigurationError as e:
+            problems.append(e)
         except yaml.YAMLError as e:
             problems.append(override_yaml_error(override, e))
         except OmegaConfBaseException as e:
             problems.append(error(e, f"from the command-line override '--{override}'"))
-        except (TypeError, ValueError) as e:  # e.g. a dotted path into a list: evaluators.1.label=x
+        except (TypeError, ValueError) as e:
             problems.append(
                 OLMoConfigurationError(
-                    f"Cannot apply the override '--{override}': {e}. A list can only be replaced as a whole "
-                    f"(e.g. --data.paths=[a.npy,b.npy] or --evaluators=[]), not element by element."
+                    f"Cannot apply the override '--{override}': {e}. Give a list whole (--data.paths=[a.npy,b.npy]) "
+                    f"or one field of one entry (--data.mixture.sources[1].ratio=0.3)."
                 )
             )
     if len(problems) == 1:
@@ -118,6 +120,36 @@ def _merge_collecting(
 
     for key, value in items.items():
         conf = merge(conf, value, [key])
+    return conf
+
+
+_LIST_INDEX = re.compile(r"\.(\d+)(?=\.|\[|$)")
+
+
+def _apply_override(conf: Any, override: str) -> Any:
+    """``conf`` with one dotlist entry applied. A key into a list element (``data.mixture.sources[1].ratio=0.3``,
+    also written ``data.mixture.sources.1.ratio``) sets that field of that element only."""
+    key, value = override.split("=", 1)
+    key = _LIST_INDEX.sub(r"[\1]", key)
+    if "[" not in key:
+        return om.merge(conf, om.from_dotlist([override]))
+    parsed = om.from_dotlist([f"value={value}"])["value"]  # the value read as YAML, as from_dotlist reads it
+    for match in re.finditer(r"\[", key):
+        list_key = key[: match.start()]
+        node = om.select(conf, list_key, throw_on_missing=False) if list_key else None
+        index_text = key[match.end() :].split("]", 1)[0]
+        if not isinstance(node, ListConfig):
+            raise OLMoConfigurationError(
+                f"Cannot apply the override '--{override}': {list_key or '?'} is not a list"
+                f"{'' if node is None else f' (it is {type(node).__name__})'}; give its fields by name."
+            )
+        if not index_text.isdigit() or int(index_text) >= len(node):
+            raise OLMoConfigurationError(
+                f"Cannot apply the override '--{override}': {list_key} has {len(node)} entries (0 to "
+                f"{len(node) - 1}), so [{index_text}] names none. To add an entry, give the whole list "
+                f"(--{list_key}=[...]) or edit the YAML."
+            )
+    om.update(conf, key, parsed, merge=True)
     return conf
 
 
@@ -266,9 +298,6 @@ def config_error(e: OmegaConfBaseException, source: str) -> OLMoConfigurationErr
         msg = f"{msg} ({cause})"
     if isinstance(e, ConfigKeyError):
         fix = "Remove or rename that key (see olmo/config/train_config.py for every field and its meaning)."
-    elif "[" in key:
-        list_key = key.split("[", 1)[0]
-        fix = f"Fix the value in the YAML file, or replace the whole list with --{list_key}=[...]."
     else:
         fix = f"Fix the value in the YAML file or override it, e.g. --{key}=VALUE."
     stop = "" if msg.endswith(("?", "!")) else "."

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -203,9 +204,37 @@ def test_durations(tmp_path):
         TrainConfig.load(_config(tmp_path, max_duration="ten")).validate(1)
 
 
-def test_overriding_one_list_element_is_a_config_error(tmp_path):
-    with pytest.raises(OLMoConfigurationError, match=r"evaluators\.0\.label=x.*replaced as a whole"):
-        TrainConfig.load(_config(tmp_path, evaluators=[{"label": "a"}]), ["evaluators.0.label=x"])
+def test_one_field_of_one_list_entry_can_be_overridden(tmp_path):
+    """``--data.mixture.sources[1].ratio=0.3`` (or ``.1.``) sets that field of that entry only; an index past the
+    end, a field the entries lack, a bad value or an index into a section are refused naming the key."""
+    mixture = {
+        "sources": [
+            {"name": "web", "paths": ["w.npy"], "ratio": 0.6},
+            {"name": "code", "paths": ["c.npy"], "ratio": 0.4},
+        ]
+    }
+    config = _config(
+        tmp_path, evaluators=[{"label": "a"}, {"label": "b"}], data={"paths": None, "mixture": mixture}
+    )
+    cfg = TrainConfig.load(
+        config,
+        ["--data.mixture.sources[1].ratio=0.3", "--data.mixture.sources.0.ratio=0.7", "evaluators.1.label=x"],
+    )
+    assert [(s.name, s.ratio, s.paths) for s in cfg.data.mixture.sources] == [
+        ("web", 0.7, ["w.npy"]),
+        ("code", 0.3, ["c.npy"]),
+    ]
+    assert [e.label for e in cfg.evaluators] == ["a", "x"]
+    bad = {
+        "--data.mixture.sources[2].ratio=0.1": r"data\.mixture\.sources has 2 entries \(0 to 1\), so \[2\] names none",
+        "--data.mixture.sources[0].weight=1": r"'data\.mixture\.sources\[0\]\.weight'.*Key 'weight' not in",
+        "--data.mixture.sources[0].ratio=most": r"'data\.mixture\.sources\[0\]\.ratio'.*could not be converted",
+        "--model[0].d_model=8": r"model is not a list",
+    }
+    with pytest.raises(OLMoConfigurationError) as error:
+        TrainConfig.load(config, list(bad))
+    for pattern in bad.values():
+        assert re.search(pattern, str(error.value)), (pattern, str(error.value))
 
 
 def test_fields_newer_olmo_writes_load_and_what_cannot_be_honoured_is_refused(tmp_path, caplog):
