@@ -325,7 +325,7 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
         else:
             loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank, work_dir=work_dir)
         model: OLMo = build_model(cfg, env)
-        optimizer = build_optimizer(cfg.optimizer, model)
+        optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
         trainer = Trainer(
             cfg, env, build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler)), loader
         )

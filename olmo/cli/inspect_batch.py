@@ -56,6 +56,7 @@ from olmo.data.instance_filter import is_repetitive
 from olmo.data.provenance import instance_documents
 from olmo.exceptions import OLMoCliError, OLMoDataError
 from olmo.tokenizer import Tokenizer
+from olmo.train.stability import SKIPPED_BATCHES_FILE, locate_batch, read_skip_ranges
 from olmo.train.stages import plan_stages
 
 log = logging.getLogger("inspect_batch")
@@ -165,8 +166,14 @@ def batch_rows(
             step - start,
             stage.order_dir,
         )
-    epoch, s = divmod(step - start - 1, steps_per_epoch)
-    log.info("Step %d trains on batch %d (from 0) of the %d of epoch %d.", step, s, steps_per_epoch, epoch)
+    skipped = [r for r in read_skip_ranges(default_order_dir.parent) if r.order_dir == stage.order_dir]
+    epoch, s = locate_batch(step - start, steps_per_epoch, skipped, batch_size)
+    after = (
+        f", after the {len(skipped)} range(s) of {SKIPPED_BATCHES_FILE} that rollbacks skipped" if skipped else ""
+    )
+    log.info(
+        "Step %d trains on batch %d (from 0) of the %d of epoch %d%s.", step, s, steps_per_epoch, epoch, after
+    )
     order_dir = default_order_dir.parent / stage.order_dir
     path = order_file if order_file is not None else order_dir / order_file_name(epoch)
     seed = data_order_seed(stage.data, cfg.seed)

@@ -147,7 +147,7 @@ def train(
         f"{model.num_params(include_embedding=False):,}",
         model.num_flops_per_token() / 1e9,
     )
-    optimizer = build_optimizer(cfg.optimizer, model)
+    optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
     train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), cfg.train_module)
     trainer = Trainer(cfg, env, train_module, train_loader, evaluators, stages)
     log_speed_setup(cfg, trainer)

@@ -9,6 +9,7 @@ May import: ``olmo.util``, ``olmo.exceptions`` (the bottom of the stack: a confi
 and loading one never imports torch).
 """
 
+from .stability import RollbackConfig, SkipSpikesConfig, StragglersConfig, WatchdogConfig
 from .train_config import (
     DEFAULT_MAX_DURATION,
     ActivationCheckpointingStrategy,
@@ -45,6 +46,7 @@ from .train_config import (
     ShardingStrategy,
     SingleGPUConfig,
     SpeedMonitorConfig,
+    StabilityConfig,
     StageConfig,
     StrEnum,
     TokenizerConfig,
@@ -95,6 +97,11 @@ __all__ = [
     "StageConfig",
     "KLReferenceConfig",
     "KLEstimator",
+    "StabilityConfig",
+    "SkipSpikesConfig",
+    "RollbackConfig",
+    "WatchdogConfig",
+    "StragglersConfig",
     "DEFAULT_MAX_DURATION",
     "clean_opt",
 ]

@@ -60,6 +60,7 @@ from .sections import (
     TruncationDirection,
     WandbConfig,
 )
+from .stability import StabilityConfig
 from .stages import KLEstimator, KLReferenceConfig, StageConfig
 from .validation import parse_duration_steps, validate_train_config
 
@@ -245,6 +246,9 @@ class TrainConfig:
     """Throughput and MFU measurement."""
     hf_export: HFExportConfig = field(default_factory=HFExportConfig)
     """Export checkpoints for Hugging Face transformers (``stepN-hf/``)."""
+    stability: StabilityConfig = field(default_factory=StabilityConfig)
+    """Spike skipping, rollback, the hang watchdog and straggler detection (all off by default; README "Keeping
+    long runs alive")."""
     console_log_interval: int = 1
     """Steps between console metric lines."""
     metrics_collect_interval: Optional[int] = None

@@ -25,6 +25,7 @@ from ..util.tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
 from .data_sections import EvaluatorConfig
 from .data_validation import MEMMAP_DTYPES, data_location_problems, data_problems
 from .sections import EvaluatorType, FSDPWrapStrategy, TruncationDirection
+from .stability import stability_problems
 from .stages import parse_duration_steps, stage_problems
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ def validate_train_config(cfg: TrainConfig, world_size: int) -> None:
     problems += tokenizer_problems(cfg)
     problems += remote_save_folder_problems(cfg.remote_save_folder, cfg.save_folder)
     problems += stage_problems(cfg)
+    problems += stability_problems(cfg)
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)
         raise OLMoConfigurationError(

@@ -33,6 +33,7 @@ __all__ = [
     "StepMetrics",
     "StepMetricsQueue",
     "ReduceType",
+    "NonFiniteError",
     "PeakFlops",
     "device_peak_flops",
     "gpu_peak_flops",
@@ -145,6 +146,14 @@ def fetch_metrics(stats: Optional[FetchStats]) -> dict[str, float]:
     }
 
 
+class NonFiniteError(OLMoTrainingError):
+    """A non-finite loss or gradient norm reached the weights at ``step`` (``stability.rollback`` can recover)."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
 class ReduceType(str, Enum):
     """How a metric recorded on every rank becomes one number (see :meth:`olmo.train.train_module.TrainModule.record_metric`)."""
 
@@ -198,10 +207,15 @@ class StepMetricsQueue:
         n_labels: torch.Tensor,
         grad_norm: torch.Tensor,
         extra: Optional[dict[str, tuple[torch.Tensor, ReduceType]]] = None,
+        applied: Optional[torch.Tensor] = None,
     ) -> StepMetrics:
         """Queue a step: this rank's loss sums, the global label count and gradient norm, still on the device,
-        and ``extra`` scalar metrics (name: value on this rank, how to reduce it)."""
+        and ``extra`` scalar metrics (name: value on this rank, how to reduce it). ``applied`` (0.0 or 1.0, the
+        same on every rank): whether the optimizer applied the step's update; a skipped step's non-finite loss
+        is logged, not raised."""
         device = {"ce_sum": ce_sum, "z_sum": z_sum, "n_labels": n_labels, "grad_norm": grad_norm}
+        if applied is not None:
+            device["applied"] = applied
         record = StepMetrics(step, {"optim/learning_rate_group0": learning_rate}, device, dict(extra or {}))
         self.records.append(record)
         return record
@@ -217,12 +231,15 @@ class StepMetricsQueue:
         bad_rank = torch.stack([torch.where(torch.isfinite(d["ce_sum"]), 0.0, self.rank + 1.0) for d in queued])
         n_labels = torch.stack([d["n_labels"] for d in queued]).clamp(min=1.0)  # (S,)
         norms = torch.stack([d["grad_norm"].to(local.device) for d in queued])  # (S,)
+        applied = torch.stack([d.get("applied", torch.ones(())).to(local.device).float() for d in queued])
         losses = all_reduce(local) / n_labels[:, None]  # (S, 2)
-        table = torch.cat([losses, all_reduce(bad_rank, dist.ReduceOp.MAX)[:, None], norms[:, None]], dim=1)
-        for record, (ce, z, bad, norm) in zip(pending, table.tolist()):  # the host sync
-            if bad > 0 or not math.isfinite(norm):
-                raise OLMoTrainingError(
-                    self._non_finite_message(record.step, current_step, ce, norm, int(bad) - 1)
+        table = torch.cat(
+            [losses, all_reduce(bad_rank, dist.ReduceOp.MAX)[:, None], norms[:, None], applied[:, None]], dim=1
+        )
+        for record, (ce, z, bad, norm, was_applied) in zip(pending, table.tolist()):  # the host sync
+            if (bad > 0 or not math.isfinite(norm)) and was_applied > 0:
+                raise NonFiniteError(
+                    self._non_finite_message(record.step, current_step, ce, norm, int(bad) - 1), record.step
                 )
             record.device = None
             record.values.update({"train/CrossEntropyLoss": ce, "train/Perplexity": math.exp(min(ce, 50.0))})

@@ -39,7 +39,9 @@ from ..model.loss import (
     per_token_cross_entropy,
 )
 from ..optim import BoltOnWarmupScheduler, build_scheduler, clip_grads, set_learning_rate
+from ..optim.skip_step import StepFactorMixin
 from .metrics import ReduceType
+from .stability import SpikeDetector
 
 if TYPE_CHECKING:
     from .stages import Stage
@@ -88,6 +90,9 @@ class TrainModule(ABC):
         """The stage being trained (set by :meth:`enter_stage`)."""
         self._loss: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
         self._extra: dict[str, tuple[torch.Tensor, ReduceType]] = {}
+        self._applied: Optional[torch.Tensor] = (
+            None  # 1.0 or 0.0: whether the step's update is applied (spike skipping)
+        )
 
     @property
     def trainer(self) -> Trainer:
@@ -198,9 +203,16 @@ class TrainModule(ABC):
         ce_sum, z_sum, n_labels = self._loss
         trainer = self.trainer
         trainer.step_metrics.add(
-            trainer.state.global_step, learning_rate, ce_sum, z_sum, n_labels, grad_norm, self._extra
+            trainer.state.global_step,
+            learning_rate,
+            ce_sum,
+            z_sum,
+            n_labels,
+            grad_norm,
+            self._extra,
+            self._applied,
         )
-        self._loss, self._extra = None, {}
+        self._loss, self._extra, self._applied = None, {}, None
         if trainer.collect_steps == 1:
             trainer.collect_metrics()
 
@@ -229,6 +241,16 @@ class TransformerTrainModule(TrainModule):
         """The sources of the data being trained (a mixture), whose losses are logged as
         ``train/{name}/CrossEntropyLoss``; None without a mixture."""
         self._source_sums: Optional[torch.Tensor] = None  # (S, 2): this rank's CE sum and label count per source
+        self.spike_detector: Optional[SpikeDetector] = None
+        """With ``stability.skip_spikes.enabled``: decides, on the device, whether each step's update is applied."""
+        if cfg.stability.skip_spikes.enabled:
+            if not isinstance(optimizer, StepFactorMixin):
+                raise OLMoConfigurationError(
+                    f"stability.skip_spikes needs a skip-step optimizer (build_optimizer(..., skip_steps=True)); "
+                    f"got {type(optimizer).__name__}."
+                )
+            self.spike_detector = SpikeDetector(cfg.stability.skip_spikes, env.device)
+        self._global_ce: Optional[torch.Tensor] = None  # the step's mean loss over ranks, for the spike detector
 
     @property
     def per_row(self) -> bool:
@@ -264,6 +286,9 @@ class TransformerTrainModule(TrainModule):
             self.trainer.filtered.add(step, n_filtered[0])
         loss_scale = W / n_labels.clamp(min=1.0)
         sums = self._forward_backward(batch, labels, loss_scale, max_doc_lens)
+        if self.spike_detector is not None:
+            # The one reduction spike skipping adds: a float per step, on the device (no host sync).
+            self._global_ce = all_reduce(sums.ce.detach().clone()) / n_labels.clamp(min=1.0)
         if not dry_run:
             self.record_ce_loss(sums.ce, n_labels, sums.z)
             self.record_step_sums(sums, loss_scale / W)
@@ -357,6 +382,14 @@ class TransformerTrainModule(TrainModule):
         max_norm = self.scheduler.get_max_grad_norm(self.cfg.max_grad_norm, step)
         grad_norm = clip_grads(self.optimizer, max_norm, self.cfg.max_grad_norm_ratio, step)
         lr = self._learning_rate()
+        if self.spike_detector is not None and self._global_ce is not None:
+            factor, z = self.spike_detector.step_factor(self._global_ce, grad_norm, step)
+            self.optimizer.step_factor = factor  # type: ignore[attr-defined]
+            self.record_metric("optim/skipped_steps", self.spike_detector.skipped.clone(), ReduceType.max)
+            self.record_metric("stability/loss_zscore", z[0], ReduceType.max)
+            self.record_metric("stability/grad_norm_zscore", z[1], ReduceType.max)
+            self._applied = factor
+            self._global_ce = None
         self.queue_step_metrics(lr, grad_norm)
         set_learning_rate(self.optimizer, lr)
         self.optimizer.step()

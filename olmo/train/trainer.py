@@ -27,6 +27,7 @@ from ..util.rng import get_rng_state, set_rng_state
 from .checkpointer import Checkpointer
 from .metrics import (
     MetricsLogger,
+    NonFiniteError,
     SpeedMonitor,
     StepMetrics,
     StepMetricsQueue,
@@ -34,6 +35,7 @@ from .metrics import (
     device_peak_flops,
     fetch_metrics,
 )
+from .stability import StabilityMonitor, roll_back
 from .stages import Stage, StagePlan, boundary_checkpoint_name, build_stage_dataloader, order_dir_of, plan_stages
 from .stop import EXIT_CODE_STOPPED, StopConditions
 from .train_module import TrainModule
@@ -86,6 +88,7 @@ class Trainer:
         self.filtered = FilteredInstanceCounter()
         self.checkpointer = Checkpointer(cfg, env, train_module, self.trainer_state_dict, self.collect_metrics)
         self.eval_runner = EvalRunner(evaluators, cfg.eval_interval)
+        self.stability = StabilityMonitor(cfg, env.rank)
         self.metrics_logger: MetricsLogger  # set by fit
         self.index_log: Optional[DataIndexLog] = None  # set by fit
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
@@ -104,14 +107,18 @@ class Trainer:
         return self.train_module.optimizer
 
     # ----------------------------------------------------------------------------------------------
-    def restore(self, info: CheckpointInfo, load_optimizer_state: bool, load_trainer_state: bool) -> None:
-        """Load a checkpoint into the model (and optimizer, and trainer state, as asked)."""
+    def restore(
+        self, info: CheckpointInfo, load_optimizer_state: bool, load_trainer_state: bool, rollback: bool = False
+    ) -> None:
+        """Load a checkpoint into the model (and optimizer, and trainer state, as asked). ``rollback``: the run goes
+        back to its own checkpoint (:func:`olmo.train.stability.roll_back`), so ``--fast_forward_batches`` and
+        ``--epoch``, which apply to the launch's first restore, do not apply again."""
         log.info(
             "Restoring %s (optimizer: %s, trainer state: %s)", info.path, load_optimizer_state, load_trainer_state
         )
         state = self.checkpointer.load(info, load_optimizer_state, load_trainer_state)
         if state is not None:
-            self._load_trainer_state(state)
+            self._load_trainer_state(state, rollback)
             self.checkpointer.restored_step = self.state.global_step
             if not load_optimizer_state:
                 self.train_module.on_optimizer_reset(self.state.global_step)
@@ -123,7 +130,7 @@ class Trainer:
             self.state.global_train_examples_seen_this_epoch,
         )
 
-    def _load_trainer_state(self, state: dict[str, Any]) -> None:
+    def _load_trainer_state(self, state: dict[str, Any], rollback: bool = False) -> None:
         if state.get("model_config_hash") not in (None, model_config_fingerprint(self.cfg.model)):
             log.warning(
                 "The checkpoint's model config differs from this run's in non-shape options "
@@ -137,14 +144,19 @@ class Trainer:
         s.global_train_examples_seen_this_epoch = int(state["global_train_examples_seen_this_epoch"])
         s.epoch = int(state.get("epoch") or 0)
         self._use_segment(self.stage_plan.after(s.global_step))  # the data the position counts in
-        if self.cfg.epoch is not None and self.cfg.epoch != s.epoch:
+        if self.cfg.epoch is not None and self.cfg.epoch != s.epoch and not rollback:
             s.epoch, s.global_train_examples_seen_this_epoch = self.cfg.epoch, 0
-        if self.cfg.fast_forward_batches:
+        if self.cfg.fast_forward_batches and not rollback:
             s.global_train_examples_seen_this_epoch += (
                 self.cfg.fast_forward_batches * self.cfg.global_train_batch_size
             )
         if self.dataset.epoch != s.epoch:
             self.dataset.reshuffle(s.epoch)
+        if "stability" in state:
+            self.stability.load_state_dict(state["stability"])
+            detector = getattr(self.train_module, "spike_detector", None)
+            if detector is not None and state["stability"].get("detector") is not None:
+                detector.load_state_dict(state["stability"]["detector"])
         rng = state.get("rng", {}).get(self.env.rank)
         if state.get("world_size") == self.env.world_size and rng is not None:
             set_rng_state(rng)
@@ -166,7 +178,13 @@ class Trainer:
         else:
             rng_by_rank = {self.env.rank: rng}
         s = self.state
+        stability = {}
+        if self.stability.enabled:
+            detector = getattr(self.train_module, "spike_detector", None)
+            detector_state = None if detector is None else detector.state_dict()
+            stability = {"stability": {**self.stability.state_dict(), "detector": detector_state}}
         return {
+            **stability,
             "format_version": 1,
             "global_step": s.global_step,
             "epoch": s.epoch,
@@ -208,27 +226,42 @@ class Trainer:
                 self.train_module.pre_train()
                 batches, stage = self._batches(), None
                 while s.global_step < stop.stop_at:
+                    if self.stability.due is not None:  # persistent spikes or a non-finite loss
+                        batches, stage = roll_back(self, batches), None
+                        throughput.reset()
+                        continue
                     if stage is None or s.global_step == stage.end_step:
                         stage = self.stage_plan.at(s.global_step + 1)
                         batches = self._enter_stage(stage, batches)
                         throughput.reset()
-                    metrics = self.step(throughput.next_batch(batches)).values
-                    if self.stage_plan.staged:
-                        metrics["train/stage"] = stage.index
-                    metrics.update(throughput.step_metrics(s.global_train_tokens_seen, self._fetch_stats()))
-                    if s.global_step % self.collect_steps == 0:
-                        self.log_metrics()
-                    reason, all_written = stop.agree(writing=ckpt.is_writing())
-                    if all_written and ckpt.pending is not None:
-                        ckpt.commit()
-                    if reason is not None:
-                        self.log_metrics()
-                        self.metrics_logger.log_event(s.global_step, f"Stopping ({reason}); saving a checkpoint.")
-                        ckpt.maybe_save(s.global_step, final=True)
-                        exit_code = EXIT_CODE_STOPPED
-                        break
-                    if ckpt.maybe_save(s.global_step) | self.maybe_eval(stop.stop_at):
-                        throughput.reset()  # checkpoint and eval time is not training throughput
+                    try:
+                        metrics = self.step(throughput.next_batch(batches)).values
+                        if self.stage_plan.staged:
+                            metrics["train/stage"] = stage.index
+                        if cfg.stability.rollback.enabled:
+                            metrics["stability/rollbacks"] = self.stability.rollbacks
+                        metrics.update(throughput.step_metrics(s.global_train_tokens_seen, self._fetch_stats()))
+                        if s.global_step % self.collect_steps == 0:
+                            self.log_metrics()
+                        if self.stability.due is not None:
+                            continue
+                        reason, all_written = stop.agree(writing=ckpt.is_writing())
+                        if all_written and ckpt.pending is not None:
+                            ckpt.commit()
+                        if reason is not None:
+                            self.log_metrics()
+                            self.metrics_logger.log_event(
+                                s.global_step, f"Stopping ({reason}); saving a checkpoint."
+                            )
+                            ckpt.maybe_save(s.global_step, final=True)
+                            exit_code = EXIT_CODE_STOPPED
+                            break
+                        if ckpt.maybe_save(s.global_step) | self.maybe_eval(stop.stop_at):
+                            throughput.reset()  # checkpoint and eval time is not training throughput
+                    except NonFiniteError as e:
+                        if not (cfg.stability.rollback.enabled and cfg.stability.rollback.on_non_finite):
+                            raise
+                        self.stability.due = (e.step, f"a non-finite loss or gradient norm at step {e.step}")
                 else:
                     self.log_metrics()
                     ckpt.maybe_save(s.global_step, final=True)
@@ -248,6 +281,11 @@ class Trainer:
         metrics back every ``metrics_collect_interval`` steps, and collect gen-1 garbage on schedule. Returns the
         step's metrics record (its values are on the host once collected)."""
         cfg, s = self.cfg, self.state
+        if self.stability.enabled:
+            order_dir = self.stage_plan.at(s.global_step + 1).order_dir
+            self.stability.before_step(
+                s.global_step + 1, order_dir, s.epoch, s.global_train_examples_seen_this_epoch
+            )
         s.global_step += 1
         s.global_train_examples_seen_this_epoch += cfg.global_train_batch_size
         s.global_train_tokens_seen += cfg.tokens_per_batch
@@ -309,17 +347,44 @@ class Trainer:
         self._segment = stage.segment
 
     def _batches(self) -> Iterator[dict[str, Any]]:
-        """Device batches forever, moving to the next epoch (reshuffled) when one runs out."""
+        """Device batches forever, moving to the next epoch (reshuffled) when one runs out, and over the ranges of
+        batches a rollback took out (``skipped_batches.json``)."""
         while True:
             # Remote instances are fetched ahead only as far as this launch will train.
             s = self.state
+            if self._jump_skipped_range():
+                self.dataset.start_index = s.global_train_examples_seen_this_epoch
             remaining = (self._stop_at - s.global_step) * self.cfg.global_train_batch_size
             self.dataset.stop_index = s.global_train_examples_seen_this_epoch + remaining
-            yield from self.train_loader
+            jumped = False
+            for batch in self.train_loader:
+                yield batch
+                if self.stability.ranges and self._jump_skipped_range():
+                    self.dataset.start_index, jumped = s.global_train_examples_seen_this_epoch, True
+                    break  # the loader restarts after the range
+            if jumped:
+                continue
             self.state.epoch += 1
             self.state.global_train_examples_seen_this_epoch = 0
             log.info("Epoch %d complete; starting epoch %d.", self.state.epoch - 1, self.state.epoch)
             self.dataset.reshuffle(self.state.epoch)
+
+    def _jump_skipped_range(self) -> bool:
+        """Move the data position past a skipped range that starts here; return whether it moved."""
+        s = self.state
+        order_dir = self.stage_plan.at(s.global_step + 1).order_dir
+        target = self.stability.skip_target(order_dir, s.epoch, s.global_train_examples_seen_this_epoch)
+        if target is None:
+            return False
+        log.info(
+            "Skipping instances %d-%d of epoch %d (a range a rollback took out; %s).",
+            s.global_train_examples_seen_this_epoch,
+            target - 1,
+            s.epoch,
+            "skipped_batches.json",
+        )
+        s.global_train_examples_seen_this_epoch = target
+        return True
 
     def _fetch_stats(self) -> Optional[FetchStats]:
         """What reading the current training data costs, when it is remote."""
@@ -377,4 +442,16 @@ class Trainer:
             self.collect_metrics()
         for record in self.step_metrics.pop_ready():
             record.values.update(self.filtered.pop(record.step))
+            if self.stability.enabled:
+                self.stability.on_logged(record.step, record.values, self._instances_of(record.step))
             self.metrics_logger.log(record.step, record.values)
+
+    def _instances_of(self, step: int) -> Optional[list[int]]:
+        """The instance indices of the global batch of a recent ``step`` (for logging a skipped step)."""
+        found = self.stability.position_of(step)
+        if found is None or found[1] != self.dataset.epoch:
+            return None
+        position = found[2]
+        return [
+            int(i) for i in self.dataset.global_indices()[position : position + self.cfg.global_train_batch_size]
+        ]

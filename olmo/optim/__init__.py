@@ -3,7 +3,10 @@
 The training loop uses this module in four calls per step: :func:`clip_grads` after the backward
 pass, ``scheduler.get_lr`` / ``scheduler.get_max_grad_norm`` for the next values,
 :func:`set_learning_rate`, then ``optimizer.step()``. Nothing here syncs with the host, and every
-tensor operation also accepts DTensor parameters and gradients (FSDP2).
+tensor operation also accepts DTensor parameters and gradients (FSDP2). ``skip_step`` holds the versions of
+AdamW and LionW whose step can be skipped by a factor on the device (``stability.skip_spikes``).
+
+May import: ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from .config import OptimizerConfig, OptimizerType, SchedulerConfig, SchedulerType, TrainConfig
-from .exceptions import OLMoConfigurationError
+from ..config import OptimizerConfig, OptimizerType, SchedulerConfig, SchedulerType, TrainConfig
+from ..exceptions import OLMoConfigurationError
 
 __all__ = [
     "BoltOnWarmupScheduler",
@@ -90,7 +93,7 @@ OPTIMIZER_STATE_KEYS = {
 checkpoint holds."""
 
 
-def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(cfg: OptimizerConfig, model: nn.Module, skip_steps: bool = False) -> torch.optim.Optimizer:
     """Build the optimizer named by ``cfg.name`` over :func:`get_param_groups` of ``model``.
 
     AdamW is torch's own, fused when every parameter lives on CUDA. ``selective_updates`` is
@@ -98,9 +101,22 @@ def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optim
 
     :param cfg: The optimizer config.
     :param model: The model whose trainable parameters to optimize.
+    :param skip_steps: build the skip-step version (:mod:`olmo.optim.skip_step`), whose steps can be skipped by a
+        factor on the device (``stability.skip_spikes``).
     """
     groups = get_param_groups(cfg, model)
     betas = (float(cfg.betas[0]), float(cfg.betas[1]))
+    if skip_steps:
+        from .skip_step import SkipStepAdamW, SkipStepLionW
+
+        if cfg.selective_updates or cfg.name not in (OptimizerType.adamw, OptimizerType.lionw):
+            raise OLMoConfigurationError(
+                f"stability.skip_spikes needs optimizer.name adamw or lionw without selective_updates (it is "
+                f"{cfg.name}, selective_updates={cfg.selective_updates}); turn one of them off."
+            )
+        if cfg.name == OptimizerType.lionw:
+            return SkipStepLionW(groups, cfg.learning_rate, betas, cfg.weight_decay)
+        return SkipStepAdamW(groups, cfg.learning_rate, betas, cfg.eps, cfg.weight_decay)
     if cfg.name == OptimizerType.lionw:
         return LionW(groups, cfg.learning_rate, betas, cfg.weight_decay, cfg.selective_updates)
     if cfg.name == OptimizerType.adamw:

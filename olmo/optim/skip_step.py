@@ -1,0 +1,128 @@
+"""Optimizers that can skip a step without asking the host: the update is computed on the device with a *step
+factor* (a 0-dim tensor, 1 to apply the step, 0 to skip it), so a skip decided on the device from the step's loss
+and gradient norm (:class:`olmo.train.stability.SpikeDetector`) costs no synchronization.
+
+A skipped step leaves everything as it was, bitwise: the parameters, the moments and the step count (non-finite
+gradients are replaced by zeros first, so they cannot leak in through ``0 * inf``). The state has the same names
+and shapes as torch's AdamW and our :class:`~olmo.optim.LionW`, so checkpoints move between the plain and the
+skip-step optimizer (turning ``stability.skip_spikes`` on or off when resuming works).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Optional
+
+import torch
+from torch.distributed.tensor import DTensor
+
+__all__ = ["SkipStepAdamW", "SkipStepLionW", "StepFactorMixin"]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds (an FSDP2 parameter's shard); elementwise math on it updates the parameter."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class StepFactorMixin:
+    """``step_factor``: None (apply every step, as the plain optimizer) or a 0-dim float tensor on the parameters'
+    device that the next :meth:`step` multiplies its update by (set before every step)."""
+
+    step_factor: Optional[torch.Tensor] = None
+
+    def _factor(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        factor = self.step_factor
+        if factor is None:
+            factor = torch.ones((), device=device)
+        factor = factor.to(device=device, dtype=torch.float32)
+        return factor, factor > 0
+
+
+class SkipStepAdamW(StepFactorMixin, torch.optim.Optimizer):
+    """AdamW (decoupled weight decay, bias-corrected moments) whose update is scaled by :attr:`step_factor`.
+
+    With a factor of 1 it computes torch's AdamW update (to float rounding, not bitwise: the bias corrections are
+    device tensors here); with 0 nothing changes.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                param, grad = _local(p), _local(p.grad)
+                factor, keep = self._factor(param.device)
+                state = self.state[p]
+                if "exp_avg" not in state:
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if state["step"].device != param.device:  # restored from torch's AdamW, whose count is on the CPU
+                    state["step"] = state["step"].to(param.device, torch.float32)
+                step, exp_avg, exp_avg_sq = state["step"], _local(state["exp_avg"]), _local(state["exp_avg_sq"])
+                grad = torch.where(keep, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+                step.add_(factor)
+                exp_avg.lerp_(grad, (1.0 - beta1) * factor)
+                exp_avg_sq.mul_(1.0 - (1.0 - beta2) * factor).add_(grad * grad * ((1.0 - beta2) * factor))
+                counted = step.clamp(min=1.0)  # a skipped first step must not divide by zero below
+                bias1 = 1.0 - torch.pow(beta1, counted)
+                bias2_sqrt = (1.0 - torch.pow(beta2, counted)).sqrt()
+                param.mul_(1.0 - lr * wd * factor)
+                denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(eps)
+                param.sub_(exp_avg / denom * (lr * factor / bias1))
+        return loss
+
+
+class SkipStepLionW(StepFactorMixin, torch.optim.Optimizer):
+    """:class:`~olmo.optim.LionW` (without ``selective_updates``) whose update is scaled by :attr:`step_factor`."""
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+    ):
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd = group["lr"], group["weight_decay"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                param, grad = _local(p), _local(p.grad)
+                factor, keep = self._factor(param.device)
+                state = self.state[p]
+                if "exp_avg" not in state:
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                exp_avg = _local(state["exp_avg"])
+                grad = torch.where(keep, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+                param.mul_(1.0 - lr * wd * factor)
+                update = exp_avg.mul(beta1).add_(grad, alpha=1.0 - beta1).sign_()
+                param.sub_(update * (lr * factor))
+                exp_avg.lerp_(grad, (1.0 - beta2) * factor)
+        return loss
