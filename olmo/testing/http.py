@@ -85,6 +85,9 @@ class FileServer:
         self.latency = latency
         self.ranges = ranges
         self.stall_seconds = stall_seconds
+        self.hang_range: Optional[tuple[int, int]] = None
+        """Bytes ``[a, b)`` of every file: a ``GET`` whose range overlaps them waits ``stall_seconds`` before its
+        answer (a server that hangs on one part of a file, e.g. the instance one rank reads)."""
         self.log: list[Request] = []
         self.faults_served: Counter[str] = Counter()
         """How many requests suffered each fault so far (counted when the fault begins)."""
@@ -191,7 +194,7 @@ def _handler_class(server: FileServer) -> type[http.server.BaseHTTPRequestHandle
                 if fault == "reset":
                     self._reset()
                     return
-                if fault == "stall":
+                if fault == "stall" or (not head and _overlaps(range_header, server.hang_range)):
                     time.sleep(server.stall_seconds)
                 stat = file.stat()
                 size = stat.st_size
@@ -258,6 +261,18 @@ def _handler_class(server: FileServer) -> type[http.server.BaseHTTPRequestHandle
                 pass
 
     return Handler
+
+
+def _overlaps(range_header: Optional[str], hang: Optional[tuple[int, int]]) -> bool:
+    """Whether the bytes a ``Range`` header asks for (all of the file without one) overlap ``[hang)``."""
+    if hang is None:
+        return False
+    match = _RANGE.match((range_header or "bytes=0-").strip())
+    if match is None:
+        return False
+    start = int(match.group(1))
+    stop = int(match.group(2)) + 1 if match.group(2) else 2**63
+    return start < hang[1] and hang[0] < stop
 
 
 def touch_later(path: Union[str, Path]) -> None:

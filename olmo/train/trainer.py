@@ -39,6 +39,7 @@ from .stability import StabilityMonitor, roll_back
 from .stages import Stage, StagePlan, boundary_checkpoint_name, build_stage_dataloader, order_dir_of, plan_stages
 from .stop import EXIT_CODE_STOPPED, StopConditions
 from .train_module import TrainModule
+from .watchdog import Watchdog
 
 __all__ = ["Trainer", "TrainerState", "EXIT_CODE_STOPPED"]
 
@@ -89,6 +90,7 @@ class Trainer:
         self.checkpointer = Checkpointer(cfg, env, train_module, self.trainer_state_dict, self.collect_metrics)
         self.eval_runner = EvalRunner(evaluators, cfg.eval_interval)
         self.stability = StabilityMonitor(cfg, env.rank)
+        self.watchdog = Watchdog(cfg.stability.watchdog, cfg.save_folder, env.rank, env.world_size)
         self.metrics_logger: MetricsLogger  # set by fit
         self.index_log: Optional[DataIndexLog] = None  # set by fit
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
@@ -218,16 +220,22 @@ class Trainer:
         start_step, exit_code, self._stop_at = s.global_step, 0, stop.stop_at
         if cfg.gen1_gc_interval is not None:
             gc.disable()
+        wd = self.watchdog
+        wd.start()
         try:
             with stop:
-                ckpt.start(s.global_step)
+                with wd.phase("checkpoint", s.global_step):
+                    ckpt.start(s.global_step)
                 if cfg.eval_on_load and ckpt.restored_step:
-                    self.maybe_eval(stop.stop_at, force=True)
+                    with wd.phase("evaluation", s.global_step):
+                        self.maybe_eval(stop.stop_at, force=True)
                 self.train_module.pre_train()
                 batches, stage = self._batches(), None
                 while s.global_step < stop.stop_at:
+                    wd.enter("forward_backward", s.global_step + 1)  # the step's phase, unless a finer one applies
                     if self.stability.due is not None:  # persistent spikes or a non-finite loss
-                        batches, stage = roll_back(self, batches), None
+                        with wd.phase("checkpoint", s.global_step):
+                            batches, stage = roll_back(self, batches), None
                         throughput.reset()
                         continue
                     if stage is None or s.global_step == stage.end_step:
@@ -235,7 +243,9 @@ class Trainer:
                         batches = self._enter_stage(stage, batches)
                         throughput.reset()
                     try:
-                        metrics = self.step(throughput.next_batch(batches)).values
+                        with wd.phase("data_wait", s.global_step + 1):
+                            batch = throughput.next_batch(batches)
+                        metrics = self.step(batch).values
                         if self.stage_plan.staged:
                             metrics["train/stage"] = stage.index
                         if cfg.stability.rollback.enabled:
@@ -253,10 +263,15 @@ class Trainer:
                             self.metrics_logger.log_event(
                                 s.global_step, f"Stopping ({reason}); saving a checkpoint."
                             )
-                            ckpt.maybe_save(s.global_step, final=True)
+                            with wd.phase("checkpoint", s.global_step):
+                                ckpt.maybe_save(s.global_step, final=True)
                             exit_code = EXIT_CODE_STOPPED
                             break
-                        if ckpt.maybe_save(s.global_step) | self.maybe_eval(stop.stop_at):
+                        with wd.phase("checkpoint", s.global_step):
+                            saved = ckpt.maybe_save(s.global_step)
+                        with wd.phase("evaluation", s.global_step):
+                            evaluated = self.maybe_eval(stop.stop_at)
+                        if saved or evaluated:
                             throughput.reset()  # checkpoint and eval time is not training throughput
                     except NonFiniteError as e:
                         if not (cfg.stability.rollback.enabled and cfg.stability.rollback.on_non_finite):
@@ -264,15 +279,20 @@ class Trainer:
                         self.stability.due = (e.step, f"a non-finite loss or gradient norm at step {e.step}")
                 else:
                     self.log_metrics()
-                    ckpt.maybe_save(s.global_step, final=True)
-                    ckpt.export_hf(s.global_step)  # with hf_export.enabled
-                ckpt.commit()
+                    with wd.phase("checkpoint", s.global_step):
+                        ckpt.maybe_save(s.global_step, final=True)
+                        ckpt.export_hf(s.global_step)  # with hf_export.enabled
+                with wd.phase("checkpoint", s.global_step):
+                    ckpt.commit()
         finally:
+            wd.leave()
             self.log_metrics(collect=False)  # after an error, what was already read back
             gc.enable()
             self.index_log.close()
             self.metrics_logger.close(self._summary(start_step, stop.elapsed()), exit_code)
-            ckpt.close()  # waits for the uploads and logs how each ended
+            with wd.phase("upload_wait", s.global_step):
+                ckpt.close()  # waits for the uploads and logs how each ended
+            wd.close()
         return exit_code
 
     def step(self, batch: dict[str, Any]) -> StepMetrics:
@@ -421,7 +441,8 @@ class Trainer:
         that drive steps themselves); returns the step's metrics record."""
         self.train_module.zero_grads()
         self.train_module.train_batch(batch)
-        self.train_module.optim_step()
+        with self.watchdog.phase("optimizer", self.state.global_step):
+            self.train_module.optim_step()
         return self._step_record()
 
     def _step_record(self) -> StepMetrics:
