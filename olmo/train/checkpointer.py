@@ -215,7 +215,8 @@ class Checkpointer:
             prune_checkpoints(folder, False, self.cfg.save_num_unsharded_checkpoints_to_keep)
         log.info("Saved checkpoint %s", path)
 
-    def close(self) -> None:
-        """Wait for the remote uploads and log how each ended."""
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Wait for the remote uploads (at most ``timeout`` seconds; the rest stay local-only, and the next launch
+        into this save folder uploads them) and log how each ended."""
         if self.uploader is not None:
-            self.uploader.close()
+            self.uploader.close(timeout)

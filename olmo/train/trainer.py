@@ -290,8 +290,8 @@ class Trainer:
             gc.enable()
             self.index_log.close()
             self.metrics_logger.close(self._summary(start_step, stop.elapsed()), exit_code)
-            with wd.phase("upload_wait", s.global_step):
-                ckpt.close()  # waits for the uploads and logs how each ended
+            wd.leave()  # the wait for the uploads is bounded by itself (watchdog.upload_wait), and ends cleanly
+            ckpt.close(cfg.stability.watchdog.upload_wait if wd.enabled else None)  # logs how each upload ended
             wd.close()
         return exit_code
 

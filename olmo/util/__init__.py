@@ -166,9 +166,24 @@ def resource_path(path: Union[str, Path]) -> Path:
         return Path(path)
     from cached_path import cached_path
 
+    from .remote_files import (
+        REMOTE_TIMEOUT_ENV,
+        RemoteTimeoutError,
+        install_timed_http_client,
+        is_timeout,
+        remote_timeout,
+    )
+
+    install_timed_http_client()  # cached-path's own HTTP client would wait forever for a silent server
     try:
         return Path(cached_path(str(path)))
     except Exception as e:  # cached-path raises many types (HTTP, boto, FileNotFound)
+        if is_timeout(e):
+            raise RemoteTimeoutError(
+                f"Could not fetch '{redact_url(str(path))}': the server did not answer within {remote_timeout():g} s "
+                f"(to connect, or between two pieces of its answer). Check that the URL's server is up and reachable "
+                f"from this machine; set {REMOTE_TIMEOUT_ENV}=SECONDS to wait longer."
+            ) from None
         raise OLMoCliError(f"Could not fetch '{path}': {e}. Check the URL and your network access.") from None
 
 

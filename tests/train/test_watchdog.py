@@ -74,3 +74,99 @@ def test_one_stuck_rank_of_two_ends_both_and_both_leave_their_stacks(tmp_path):
     assert "another rank hung (hang-rank1.txt)" in other and "step 3" in other, other[:500]
     assert f"exitcode: {EXIT_CODE_HANG}" in result.stderr or f"exit code {EXIT_CODE_HANG}" in result.stderr.lower()
     assert np.fromfile(run / "train_data" / "global_indices.npy", dtype=np.uint32)[17] == stuck
+
+
+class _SilentServer:
+    """A TCP server on 127.0.0.1 that accepts every connection and never sends a byte."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.port = self.sock.getsockname()[1]
+        self.connections: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections.append(conn)
+
+    def close(self):
+        self.sock.close()
+        for conn in self.connections:
+            conn.close()
+
+
+def test_a_load_path_on_a_silent_server_fails_in_bounded_time_with_one_paragraph(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    served = _served(tmp_path)
+    config = write_config(tmp_path / "c.yaml", tiny_config_dict(tmp_path / "run", [str(served / "a.npy")]))
+    silent = _SilentServer()
+    try:
+        env = {**os.environ, "WANDB_MODE": "disabled", "OLMO_REMOTE_TIMEOUT": "2"}
+        script = Path(__file__).resolve().parents[2] / "scripts" / "train.py"
+        result = subprocess.run(
+            [
+                sys.executable,
+                str(script),
+                str(config),
+                f"--load_path=http://127.0.0.1:{silent.port}/step5-unsharded",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        silent.close()
+    assert result.returncode != 0
+    assert "the server did not answer within 2 s" in result.stderr and "OLMO_REMOTE_TIMEOUT" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_uploads_to_a_silent_s3_endpoint_hold_the_finished_run_only_as_long_as_upload_wait(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    served = _served(tmp_path)
+    run = tmp_path / "run"
+    cfg = tiny_config_dict(
+        run,
+        [str(served / "a.npy")],
+        max_duration=4,
+        save_interval_unsharded=4,
+        remote_save_folder="s3://bucket/run",
+        **{"stability.watchdog.enabled": True, "stability.watchdog.upload_wait": 3.0},
+    )
+    config = write_config(tmp_path / "c.yaml", cfg)
+    silent = _SilentServer()
+    try:
+        env = {
+            **os.environ,
+            "WANDB_MODE": "disabled",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{silent.port}",
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        script = Path(__file__).resolve().parents[2] / "scripts" / "train.py"
+        result = subprocess.run(
+            [sys.executable, str(script), str(config)], env=env, capture_output=True, text=True, timeout=150
+        )
+    finally:
+        silent.close()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Stopped waiting for the upload of" in result.stderr and "after 3.0 s" in result.stderr
+    assert (
+        run / "step4-unsharded" / ".olmo-checkpoint.json"
+    ).is_file()  # kept locally, uploaded by a later launch
