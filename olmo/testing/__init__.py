@@ -250,8 +250,12 @@ def run_torchrun(
     *args: str,
     timeout: float = 300,
     cwd: Optional[Union[str, Path]] = None,
+    env: Optional[dict[str, str]] = None,
 ) -> subprocess.CompletedProcess[str]:
     """Launch ``torchrun --nproc_per_node=N scripts/train.py CONFIG ARGS...`` on CPU (gloo), exactly as a
-    user would, with a private rendezvous port and a timeout; return the finished process."""
-    cmd, env = torchrun_command(nproc, config_path, *args)
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    user would, with a private rendezvous port and a timeout; return the finished process. ``env``: variables
+    added to the workers' environment."""
+    cmd, base = torchrun_command(nproc, config_path, *args)
+    return subprocess.run(
+        cmd, cwd=cwd, env={**base, **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )

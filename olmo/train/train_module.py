@@ -392,7 +392,8 @@ class TransformerTrainModule(TrainModule):
             self._global_ce = None
         self.queue_step_metrics(lr, grad_norm)
         set_learning_rate(self.optimizer, lr)
-        self.optimizer.step()
+        with self.trainer.stragglers.local():  # local work: timed to find a slow rank (stability.stragglers)
+            self.optimizer.step()
 
     def _learning_rate(self) -> float:
         """The scheduled LR for the current step (the first update uses step 1, as in OLMo). A stage with its own

@@ -38,6 +38,7 @@ from .metrics import (
 from .stability import StabilityMonitor, roll_back
 from .stages import Stage, StagePlan, boundary_checkpoint_name, build_stage_dataloader, order_dir_of, plan_stages
 from .stop import EXIT_CODE_STOPPED, StopConditions
+from .stragglers import StragglerMonitor
 from .train_module import TrainModule
 from .watchdog import Watchdog
 
@@ -90,6 +91,7 @@ class Trainer:
         self.checkpointer = Checkpointer(cfg, env, train_module, self.trainer_state_dict, self.collect_metrics)
         self.eval_runner = EvalRunner(evaluators, cfg.eval_interval)
         self.stability = StabilityMonitor(cfg, env.rank)
+        self.stragglers = StragglerMonitor(cfg.stability.stragglers, env.rank, env.world_size, env.device)
         self.watchdog = Watchdog(cfg.stability.watchdog, cfg.save_folder, env.rank, env.world_size)
         self.metrics_logger: MetricsLogger  # set by fit
         self.index_log: Optional[DataIndexLog] = None  # set by fit
@@ -245,7 +247,9 @@ class Trainer:
                     try:
                         with wd.phase("data_wait", s.global_step + 1):
                             batch = throughput.next_batch(batches)
+                        self.stragglers.data_wait(throughput.data_wait)
                         metrics = self.step(batch).values
+                        metrics.update(self.stragglers.maybe_gather(s.global_step))
                         if self.stage_plan.staged:
                             metrics["train/stage"] = stage.index
                         if cfg.stability.rollback.enabled:

@@ -1,0 +1,69 @@
+"""Straggler detection (``stability.stragglers``, issue 27) with two gloo ranks under torchrun, one of them really
+throttled: a ``sitecustomize`` on the workers' ``PYTHONPATH`` pins each rank to its own core and, in rank 1, starts
+a thread that spins forever, so rank 1 gets the interpreter (and its core) about half the time. The warning must
+name rank 1 within 50 steps, and the same run without the spinning thread must name nobody."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from olmo.testing import run_torchrun, tiny_config_dict, write_byte_memmap, write_config
+
+SITECUSTOMIZE = """
+import os, threading
+rank = int(os.environ.get("RANK", "-1"))
+if rank >= 0 and hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank % 2]})
+if rank == 1 and os.environ.get("THROTTLE_RANK_1"):
+    def _spin():
+        while True:
+            pass
+    threading.Thread(target=_spin, daemon=True, name="throttle").start()
+"""
+
+
+def _run(tmp_path: Path, throttle: bool) -> tuple[str, list[dict]]:
+    data = tmp_path / "a.npy"
+    write_byte_memmap(data, 100 * 16 * 64)
+    cfg = tiny_config_dict(
+        tmp_path / "run",
+        [str(data)],
+        max_duration=60,
+        global_train_batch_size=16,
+        device_train_microbatch_size=8,
+        save_interval_unsharded=None,
+        console_log_interval=10,
+        **{
+            "model.d_model": 128,
+            "model.n_layers": 3,
+            "model.max_sequence_length": 64,
+            "stability.stragglers.enabled": True,
+            "stability.stragglers.interval": 5,
+        },
+    )
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = {"PYTHONPATH": str(hooks), **({"THROTTLE_RANK_1": "1"} if throttle else {})}
+    result = run_torchrun(2, write_config(tmp_path / "c.yaml", cfg), timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return result.stderr, rows
+
+
+def test_a_throttled_rank_is_named_within_50_steps(tmp_path):
+    output, rows = _run(tmp_path, throttle=True)
+    named = [line for line in output.splitlines() if "Straggler: rank 1" in line]
+    assert named, output[-3000:]
+    assert int(named[0].split("steps up to ")[1].split(")")[0]) <= 50, named[0]
+    assert "Straggler: rank 0" not in output
+    skews = [r for r in rows if "throughput/rank_skew" in r]
+    assert sum(r["throughput/slowest_rank"] == 1 for r in skews) >= len(skews) - 2, skews
+
+
+def test_an_unthrottled_run_names_nobody(tmp_path):
+    output, rows = _run(tmp_path, throttle=False)
+    assert "Straggler:" not in output, output[-3000:]
+    skews = [r["throughput/rank_skew"] for r in rows if "throughput/rank_skew" in r]
+    assert len(skews) == 12 and all(s >= 1.0 for s in skews)  # every 5 steps of 60, on rank 0's lines
