@@ -33,7 +33,7 @@ def _trainer(tmp_path, corpus, **overrides):
     seed_all(cfg.seed)
     loader = build_train_dataloader(cfg, world_size=1, rank=0, work_dir=tmp_path)
     model = build_model(cfg, env)
-    optimizer = build_optimizer(cfg.optimizer, model)
+    optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
     trainer = Trainer(
         cfg, env, build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler)), loader
     )
@@ -128,3 +128,34 @@ def test_per_source_losses_add_no_host_sync(tmp_path):
         per_source = {k: v for k, v in records[-1].values.items() if k.count("/") == 2}
         assert set(per_source) == {"train/web/CrossEntropyLoss", "train/code/CrossEntropyLoss"}, per_source
         assert all(0 < v < 20 for v in per_source.values()), per_source
+
+
+def test_spike_skipping_adds_no_host_sync(tmp_path, corpus):
+    """The skip decision is made on the device (stability.skip_spikes): a step with the detector armed and the
+    skip-step AdamW runs without a host synchronization, and a skipped step leaves the weights as they were."""
+    from olmo.optim.skip_step import SkipStepAdamW
+
+    settings = {
+        "stability.skip_spikes.enabled": True,
+        "stability.skip_spikes.warmup_steps": 0,
+        "stability.skip_spikes.window": 8,
+    }
+    trainer, batches = _trainer(tmp_path, corpus, metrics_collect_interval=100, **settings)
+    assert isinstance(trainer.optimizer, SkipStepAdamW)
+    _train(trainer, batches, 10)  # the window fills (8 steps) and the detector is armed
+    ready = [next(batches) for _ in range(3)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for batch in ready:
+            trainer.state.global_step += 1
+            trainer.train_step(batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    trainer.collect_metrics()
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.optimizer.step_factor = torch.zeros((), device="cuda")
+    for p in trainer.model.parameters():
+        p.grad = torch.full_like(p, float("inf"))
+    trainer.optimizer.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))

@@ -3,9 +3,10 @@ factor* (a 0-dim tensor, 1 to apply the step, 0 to skip it), so a skip decided o
 and gradient norm (:class:`olmo.train.stability.SpikeDetector`) costs no synchronization.
 
 A skipped step leaves everything as it was, bitwise: the parameters, the moments and the step count (non-finite
-gradients are replaced by zeros first, so they cannot leak in through ``0 * inf``). The state has the same names
-and shapes as torch's AdamW and our :class:`~olmo.optim.LionW`, so checkpoints move between the plain and the
-skip-step optimizer (turning ``stability.skip_spikes`` on or off when resuming works).
+gradients never reach them). :class:`SkipStepAdamW` is torch's own fused AdamW driven through its ``found_inf``
+input; :class:`SkipStepLionW` computes :class:`~olmo.optim.LionW`'s update with the factor. The state is the plain
+optimizer's, so checkpoints move between the plain and the skip-step optimizer (turning ``stability.skip_spikes``
+on or off when resuming works).
 """
 
 from __future__ import annotations
@@ -38,12 +39,10 @@ class StepFactorMixin:
         return factor, factor > 0
 
 
-class SkipStepAdamW(StepFactorMixin, torch.optim.Optimizer):
-    """AdamW (decoupled weight decay, bias-corrected moments) whose update is scaled by :attr:`step_factor`.
-
-    With a factor of 1 it computes torch's AdamW update (to float rounding, not bitwise: the bias corrections are
-    device tensors here); with 0 nothing changes.
-    """
+class SkipStepAdamW(StepFactorMixin, torch.optim.AdamW):
+    """torch's fused AdamW (the same kernel a CUDA run uses without skipping), skipped through the ``found_inf`` input
+    that its fused kernel takes for mixed-precision loss scaling: with ``found_inf`` 1 the kernel leaves parameters
+    and moments as they are and the step count is put back, all on the device. :attr:`step_factor` 0 sets it."""
 
     def __init__(
         self,
@@ -53,41 +52,13 @@ class SkipStepAdamW(StepFactorMixin, torch.optim.Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
     ):
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                param, grad = _local(p), _local(p.grad)
-                factor, keep = self._factor(param.device)
-                state = self.state[p]
-                if "exp_avg" not in state:
-                    state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                if state["step"].device != param.device:  # restored from torch's AdamW, whose count is on the CPU
-                    state["step"] = state["step"].to(param.device, torch.float32)
-                step, exp_avg, exp_avg_sq = state["step"], _local(state["exp_avg"]), _local(state["exp_avg_sq"])
-                grad = torch.where(keep, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
-                step.add_(factor)
-                exp_avg.lerp_(grad, (1.0 - beta1) * factor)
-                exp_avg_sq.mul_(1.0 - (1.0 - beta2) * factor).add_(grad * grad * ((1.0 - beta2) * factor))
-                counted = step.clamp(min=1.0)  # a skipped first step must not divide by zero below
-                bias1 = 1.0 - torch.pow(beta1, counted)
-                bias2_sqrt = (1.0 - torch.pow(beta2, counted)).sqrt()
-                param.mul_(1.0 - lr * wd * factor)
-                denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(eps)
-                param.sub_(exp_avg / denom * (lr * factor / bias1))
-        return loss
+        if self.step_factor is not None:
+            self.found_inf = 1.0 - self.step_factor.float()  # read by torch's fused AdamW
+        return super().step(closure)
 
 
 class SkipStepLionW(StepFactorMixin, torch.optim.Optimizer):

@@ -250,3 +250,28 @@ def test_stability_settings_that_cannot_work_are_refused(tmp_path, overrides, pa
     cfg = TrainConfig.from_dict(tiny_config_dict(tmp_path, ["x.npy"], **overrides))
     with pytest.raises(OLMoConfigurationError, match=pattern):
         cfg.validate(1)
+
+
+def test_two_fsdp_ranks_skip_and_roll_back_as_one_process(tmp_path, corpora):
+    """Every rank decides the same from the same reduced loss and gradient norm: 2 gloo ranks (FSDP, sharded
+    parameters in the fused AdamW) skip the same steps and roll back to the same checkpoint as 1 process."""
+    from olmo.testing import run_torchrun
+
+    runs = {}
+    for ranks in (1, 2):
+        run = tmp_path / f"ranks{ranks}"
+        config = write_config(tmp_path / f"{ranks}.yaml", _config(run, corpora["bad"], max_duration=50, **STABLE))
+        if ranks == 1:
+            assert run_train(config) == 0
+        else:
+            result = run_torchrun(2, config, timeout=300)
+            assert result.returncode == 0, result.stderr[-3000:]
+        runs[ranks] = run
+    one, two = (_rows(runs[r]) for r in (1, 2))
+    key = lambda rows: [(r["step"], r["optim/skipped_steps"]) for r in rows if "train/CrossEntropyLoss" in r]  # noqa: E731
+    assert key(one) == key(two)
+    for a, b in zip(one, two):
+        if "train/CrossEntropyLoss" in a:
+            assert b["train/CrossEntropyLoss"] == pytest.approx(a["train/CrossEntropyLoss"], rel=1e-4)
+    ranges = [json.loads((runs[r] / "skipped_batches.json").read_text()) for r in (1, 2)]
+    assert ranges[0] == ranges[1] and len(ranges[0]["ranges"]) == 1
