@@ -59,20 +59,28 @@ def test_bf16_training_with_the_fused_loss_follows_the_plain_loss(tmp_path, corp
         assert fused == pytest.approx(plain, rel=2e-2)
 
 
-def test_no_host_sync_between_metric_collections(tmp_path, corpus):
-    trainer, batches = _trainer(tmp_path, corpus, fused_loss=True, metrics_collect_interval=100)
-    assert trainer.train_loader.pin_memory
-    _train(trainer, batches, 2)  # optimizer state and caches are created in the first steps
-    ready = [next(batches) for _ in range(3)]
+def _steps_without_host_sync(trainer, batches, steps: int) -> list:
+    """Train ``steps`` steps under ``set_sync_debug_mode("error")`` (a host sync raises), then collect; return
+    the steps' records."""
+    ready = [next(batches) for _ in range(steps)]
+    records = []
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for batch in ready:
             trainer.state.global_step += 1
-            trainer.train_step(batch)
+            records.append(trainer.train_step(batch))
     finally:
         torch.cuda.set_sync_debug_mode("default")
     trainer.collect_metrics()
+    return records
+
+
+def test_no_host_sync_between_metric_collections(tmp_path, corpus):
+    trainer, batches = _trainer(tmp_path, corpus, fused_loss=True, metrics_collect_interval=100)
+    assert trainer.train_loader.pin_memory
+    _train(trainer, batches, 2)  # optimizer state and caches are created in the first steps
+    _steps_without_host_sync(trainer, batches, 3)
 
 
 def test_training_step_runs_on_the_sdpa_flash_kernel(tmp_path, corpus):
@@ -114,17 +122,7 @@ def test_per_source_losses_add_no_host_sync(tmp_path):
         )
         trainer.train_module.enter_stage(trainer.stage_plan.at(1), at_boundary=True)
         _train(trainer, batches, 2)
-        ready = [next(batches) for _ in range(3)]
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        records = []
-        try:
-            for batch in ready:
-                trainer.state.global_step += 1
-                records.append(trainer.train_step(batch))
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        trainer.collect_metrics()
+        records = _steps_without_host_sync(trainer, batches, 3)
         per_source = {k: v for k, v in records[-1].values.items() if k.count("/") == 2}
         assert set(per_source) == {"train/web/CrossEntropyLoss", "train/code/CrossEntropyLoss"}, per_source
         assert all(0 < v < 20 for v in per_source.values()), per_source
@@ -143,16 +141,7 @@ def test_spike_skipping_adds_no_host_sync(tmp_path, corpus):
     trainer, batches = _trainer(tmp_path, corpus, metrics_collect_interval=100, **settings)
     assert isinstance(trainer.optimizer, SkipStepAdamW)
     _train(trainer, batches, 10)  # the window fills (8 steps) and the detector is armed
-    ready = [next(batches) for _ in range(3)]
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for batch in ready:
-            trainer.state.global_step += 1
-            trainer.train_step(batch)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    trainer.collect_metrics()
+    _steps_without_host_sync(trainer, batches, 3)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.optimizer.step_factor = torch.zeros((), device="cuda")
     for p in trainer.model.parameters():

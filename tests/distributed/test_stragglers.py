@@ -6,8 +6,6 @@ name rank 1 within 50 steps, and the same run without the spinning thread must n
 import json
 from pathlib import Path
 
-import pytest
-
 from olmo.testing import run_torchrun, tiny_config_dict, write_byte_memmap, write_config
 
 SITECUSTOMIZE = """
