@@ -3,11 +3,9 @@
 ``--help`` shows the usage; the command is :mod:`olmo.cli.train`.
 """
 
-import sys
-
 from olmo.cli.train import main
-from olmo.util import prepare_cli_environment
+from olmo.util import exit_process, prepare_cli_environment
 
 if __name__ == "__main__":
     prepare_cli_environment()
-    sys.exit(main())
+    exit_process(main())

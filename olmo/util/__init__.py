@@ -120,6 +120,22 @@ def install_excepthook() -> None:
     sys.excepthook = _excepthook
 
 
+def exit_process(code: int) -> None:
+    """End a command with ``code``. In a process of a multi-process launch (``WORLD_SIZE`` > 1), after flushing
+    the logs and streams, without the interpreter's finalization: there, gloo's threads are now and then torn down
+    while still joinable, and the C++ runtime aborts a rank whose run had finished ("terminate called without an
+    active exception", exit -6; RESEARCH_LOG 2026-11-23 and 2026-11-25), which torchrun reports as a failure."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    sys.exit(code)
+
+
 def prepare_cli_environment() -> None:
     """Everything a script does before parsing its arguments."""
     install_excepthook()  # first: a launch environment that cannot work is reported by the next line
