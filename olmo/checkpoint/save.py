@@ -308,17 +308,21 @@ def _free_bytes(folder: Path) -> int:
 def _save_failed(tmp: Path, target: Path, e: BaseException) -> OLMoCheckpointError:
     """Remove a failed save's temporary directory and say what went wrong and what is still safe."""
     cause = root_cause(e)
+    fix = "Free some space (or fix the folder's permissions) and relaunch"
     if isinstance(cause, OSError):
         reason = describe_os_error(cause)
     elif _free_bytes(target.parent) < 2**20:  # measured before the partial files are removed
         reason = "no space left on the device"
     else:
         reason = f"{type(cause).__name__}: {cause}"
+        if isinstance(cause, dist.DistError) or "closed by peer" in str(cause) or "remote worker" in str(cause):
+            # A collective of the save failed: another rank died (its own log says why), not this folder.
+            fix = "Another rank of the job failed during the save (see its log); relaunch the job"
     shutil.rmtree(tmp, ignore_errors=True)
     return OLMoCheckpointError(
         f"Could not write checkpoint '{target}': {reason}. The partial save was removed and the committed "
-        f"checkpoints in '{target.parent}' are intact. Free some space (or fix the folder's permissions) and "
-        f"relaunch with --try_load_latest_save to continue from the newest committed checkpoint."
+        f"checkpoints in '{target.parent}' are intact. {fix} with --try_load_latest_save to continue from the "
+        f"newest committed checkpoint."
     )
 
 
