@@ -20,7 +20,7 @@ import torch
 from olmo.testing import free_port, run_train, tiny_config_dict, write_byte_memmap, write_config
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train.py"
-STEPS = 24
+STEPS = 16
 
 
 def _config(tmp_path: Path, name: str, data: Path) -> Path:
