@@ -23,7 +23,12 @@ def test_spans_are_clipped_to_the_instance_and_absent_metadata_is_none(tmp_path)
     assert instance_documents(str(tokens), 0, 10) == [{"id": "a", "start": 0, "end": 10}]
 
 
-@pytest.mark.parametrize("content", [b"not gzip at all", gzip.compress(b"start;end\n"), gzip.compress(b"x,y,z\n")])
+@pytest.mark.parametrize(
+    "content",
+    # mtime=0 keeps the bytes, and so the test ids, the same in every pytest-xdist worker.
+    [b"not gzip at all", gzip.compress(b"start;end\n", mtime=0), gzip.compress(b"x,y,z\n", mtime=0)],
+    ids=["not-gzip", "wrong-separator", "wrong-columns"],
+)
 def test_damaged_metadata_is_one_paragraph(tmp_path, content):
     tokens = tmp_path / "part.npy"
     np.zeros(64, dtype=np.uint16).tofile(tokens)
