@@ -161,7 +161,7 @@ class OursSide(Side):
         from olmo.distributed import DistEnv, build_model
         from olmo.optim import build_optimizer, build_scheduler
         from olmo.train import Trainer
-        from olmo.train.train_module import build_train_module
+        from olmo.train.build_module import build_train_module
         from olmo.util.rng import seed_all
 
         batch, seq = request["batch"], request["model"]["max_sequence_length"]

@@ -79,8 +79,8 @@ from olmo.exceptions import OLMoCliError
 from olmo.model import OLMo, describe_attention
 from olmo.optim import build_optimizer, build_scheduler
 from olmo.train import Trainer
+from olmo.train.build_module import build_train_module
 from olmo.train.metrics import PeakFlops, StepMetrics, device_peak_flops, model_flops_utilization, peak_memory_mb
-from olmo.train.train_module import build_train_module
 from olmo.util import REPO, env_world_size, machine_info, result_file_problem, write_result_file
 from olmo.util.rng import seed_all
 

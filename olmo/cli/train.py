@@ -36,8 +36,8 @@ from olmo.ladder.run_planner import format_plan, plan_run
 from olmo.model import describe_attention
 from olmo.optim import build_optimizer, build_scheduler
 from olmo.train import Trainer
+from olmo.train.build_module import build_train_module, train_module_class
 from olmo.train.stages import StagePlan, build_stage_dataloader, check_kl_reference, plan_stages
-from olmo.train.train_module import build_train_module, train_module_class
 from olmo.util import env_rank, env_world_size
 from olmo.util.rng import seed_all
 

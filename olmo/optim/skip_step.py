@@ -17,6 +17,8 @@ from typing import Any, Optional
 import torch
 from torch.distributed.tensor import DTensor
 
+from .lion import LionW
+
 __all__ = ["SkipStepAdamW", "SkipStepLionW", "StepFactorMixin"]
 
 
@@ -61,7 +63,7 @@ class SkipStepAdamW(StepFactorMixin, torch.optim.AdamW):
         return super().step(closure)
 
 
-class SkipStepLionW(StepFactorMixin, torch.optim.Optimizer):
+class SkipStepLionW(StepFactorMixin, LionW):
     """:class:`~olmo.optim.LionW` (without ``selective_updates``) whose update is scaled by :attr:`step_factor`."""
 
     def __init__(
@@ -71,29 +73,22 @@ class SkipStepLionW(StepFactorMixin, torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.99),
         weight_decay: float = 0.0,
     ):
-        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay)
 
-    @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, wd = group["lr"], group["weight_decay"]
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                param, grad = _local(p), _local(p.grad)
-                factor, keep = self._factor(param.device)
-                state = self.state[p]
-                if "exp_avg" not in state:
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                exp_avg = _local(state["exp_avg"])
-                grad = torch.where(keep, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
-                param.mul_(1.0 - lr * wd * factor)
-                update = exp_avg.mul(beta1).add_(grad, alpha=1.0 - beta1).sign_()
-                param.sub_(update * (lr * factor))
-                exp_avg.lerp_(grad, (1.0 - beta2) * factor)
-        return loss
+    def _update(
+        self,
+        p: torch.Tensor,
+        grad: torch.Tensor,
+        exp_avg: torch.Tensor,
+        lr: float,
+        weight_decay: float,
+        beta1: float,
+        beta2: float,
+    ) -> None:
+        param, grad, exp_avg = _local(p), _local(grad), _local(exp_avg)
+        factor, keep = self._factor(param.device)
+        grad = torch.where(keep, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+        param.mul_(1.0 - lr * weight_decay * factor)
+        update = exp_avg.mul(beta1).add_(grad, alpha=1.0 - beta1).sign_()
+        param.sub_(update * (lr * factor))
+        exp_avg.lerp_(grad, (1.0 - beta2) * factor)

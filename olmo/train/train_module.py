@@ -14,12 +14,11 @@ B*T instead, which under-weights label-masked fine-tuning batches.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
@@ -53,8 +52,6 @@ __all__ = [
     "BasicTrainModule",
     "EvalBatchSpec",
     "ReduceType",
-    "build_train_module",
-    "train_module_class",
 ]
 
 log = logging.getLogger(__name__)
@@ -148,7 +145,7 @@ class TrainModule(ABC):
         resumed in the middle of the stage. Sets :attr:`stage`. A module that honours ``kl_beta`` overrides
         this (:class:`olmo.train.kl.KLTrainModule`)."""
         if stage.kl_beta > 0:
-            raise _no_kl_penalty(type(self).__name__, stage.index)
+            raise no_kl_penalty_error(type(self).__name__, stage.index)
         self.stage = stage
 
     def on_optimizer_reset(self, step: int) -> None:
@@ -469,63 +466,8 @@ class BasicTrainModule(TrainModule):
         return logits if labels is None else per_token_cross_entropy(logits, labels.to(device))
 
 
-STAGED_TRAIN_MODULE = "olmo.train.kl.KLTrainModule"
-"""The train module of a run with ``stages`` when ``train_module`` is unset (named, not imported: it subclasses
-:class:`TransformerTrainModule`)."""
-
-
-def build_train_module(
-    cfg: TrainConfig,
-    env: DistEnv,
-    model: OLMo,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    train_module: Optional[Union[str, type[TrainModule]]] = None,
-) -> TrainModule:
-    """The run's train module: :class:`TransformerTrainModule` (:class:`olmo.train.kl.KLTrainModule` for a run with
-    ``stages``), or ``train_module`` (a class, or its dotted path ``package.module.ClassName``, or a class name of
-    this module) built by its :meth:`TrainModule.from_config`."""
-    cls = train_module_class(cfg, train_module)
-    return cls.from_config(cfg, env, model, optimizer, scheduler)
-
-
-def train_module_class(
-    cfg: TrainConfig, train_module: Optional[Union[str, type[TrainModule]]]
-) -> type[TrainModule]:
-    """The class :func:`build_train_module` builds; an :class:`OLMoConfigurationError` when it cannot be imported,
-    or when a stage has ``kl_beta > 0`` and the class does not train a KL penalty (call it before any work)."""
-    if train_module is None:
-        train_module = STAGED_TRAIN_MODULE if cfg.stages else TransformerTrainModule
-    cls = resolve_train_module_class(train_module)
-    kl_stages = [i for i, stage in enumerate(cfg.stages or []) if stage.kl_beta > 0]
-    if kl_stages and not cls.trains_kl_penalty:
-        raise _no_kl_penalty(repr(train_module), kl_stages[0])
-    return cls
-
-
-def _no_kl_penalty(module: str, stage_index: int) -> OLMoConfigurationError:
+def no_kl_penalty_error(module: str, stage_index: int) -> OLMoConfigurationError:
     return OLMoConfigurationError(
         f"train_module={module} does not train a KL penalty, but stages[{stage_index}].kl_beta > 0. Leave "
         f"train_module unset (staged runs use olmo.train.kl.KLTrainModule), or give a subclass of olmo.train.kl.KLTrainModule."
     )
-
-
-def resolve_train_module_class(name: Union[str, type[TrainModule]]) -> type[TrainModule]:
-    """The :class:`TrainModule` subclass ``name`` names (a dotted path, or a short name defined in this module);
-    an :class:`OLMoConfigurationError` when it does not import or is not a TrainModule subclass."""
-    if isinstance(name, str):
-        module_name, _, attr = name.rpartition(".")
-        try:
-            found = getattr(importlib.import_module(module_name or __name__), attr)
-        except (ImportError, AttributeError, ValueError) as e:
-            raise OLMoConfigurationError(
-                f"train_module: cannot import {name!r} ({e}). Give the dotted path of a TrainModule subclass, "
-                f"e.g. 'my_package.modules.MyTrainModule', importable from this environment."
-            ) from e
-    else:
-        found = name
-    if not (isinstance(found, type) and issubclass(found, TrainModule)):
-        raise OLMoConfigurationError(
-            f"train_module: {name!r} is {found!r}, not a subclass of olmo.train.train_module.TrainModule."
-        )
-    return found

@@ -61,7 +61,7 @@ class TrainerState:
 class Trainer:
     """Runs training for one config on one process (and, through FSDP, on many).
 
-    :param train_module: what one step does (see :func:`olmo.train.train_module.build_train_module`).
+    :param train_module: what one step does (see :func:`olmo.train.build_module.build_train_module`).
     :param train_loader: a DataLoader over :class:`olmo.data.IterableDataset`.
     """
 

@@ -13,7 +13,7 @@ from olmo.distributed import build_model, init_distributed, teardown_distributed
 from olmo.optim import build_optimizer, build_scheduler
 from olmo.testing import tiny_config_dict
 from olmo.train import Trainer
-from olmo.train.train_module import build_train_module
+from olmo.train.build_module import build_train_module
 from olmo.util.rng import seed_all
 
 SETTINGS = {

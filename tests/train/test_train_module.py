@@ -11,17 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-import olmo.train.train_module
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoConfigurationError
 from olmo.testing import run_torchrun, run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.train.build_module import build_train_module, resolve_train_module_class
 from olmo.train.train_module import (
     BasicTrainModule,
     EvalBatchSpec,
     ReduceType,
     TrainModule,
     TransformerTrainModule,
-    resolve_train_module_class,
 )
 
 TESTS = Path(__file__).resolve().parent
@@ -122,7 +121,7 @@ def test_custom_module_under_two_gloo_ranks_matches_one_process(tmp_path, corpus
         ("no_such_package.MyModule", "cannot import 'no_such_package.MyModule'"),
         ("olmo.train.train_module.NoSuchModule", "cannot import"),
         ("olmo.model.OLMo", "not a subclass of olmo.train.train_module.TrainModule"),
-        ("olmo.train.train_module.build_train_module", "not a subclass"),
+        ("olmo.train.build_module.build_train_module", "not a subclass"),
     ],
 )
 def test_a_bad_train_module_name_is_a_configuration_error(name, message):
@@ -144,7 +143,7 @@ def test_state_dict_round_trips_and_eval_batch_matches_the_model(tmp_path):
     env = init_distributed()
     model = build_model(cfg, env)
     optimizer = build_optimizer(cfg.optimizer, model)
-    module = olmo.train.train_module.build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
+    module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
     assert isinstance(module, TransformerTrainModule)
     state = module.state_dict()
     assert state["model"].keys() == model.state_dict().keys()

@@ -1,0 +1,72 @@
+"""Which :class:`~olmo.train.train_module.TrainModule` a run builds, from ``train_module`` and the run's stages."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Optional, Union
+
+import torch
+
+from ..config import TrainConfig
+from ..distributed.collectives import DistEnv
+from ..exceptions import OLMoConfigurationError
+from ..model import OLMo
+from . import train_module as _train_module
+from .train_module import TrainModule, TransformerTrainModule, no_kl_penalty_error
+
+__all__ = ["build_train_module", "train_module_class", "resolve_train_module_class", "STAGED_TRAIN_MODULE"]
+
+
+STAGED_TRAIN_MODULE = "olmo.train.kl.KLTrainModule"
+"""The train module of a run with ``stages`` when ``train_module`` is unset (named, not imported: it subclasses
+:class:`TransformerTrainModule`)."""
+
+
+def build_train_module(
+    cfg: TrainConfig,
+    env: DistEnv,
+    model: OLMo,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    train_module: Optional[Union[str, type[TrainModule]]] = None,
+) -> TrainModule:
+    """The run's train module: :class:`TransformerTrainModule` (:class:`olmo.train.kl.KLTrainModule` for a run with
+    ``stages``), or ``train_module`` (a class, or its dotted path ``package.module.ClassName``, or a class name of
+    :mod:`olmo.train.train_module`) built by its :meth:`TrainModule.from_config`."""
+    cls = train_module_class(cfg, train_module)
+    return cls.from_config(cfg, env, model, optimizer, scheduler)
+
+
+def train_module_class(
+    cfg: TrainConfig, train_module: Optional[Union[str, type[TrainModule]]]
+) -> type[TrainModule]:
+    """The class :func:`build_train_module` builds; an :class:`OLMoConfigurationError` when it cannot be imported,
+    or when a stage has ``kl_beta > 0`` and the class does not train a KL penalty (call it before any work)."""
+    if train_module is None:
+        train_module = STAGED_TRAIN_MODULE if cfg.stages else TransformerTrainModule
+    cls = resolve_train_module_class(train_module)
+    kl_stages = [i for i, stage in enumerate(cfg.stages or []) if stage.kl_beta > 0]
+    if kl_stages and not cls.trains_kl_penalty:
+        raise no_kl_penalty_error(repr(train_module), kl_stages[0])
+    return cls
+
+
+def resolve_train_module_class(name: Union[str, type[TrainModule]]) -> type[TrainModule]:
+    """The :class:`TrainModule` subclass ``name`` names (a dotted path, or a class name of :mod:`olmo.train.train_module`);
+    an :class:`OLMoConfigurationError` when it does not import or is not a TrainModule subclass."""
+    if isinstance(name, str):
+        module_name, _, attr = name.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module_name or _train_module.__name__), attr)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise OLMoConfigurationError(
+                f"train_module: cannot import {name!r} ({e}). Give the dotted path of a TrainModule subclass, "
+                f"e.g. 'my_package.modules.MyTrainModule', importable from this environment."
+            ) from e
+    else:
+        found = name
+    if not (isinstance(found, type) and issubclass(found, TrainModule)):
+        raise OLMoConfigurationError(
+            f"train_module: {name!r} is {found!r}, not a subclass of olmo.train.train_module.TrainModule."
+        )
+    return found
