@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ..config import TrainConfig
 from ..exceptions import OLMoCheckpointError
-from ..util import remove_path, unwritable_reason
+from ..util import lost_peer, remove_path, unwritable_reason
 from .files import MARKER, describe_os_error, read_marker, root_cause
 
 __all__ = [
@@ -315,7 +315,7 @@ def _save_failed(tmp: Path, target: Path, e: BaseException) -> OLMoCheckpointErr
         reason = "no space left on the device"
     else:
         reason = f"{type(cause).__name__}: {cause}"
-        if isinstance(cause, dist.DistError) or "closed by peer" in str(cause) or "remote worker" in str(cause):
+        if isinstance(cause, dist.DistError) or lost_peer(cause):
             # A collective of the save failed: another rank died (its own log says why), not this folder.
             fix = "Another rank of the job failed during the save (see its log); relaunch the job"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from ..exceptions import OLMoCliError
 from ..util.launch import LaunchEnv, launch_env
+from .store import fresh_namespace
 
 __all__ = ["DistEnv", "init_distributed", "teardown_distributed", "all_reduce", "barrier"]
 
@@ -89,12 +90,9 @@ def _cuda_index(launch: LaunchEnv) -> int:
 
 
 def _rendezvous_store(launch: LaunchEnv, timeout: timedelta) -> dist.Store:
-    """The store ``env://`` would give, under a prefix unique to this torchrun restart attempt.
-
-    After ``--max-restarts`` restarts the workers, the new attempt can share the TCP store with the dead
-    one; without the prefix, a new rank could read a dead peer's address and fail (gloo "Connection
-    refused") or hang (pytorch/pytorch#135712).
-    """
+    """The store ``env://`` would give, under a prefix that only this launch's workers share
+    (:func:`olmo.distributed.store.fresh_namespace`): after a torchrun restart the agent's store still holds the
+    dead attempt's keys, which a new rank would otherwise read (a dead peer's address: gloo "Connection refused")."""
     assert launch.master_addr is not None and launch.master_port is not None
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(
@@ -105,7 +103,7 @@ def _rendezvous_store(launch: LaunchEnv, timeout: timedelta) -> dist.Store:
         timeout=timeout,
         multi_tenant=not agent_hosts_store,
     )
-    return dist.PrefixStore(f"olmo/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+    return dist.PrefixStore(fresh_namespace(store, launch.rank, launch.world_size, timeout), store)
 
 
 def teardown_distributed() -> None:

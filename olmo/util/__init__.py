@@ -34,6 +34,7 @@ __all__ = [
     "is_url",
     "redact_url",
     "error_message",
+    "lost_peer",
     "resource_path",
     "LaunchEnv",
     "launch_env",
@@ -62,6 +63,21 @@ REPO = Path(__file__).resolve().parents[2]
 in place."""
 _URL = re.compile(r"^[a-z0-9]+://")
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+_LOST_PEER_SIGNS = (
+    "Connection reset by peer",  # gloo, the peer's socket closed mid-read
+    "Connection closed by peer",  # gloo
+    "remote worker",  # gloo's advice in both of the above
+    "NCCL communicator was aborted",
+    "ncclRemoteError",  # NCCL: a remote peer failed or disconnected
+)
+
+
+def lost_peer(e: BaseException) -> bool:
+    """Whether ``e`` is a collective that failed because another process of the job died (its connection closed);
+    that process's own log holds the real cause."""
+    if any(cls.__name__ == "DistNetworkError" for cls in type(e).__mro__):
+        return True
+    return any(sign in str(e) for sign in _LOST_PEER_SIGNS)
 
 
 class _RankFilter(logging.Filter):
@@ -110,6 +126,15 @@ def _excepthook(exctype: type[BaseException], value: BaseException, tb: Optional
             f"\n{exctype.__name__}: could not write '{getattr(value, 'filename', None)}': {reason}. Free "
             f"some space (or fix the permissions) and relaunch with --try_load_latest_save; committed "
             f"checkpoints are never modified after their commit.\n",
+            file=sys.stderr,
+        )
+    elif lost_peer(value):
+        # Not this rank's fault: the traceback would only point at the collective that noticed.
+        first_line = str(value).strip().splitlines()[0] if str(value).strip() else exctype.__name__
+        print(
+            f"\n{exctype.__name__}: this rank lost its connection to another process of the job ({first_line[:300]}). "
+            f"That process stopped first: its log says why. Relaunch the job with --try_load_latest_save (or let "
+            f"torchrun --max-restarts or the scheduler do it): it continues from the newest committed checkpoint.\n",
             file=sys.stderr,
         )
     else:

@@ -6,10 +6,8 @@
 * A rank that dies takes the whole torchrun job down instead of hanging it.
 * ``torchrun --max-restarts`` plus ``--try_load_latest_save`` is a working restart recipe.
 
-
-Every process a test starts carries a unique token in its environment; the ``finally`` of
-:func:`_launch` SIGKILLs every process holding it. That also catches torchrun's workers, which live
-in their own sessions and would survive a kill of the agent alone.
+Processes are started by :func:`olmo.testing.processes.launch`, which SIGKILLs everything a launch started when the
+test ends (torchrun's workers included, which live in their own sessions).
 """
 
 import json
@@ -17,12 +15,9 @@ import os
 import random
 import re
 import signal
-import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -30,7 +25,15 @@ import torch
 
 from olmo.checkpoint import MARKER, find_latest_checkpoint, list_checkpoints
 from olmo.data import read_data_indices
-from olmo.testing import free_port, run_torchrun, run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.testing import (
+    free_port,
+    processes,
+    run_torchrun,
+    run_train,
+    tiny_config_dict,
+    write_byte_memmap,
+    write_config,
+)
 
 KILL_CYCLES = int(os.environ.get("OLMO_KILL_CYCLES", 4))
 """SIGKILLed launches in the kill-during-save test. CI runs 4 (about 25 s); a nightly job sets
@@ -38,7 +41,6 @@ KILL_CYCLES = int(os.environ.get("OLMO_KILL_CYCLES", 4))
 KILL_SEED = int(os.environ.get("OLMO_KILL_SEED", 0))
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train.py"
-TOKEN_VAR = "OLMO_CRASH_TEST_TOKEN"
 BIGGER_MODEL = {"model.d_model": 128, "model.n_layers": 4}  # ~9 MB per checkpoint: saves take a while
 
 
@@ -65,52 +67,6 @@ def _config(root: Path, corpus, **overrides) -> Path:
 
 
 # -- processes ---------------------------------------------------------------------------------------
-def _pids_with_token(token: str) -> list[int]:
-    needle = f"{TOKEN_VAR}={token}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with suppress(OSError):  # gone, or a zombie
-                if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                    pids.append(int(entry))
-    return pids
-
-
-def _stat(pid: int) -> tuple[str, int]:
-    """(state, parent pid) of a process; the command name may hold spaces, so split after ')'."""
-    state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
-    return state, int(ppid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return _stat(pid)[0] != "Z"
-    except OSError:
-        return False
-
-
-@contextmanager
-def _launch(cmd: list[str], log: Path, **env_vars: str) -> Iterator[subprocess.Popen]:
-    """Start ``cmd`` in its own session, stdout+stderr appended to ``log``; on exit SIGKILL it and every
-    process it started (found by the token in their environment), whatever happened."""
-    token = uuid.uuid4().hex
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", TOKEN_VAR: token, **env_vars}
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield proc
-    finally:
-        for _ in range(100):
-            pids = _pids_with_token(token)
-            if not pids:
-                break
-            for pid in pids:
-                with suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
-        proc.wait(timeout=30)
-
-
 def _train_cmd(config: Path, *args: str) -> list[str]:
     return [sys.executable, str(SCRIPT), str(config), *args]
 
@@ -120,50 +76,6 @@ def _torchrun_cmd(config: Path, *args: str, rendezvous: tuple[str, ...] = ()) ->
     rendezvous = rendezvous or (f"--master_port={free_port()}",)
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", *rendezvous]
     return [*launcher, str(SCRIPT), str(config), *args]
-
-
-def _workers(agent: subprocess.Popen) -> dict[int, int]:
-    """{rank: pid} of the torchrun agent's live worker processes."""
-    workers = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        with suppress(OSError, ValueError, StopIteration):
-            state, ppid = _stat(int(entry))
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            if ppid == agent.pid and state != "Z" and b"train.py" in cmdline:
-                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-                rank = next(int(v[len(b"RANK=") :]) for v in environ if v.startswith(b"RANK="))
-                workers[rank] = int(entry)
-    return workers
-
-
-def _wait_until(
-    condition: Callable[[], object],
-    proc: subprocess.Popen,
-    log: Path,
-    what: str,
-    timeout: float = 120,
-    poll: float = 0.01,
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"exited ({proc.returncode}) before {what}:\n{_tail(log)}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} after {timeout} s:\n{_tail(log)}")
-        time.sleep(poll)
-
-
-def _returncode(proc: subprocess.Popen, log: Path, timeout: float) -> int:
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"still running after {timeout} s:\n{_tail(log)}")
-
-
-def _tail(log: Path, chars: int = 4000) -> str:
-    return log.read_text(errors="replace")[-chars:]
 
 
 # -- run folders -------------------------------------------------------------------------------------
@@ -215,16 +127,20 @@ def _launch_and_kill(cmd: list[str], run: Path, log: Path, kind: str, delay: flo
     """One launch, SIGKILLed ``delay`` seconds after it trains a step (or, unless ``kind`` is
     "anywhere", after the next save starts: its hidden temporary directory appears)."""
     lines_before = len(_metrics(run))
-    with _launch(cmd, log) as proc:
+    with processes.launch(cmd, log) as proc:
         # Armed only once a checkpoint exists: a kill before the first one hits the bug documented by
         # test_relaunch_after_a_kill_before_the_first_checkpoint_starts_over.
-        _wait_until(lambda: len(_metrics(run)) > lines_before and find_latest_checkpoint(run), proc, log, "step")
+        processes.wait_until(
+            lambda: len(_metrics(run)) > lines_before and find_latest_checkpoint(run), proc, log, "step"
+        )
         if kind != "anywhere":
             armed = _hidden_temp_dirs(run)
-            _wait_until(lambda: _hidden_temp_dirs(run) - armed, proc, log, "save", poll=0.001)
+            processes.wait_until(lambda: _hidden_temp_dirs(run) - armed, proc, log, "save", poll=0.001)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
-        assert proc.wait(timeout=30) == -signal.SIGKILL, f"the launch ended before its kill:\n{_tail(log)}"
+        assert proc.wait(timeout=30) == -signal.SIGKILL, (
+            f"the launch ended before its kill:\n{processes.tail(log)}"
+        )
 
 
 def _assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
@@ -257,13 +173,13 @@ def test_sigkill_at_random_moments_and_relaunch_ends_bitwise_like_an_uninterrupt
         if cycle < KILL_CYCLES:
             _launch_and_kill(cmd, run, log, *_kill_moment(cycle, rng))
         else:  # the last launch runs to the end
-            with _launch(cmd, log) as proc:
-                assert _returncode(proc, log, timeout=120) == 0, _tail(log)
+            with processes.launch(cmd, log) as proc:
+                assert processes.returncode(proc, log, timeout=120) == 0, processes.tail(log)
         _assert_every_visible_checkpoint_is_complete(run)
         kills_inside_a_save += bool(_hidden_temp_dirs(run) - temps_before)
         # The launch restored the newest committed checkpoint, then logged contiguous steps from it,
         # each with exactly the loss of the uninterrupted run.
-        assert _restored_from(log) == ([str(latest)] if latest else []), _tail(log)
+        assert _restored_from(log) == ([str(latest)] if latest else []), processes.tail(log)
         start = _step(latest) if latest else 0
         logged = _metrics(run)[lines_before:]
         assert [m["step"] for m in logged] == list(range(start + 1, start + 1 + len(logged))), (cycle, start)
@@ -278,8 +194,8 @@ def test_sigkill_at_random_moments_and_relaunch_ends_bitwise_like_an_uninterrupt
 def test_relaunch_after_a_kill_before_the_first_checkpoint_starts_over(tmp_path, corpus):
     config = _config(tmp_path, corpus, max_duration=1000, save_interval_unsharded=1000)
     run, log = tmp_path / "run", tmp_path / "launch.log"
-    with _launch(_train_cmd(config, "--try_load_latest_save"), log) as proc:
-        _wait_until(lambda: _metrics(run), proc, log, "training step")
+    with processes.launch(_train_cmd(config, "--try_load_latest_save"), log) as proc:
+        processes.wait_until(lambda: _metrics(run), proc, log, "training step")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     assert find_latest_checkpoint(run) is None
@@ -291,8 +207,8 @@ def test_relaunch_after_a_kill_before_the_first_checkpoint_starts_over(tmp_path,
 def test_data_index_log_stays_readable_after_a_kill_and_relaunch(tmp_path, corpus):
     config = _config(tmp_path, corpus, max_duration=1000, save_interval_unsharded=2)
     run, log = tmp_path / "run", tmp_path / "launch.log"
-    with _launch(_train_cmd(config), log) as proc:
-        _wait_until(lambda: find_latest_checkpoint(run), proc, log, "checkpoint")
+    with processes.launch(_train_cmd(config), log) as proc:
+        processes.wait_until(lambda: find_latest_checkpoint(run), proc, log, "checkpoint")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     resumed_at = _step(find_latest_checkpoint(run))
@@ -316,11 +232,11 @@ def test_relaunching_a_finished_run_is_a_no_op(tmp_path, corpus):
 def test_sigterm_to_one_rank_stops_both_ranks_at_the_same_step_with_a_checkpoint(tmp_path, corpus):
     config = _config(tmp_path, corpus, max_duration=100_000, save_interval_unsharded=None)
     run, log = tmp_path / "run", tmp_path / "torchrun.log"
-    with _launch(_torchrun_cmd(config), log) as agent:
-        _wait_until(lambda: len(_metrics(run)) >= 2, agent, log, "two training steps")
-        os.kill(_workers(agent)[1], signal.SIGTERM)
-        returncode = _returncode(agent, log, timeout=60)
-    output = _tail(log, 20_000)
+    with processes.launch(_torchrun_cmd(config), log) as agent:
+        processes.wait_until(lambda: len(_metrics(run)) >= 2, agent, log, "two training steps")
+        os.kill(processes.workers(agent)[1], signal.SIGTERM)
+        returncode = processes.returncode(agent, log, timeout=60)
+    output = processes.tail(log, 20_000)
     # torchrun does not pass a worker's exit code on: any non-zero exit of a worker is a failure, the
     # agent stops the other workers (SIGTERM) and itself exits 1 (ChildFailedError). Our code 75 shows
     # only in its report, as the root cause; the scheduler sees 1.
@@ -344,14 +260,14 @@ def test_sigterm_to_one_rank_stops_both_ranks_at_the_same_step_with_a_checkpoint
 def test_a_killed_rank_takes_the_whole_job_down_within_a_minute(tmp_path, corpus):
     config = _config(tmp_path, corpus, max_duration=100_000, save_interval_unsharded=None)
     run, log = tmp_path / "run", tmp_path / "torchrun.log"
-    with _launch(_torchrun_cmd(config), log) as agent:
-        _wait_until(lambda: len(_metrics(run)) >= 2, agent, log, "two training steps")
-        workers = _workers(agent)
+    with processes.launch(_torchrun_cmd(config), log) as agent:
+        processes.wait_until(lambda: len(_metrics(run)) >= 2, agent, log, "two training steps")
+        workers = processes.workers(agent)
         os.kill(workers[1], signal.SIGKILL)
         killed_at = time.monotonic()
-        returncode = _returncode(agent, log, timeout=60)
+        returncode = processes.returncode(agent, log, timeout=60)
         took = time.monotonic() - killed_at
-        survivor_alive = _alive(workers[0])
+        survivor_alive = processes.alive(workers[0])
     assert returncode != 0
     assert not survivor_alive, "torchrun exited but left rank 0 running"
     # The survivor's stop request (the agent's SIGTERM) must not publish a checkpoint from a broken world.
@@ -365,13 +281,13 @@ def test_a_frozen_rank_fails_the_job_after_the_distributed_timeout(tmp_path, cor
         tmp_path, corpus, max_duration=100_000, save_interval_unsharded=None, distributed_timeout_minutes=0.1
     )
     run, log = tmp_path / "run", tmp_path / "torchrun.log"
-    with _launch(_torchrun_cmd(config), log) as agent:
-        _wait_until(lambda: len(_metrics(run)) >= 2, agent, log, "two training steps")
-        workers = _workers(agent)
+    with processes.launch(_torchrun_cmd(config), log) as agent:
+        processes.wait_until(lambda: len(_metrics(run)) >= 2, agent, log, "two training steps")
+        workers = processes.workers(agent)
         os.kill(workers[1], signal.SIGSTOP)
         frozen_at = time.monotonic()
         try:
-            returncode = _returncode(agent, log, timeout=120)
+            returncode = processes.returncode(agent, log, timeout=120)
         finally:
             with suppress(ProcessLookupError):
                 os.kill(workers[1], signal.SIGCONT)
@@ -393,20 +309,20 @@ def test_torchrun_restart_resumes_from_the_newest_checkpoint_and_ends_like_an_un
     config = _config(tmp_path / "restarted", corpus, **overrides)
     run, log = tmp_path / "restarted/run", tmp_path / "torchrun.log"
     # The README's recipe with torchrun's default rendezvous. Before olmo.distributed gave each restart
-    # attempt its own store prefix, about half of these restarts failed: the new workers read a dead
-    # peer's address from the shared store (pytorch/pytorch#135712).
+    # attempt its own store namespace (olmo.distributed.store), about half of these restarts failed: the new
+    # workers read a dead peer's address from the shared store (pytorch/pytorch#135712).
     rendezvous = (f"--master_port={free_port()}", "--max-restarts=1")
     cmd = _torchrun_cmd(config, "--try_load_latest_save", rendezvous=rendezvous)
-    with _launch(cmd, log) as agent:
-        _wait_until(lambda: find_latest_checkpoint(run), agent, log, "checkpoint")
-        rank0 = _workers(agent)[0]
+    with processes.launch(cmd, log) as agent:
+        processes.wait_until(lambda: find_latest_checkpoint(run), agent, log, "checkpoint")
+        rank0 = processes.workers(agent)[0]
         os.kill(rank0, signal.SIGKILL)  # rank 0 commits checkpoints: once it is dead, none appears
-        _wait_until(lambda: not _alive(rank0), agent, log, "rank 0 gone", timeout=10)
+        processes.wait_until(lambda: not processes.alive(rank0), agent, log, "rank 0 gone", timeout=10)
         newest_at_kill = find_latest_checkpoint(run)
-        returncode = _returncode(agent, log, timeout=120)
-    assert returncode == 0, _tail(log)
+        returncode = processes.returncode(agent, log, timeout=120)
+    assert returncode == 0, processes.tail(log)
     assert newest_at_kill is not None and _step(newest_at_kill) < max_steps
-    assert _restored_from(log) == [str(newest_at_kill)], _tail(log)
+    assert _restored_from(log) == [str(newest_at_kill)], processes.tail(log)
     # First attempt: steps 1..m (m >= the newest checkpoint); after the restart: its step + 1 .. the end.
     resumed = _step(newest_at_kill)
     steps = [m["step"] for m in _metrics(run)]
