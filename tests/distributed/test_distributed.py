@@ -67,6 +67,16 @@ def test_fsdp_two_ranks_match_one_process_with_and_without_accumulation(tmp_path
             torch.testing.assert_close(value, reference_weights[key], rtol=1e-4, atol=1e-5, msg=f"{name} {key}")
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, corpus):
+    """9 steps in one process without a stop: the reference of the resume tests (saves change no number, and 2
+    ranks match one process to rtol 1e-5)."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    config = write_config(root / "c.yaml", tiny_config_dict(root / "run", corpus, max_duration=9))
+    assert run_train(config) == 0
+    return root / "run"
+
+
 @pytest.mark.parametrize(
     "save",
     [
@@ -76,13 +86,8 @@ def test_fsdp_two_ranks_match_one_process_with_and_without_accumulation(tmp_path
     ],
     ids=["sharded", "sharded_async", "unsharded"],
 )
-def test_checkpoint_from_two_ranks_resumes_on_one_and_back(tmp_path, corpus, save):
-    # Uninterrupted reference on 2 ranks.
-    full = write_config(
-        tmp_path / "full/c.yaml", tiny_config_dict(tmp_path / "full/run", corpus, max_duration=9, **save)
-    )
-    _check(run_torchrun(2, full))
-    # Same run in three launches: 2 ranks -> 1 process -> 2 ranks.
+def test_checkpoint_from_two_ranks_resumes_on_one_and_back(tmp_path, corpus, save, uninterrupted):
+    # The run of `uninterrupted` in three launches: 2 ranks -> 1 process -> 2 ranks.
     part = write_config(
         tmp_path / "part/c.yaml", tiny_config_dict(tmp_path / "part/run", corpus, max_duration=9, **save)
     )
@@ -90,9 +95,9 @@ def test_checkpoint_from_two_ranks_resumes_on_one_and_back(tmp_path, corpus, sav
     assert run_train(part, "--try_load_latest_save", "--stop_at=6") == 0
     _check(run_torchrun(2, part, "--try_load_latest_save"))
 
-    np.testing.assert_allclose(_losses(tmp_path / "part/run"), _losses(tmp_path / "full/run"), rtol=1e-5)
+    np.testing.assert_allclose(_losses(tmp_path / "part/run"), _losses(uninterrupted), rtol=1e-5)
     # Audit the data: every step trained on the same global batch, no instance skipped or repeated.
-    used, reference = _indices_by_step(tmp_path / "part/run"), _indices_by_step(tmp_path / "full/run")
+    used, reference = _indices_by_step(tmp_path / "part/run"), _indices_by_step(uninterrupted)
     assert sorted(used) == list(range(1, 10))
     for step in used:
         assert sorted(used[step]) == sorted(reference[step]), step

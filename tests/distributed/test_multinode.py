@@ -26,7 +26,7 @@ from olmo.checkpoint import find_latest_checkpoint
 from olmo.testing import free_port, processes, run_train, tiny_config_dict, write_byte_memmap, write_config
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train.py"
-STEPS = 16
+STEPS = 8
 
 
 def _config(tmp_path: Path, name: str, data: Path) -> Path:
@@ -35,7 +35,7 @@ def _config(tmp_path: Path, name: str, data: Path) -> Path:
         [str(data)],
         max_duration=STEPS,
         global_train_batch_size=16,
-        save_interval=4,
+        save_interval=2,
         save_interval_unsharded=STEPS,  # the final checkpoint is unsharded: its weights compare directly
         **{"fsdp.sharding_strategy": "HYBRID_SHARD"},
     )

@@ -287,19 +287,22 @@ def test_a_frozen_rank_fails_the_job_after_the_distributed_timeout(tmp_path, cor
         os.kill(workers[1], signal.SIGSTOP)
         frozen_at = time.monotonic()
         try:
-            returncode = processes.returncode(agent, log, timeout=120)
+            # Rank 0 gives up after the timeout. (torchrun then waits 30 s for the frozen rank to obey its SIGTERM
+            # before a SIGKILL; the test thaws it instead, so that it ends at once.)
+            processes.wait_until(lambda: not processes.alive(workers[0]), agent, log, "rank 0's exit", timeout=100)
+            took = time.monotonic() - frozen_at
         finally:
             with suppress(ProcessLookupError):
                 os.kill(workers[1], signal.SIGCONT)
-        took = time.monotonic() - frozen_at
+        returncode = processes.returncode(agent, log, timeout=60)
     assert returncode != 0
-    assert took < 100, f"the job took {took:.0f} s to fail"
-    print(f"torchrun exited {returncode} {took:.1f} s after rank 1 froze (timeout 6 s)")
+    assert took < 60, f"rank 0 took {took:.0f} s to give up"
+    print(f"rank 0 gave up {took:.1f} s after rank 1 froze (timeout 6 s); torchrun exited {returncode}")
 
 
 # -- 4. torchrun --max-restarts ----------------------------------------------------------------------
 def test_torchrun_restart_resumes_from_the_newest_checkpoint_and_ends_like_an_uninterrupted_run(tmp_path, corpus):
-    max_steps = 12
+    max_steps = 8
     overrides = {"save_interval_unsharded": 2, "max_duration": max_steps}
     reference = run_torchrun(2, _config(tmp_path / "reference", corpus, **overrides), timeout=120)
     assert reference.returncode == 0, reference.stderr[-4000:]
