@@ -6,7 +6,9 @@
 CONFIG defaults to configs/official/OLMo-300M.yaml. One optimizer step on a small random batch gives the
 optimizer its full state (two AdamW moments per parameter) before anything is measured. Every repeat saves and reloads a sharded (DCP) and an
 unsharded (torch.save) checkpoint through ``olmo.checkpoint.save_checkpoint`` / ``load_checkpoint``, exactly
-as the trainer does (including the fsync of every file and the atomic commit), then deletes them. As a
+as the trainer does (including the fsync of every file and the atomic commit), then writes every state tensor
+once (what the first optimizer step after a restart does: a load that left the state in a lazily copied memory map
+pays for it there), then deletes them. As a
 separate, raw measurement it also times ``torch.distributed.checkpoint.async_save`` of the same state (the
 trainer does not offer asynchronous saves yet): how long it blocks the caller (staging a copy of the state)
 and when the write is done, once with torch's default of new staging buffers per save and once with a
@@ -109,6 +111,18 @@ def tensor_bytes(obj: Any) -> int:
     return 0
 
 
+@torch.no_grad()
+def write_every_state_tensor(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Write every parameter and optimizer-state tensor once (``add_(0)``), as the first optimizer step after a load
+    does: a load that left the state in a lazily copied memory map pays for it here."""
+    for p in model.parameters():
+        p.add_(0)
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and value.dim():
+                value.add_(0)
+
+
 def disk_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -176,9 +190,16 @@ def run_repeat(
         on_disk[kind] = disk_bytes(path)
         info = inspect_checkpoint(str(path))
         seconds[f"load {kind}"], _ = timed(load_checkpoint, info, model, optimizer)
+        seconds[f"write {kind}"], _ = timed(write_every_state_tensor, model, optimizer)
         shutil.rmtree(path)
         gc.collect()
-        log.info("  %-9s save %.2f s, load %.2f s", kind, seconds[f"save {kind}"], seconds[f"load {kind}"])
+        log.info(
+            "  %-9s save %.2f s, load %.2f s, then a first write %.2f s",
+            kind,
+            seconds[f"save {kind}"],
+            seconds[f"load {kind}"],
+            seconds[f"write {kind}"],
+        )
     try:
         for kind, kind_stager in (("async", None), ("async reused", stager)):
             blocking, total = async_save_seconds(root / "async", model, optimizer, kind_stager)
@@ -193,8 +214,10 @@ def run_repeat(
 ROWS = [
     ("save sharded", "sync save, sharded (DCP)", "blocks the caller throughout"),
     ("load sharded", "load, sharded (DCP)", "page cache warm"),
+    ("write sharded", "first write of the state after it", "part of the first step after a restart"),
     ("save unsharded", "sync save, unsharded (torch.save)", "blocks the caller throughout"),
     ("load unsharded", "load, unsharded (torch.load)", "page cache warm"),
+    ("write unsharded", "first write of the state after it", "part of the first step after a restart"),
     ("async blocking", "async_save, new staging buffers: blocking", "raw DCP (torch default)"),
     ("async total", "async_save, new staging buffers: until written", "raw DCP (torch default)"),
     ("async reused blocking", "async_save, kept staging buffers: blocking", "what save_async blocks"),

@@ -41,10 +41,10 @@ from ..exceptions import OLMoCheckpointError, OLMoError
 from ..util import is_url, redact_url
 from ..util.checkpoint_dirs import STEP_DIR, CheckpointInfo, find_latest_checkpoint, list_checkpoints
 from ..util.remote_files import RemoteTimeoutError
+from .dcp_reader import DirectFileSystemReader
 from .files import (
     MARKER,
     ModelMismatchError,
-    SafeFileSystemReader,
     SafeLoadPlanner,
     check_shapes,
     check_trainer_state,
@@ -254,9 +254,37 @@ def load_checkpoint(
                 f"The optimizer state in '{info.path}' does not fit this optimizer ({e}). Pass "
                 f"--reset_optimizer_state to load the model weights only."
             ) from None
+        _unmap_optimizer_state(optimizer, optim_sd)
     if not load_trainer_state:
         return None
     return trainer_state(info)
+
+
+def _unmap_optimizer_state(optimizer: torch.optim.Optimizer, loaded: Any) -> None:
+    """Give the optimizer its own copy of every state tensor it took over from the memory-mapped ``optim.pt``.
+
+    ``load_state_file`` maps the file (no read up front), and on CPU the optimizer adopts those tensors as they are.
+    Its first step then writes every page of a private file mapping, and each write faults in a copy of its 4 KiB
+    page: 8-9 s for OLMo-300M's 3 GB of moments on the 2-core VM, paid by the first step after a restart
+    (RESEARCH_LOG 2026-11-26). A copy now, into ordinary memory, costs a fraction of that."""
+    mapped: set[int] = set()
+
+    def collect(obj: Any) -> None:
+        if type(obj) is torch.Tensor:  # a plain tensor (not a DTensor: those are built from copies)
+            if obj.device.type == "cpu" and obj.numel():
+                mapped.add(obj.untyped_storage().data_ptr())
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                collect(value)
+        elif isinstance(obj, (list, tuple)):
+            for value in obj:
+                collect(value)
+
+    collect(loaded)
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if type(value) is torch.Tensor and value.numel() and value.untyped_storage().data_ptr() in mapped:
+                state[key] = value.clone()
 
 
 def trainer_state(info: CheckpointInfo) -> dict[str, Any]:
@@ -295,7 +323,7 @@ def _load_sharded(
         state = {"model": get_model_state_dict(model)}
     check_shapes(info.path, sharded_model_shapes(folder), state["model"])
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(folder), planner=SafeLoadPlanner())
+        dcp.load(state, storage_reader=DirectFileSystemReader(folder), planner=SafeLoadPlanner())
     except CheckpointException as e:
         cause = root_cause(e)
         if isinstance(cause, OLMoError):

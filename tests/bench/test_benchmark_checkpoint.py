@@ -16,8 +16,10 @@ def test_smoke_benchmark_measures_every_kind_and_cleans_up(tmp_path):
     assert set(report["results"]) == {
         "save sharded",
         "load sharded",
+        "write sharded",
         "save unsharded",
         "load unsharded",
+        "write unsharded",
         "async blocking",
         "async total",
         "async reused blocking",
