@@ -33,8 +33,28 @@ def inv_sqrt(s):
     return LR * math.sqrt(W / max(W, s))
 
 
+D = 40  # the WSD decay: the last 40 steps before M
+
+
 def scheduler(name, **kwargs):
+    if name == SchedulerType.wsd:
+        kwargs.setdefault("t_decay", D)
     return build_scheduler(SchedulerConfig(name=name, t_warmup=W, alpha_f=ALPHA, **kwargs))
+
+
+WSD_SHAPES = {
+    "linear": lambda f: 1 - f,
+    "cosine": lambda f: (1 + math.cos(math.pi * f)) / 2,
+    "1-sqrt": lambda f: 1 - math.sqrt(f),
+}
+
+
+def wsd(s, shape="linear", decay=D):
+    if s < W:
+        return warm(s)
+    if s <= M - decay:
+        return LR
+    return ETA_MIN if s >= M else ETA_MIN + (LR - ETA_MIN) * WSD_SHAPES[shape]((s - (M - decay)) / decay)
 
 
 EXPECTED = {
@@ -55,6 +75,7 @@ EXPECTED = {
         if s >= M
         else ETA_MIN + (1 - (s - W) / (M - W)) * (LR - ETA_MIN) * (1 + math.cos(math.pi * (s - W) / (M - W))) / 2
     ),
+    SchedulerType.wsd: wsd,
 }
 
 
@@ -63,6 +84,24 @@ def test_schedule_matches_closed_form(name):
     sched = scheduler(name)
     for s in (0, 5, W - 1, W, 35, 60, 100, M, M + 50):
         assert sched.get_lr(LR, s, M) == pytest.approx(EXPECTED[name](s), rel=1e-12), s
+
+
+@pytest.mark.parametrize("shape", ["linear", "cosine", "1-sqrt"])
+def test_wsd_is_warmup_then_the_peak_then_its_decay(shape):
+    sched = scheduler(SchedulerType.wsd, decay_shape=shape)
+    for s in (0, 5, W, 50, M - D - 1, M - D, M - D + 1, 80, 95, M - 1, M, M + 50):
+        assert sched.get_lr(LR, s, M) == pytest.approx(wsd(s, shape), rel=1e-12), s
+    assert sched.get_lr(LR, M - D, M) == LR and sched.get_lr(LR, M, M) == pytest.approx(ETA_MIN)
+    # The decay hangs on the end: a run twice as long is at the peak where this one decays.
+    assert sched.get_lr(LR, M - 1, 2 * M) == LR
+    # t_decay 0: a stable run, the peak to its last step; t_max ends the decay instead of the run's length.
+    assert scheduler(SchedulerType.wsd, t_decay=0).get_lr(LR, M - 1, M) == LR
+    assert scheduler(SchedulerType.wsd, t_max=M).get_lr(LR, 95, 10 * M) == pytest.approx(wsd(95))
+
+
+def test_wsd_refuses_what_it_cannot_do():
+    with pytest.raises(OLMoConfigurationError, match="scheduler.name=wsd needs scheduler.t_decay"):
+        build_scheduler(SchedulerConfig(name=SchedulerType.wsd))
 
 
 def test_schedule_landmarks():

@@ -74,6 +74,15 @@ class SchedulerType(StrEnum):
     constant = "constant"
     constant_with_warmup = "constant_with_warmup"
     cosine_linear_envelope = "cosine_linear_envelope"
+    wsd = "wsd"
+
+
+class DecayShape(StrEnum):
+    """How a ``wsd`` schedule's final decay falls from the peak to ``alpha_f * lr``."""
+
+    linear = "linear"
+    cosine = "cosine"
+    one_minus_sqrt = "1-sqrt"
 
 
 class SchedulerUnits(StrEnum):
@@ -294,6 +303,12 @@ class SchedulerConfig:
     """See ``grad_clip_warmup_steps``."""
     warmup_min_lr: Optional[float] = None
     """Learning rate at step 0 of warmup; None means ``0.1 * learning_rate``."""
+    t_decay: Optional[Union[int, float]] = None
+    """``wsd`` only, and required there: the length of the final decay in ``units``, which ends at ``t_max`` (the
+    run's ``max_duration`` when null); before it the rate stays at the peak. 0: no decay (a stable run to branch
+    decays from)."""
+    decay_shape: DecayShape = DecayShape.linear
+    """``wsd`` only: the decay's shape, ``linear``, ``cosine`` or ``1-sqrt`` (``1 - sqrt(fraction)``)."""
 
 
 @dataclass

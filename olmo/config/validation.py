@@ -14,7 +14,7 @@ import logging
 import math
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..exceptions import OLMoConfigurationError
 from ..util import (
@@ -24,7 +24,15 @@ from ..util import (
 from ..util.tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
 from .data_sections import EvaluatorConfig
 from .data_validation import MEMMAP_DTYPES, data_location_problems, data_problems
-from .sections import EvaluatorType, FSDPWrapStrategy, TruncationDirection
+from .sections import (
+    DecayShape,
+    EvaluatorType,
+    FSDPWrapStrategy,
+    SchedulerConfig,
+    SchedulerType,
+    SchedulerUnits,
+    TruncationDirection,
+)
 from .stability import stability_problems
 from .stages import parse_duration_steps, stage_problems
 
@@ -187,6 +195,53 @@ def _batch_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     return out
 
 
+WSD_NEEDS_T_DECAY = (
+    "scheduler.name=wsd needs scheduler.t_decay: the length of the final decay, in scheduler.units, which ends "
+    "at the end of the run (or t_max). Set e.g. --scheduler.t_decay=1000 (0: no decay, a stable run to branch "
+    "decays from)."
+)
+
+
+def schedule_problems(s: SchedulerConfig, where: str, length: Optional[float]) -> list[str]:
+    """What is inconsistent in the schedule at ``where`` (``scheduler``, ``stages[1].scheduler``).
+
+    :param length: the schedule's span in its units (steps or tokens) when known before the data is opened.
+    """
+    out: list[str] = []
+    if s.name != SchedulerType.wsd:
+        for key, default in (("t_decay", None), ("decay_shape", DecayShape.linear)):
+            if getattr(s, key) != default:
+                out.append(
+                    f"{where}.{key}={getattr(s, key)} is used by {where}.name=wsd only, and the name is {s.name}. "
+                    f"Remove {key}, or set {where}.name=wsd."
+                )
+        return out
+    if s.t_decay is None:
+        return [WSD_NEEDS_T_DECAY.replace("scheduler.", f"{where}.")]
+    if s.t_decay < 0:
+        return [f"{where}.t_decay={s.t_decay} must be >= 0 (0: no decay)."]
+    end = s.t_max if s.t_max is not None else length
+    if end is not None and s.t_decay > 0 and end - s.t_decay < s.t_warmup:
+        span = f"{where}.t_max={s.t_max}" if s.t_max is not None else f"the run's length ({end:g} {s.units})"
+        out.append(
+            f"{where}.t_decay={s.t_decay} starts the decay at {end - s.t_decay:g} {s.units}, before the warmup ends "
+            f"({where}.t_warmup={s.t_warmup}); {span}. Use a t_decay of at most {end - s.t_warmup:g}, or a "
+            f"shorter warmup."
+        )
+    return out
+
+
+def _schedule_length(cfg: TrainConfig, duration: Any, s: SchedulerConfig) -> Optional[float]:
+    """``duration`` (steps or tokens; not epochs: they need the data) in the units of ``s``, else None."""
+    if duration is None or str(duration).strip().endswith("ep"):
+        return None
+    try:
+        steps = parse_duration_steps(duration, cfg.global_train_batch_size, cfg.tokens_per_batch, 0)
+    except OLMoConfigurationError:
+        return None  # reported by the duration's own check
+    return steps * cfg.tokens_per_batch if s.units == SchedulerUnits.tokens else steps
+
+
 def _optim_problems(cfg: TrainConfig) -> list[str]:
     o, s = cfg.optimizer, cfg.scheduler
     out: list[str] = []
@@ -205,6 +260,14 @@ def _optim_problems(cfg: TrainConfig) -> list[str]:
         out.append(f"optimizer.betas={list(o.betas)} must each be in [0, 1).")
     if s.t_warmup < 0:
         out.append(f"scheduler.t_warmup={s.t_warmup} must be >= 0.")
+    run_length = None if cfg.stages else _schedule_length(cfg, cfg.max_duration, s)
+    out += schedule_problems(s, "scheduler", run_length)
+    for i, stage in enumerate(cfg.stages or []):
+        if stage.scheduler is not None:
+            where = f"stages[{i}].scheduler"
+            out += schedule_problems(
+                stage.scheduler, where, _schedule_length(cfg, stage.max_duration, stage.scheduler)
+            )
     if s.warmup_min_lr is not None and not 0 <= s.warmup_min_lr < o.learning_rate:
         out.append(
             f"scheduler.warmup_min_lr={s.warmup_min_lr} must be in [0, optimizer.learning_rate={o.learning_rate})."

@@ -40,7 +40,7 @@ def fresh_namespace(store: dist.Store, rank: int, world_size: int, timeout: time
     if rank != 0:
         token = uuid.uuid4().hex
         store.set(f"olmo/ask/{rank}", token)
-        name = store.get(f"olmo/answer/{token}").decode()
+        name = store.get(f"olmo/answer/{token}").decode(errors="replace")
         store.set(f"olmo/{name}/joined/{rank}", "1")
         return f"olmo/{name}/"
     name = uuid.uuid4().hex
@@ -51,7 +51,7 @@ def fresh_namespace(store: dist.Store, rank: int, world_size: int, timeout: time
         for other in sorted(waiting):
             ask = f"olmo/ask/{other}"
             if store.check([ask]):
-                token = store.get(ask).decode()
+                token = store.get(ask).decode(errors="replace")
                 if answered.get(other) != token:  # a new token, or the first one seen (maybe a dead attempt's)
                     store.set(f"olmo/answer/{token}", name)
                     answered[other] = token

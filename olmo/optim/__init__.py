@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..config import OptimizerConfig, OptimizerType, SchedulerConfig, SchedulerType, TrainConfig
+from ..config.validation import WSD_NEEDS_T_DECAY
 from ..exceptions import OLMoConfigurationError
 from .lion import LionW
 
@@ -30,6 +31,7 @@ __all__ = [
     "ConstantScheduler",
     "ConstantWithWarmup",
     "ConstantWithWarmupScheduler",
+    "WSD",
     "CosLinearEnvelope",
     "CosWithWarmup",
     "InvSqrtWithWarmup",
@@ -315,6 +317,41 @@ class ConstantWithWarmup(_Schedule):
 ConstantWithWarmupScheduler = ConstantWithWarmup  # OLMo's name
 
 
+_DECAY_SHAPES: dict[str, Callable[[float], float]] = {
+    "linear": lambda fraction: 1.0 - fraction,
+    "cosine": lambda fraction: (1.0 + math.cos(math.pi * fraction)) / 2.0,
+    "1-sqrt": lambda fraction: 1.0 - math.sqrt(fraction),
+}
+"""The share of ``peak - alpha_f * peak`` left ``fraction`` (in [0, 1)) of the way through a WSD decay."""
+
+
+@dataclass(kw_only=True)
+class WSD(_Schedule):
+    """Warmup-stable-decay: linear warmup, the peak rate, then a decay over the last ``t_decay`` before ``t_max``
+    (the run's length when None) to ``alpha_f * lr``, shaped ``decay_shape``; ``alpha_f * lr`` from ``t_max`` on.
+
+    The rate at a step depends only on the step, the end and ``t_decay``, so every checkpoint taken before the decay
+    starts is also a checkpoint of any shorter run that decays later: resumed with a new ``max_duration`` (and
+    ``t_decay``), it finishes as that run would have (a *decay branch*).
+
+    :param t_decay: The decay's length, in the schedule's units; 0 never decays (a stable run).
+    :param decay_shape: ``linear``, ``cosine`` or ``1-sqrt``.
+    """
+
+    t_decay: int = 0
+    decay_shape: str = "linear"
+
+    def _after_warmup(self, initial_lr: float, step: int, max_steps: int) -> float:
+        end = self.t_max if self.t_max is not None else max_steps
+        if step <= end - self.t_decay:  # the decay's first point is the peak itself, exactly (bitwise branches)
+            return initial_lr
+        eta_min = initial_lr * self.alpha_f
+        if step >= end:
+            return eta_min
+        fraction = (step - (end - self.t_decay)) / self.t_decay
+        return eta_min + (initial_lr - eta_min) * _DECAY_SHAPES[str(self.decay_shape)](fraction)
+
+
 class ConstantScheduler(ConstantWithWarmup):
     """The peak learning rate throughout; ``warmup_steps`` is ignored."""
 
@@ -380,6 +417,7 @@ _SCHEDULES: dict[SchedulerType, Callable[..., Scheduler]] = {
     SchedulerType.constant_with_warmup: ConstantWithWarmup,
     SchedulerType.cosine_linear_envelope: CosLinearEnvelope,
     SchedulerType.max_scheduler: _max_of_cosine_and_inv_sqrt,
+    SchedulerType.wsd: WSD,
 }
 
 
@@ -406,4 +444,8 @@ def build_scheduler(cfg: SchedulerConfig | TrainConfig, sched_cfg: SchedulerConf
         "grad_clip_warmup_steps": None if clip_steps is None else int(clip_steps),
         "grad_clip_warmup_factor": sched_cfg.grad_clip_warmup_factor,
     }
+    if sched_cfg.name == SchedulerType.wsd:
+        if sched_cfg.t_decay is None:
+            raise OLMoConfigurationError(WSD_NEEDS_T_DECAY)
+        fields.update(t_decay=int(sched_cfg.t_decay), decay_shape=str(sched_cfg.decay_shape))
     return _SCHEDULES[sched_cfg.name](**fields)

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Optional
 
 from torch.utils.data import DataLoader
 
-from ..config import DEFAULT_MAX_DURATION, DataConfig, KLEstimator, SchedulerConfig, TrainConfig
+from ..config import DEFAULT_MAX_DURATION, DataConfig, KLEstimator, SchedulerConfig, SchedulerUnits, TrainConfig
 from ..config.stages import parse_duration_steps, stage_data_config, stage_sum_problem
+from ..config.validation import schedule_problems
 from ..exceptions import OLMoConfigurationError
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ __all__ = [
     "Stage",
     "StagePlan",
     "plan_stages",
+    "check_schedule_lengths",
     "boundary_checkpoint_name",
     "build_stage_dataloader",
     "find_boundary_checkpoint",
@@ -102,6 +104,27 @@ class StagePlan:
 def boundary_checkpoint_name(stage: Stage) -> str:
     """The directory (in ``save_folder``) of the checkpoint written at the first step of a KL stage."""
     return f"stage{stage.index}-step{stage.start_step}"
+
+
+def check_schedule_lengths(cfg: TrainConfig, plan: StagePlan) -> None:
+    """Refuse a ``wsd`` schedule whose decay would start inside its warmup, now that every length is known in steps
+    (validation checks durations in steps or tokens; one in epochs needs the data).
+
+    :raises OLMoConfigurationError: naming the schedule's keys and the longest ``t_decay`` that fits.
+    """
+
+    def span(steps: int, units: SchedulerUnits) -> int:
+        return steps * cfg.tokens_per_batch if units == SchedulerUnits.tokens else steps
+
+    problems = []
+    if any(stage.scheduler is None for stage in plan.stages):  # the run's schedule spans the whole run
+        problems += schedule_problems(cfg.scheduler, "scheduler", span(plan.total_steps, cfg.scheduler.units))
+    for stage in plan.stages:
+        if stage.scheduler is not None:
+            where = f"stages[{stage.index}].scheduler"
+            problems += schedule_problems(stage.scheduler, where, span(stage.num_steps, stage.scheduler.units))
+    if problems:
+        raise OLMoConfigurationError(" ".join(problems))
 
 
 def plan_stages(cfg: TrainConfig, num_instances: Optional[Callable[[DataConfig], int]] = None) -> StagePlan:

@@ -36,7 +36,15 @@ from .metrics import (
     fetch_metrics,
 )
 from .stability import StabilityMonitor, roll_back
-from .stages import Stage, StagePlan, boundary_checkpoint_name, build_stage_dataloader, order_dir_of, plan_stages
+from .stages import (
+    Stage,
+    StagePlan,
+    boundary_checkpoint_name,
+    build_stage_dataloader,
+    check_schedule_lengths,
+    order_dir_of,
+    plan_stages,
+)
 from .stop import EXIT_CODE_STOPPED, StopConditions
 from .stragglers import StragglerMonitor
 from .train_module import TrainModule
@@ -83,6 +91,7 @@ class Trainer:
         self._segment = stages.stages[0].segment  # train_loader is the first stage's data
         self.max_steps = stages.total_steps
         self._stop_at = self.max_steps  # the step fit() stops at (set when it starts)
+        check_schedule_lengths(cfg, stages)
         self.device_batch_size = cfg.device_batch_size(env.world_size)
         self.autocast_dtype = autocast_dtype(cfg, env.device)
         self.collect_steps = cfg.metrics_collect_steps(env.device)

@@ -281,3 +281,52 @@ def test_olmo_block_options_we_lack_fail_validation_with_the_reason(tmp_path, ov
 
     with pytest.raises(OLMoConfigurationError, match="not implemented"):
         OLMo(cfg.model)
+
+
+@pytest.mark.parametrize(
+    "overrides, pattern",
+    [
+        ({"scheduler.name": "wsd"}, r"scheduler\.name=wsd needs scheduler\.t_decay.*--scheduler\.t_decay=1000"),
+        ({"scheduler.name": "wsd", "scheduler.t_decay": -5}, r"scheduler\.t_decay=-5 must be >= 0"),
+        (
+            {"scheduler.name": "cosine_with_warmup", "scheduler.t_decay": 10},
+            r"scheduler\.t_decay=10 is used by scheduler\.name=wsd only.*Remove t_decay, or set scheduler\.name=wsd",
+        ),
+        (
+            {"scheduler.name": "linear_with_warmup", "scheduler.decay_shape": "1-sqrt"},
+            r"scheduler\.decay_shape=1-sqrt is used by scheduler\.name=wsd only",
+        ),
+        (  # 100 steps, warmup 30, decay 80: the decay would start at step 20
+            {"max_duration": 100, "scheduler.name": "wsd", "scheduler.t_warmup": 30, "scheduler.t_decay": 80},
+            r"scheduler\.t_decay=80 starts the decay at 20 steps, before the warmup ends \(scheduler\.t_warmup=30\); "
+            r"the run's length \(100 steps\)\. Use a t_decay of at most 70",
+        ),
+        (  # in tokens: 2 steps of 8 x 32 tokens
+            {
+                "max_duration": "512T",
+                "scheduler.name": "wsd",
+                "scheduler.units": "tokens",
+                "scheduler.t_warmup": 256,
+                "scheduler.t_decay": 300,
+            },
+            r"starts the decay at 212 tokens, before the warmup ends",
+        ),
+        (
+            {"stages": [{"max_duration": 10, "scheduler": {"name": "wsd", "t_warmup": 0}}]},
+            r"stages\[0\]\.scheduler\.name=wsd needs stages\[0\]\.scheduler\.t_decay",
+        ),
+    ],
+)
+def test_inconsistent_schedules_are_refused_naming_the_key(tmp_path, overrides, pattern):
+    cfg = TrainConfig.from_dict(tiny_config_dict(tmp_path, ["x.npy"], **overrides))
+    with pytest.raises(OLMoConfigurationError, match=pattern):
+        cfg.validate()
+
+
+def test_a_wsd_schedule_that_fits_validates(tmp_path):
+    for overrides in (
+        {"max_duration": 100, "scheduler.name": "wsd", "scheduler.t_warmup": 30, "scheduler.t_decay": 70},
+        {"max_duration": "1ep", "scheduler.name": "wsd", "scheduler.t_decay": 10**9},  # epochs: checked at start
+        {"max_duration": 100, "scheduler.name": "wsd", "scheduler.t_decay": 0, "scheduler.decay_shape": "cosine"},
+    ):
+        TrainConfig.from_dict(tiny_config_dict(tmp_path, ["x.npy"], **overrides)).validate()

@@ -128,6 +128,15 @@ def test_a_stage_scheduler_restarts_at_the_stage_and_spans_it(tmp_path, corpus):
     assert lr[7] == pytest.approx(peak * (1 - (4 - 2) / (4 - 2)), abs=1e-12)  # decayed to 0 at the stage's end
 
 
+def test_a_stage_can_anneal_with_its_own_wsd_decay(tmp_path, corpus):
+    stages = _stages(beta=0.0, data=False)
+    stages[1]["scheduler"] = {"name": "wsd", "t_warmup": 0, "t_decay": 2, "alpha_f": 0.0, "decay_shape": "1-sqrt"}
+    assert run_train(_config(tmp_path, corpus, stages=stages)) == 0
+    lr = [m["optim/learning_rate_group0"] for m in _metrics(tmp_path / "run")]
+    peak = 1e-2
+    assert lr[4:] == pytest.approx([peak, peak, peak * (1 - 0.5**0.5), 0.0], abs=1e-12)  # steps 1-4 of the stage
+
+
 def test_kl_reference_load_path_trains_only_the_kl_stage_from_an_existing_model(tmp_path, corpus):
     base = _config(tmp_path, corpus, "base", max_duration=4)
     assert run_train(base) == 0
