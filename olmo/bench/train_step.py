@@ -87,7 +87,7 @@ from olmo.util.rng import seed_all
 log = logging.getLogger("benchmark")
 
 SMOKE_MODEL_OVERRIDES = ["model.n_layers=2", "model.d_model=64"]
-SMOKE_DEFAULTS = {"batch": 4, "micro_batch": 2, "seq_len": 128, "steps": 5, "warmup": 3, "compile": False}
+SMOKE_DEFAULTS = {"batch": 4, "micro_batch": 2, "seq_len": 128, "steps": 3, "warmup": 2, "compile": False}
 PHASES = ("data", "prepare", "forward", "backward", "optimizer", "other")
 
 

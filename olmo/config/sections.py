@@ -64,6 +64,7 @@ class ActivationCheckpointingStrategy(StrEnum):
 class OptimizerType(StrEnum):
     lionw = "lionw"
     adamw = "adamw"
+    muon = "muon"
 
 
 class SchedulerType(StrEnum):
@@ -261,7 +262,8 @@ class ModelConfig:
 @dataclass
 class OptimizerConfig:
     name: OptimizerType = OptimizerType.lionw
-    """``adamw`` or ``lionw`` (OLMo's default)."""
+    """``adamw``, ``lionw`` (OLMo's default) or ``muon`` (Muon for the blocks' weight matrices, AdamW for the
+    rest, with ``betas``, ``eps`` and one ``learning_rate``; :mod:`olmo.optim.muon`)."""
     learning_rate: float = 1.0e-4
     """Peak learning rate."""
     weight_decay: float = 0.01
@@ -283,6 +285,15 @@ class OptimizerConfig:
     every step; per-parameter norms are not collected (a startup warning says so when this is set)."""
     record_update_metrics: bool = False
     """Accepted for OLMo compatibility; not collected yet."""
+    muon_momentum: float = 0.95
+    """``muon`` only: the momentum of the Muon matrices."""
+    muon_nesterov: bool = True
+    """``muon`` only: Nesterov momentum for the Muon matrices."""
+    muon_ns_steps: int = 5
+    """``muon`` only: Newton-Schulz iterations per orthogonalization."""
+    muon_rms_scale: float = 0.2
+    """``muon`` only: a Muon update is this times ``sqrt(max(rows, cols))`` times the orthogonalized matrix, which
+    matches AdamW's update RMS, so ``learning_rate`` serves both parts."""
 
 
 @dataclass

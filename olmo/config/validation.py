@@ -28,6 +28,7 @@ from .sections import (
     DecayShape,
     EvaluatorType,
     FSDPWrapStrategy,
+    OptimizerType,
     SchedulerConfig,
     SchedulerType,
     SchedulerUnits,
@@ -242,6 +243,37 @@ def _schedule_length(cfg: TrainConfig, duration: Any, s: SchedulerConfig) -> Opt
     return steps * cfg.tokens_per_batch if s.units == SchedulerUnits.tokens else steps
 
 
+_MUON_DEFAULTS = {"muon_momentum": 0.95, "muon_nesterov": True, "muon_ns_steps": 5, "muon_rms_scale": 0.2}
+
+
+def _muon_problems(cfg: TrainConfig) -> list[str]:
+    o = cfg.optimizer
+    if o.name != OptimizerType.muon:
+        return [
+            f"optimizer.{key}={getattr(o, key)} is used by optimizer.name=muon only, and the name is {o.name}. "
+            f"Remove {key}, or set optimizer.name=muon."
+            for key, default in _MUON_DEFAULTS.items()
+            if getattr(o, key) != default
+        ]
+    out = []
+    if not 0.0 <= o.muon_momentum < 1.0:
+        out.append(f"optimizer.muon_momentum={o.muon_momentum} must be in [0, 1).")
+    if o.muon_ns_steps < 1:
+        out.append(f"optimizer.muon_ns_steps={o.muon_ns_steps} must be at least 1 (5 is usual).")
+    if not o.muon_rms_scale > 0:
+        out.append(
+            f"optimizer.muon_rms_scale={o.muon_rms_scale} must be positive (0.2 matches AdamW's update RMS)."
+        )
+    if o.selective_updates:
+        out.append("optimizer.selective_updates=true is not supported with optimizer.name=muon; set it to false.")
+    if cfg.stability.skip_spikes.enabled:
+        out.append(
+            "stability.skip_spikes needs optimizer.name adamw or lionw; muon has no skip-step version yet. Turn "
+            "stability.skip_spikes.enabled off, or use adamw."
+        )
+    return out
+
+
 def _optim_problems(cfg: TrainConfig) -> list[str]:
     o, s = cfg.optimizer, cfg.scheduler
     out: list[str] = []
@@ -258,6 +290,7 @@ def _optim_problems(cfg: TrainConfig) -> list[str]:
             out.append(f"{name}={value} must be a number (or null to disable).")
     if not all(0.0 <= b < 1.0 for b in o.betas):
         out.append(f"optimizer.betas={list(o.betas)} must each be in [0, 1).")
+    out += _muon_problems(cfg)
     if s.t_warmup < 0:
         out.append(f"scheduler.t_warmup={s.t_warmup} must be >= 0.")
     run_length = None if cfg.stages else _schedule_length(cfg, cfg.max_duration, s)

@@ -88,9 +88,40 @@ def get_param_groups(cfg: OptimizerConfig, model: nn.Module) -> list[dict[str, A
     return groups
 
 
+def muon_param_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`get_param_groups`'s groups with the 2-D weights of the transformer blocks moved into a group of their
+    own with ``use_muon=True`` (weight decay as their decay group's); the embedding, the output layer, norms and
+    biases stay in AdamW groups. Empty groups are dropped."""
+    muon: list[tuple[str, nn.Parameter]] = []
+    out = []
+    muon_decay = 0.0
+    for group in groups:
+        mine = [(n, p) for n, p in group["params"] if p.dim() == 2 and ".blocks." in f".{n}"]
+        if mine:
+            muon += mine
+            muon_decay = group["weight_decay"]
+        taken = {id(p) for _, p in mine}
+        rest = [(n, p) for n, p in group["params"] if id(p) not in taken]
+        if rest:
+            out.append({**group, "params": rest, "use_muon": False})
+    if muon:
+        first = groups[0]
+        out.insert(
+            0,
+            {
+                **first,
+                "params": sorted(muon, key=lambda np_: np_[0]),
+                "weight_decay": muon_decay,
+                "use_muon": True,
+            },
+        )
+    return out
+
+
 OPTIMIZER_STATE_KEYS = {
     OptimizerType.adamw: frozenset({"step", "exp_avg", "exp_avg_sq"}),
     OptimizerType.lionw: frozenset({"exp_avg"}),
+    OptimizerType.muon: frozenset({"momentum_buffer", "step", "exp_avg", "exp_avg_sq"}),
 }
 """The per-parameter state each optimizer keeps (besides what gradient clipping adds), which tells whose state a
 checkpoint holds."""
@@ -109,6 +140,20 @@ def build_optimizer(cfg: OptimizerConfig, model: nn.Module, skip_steps: bool = F
     """
     groups = get_param_groups(cfg, model)
     betas = (float(cfg.betas[0]), float(cfg.betas[1]))
+    if cfg.name == OptimizerType.muon and not skip_steps:
+        from .muon import Muon
+
+        return Muon(
+            muon_param_groups(groups),
+            cfg.learning_rate,
+            betas,
+            cfg.eps,
+            cfg.weight_decay,
+            momentum=cfg.muon_momentum,
+            nesterov=cfg.muon_nesterov,
+            ns_steps=cfg.muon_ns_steps,
+            rms_scale=cfg.muon_rms_scale,
+        )
     if skip_steps:
         from .skip_step import SkipStepAdamW, SkipStepLionW
 

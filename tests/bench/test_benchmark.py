@@ -55,7 +55,7 @@ def test_smoke_benchmark_reports_consistent_throughput(tmp_path):
     }
     assert setup["peak_flops"] > 1e9, "the CPU peak is measured, so it is always known"
     synced = r["synced"]
-    assert len(synced["steps"]) == report["steps"] == 5 and len(r["warmup_step_times_s"]) == report["warmup"] == 3
+    assert len(synced["steps"]) == report["steps"] == 3 and len(r["warmup_step_times_s"]) == report["warmup"] == 2
     assert r["tokens_per_second"] > 0 and 0 < r["mfu"] <= 1
     assert r["tokens_per_second"] == pytest.approx(512 / r["step_time_s"])
     assert synced["tokens_per_second"] == pytest.approx(512 / synced["step_time_s"])

@@ -21,14 +21,14 @@ if rank == 1 and os.environ.get("THROTTLE_RANK_1"):
 """
 
 
-def _run(tmp_path: Path, throttle: bool) -> tuple[str, list[dict]]:
+def _run(tmp_path: Path, throttle: bool, steps: int) -> tuple[str, list[dict]]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "a.npy"
     write_byte_memmap(data, 100 * 16 * 64)
     cfg = tiny_config_dict(
         tmp_path / "run",
         [str(data)],
-        max_duration=27,
+        max_duration=steps,
         global_train_batch_size=16,
         device_train_microbatch_size=8,
         save_interval_unsharded=None,
@@ -54,12 +54,12 @@ def _run(tmp_path: Path, throttle: bool) -> tuple[str, list[dict]]:
 def test_a_throttled_rank_is_named_within_50_steps_and_an_unthrottled_run_names_nobody(tmp_path):
     # One test, the two runs one after the other: run side by side (pytest -n 2), the throttled run's spinning
     # thread would share a core with the other run's rank 1 and make it a real straggler.
-    output, rows = _run(tmp_path / "healthy", throttle=False)
+    output, rows = _run(tmp_path / "healthy", throttle=False, steps=27)
     assert "Straggler:" not in output, output[-3000:]
     skews = [r["throughput/rank_skew"] for r in rows if "throughput/rank_skew" in r]
     assert len(skews) == 9 and all(s >= 1.0 for s in skews)  # every 3 steps of 27, on rank 0's lines
 
-    output, rows = _run(tmp_path / "throttled", throttle=True)
+    output, rows = _run(tmp_path / "throttled", throttle=True, steps=15)  # named at step 9
     named = [line for line in output.splitlines() if "Straggler: rank 1" in line]
     assert named, output[-3000:]
     assert int(named[0].split("steps up to ")[1].split(")")[0]) <= 50, named[0]
