@@ -26,6 +26,8 @@ from typing import Any, Optional
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from .local import local_tensor
+
 __all__ = ["Muon", "newton_schulz", "NS_COEFFICIENTS"]
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -44,10 +46,6 @@ def newton_schulz(g: torch.Tensor, steps: int) -> torch.Tensor:
         gram = x @ x.T
         x = a * x + (b * gram + c * (gram @ gram)) @ x
     return x.T if tall else x
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class Muon(torch.optim.Optimizer):
@@ -116,7 +114,7 @@ class Muon(torch.optim.Optimizer):
         buf, mu = state["momentum_buffer"], group["momentum"]
         grad = p.grad
         assert grad is not None
-        _local(buf).mul_(mu).add_(_local(grad))
+        local_tensor(buf).mul_(mu).add_(local_tensor(grad))
         direction = grad.add(buf, alpha=mu) if group["nesterov"] else buf
         update: torch.Tensor
         if isinstance(direction, DTensor):
@@ -126,9 +124,9 @@ class Muon(torch.optim.Optimizer):
             update = newton_schulz(direction, group["ns_steps"])
         lr, wd = group["lr"], group["weight_decay"]
         scale = group["rms_scale"] * math.sqrt(max(p.shape[0], p.shape[1]))
-        param = _local(p)
+        param = local_tensor(p)
         param.mul_(1.0 - lr * wd)
-        param.add_(_local(update).to(param.dtype), alpha=-lr * scale)
+        param.add_(local_tensor(update).to(param.dtype), alpha=-lr * scale)
 
     def _adamw_update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
         state = self.state[p]
@@ -141,8 +139,8 @@ class Muon(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         assert p.grad is not None
-        param, grad = _local(p), _local(p.grad)
-        exp_avg, exp_avg_sq = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
+        param, grad = local_tensor(p), local_tensor(p.grad)
+        exp_avg, exp_avg_sq = local_tensor(state["exp_avg"]), local_tensor(state["exp_avg_sq"])
         param.mul_(1.0 - lr * wd)
         exp_avg.lerp_(grad, 1.0 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)

@@ -15,16 +15,11 @@ from collections.abc import Callable, Iterable
 from typing import Any, Optional
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from .lion import LionW
+from .local import local_tensor
 
 __all__ = ["SkipStepAdamW", "SkipStepLionW", "StepFactorMixin"]
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor this rank holds (an FSDP2 parameter's shard); elementwise math on it updates the parameter."""
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class StepFactorMixin:
@@ -85,7 +80,7 @@ class SkipStepLionW(StepFactorMixin, LionW):
         beta1: float,
         beta2: float,
     ) -> None:
-        param, grad, exp_avg = _local(p), _local(grad), _local(exp_avg)
+        param, grad, exp_avg = local_tensor(p), local_tensor(grad), local_tensor(exp_avg)
         factor, keep = self._factor(param.device)
         grad = torch.where(keep, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
         param.mul_(1.0 - lr * weight_decay * factor)
