@@ -212,7 +212,7 @@ def original_style_schedulers():
     }
 
 
-@pytest.mark.parametrize("name", list(SchedulerType))
+@pytest.mark.parametrize("name", [n for n in SchedulerType if n != SchedulerType.wsd])  # wsd is not OLMo's
 def test_schedulers_built_with_olmo_names_equal_ours(name, config):
     sched_cfg = SchedulerConfig(
         name=name, t_warmup=10, alpha_f=0.1, grad_clip_warmup_steps=5, grad_clip_warmup_factor=3.0

@@ -45,6 +45,13 @@ SETTINGS = {
     "by_size_fused_loss": {"fsdp.wrapping_strategy": "by_block_and_size", "fused_loss": True},
     "tied_by_size": {"model.weight_tying": True, "fsdp.wrapping_strategy": "by_block_and_size"},
     "collect_every_2": {"metrics_collect_interval": 2},
+    # Muon gathers each matrix: a 2-D mesh (replicas x shards) and plain replicas (DDP) too.
+    "muon_hybrid": {
+        "optimizer.name": "muon",
+        "fsdp.sharding_strategy": "HYBRID_SHARD",
+        "fsdp.hybrid_sharding_num_model_replicas": 2,
+    },
+    "muon_ddp": {"optimizer.name": "muon", "distributed_strategy": "ddp"},
     # Dropout masks depend on how rows are split over ranks, so these two are compared with each other.
     "dropout": {"model.residual_dropout": 0.1, "model.attention_dropout": 0.1},
     "dropout_checkpoint_whole_layer": {

@@ -59,7 +59,7 @@ def test_a_throttled_rank_is_named_within_50_steps_and_an_unthrottled_run_names_
     skews = [r["throughput/rank_skew"] for r in rows if "throughput/rank_skew" in r]
     assert len(skews) == 9 and all(s >= 1.0 for s in skews)  # every 3 steps of 27, on rank 0's lines
 
-    output, rows = _run(tmp_path / "throttled", throttle=True, steps=15)  # named at step 9
+    output, rows = _run(tmp_path / "throttled", throttle=True, steps=27)
     named = [line for line in output.splitlines() if "Straggler: rank 1" in line]
     assert named, output[-3000:]
     assert int(named[0].split("steps up to ")[1].split(")")[0]) <= 50, named[0]
