@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..config import OptimizerConfig, OptimizerType, SchedulerConfig, SchedulerType, TrainConfig
-from ..config.validation import WSD_NEEDS_T_DECAY
+from ..config.optim_validation import WSD_NEEDS_T_DECAY
 from ..exceptions import OLMoConfigurationError
 from .lion import LionW
 

@@ -47,8 +47,6 @@ class LionW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, weight_decay = group["lr"], group["weight_decay"]
-            beta1, beta2 = group["betas"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -56,20 +54,13 @@ class LionW(torch.optim.Optimizer):
                 # By key, not ``len(state)``: the state may already hold clip_grads' grad-norm average.
                 if "exp_avg" not in state:
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                self._update(p, p.grad, state["exp_avg"], lr, weight_decay, beta1, beta2)
+                self._update(p, p.grad, state["exp_avg"], group)
         return loss
 
-    def _update(
-        self,
-        p: torch.Tensor,
-        grad: torch.Tensor,
-        exp_avg: torch.Tensor,
-        lr: float,
-        weight_decay: float,
-        beta1: float,
-        beta2: float,
-    ) -> None:
-        """One parameter's update, in place on ``p`` and its momentum ``exp_avg``."""
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, group: dict[str, Any]) -> None:
+        """One parameter's update, in place on ``p`` and its momentum ``exp_avg``, with ``group``'s settings."""
+        lr, weight_decay = group["lr"], group["weight_decay"]
+        beta1, beta2 = group["betas"]
         mask = (grad != 0).to(p.dtype) if self.selective_updates else 1.0
         p.mul_(1.0 - mask * (lr * weight_decay))
         update = exp_avg.mul(beta1).add_(grad, alpha=1.0 - beta1).sign_()

@@ -70,16 +70,9 @@ class SkipStepLionW(StepFactorMixin, LionW):
     ):
         super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay)
 
-    def _update(
-        self,
-        p: torch.Tensor,
-        grad: torch.Tensor,
-        exp_avg: torch.Tensor,
-        lr: float,
-        weight_decay: float,
-        beta1: float,
-        beta2: float,
-    ) -> None:
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, group: dict[str, Any]) -> None:
+        lr, weight_decay = group["lr"], group["weight_decay"]
+        beta1, beta2 = group["betas"]
         param, grad, exp_avg = local_tensor(p), local_tensor(grad), local_tensor(exp_avg)
         factor, keep = self._factor(param.device)
         grad = torch.where(keep, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Optional
 from torch.utils.data import DataLoader
 
 from ..config import DEFAULT_MAX_DURATION, DataConfig, KLEstimator, SchedulerConfig, SchedulerUnits, TrainConfig
+from ..config.optim_validation import schedule_problems
 from ..config.stages import parse_duration_steps, stage_data_config, stage_sum_problem
-from ..config.validation import schedule_problems
 from ..exceptions import OLMoConfigurationError
 
 if TYPE_CHECKING:
