@@ -2,7 +2,7 @@
 
     python scripts/ladder.py dry-run CONFIG [--size S ...] [--json] [--key.path=value ...]
     python scripts/ladder.py plot-lr CONFIG [--size S ...] --out DIR
-    python scripts/ladder.py run CONFIG --size S [--overwrite] [--benchmark [--steps 20] [--warmup 5]]
+    python scripts/ladder.py run CONFIG --size S [--budget M ...] [--overwrite] [--benchmark [--steps 20] [--warmup 5]]
     torchrun --nproc_per_node=N scripts/ladder.py run CONFIG --size S
     python scripts/ladder.py status CONFIG [--json]
     python scripts/ladder.py results CONFIG [--json] [--out DIR]
@@ -19,13 +19,19 @@ the config apply to the ladder, in the train script's syntax: --dir=/tmp/ladder,
 * plot-lr: DIR/lr_SIZE.png, each size's learning rate over steps and tokens.
 * run: trains one size with scripts/train.py's code into DIR/SIZE/ (its config is written to
   DIR/configs/SIZE.yaml), resuming from its newest checkpoint (--overwrite starts it over). The launch must have
-  as many processes as the size's planned devices. --benchmark instead runs scripts/benchmark.py on it (no
+  as many processes as the size's planned devices. With budgets, it trains the stable phase into DIR/SIZE/stable
+  (stopping at each branch point in turn, where it checkpoints), then each budget's decay branch from its
+  checkpoint into DIR/SIZE/budget-Mx (config DIR/configs/SIZE-budget-Mx.yaml); finished parts are skipped, so a
+  rerun resumes where it stopped. --budget M (repeatable) trains only those budgets (the stable phase up to the
+  latest of their branch points). --benchmark instead runs scripts/benchmark.py on it (no
   checkpoints, no evaluations, a hard stop after --warmup + 2 x --steps steps) and reports tokens/s and MFU.
 * status: per size, its expected checkpoints (✔ written, ✘ not yet) with step, tokens and path, the metrics at
-  each, and the latest metrics.
-* results: per size, the final training loss, evaluation metrics, tokens and FLOPs; the fit of
-  L(C) = E + A * C^(-alpha) (and the Chinchilla form when the runs allow it) with 1-sigma errors; the predicted loss
-  of the next sizes. --out DIR writes results.json, results.md and loss_vs_compute.png; --json prints only the JSON.
+  each, and the latest metrics; with budgets, the stable run's checkpoints and each branch's progress.
+* results: per size (per size and budget with budgets), the final training loss, evaluation metrics, tokens and
+  FLOPs; the fit of L(C) = E + A * C^(-alpha), and of L(N, D) = E + A * N^(-alpha) + B * D^(-beta) when at least
+  six runs vary parameters and tokens independently, with 1-sigma errors; the predicted loss of the next sizes
+  (by both fits), beside their measured loss once they have run; with budgets, the compute of the stable runs and
+  branches against separate runs to every budget. --out DIR writes results.json, results.md and loss_vs_compute.png; --json prints only the JSON.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from olmo.cli.train import main as train_main
 from olmo.data import build_memmap_dataset
 from olmo.exceptions import OLMoCliError
 from olmo.ladder.config import LadderConfig, load_ladder
-from olmo.ladder.plan import Rung, plan_ladder, write_rung_config
+from olmo.ladder.plan import Branch, Rung, plan_ladder, write_rung_config
 from olmo.ladder.report import (
     format_results,
     format_status,
@@ -51,8 +57,9 @@ from olmo.ladder.report import (
     plot_lr,
     rung_status,
 )
-from olmo.ladder.run_planner import format_plan
+from olmo.ladder.run_planner import format_count, format_plan
 from olmo.util import env_rank, env_world_size, unwritable_reason
+from olmo.util.checkpoint_dirs import list_checkpoints
 
 log = logging.getLogger("ladder")
 
@@ -73,6 +80,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
             sub.add_argument("--out", required=name == "plot-lr", help="folder for the PNG (and results) files")
         if name == "run":
             sub.add_argument("--overwrite", action="store_true", help="start the size over instead of resuming it")
+            sub.add_argument(
+                "--budget", type=float, action="append", help="with budgets: train only this one (repeatable)"
+            )
             sub.add_argument("--benchmark", action="store_true", help="measure throughput instead of training")
             sub.add_argument("--steps", type=int, default=20, help="benchmark: measured steps (run twice)")
             sub.add_argument("--warmup", type=int, default=5, help="benchmark: unmeasured steps first")
@@ -118,14 +128,26 @@ def describe_rung(rung: Rung) -> str:
         f"{plan.grad_accum_steps} accumulation step(s)"
     )
     steps = ", ".join(f"{s:,}" for s in rung.checkpoint_steps)
-    return "\n".join(
-        [
-            head,
-            format_plan(plan),
-            f"  global batch: {target}",
-            f"  checkpoints: steps {steps} in {rung.save_folder}",
-        ]
-    )
+    lines = [
+        head,
+        format_plan(plan),
+        f"  global batch: {target}",
+        f"  checkpoints: steps {steps} in {rung.save_folder}",
+    ]
+    for b in rung.branches:
+        lines.append(
+            f"  budget {b.multiple:g}x: {b.steps:,} steps ({format_count(b.steps * plan.global_batch_size_tokens)} "
+            f"tokens), decaying over the last {b.decay_steps:,} from the stable run's step {b.start_step:,}, in "
+            f"{b.save_folder}"
+        )
+    compute = rung.compute()
+    if compute is not None:
+        lines.append(
+            f"  compute: stable {format_count(compute['stable_flops'])} + branches "
+            f"{format_count(compute['branches_flops'])} = {format_count(compute['total_flops'])} FLOPs, against "
+            f"{format_count(compute['separate_runs_flops'])} for separate runs ({compute['saving']:.2f}x as much)"
+        )
+    return "\n".join(lines)
 
 
 def run(ladder: LadderConfig, args: argparse.Namespace) -> int:
@@ -141,12 +163,15 @@ def run(ladder: LadderConfig, args: argparse.Namespace) -> int:
             f"torchrun --nproc_per_node={devices} (or --nnodes x --nproc_per_node = {devices}), or plan it for "
             f"{world_size} with --max_devices={world_size} if its batch allows."
         )
+    branches = _selected_branches(rung, args.budget)
     # The training data is checked (its files, not their tokens) before the size's config is written.
     build_memmap_dataset(rung.cfg, rung.cfg.data, include_instance_metadata=False).validate(
         rung.cfg.model.vocab_size, scan_max_tokens=0
     )
     path = write_rung_config(ladder, rung)
     log.info("Size %s: train config %s, save folder %s.", rung.name, path, rung.save_folder)
+    if branches and not args.benchmark:
+        return _run_branches(ladder, rung, branches, path, args.overwrite)
     if not args.benchmark:
         flags = ["--save_overwrite"] if args.overwrite else ["--try_load_latest_save"]
         return train_main([str(path), *flags])
@@ -177,6 +202,64 @@ def run(ladder: LadderConfig, args: argparse.Namespace) -> int:
             out,
         )
     return code
+
+
+def _selected_branches(rung: Rung, budgets: Optional[list[float]]) -> list[Branch]:
+    """The branches ``--budget`` names (all when None).
+
+    :raises OLMoCliError: for ``--budget`` on a size without budgets, or a budget it does not have.
+    """
+    if budgets is None:
+        return rung.branches
+    have = {b.multiple: b for b in rung.branches}
+    unknown = [m for m in budgets if m not in have]
+    if unknown:
+        listing = ", ".join(f"{m:g}" for m in have) or "none (the ladder has no budgets)"
+        raise OLMoCliError(
+            f"--budget {', '.join(f'{m:g}' for m in unknown)}: size {rung.name!r} has budgets {listing}. Pick one "
+            f"of them, or add it to the ladder's budgets."
+        )
+    return [have[m] for m in sorted(set(budgets))]
+
+
+def _run_branches(ladder: LadderConfig, rung: Rung, branches: list[Branch], stable: Path, overwrite: bool) -> int:
+    """Train the stable phase up to each branch point in turn (each stop writes its checkpoint), then each branch
+    from its checkpoint; what is already there is kept (``overwrite``: everything is started over)."""
+    flags = ["--save_overwrite"] if overwrite else ["--try_load_latest_save"]
+    for point in sorted({b.start_step for b in branches}):
+        saved = {c.step for c in list_checkpoints(rung.save_folder) if not c.ephemeral}
+        if point in saved and not overwrite:
+            log.info("Size %s: the stable run's checkpoint at step %d is there.", rung.name, point)
+            continue
+        if saved and max(saved) > point and not overwrite:
+            raise OLMoCliError(
+                f"Size {rung.name!r}: the stable run in {rung.save_folder} is past step {point} (at {max(saved)}) "
+                f"but has no checkpoint at it, which a budget branches from. Rerun with --overwrite to train the "
+                f"stable phase again, or drop that budget with --budget."
+            )
+        log.info("Size %s: training the stable phase to step %d.", rung.name, point)
+        code = train_main([str(stable), *flags, f"--stop_at={point}"])
+        if code:
+            return code
+        flags = ["--try_load_latest_save"]
+    for branch in branches:
+        path = write_rung_config(ladder, rung, branch)
+        done = {c.step for c in list_checkpoints(branch.save_folder) if not c.ephemeral}
+        if branch.steps in done and not overwrite:
+            log.info("Size %s, budget %gx: finished (%s).", rung.name, branch.multiple, branch.save_folder)
+            continue
+        log.info(
+            "Size %s, budget %gx: decaying from step %d to %d into %s.",
+            rung.name,
+            branch.multiple,
+            branch.start_step,
+            branch.steps,
+            branch.save_folder,
+        )
+        code = train_main([str(path), "--save_overwrite" if overwrite else "--try_load_latest_save"])
+        if code:
+            return code
+    return 0
 
 
 def _output_folder(out: str) -> Path:

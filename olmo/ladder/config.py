@@ -22,6 +22,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from ..config.cli import config_error, load_structured
 from ..config.resolvers import register_resolvers
+from ..config.sections import DecayShape
 from ..exceptions import OLMoConfigurationError
 
 __all__ = ["NAMED_SIZES", "SizeSpec", "BatchRule", "LRRule", "LadderConfig", "load_ladder"]
@@ -69,6 +70,8 @@ class SizeSpec:
     """Instances per device per forward pass instead of the largest power of two that fits the device."""
     learning_rate: Optional[float] = None
     """Peak learning rate instead of the LR rule."""
+    budgets: Optional[list[float]] = None
+    """This size's token budgets instead of the ladder's ``budgets`` (``[]``: one run with the base schedule)."""
 
     @property
     def model_fields(self) -> dict[str, int]:
@@ -157,6 +160,18 @@ class LadderConfig:
     """Checkpoints (and evaluations) per size, evenly spaced in steps; the last is at the final step."""
     sharded_checkpoints: bool = False
     """Save sharded checkpoints (``stepN/``) instead of unsharded ones (``stepN-unsharded/``)."""
+    budgets: list[float] = field(default_factory=list)
+    """Token budgets per size, as multiples of its length (``chinchilla_multiple`` x 20 N tokens, or its own
+    ``max_duration``), e.g. ``[1, 2, 4]``. Empty: one run per size, with the base config's schedule. Given: each size
+    trains a warmup-stable-decay schedule's stable phase once (``dir/SIZE/stable``, up to the largest budget's
+    decay), and from its checkpoints one decay branch per budget (``dir/SIZE/budget-2x``: an ordinary resume with a
+    new ``max_duration`` and ``scheduler.t_decay``), each a finished model at its budget."""
+    decay_fraction: float = 0.2
+    """With ``budgets``: each branch's decay (``scheduler.t_decay``) as a fraction of its budget; 0.1 to 0.2 is usual
+    (the branch starts at ``(1 - decay_fraction) x`` its budget)."""
+    decay_shape: str = "linear"
+    """With ``budgets``: the branches' decay shape (``scheduler.decay_shape``: ``linear``, ``cosine`` or ``1-sqrt``),
+    down to the base config's ``scheduler.alpha_f``."""
     assumed_mfu: float = 0.4
     """MFU assumed for the estimated wall time."""
     fit_metric: Optional[str] = None
@@ -285,6 +300,17 @@ def validate_ladder(ladder: LadderConfig) -> None:
         problems.append(f"assumed_mfu={ladder.assumed_mfu} must be in (0, 1], e.g. 0.4.")
     if not 0 <= ladder.seed < 2**32:
         problems.append(f"seed={ladder.seed} must be in [0, 2^32).")
+    problems += _budget_problems(ladder.budgets, "budgets")
+    if not 0 < ladder.decay_fraction < 1:
+        problems.append(
+            f"decay_fraction={ladder.decay_fraction} must be between 0 and 1 (exclusive): the share of each budget "
+            f"spent decaying, e.g. 0.2."
+        )
+    shapes = [str(s) for s in DecayShape]
+    if ladder.decay_shape not in shapes:
+        problems.append(
+            f"decay_shape={ladder.decay_shape!r} is not a decay shape; use one of {', '.join(shapes)}."
+        )
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)
         raise OLMoConfigurationError(
@@ -312,9 +338,33 @@ def _size_problems(spec: SizeSpec, key: str) -> list[str]:
         v = getattr(spec, k)
         if v is not None and not v > 0:
             out.append(f"{where}: {k}={v} must be positive (or left out to use the rule).")
+    if spec.budgets is not None:
+        out += _budget_problems(spec.budgets, f"{where}: budgets")
     if spec.max_duration is not None and str(spec.max_duration).strip().endswith("ep"):
         out.append(
             f"{where}: max_duration={spec.max_duration!r} is in epochs, which depend on the data; give steps "
             f"(5000) or tokens ('2e9T')."
         )
+    return out
+
+
+MAX_BUDGETS = 16
+
+
+def _budget_problems(budgets: list[float], key: str) -> list[str]:
+    """What is wrong with a list of budgets (multiples of a size's length)."""
+    out = [
+        f"{key}: {b} must be a positive multiple of the size's length, e.g. 1, 2 or 4."
+        for b in budgets
+        if not b > 0
+    ]
+    out += [
+        f"{key}: {b} is more than {MAX_CHINCHILLA_MULTIPLE:,} times the size's length; budgets are usually 0.5 to 16."
+        for b in budgets
+        if b > MAX_CHINCHILLA_MULTIPLE
+    ]
+    if len(set(budgets)) != len(budgets):
+        out.append(f"{key}={budgets} lists a budget twice; list each once.")
+    if len(budgets) > MAX_BUDGETS:
+        out.append(f"{key} has {len(budgets)} budgets; at most {MAX_BUDGETS} (each is a decay branch to train).")
     return out

@@ -15,6 +15,13 @@ For a size with N non-embedding parameters (counted by the model's own code, see
 
 A size's own ``global_batch_size``, ``rank_microbatch_size``, ``learning_rate`` or ``max_duration`` replaces its
 rule. Sizes that cannot work are reported together, each naming the size and the fix.
+
+With ``budgets`` (multiples ``m`` of that length, in steps ``L``), a size is one stable run and its decay branches
+(:class:`Branch`): budget ``m`` is ``D = ceil(m * L)`` steps, of which the last ``T = max(1, round(decay_fraction *
+D))`` decay; its branch resumes the stable run's checkpoint at step ``D - T``. The stable run (``scheduler.name:
+wsd``, ``t_decay: 0``) is as long as the latest branch point, and checkpoints at every branch point besides its
+evenly spaced ones. A branch is exactly the run that was configured to decay at its branch point from the start
+(same data order, same optimizer state), so the stable phase is trained once for all the budgets.
 """
 
 from __future__ import annotations
@@ -39,7 +46,51 @@ from ..exceptions import OLMoCliError, OLMoConfigurationError
 from .config import LadderConfig, SizeSpec
 from .run_planner import DeviceSpec, ModelFacts, RunPlan, estimate_memory, model_facts, plan_run, resolve_device
 
-__all__ = ["Rung", "plan_ladder", "select_sizes", "checkpoint_steps", "write_rung_config"]
+__all__ = ["Rung", "Branch", "plan_ladder", "select_sizes", "checkpoint_steps", "write_rung_config"]
+
+
+@dataclass
+class Branch:
+    """One token budget of a size with ``budgets``: a decay branch from the stable run's checkpoint at
+    :attr:`start_step`."""
+
+    multiple: float
+    """The budget as a multiple of the size's length."""
+    steps: int
+    """The branch's last step (its ``max_duration``)."""
+    decay_steps: int
+    """Its ``scheduler.t_decay``: the branch trains steps ``steps - decay_steps + 1`` to ``steps``."""
+    cfg: TrainConfig
+    config_yaml: str
+
+    @property
+    def name(self) -> str:
+        """``budget-2x``: the folder and the config's suffix."""
+        return f"budget-{self.multiple:g}x"
+
+    @property
+    def start_step(self) -> int:
+        """The stable run's step this branch resumes from."""
+        return self.steps - self.decay_steps
+
+    @property
+    def save_folder(self) -> Path:
+        return Path(self.cfg.save_folder)
+
+    def summary(self, tokens_per_step: int, flops_per_token: int) -> dict[str, Any]:
+        tokens = self.steps * tokens_per_step
+        return {
+            "budget": self.multiple,
+            "name": self.name,
+            "steps": self.steps,
+            "tokens": tokens,
+            "branch_step": self.start_step,
+            "decay_steps": self.decay_steps,
+            "load_path": self.cfg.load_path,
+            "save_folder": str(self.save_folder),
+            "train_flops": float(flops_per_token) * tokens,
+            "branch_flops": float(flops_per_token) * self.decay_steps * tokens_per_step,
+        }
 
 
 @dataclass
@@ -58,10 +109,29 @@ class Rung:
     """Steps at which checkpoints (and evaluations) are written."""
     is_next: bool
     """A size of ``next_sizes``: planned and runnable, but not part of the fit."""
+    branches: list[Branch] = dataclasses.field(default_factory=list)
+    """With ``budgets``: the decay branches, smallest budget first (then :attr:`cfg` is the stable run's)."""
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def compute(self) -> Optional[dict[str, float]]:
+        """With branches: the training FLOPs of the stable run and the branches, against separate runs to each
+        budget (None without branches)."""
+        if not self.branches:
+            return None
+        per_step = float(self.plan.flops_per_token) * self.plan.global_batch_size_tokens
+        stable = per_step * max(b.start_step for b in self.branches)
+        decays = per_step * sum(b.decay_steps for b in self.branches)
+        separate = per_step * sum(b.steps for b in self.branches)
+        return {
+            "stable_flops": stable,
+            "branches_flops": decays,
+            "total_flops": stable + decays,
+            "separate_runs_flops": separate,
+            "saving": separate / (stable + decays),
+        }
 
     @property
     def save_folder(self) -> Path:
@@ -77,6 +147,10 @@ class Rung:
             "checkpoint_steps": self.checkpoint_steps,
             "save_folder": str(self.save_folder),
             "next_size": self.is_next,
+            "budgets": [
+                b.summary(self.plan.global_batch_size_tokens, self.plan.flops_per_token) for b in self.branches
+            ],
+            "compute": self.compute(),
         }
 
 
@@ -260,15 +334,19 @@ def _plan_size(ladder: LadderConfig, base: _Base, spec: SizeSpec, device: Device
         * (batch_tokens / rule.reference_batch_tokens) ** rule.batch_exponent
     )
     if spec.max_duration is not None:
-        steps = parse_duration_steps(spec.max_duration, instances, batch_tokens, 0)
+        length = float(parse_duration_steps(spec.max_duration, instances, batch_tokens, 0))
     else:
         length = ladder.chinchilla_multiple * 20 * n / batch_tokens
-        if not length <= MAX_STEPS:
-            raise OLMoConfigurationError(
-                f"size {spec.name!r}: chinchilla_multiple={ladder.chinchilla_multiple} makes {length:.3g} steps of "
-                f"{batch_tokens:,} tokens, more than {MAX_STEPS:.0e}. Lower chinchilla_multiple (0.5 to 100 is usual)."
-            )
-        steps = max(1, math.ceil(length))
+    budgets = ladder.budgets if spec.budgets is None else spec.budgets
+    longest = length * max(budgets, default=1.0)
+    if not longest <= MAX_STEPS:
+        raise OLMoConfigurationError(
+            f"size {spec.name!r}: its length ({length:.3g} steps of {batch_tokens:,} tokens"
+            + (f", times budget {max(budgets):g}" if budgets else "")
+            + f") is more than {MAX_STEPS:.0e} steps. Lower chinchilla_multiple (0.5 to 100 is usual), the budgets "
+            "or the size's max_duration."
+        )
+    steps = max(1, math.ceil(length))
     warmup = math.ceil(rule.warmup_tokens_per_param * n / batch_tokens)
     if warmup >= steps:
         raise OLMoConfigurationError(
@@ -276,14 +354,95 @@ def _plan_size(ladder: LadderConfig, base: _Base, spec: SizeSpec, device: Device
             f"{rule.warmup_tokens_per_param} x {n:,} parameters) is not shorter than the run ({steps} steps of "
             f"{batch_tokens:,} tokens). Lower lr.warmup_tokens_per_param or raise chinchilla_multiple."
         )
+    lengths = _branch_lengths(ladder, spec, sorted(budgets), length, warmup)
+    if lengths:
+        steps = max(d - t for _, d, t in lengths)  # the stable run ends at the latest branch point
     settings = _train_settings(ladder, spec, instances, micro, lr, warmup, steps)
+    if lengths:
+        settings.update(_stable_settings(ladder, spec))
     cfg, text = base.with_settings(spec, settings)
     try:
         cfg.validate(devices)
     except OLMoConfigurationError as e:
         raise OLMoConfigurationError(f"size {spec.name!r}: {e}") from None
     plan = plan_run(cfg, devices, None, ladder.device_type, mfu=ladder.assumed_mfu, facts=facts)
-    return Rung(spec, cfg, text, plan, target_tokens, checkpoint_steps(steps, ladder.checkpoints_per_run), is_next)
+    branches = [
+        _branch(ladder, base, spec, settings, devices, multiple, total, decay)
+        for multiple, total, decay in lengths
+    ]
+    saves = checkpoint_steps(steps, ladder.checkpoints_per_run)
+    saves = sorted({*saves, *(b.start_step for b in branches)})
+    return Rung(spec, cfg, text, plan, target_tokens, saves, is_next, branches)
+
+
+def _branch_lengths(
+    ladder: LadderConfig, spec: SizeSpec, budgets: list[float], length: float, warmup: int
+) -> list[tuple[float, int, int]]:
+    """Each budget's (multiple, steps, decay steps), checked: every branch point after the warmup, no two the same.
+
+    :raises OLMoConfigurationError: naming the size, the budget and the fix.
+    """
+    out: list[tuple[float, int, int]] = []
+    for multiple in budgets:
+        total = max(1, math.ceil(multiple * length - 1e-9))
+        decay = max(1, round(ladder.decay_fraction * total))
+        if total - decay < warmup:
+            raise OLMoConfigurationError(
+                f"size {spec.name!r}: budget {multiple:g} ({total} steps) would branch at step {total - decay}, "
+                f"inside the warmup ({warmup} steps), with decay_fraction={ladder.decay_fraction}. Drop that budget, "
+                f"lower decay_fraction or lr.warmup_tokens_per_param, or raise chinchilla_multiple."
+            )
+        if out and out[-1][1] == total:
+            raise OLMoConfigurationError(
+                f"size {spec.name!r}: budgets {out[-1][0]:g} and {multiple:g} are both {total} steps. Drop one, or "
+                f"raise chinchilla_multiple so that they differ."
+            )
+        out.append((multiple, total, decay))
+    return out
+
+
+def _stable_settings(ladder: LadderConfig, spec: SizeSpec) -> dict[str, Any]:
+    """What makes a size's run the stable phase of its branches: a WSD schedule without a decay, in its own folder."""
+    return {
+        "run_name": f"{ladder.name}-{spec.name}-stable",
+        "save_folder": str(Path(ladder.dir) / spec.name / "stable"),
+        "scheduler.name": "wsd",
+        "scheduler.t_decay": 0,
+        "scheduler.decay_shape": ladder.decay_shape,
+    }
+
+
+def _branch(
+    ladder: LadderConfig,
+    base: _Base,
+    spec: SizeSpec,
+    stable: dict[str, Any],
+    devices: int,
+    multiple: float,
+    total: int,
+    decay: int,
+) -> Branch:
+    """The train config of one budget's decay branch: the stable run's, resumed from its checkpoint at ``total -
+    decay`` with ``max_duration=total`` and ``scheduler.t_decay=decay``, saving into its own folder."""
+    name = f"budget-{multiple:g}x"
+    suffix = "" if ladder.sharded_checkpoints else "-unsharded"
+    stable_folder = Path(stable["save_folder"])
+    settings = {
+        **stable,
+        "run_name": f"{ladder.name}-{spec.name}-{name}",
+        "save_folder": str(stable_folder.parent / name),
+        "load_path": str(stable_folder / f"step{total - decay}{suffix}"),
+        "max_duration": total,
+        "scheduler.t_decay": decay,
+        "save_interval" if ladder.sharded_checkpoints else "save_interval_unsharded": decay,
+        "eval_interval": decay,
+    }
+    cfg, text = base.with_settings(spec, settings)
+    try:
+        cfg.validate(devices)
+    except OLMoConfigurationError as e:
+        raise OLMoConfigurationError(f"size {spec.name!r}, budget {multiple:g}: {e}") from None
+    return Branch(multiple, total, decay, cfg, text)
 
 
 def _train_settings(
@@ -316,12 +475,13 @@ def _train_settings(
     }
 
 
-def write_rung_config(ladder: LadderConfig, rung: Rung) -> Path:
-    """Write the rung's train config to ``dir/configs/SIZE.yaml`` (atomically: every rank of a launch writes the
-    same file) and return its path."""
-    path = Path(ladder.dir) / "configs" / f"{rung.name}.yaml"
+def write_rung_config(ladder: LadderConfig, rung: Rung, branch: Optional[Branch] = None) -> Path:
+    """Write the rung's train config to ``dir/configs/SIZE.yaml`` (a branch's to ``dir/configs/SIZE-budget-2x.yaml``)
+    atomically, since every rank of a launch writes the same file, and return its path."""
+    name = rung.name if branch is None else f"{rung.name}-{branch.name}"
+    path = Path(ladder.dir) / "configs" / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(rung.config_yaml)
+    tmp.write_text(rung.config_yaml if branch is None else branch.config_yaml)
     os.replace(tmp, path)
     return path

@@ -18,8 +18,8 @@ from ..config import SchedulerUnits
 from ..optim import build_scheduler
 from ..util.checkpoint_dirs import list_checkpoints
 from ..util.json_lines import read_metrics_jsonl
-from .fit import fit_chinchilla, fit_loss_vs_compute
-from .plan import Rung
+from .fit import PowerLawFit, fit_chinchilla, fit_loss_vs_compute
+from .plan import Branch, Rung
 from .run_planner import format_count
 
 __all__ = [
@@ -73,13 +73,37 @@ def rung_status(rung: Rung) -> dict[str, Any]:
     ]
     last = max(metrics) if metrics else None
     latest = {"step": last, **_checkpoint_metrics(metrics[last])} if last is not None else None
-    return {
+    out = {
         "size": rung.name,
         "save_folder": str(rung.save_folder),
         "max_steps": rung.plan.max_steps,
         "finished": last is not None and last >= (rung.plan.max_steps or 0),
         "checkpoints": checkpoints,
         "latest": latest,
+    }
+    if rung.branches:
+        out["branches"] = [_branch_status(rung, b) for b in rung.branches]
+    return out
+
+
+def _branch_status(rung: Rung, branch: Branch) -> dict[str, Any]:
+    """A decay branch's progress: whether its branch point and its final checkpoint are there, and its latest
+    metrics."""
+    metrics = read_metrics(branch.save_folder)
+    stable = {c.step for c in list_checkpoints(rung.save_folder) if not c.ephemeral}
+    final = {c.step: c.path for c in list_checkpoints(branch.save_folder) if not c.ephemeral}.get(branch.steps)
+    last = max(metrics) if metrics else None
+    return {
+        "budget": branch.multiple,
+        "name": branch.name,
+        "save_folder": str(branch.save_folder),
+        "branch_step": branch.start_step,
+        "branch_point_present": branch.start_step in stable,
+        "max_steps": branch.steps,
+        "tokens": branch.steps * rung.plan.global_batch_size_tokens,
+        "finished": final is not None,
+        "final_checkpoint": final,
+        "latest": {"step": last, **_checkpoint_metrics(metrics[last])} if last is not None else None,
     }
 
 
@@ -125,7 +149,20 @@ def format_status(statuses: list[dict[str, Any]]) -> str:
             if latest
             else "latest: -"
         )
-        blocks.append("\n".join([head, _indent(table), _indent(latest_line)]))
+        lines = [head, _indent(table), _indent(latest_line)]
+        for b in s.get("branches", []):
+            at = b["latest"]
+            progress = "finished" if b["finished"] else f"at step {at['step']:,}" if at else "not started"
+            point = "✔" if b["branch_point_present"] else "✘"
+            metrics = _metric_text({k: v for k, v in at.items() if k != "step"}) if at else "-"
+            lines.append(
+                _indent(
+                    f"{'✔' if b['finished'] else '✘'} budget {b['budget']:g}x: {b['max_steps']:,} steps "
+                    f"({format_count(b['tokens'])} tokens) from step {b['branch_step']:,} ({point}), {progress} in "
+                    f"{b['save_folder']}: {metrics}"
+                )
+            )
+        blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
 
@@ -133,23 +170,36 @@ def _indent(text: str) -> str:
     return "\n".join(f"  {line}" for line in text.splitlines())
 
 
-def _result_row(rung: Rung, metrics: dict[int, dict[str, float]]) -> dict[str, Any]:
-    plan = rung.plan
+def _runs(rung: Rung) -> list[tuple[Optional[Branch], Path, int]]:
+    """The runs of a size whose final values are results: the size's own run, or each decay branch (with its save
+    folder and last step)."""
+    if rung.branches:
+        return [(b, b.save_folder, b.steps) for b in rung.branches]
+    return [(None, rung.save_folder, rung.plan.max_steps or 0)]
+
+
+def _result_row(rung: Rung, branch: Optional[Branch], folder: Path, max_steps: int) -> dict[str, Any]:
+    plan, metrics = rung.plan, read_metrics(folder)
     train = [(step, rec[TRAIN_LOSS]) for step, rec in sorted(metrics.items()) if TRAIN_LOSS in rec]
     last_step = max(metrics) if metrics else 0
     final = metrics.get(last_step, {})
     tokens = int(final.get("throughput/total_tokens", last_step * plan.global_batch_size_tokens))
     window = [loss for _, loss in train[-LOSS_WINDOW:]]
     sem = float(np.std(window, ddof=1) / math.sqrt(len(window))) if len(window) > 1 else None
+    planned_tokens = max_steps * plan.global_batch_size_tokens
     return {
         "size": rung.name,
+        "run": rung.name if branch is None else f"{rung.name}/{branch.name}",
+        "budget": None if branch is None else branch.multiple,
         "next_size": rung.is_next,
         "num_params": plan.num_params,
         "num_non_embedding_params": plan.num_non_embedding_params,
         "step": last_step,
-        "max_steps": plan.max_steps,
-        "finished": bool(metrics) and last_step >= (plan.max_steps or 0),
+        "max_steps": max_steps,
+        "finished": bool(metrics) and last_step >= max_steps,
         "tokens": tokens,
+        "planned_tokens": planned_tokens,
+        "planned_train_flops": float(plan.flops_per_token) * planned_tokens,
         "train_flops": float(plan.flops_per_token) * tokens,
         "final_train_loss": train[-1][1] if train else None,
         "train_loss_last_steps": float(np.mean(window)) if window else None,
@@ -180,13 +230,14 @@ def ladder_results(rungs: list[Rung], fit_metric: Optional[str] = None) -> dict[
     The fitted value is ``fit_metric``'s at each run's last step (by default the first ``eval/*/CrossEntropyLoss``
     every finished size logged, else the training loss averaged over its last 10 steps); each point's standard error
     is the training loss's over those steps."""
-    rows = [_result_row(r, read_metrics(r.save_folder)) for r in rungs]
+    rows = [_result_row(r, *run) for r in rungs for run in _runs(r)]
     fitted = [row for row in rows if row["finished"] and not row["next_size"]]
     metric = _choose_metric(fitted, fit_metric)
     for row in rows:
         row["fit_value"] = _metric_value(row, metric)
     points = [row for row in fitted if row["fit_value"] is not None]
     out: dict[str, Any] = {"metric": metric, "rows": rows, "fit": None, "chinchilla_fit": None}
+    out["compute"] = _compute(rungs)
     if len(points) < MIN_FIT_POINTS:
         out["fit_problem"] = (
             f"{len(points)} finished size(s) with {metric}; the fit needs at least {MIN_FIT_POINTS}. Run more sizes "
@@ -196,40 +247,58 @@ def ladder_results(rungs: list[Rung], fit_metric: Optional[str] = None) -> dict[
     errors = [row["train_loss_stderr"] for row in points]
     sigma = np.array(errors) if all(e is not None and e > 0 for e in errors) else None
     fit = fit_loss_vs_compute([r["train_flops"] for r in points], [r["fit_value"] for r in points], sigma)
+    chinchilla = _chinchilla(points, sigma)
     predictions = []
-    by_name = {row["size"]: row for row in rows}
-    fitted_names = {row["size"] for row in points}
-    ordered = sorted((r for r in rungs if r.name not in fitted_names), key=lambda r: not r.is_next)
-    for rung in ordered:
-        flops = rung.plan.train_flops or 0.0
+    fitted_runs = {row["run"] for row in points}
+    for row in sorted((r for r in rows if r["run"] not in fitted_runs), key=lambda r: not r["next_size"]):
+        flops = row["planned_train_flops"]
         value, stderr = fit.predict(flops)
-        row = by_name[rung.name]
         measured = row["fit_value"] if row["finished"] else None
-        predictions.append(
-            {
-                "size": rung.name,
-                "train_flops": flops,
-                "predicted_loss": value,
-                "predicted_loss_stderr": stderr,
-                "measured_loss": measured,
-                "error": None if measured is None else measured - value,
-            }
-        )
+        prediction = {
+            "size": row["size"],
+            "run": row["run"],
+            "budget": row["budget"],
+            "train_flops": flops,
+            "predicted_loss": value,
+            "predicted_loss_stderr": stderr,
+            "measured_loss": measured,
+            "error": None if measured is None else measured - value,
+        }
+        if chinchilla is not None:
+            value, stderr = chinchilla.predict(
+                float(row["num_non_embedding_params"]), float(row["planned_tokens"])
+            )
+            prediction["chinchilla_predicted_loss"] = value
+            prediction["chinchilla_predicted_loss_stderr"] = stderr
+            prediction["chinchilla_error"] = None if measured is None else measured - value
+        predictions.append(prediction)
     out["fit"] = {**fit.as_dict(), "metric": metric, "predictions": predictions}
     out["fit"]["next_size"] = predictions[0] if predictions else None
-    out["chinchilla_fit"] = _chinchilla(points, sigma)
+    out["chinchilla_fit"] = None if chinchilla is None else {**chinchilla.as_dict(), "metric": metric}
     return out
 
 
-def _chinchilla(points: list[dict[str, Any]], sigma: Optional[np.ndarray]) -> Optional[dict[str, Any]]:
+def _chinchilla(points: list[dict[str, Any]], sigma: Optional[np.ndarray]) -> Optional[PowerLawFit]:
+    """The fit of ``L(N, D)`` when at least six points vary parameters and tokens independently (several budgets
+    per size), else None."""
     if len(points) < MIN_CHINCHILLA_POINTS:
         return None
     n = np.log([r["num_non_embedding_params"] for r in points])
     d = np.log([float(r["tokens"]) for r in points])
     if abs(np.corrcoef(n, d)[0, 1]) > 0.98:
         return None  # one token budget per size: parameters and tokens cannot be told apart
-    fit = fit_chinchilla(np.exp(n), np.exp(d), [r["fit_value"] for r in points], sigma)
-    return fit.as_dict()
+    return fit_chinchilla(np.exp(n), np.exp(d), [r["fit_value"] for r in points], sigma)
+
+
+def _compute(rungs: list[Rung]) -> Optional[dict[str, Any]]:
+    """With budgets: each size's planned FLOPs (stable run + branches against separate runs), and their sums."""
+    sizes = {r.name: c for r in rungs if (c := r.compute()) is not None}
+    if not sizes:
+        return None
+    total = {k: sum(c[k] for c in sizes.values()) for k in ("stable_flops", "branches_flops", "total_flops")}
+    total["separate_runs_flops"] = sum(c["separate_runs_flops"] for c in sizes.values())
+    total["saving"] = total["separate_runs_flops"] / total["total_flops"]
+    return {"sizes": sizes, "total": total}
 
 
 def _pm(value: float, stderr: Optional[float]) -> str:
@@ -241,7 +310,7 @@ def format_results(results: dict[str, Any]) -> str:
     metric = results["metric"]
     rows = [
         [
-            r["size"] + (" (next)" if r["next_size"] else ""),
+            r["run"] + (" (next)" if r["next_size"] else ""),
             format_count(r["num_non_embedding_params"]),
             f"{r['step']:,}/{r['max_steps']:,}" if r["max_steps"] else f"{r['step']:,}",
             format_count(r["tokens"]),
@@ -258,35 +327,52 @@ def format_results(results: dict[str, Any]) -> str:
     lines = [_table(headers, rows)]
     evals = sorted({k for r in results["rows"] for k in r["eval"]})
     if evals:
-        eval_rows = [[r["size"], *(_num(r["eval"].get(k)) for k in evals)] for r in results["rows"]]
+        eval_rows = [[r["run"], *(_num(r["eval"].get(k)) for k in evals)] for r in results["rows"]]
         lines += ["", _table(["size", *evals], eval_rows)]
+    compute = results.get("compute")
+    if compute is not None:
+        total = compute["total"]
+        lines += [
+            "",
+            f"Compute: stable runs {format_count(total['stable_flops'])} + decay branches "
+            f"{format_count(total['branches_flops'])} = {format_count(total['total_flops'])} FLOPs, against "
+            f"{format_count(total['separate_runs_flops'])} for a separate run per budget ({total['saving']:.2f}x "
+            f"as much)",
+        ]
     fit = results["fit"]
     if fit is None:
         lines += ["", f"No fit: {results.get('fit_problem', '')}"]
         return "\n".join(lines)
     params = ", ".join(f"{k} = {_pm(v, fit['stderr'][k])}" for k, v in fit["params"].items())
-    lines += ["", f"Fit of {fit['metric']} over {fit['n_points']} sizes: {fit['form']} with {params}"]
-    for p in fit["predictions"]:
-        measured = (
-            f"; measured {_num(p['measured_loss'])} ({p['error']:+.3f}, {100 * p['error'] / p['predicted_loss']:+.1f}%)"
-            if p["measured_loss"] is not None
-            else ""
-        )
-        lines.append(
-            f"  predicted for {p['size']} ({format_count(p['train_flops'])} FLOPs): "
-            f"{_pm(p['predicted_loss'], p['predicted_loss_stderr'])}{measured}"
-        )
+    lines += ["", f"Fit of {fit['metric']} over {fit['n_points']} runs: {fit['form']} with {params}"]
     chin = results.get("chinchilla_fit")
     if chin is not None:
         params = ", ".join(f"{k} = {_pm(v, chin['stderr'][k])}" for k, v in chin["params"].items())
-        lines.append(f"Chinchilla fit: {chin['form']} with {params}")
+        lines.append(f"Fit over parameters and tokens: {chin['form']} with {params}")
+    for p in fit["predictions"]:
+        lines.append(
+            f"  predicted for {p['run']} ({format_count(p['train_flops'])} FLOPs): "
+            f"{_pm(p['predicted_loss'], p['predicted_loss_stderr'])}{_measured(p, p['predicted_loss'], p['error'])}"
+        )
+        if "chinchilla_predicted_loss" in p:
+            value, error = p["chinchilla_predicted_loss"], p["chinchilla_error"]
+            lines.append(
+                f"    by L(N, D): {_pm(value, p['chinchilla_predicted_loss_stderr'])}{_measured(p, value, error)}"
+            )
     return "\n".join(lines)
 
 
-def lr_schedule(rung: Rung) -> tuple[list[int], list[float]]:
-    """The learning rate of every step of the size's run, as the train module sets it (step ``s`` uses the schedule at
-    ``s`` steps, or ``s`` batches of tokens)."""
-    cfg, max_steps = rung.cfg, rung.plan.max_steps or 0
+def _measured(prediction: dict[str, Any], predicted: float, error: Optional[float]) -> str:
+    if prediction["measured_loss"] is None or error is None:
+        return ""
+    return f"; measured {_num(prediction['measured_loss'])} ({error:+.3f}, {100 * error / predicted:+.1f}%)"
+
+
+def lr_schedule(rung: Rung, branch: Optional[Branch] = None) -> tuple[list[int], list[float]]:
+    """The learning rate of every step of the size's run (or of a decay branch, from step 1: its first steps are the
+    stable run's), as the train module sets it (step ``s`` uses the schedule at ``s`` steps, or ``s`` batches of
+    tokens)."""
+    cfg, max_steps = (rung.cfg, rung.plan.max_steps or 0) if branch is None else (branch.cfg, branch.steps)
     scheduler = build_scheduler(cfg.scheduler)
     unit = cfg.tokens_per_batch if cfg.scheduler.units == SchedulerUnits.tokens else 1
     steps = list(range(1, max_steps + 1))
@@ -306,10 +392,17 @@ def _pyplot() -> Any:
 def plot_lr(rung: Rung, path: Path) -> None:
     """The size's learning rate over steps (bottom axis) and tokens (top axis), as a PNG."""
     plt = _pyplot()
-    steps, lrs = lr_schedule(rung)
     tokens_per_step = rung.plan.global_batch_size_tokens
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, lrs)
+    if rung.branches:
+        ax.plot(*lr_schedule(rung), color="C0", label="stable")
+        for i, branch in enumerate(rung.branches):
+            steps, lrs = lr_schedule(rung, branch)
+            start = branch.start_step - 1
+            ax.plot(steps[start:], lrs[start:], color=f"C{i + 1}", label=f"{branch.multiple:g}x: decay")
+        ax.legend()
+    else:
+        ax.plot(*lr_schedule(rung))
     ax.set_xlabel("step")
     ax.set_ylabel("learning rate")
     top = ax.secondary_xaxis("top", functions=(lambda s: s * tokens_per_step, lambda t: t / tokens_per_step))
@@ -336,7 +429,7 @@ def plot_loss_vs_compute(results: dict[str, Any], path: Path) -> bool:
         [r["train_flops"] for r in fitted], [r["fit_value"] for r in fitted], color="C0", label="ladder", zorder=3
     )
     for r in fitted:
-        ax.annotate(r["size"], (r["train_flops"], r["fit_value"]), textcoords="offset points", xytext=(5, 5))
+        ax.annotate(r["run"], (r["train_flops"], r["fit_value"]), textcoords="offset points", xytext=(5, 5))
     fit = results["fit"]
     if fit is not None:
         e, a, alpha = (fit["params"][k] for k in ("E", "A", "alpha"))
@@ -356,7 +449,7 @@ def plot_loss_vs_compute(results: dict[str, Any], path: Path) -> bool:
                 capsize=3,
             )
             ax.annotate(
-                f"{p['size']} (predicted)",
+                f"{p['run']} (predicted)",
                 (p["train_flops"], p["predicted_loss"]),
                 textcoords="offset points",
                 xytext=(5, -12),

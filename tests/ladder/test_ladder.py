@@ -115,6 +115,86 @@ def test_tiny_ladder_runs_end_to_end_on_cpu(base_config, tmp_path, capsys):
     assert lr_schedule(rung)[1] == pytest.approx(logged)  # the plotted schedule is the one the trainer ran
 
 
+def test_budgets_train_the_stable_phase_once_and_a_decay_branch_per_budget(base_config, tmp_path, capsys):
+    args = _tiny(
+        base_config,
+        tmp_path,
+        "--budgets=[1, 2]",
+        "--decay_fraction=0.25",
+        "--next_sizes=[{name: s64, d_model: 64, n_layers: 3, n_heads: 4, budgets: [1]}]",
+    )
+    assert run_main("ladder.py", "dry-run", *args, "--json") == 0
+    plans = {p["size"]: p for p in _json(capsys)}
+    for p in plans.values():
+        length = 0.02 * 20 * p["num_non_embedding_params"] / 256
+        budgets = p["budgets"]
+        assert [b["budget"] for b in budgets] == ([1, 2] if p["size"] != "s64" else [1])
+        for b in budgets:
+            assert b["steps"] == math.ceil(b["budget"] * length) and b["decay_steps"] == round(0.25 * b["steps"])
+            assert b["branch_step"] == b["steps"] - b["decay_steps"] and b["branch_step"] in p["checkpoint_steps"]
+            assert b["load_path"] == str(tmp_path / f"ladder/{p['size']}/stable/step{b['branch_step']}-unsharded")
+        assert p["max_steps"] == max(b["branch_step"] for b in budgets)  # the stable run ends at the last branch
+        separate, trained = (
+            sum(b["steps"] for b in budgets),
+            p["max_steps"] + sum(b["decay_steps"] for b in budgets),
+        )
+        assert p["compute"]["saving"] == pytest.approx(separate / trained)
+
+    for size in ("s16", "s32", "s48"):
+        assert run_main("ladder.py", "run", *args, "--size", size) == 0
+    ladder = load_ladder(args[0], args[1:])
+    (rung,) = plan_ladder(ladder, ["s32"])
+    stable = read_metrics(rung.save_folder)
+    assert max(stable) == rung.plan.max_steps  # trained once, to the latest branch point
+    for branch in rung.branches:
+        logged = read_metrics(branch.save_folder)
+        assert min(logged) == branch.start_step + 1 and max(logged) == branch.steps
+        assert (branch.save_folder / f"step{branch.steps}-unsharded").is_dir()
+        # The branch's schedule: the stable run's learning rate, then its own decay (to alpha_f at its end).
+        steps, lrs = lr_schedule(rung, branch)
+        merged = {**stable, **logged}
+        assert lrs == pytest.approx([merged[s]["optim/learning_rate_group0"] for s in steps])
+        assert lrs[branch.start_step - 1] == pytest.approx(rung.plan.learning_rate)
+        assert lrs[-1] == pytest.approx(rung.plan.learning_rate * rung.cfg.scheduler.alpha_f)
+        # Up to its branch point it is the stable run: same losses (the stable run's own checkpoint resumed).
+        assert all(stable[s]["train/CrossEntropyLoss"] == merged[s]["train/CrossEntropyLoss"] for s in steps[:3])
+
+    # A rerun finds everything done: no step is trained again.
+    mtimes = {p: p.stat().st_mtime_ns for p in (tmp_path / "ladder/s16").rglob("metrics.jsonl")}
+    assert run_main("ladder.py", "run", *args, "--size", "s16") == 0
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
+    with pytest.raises(OLMoCliError, match=r"--budget 3: size 's16' has budgets 1, 2\. Pick one"):
+        run_main("ladder.py", "run", *args, "--size", "s16", "--budget", "3")
+    capsys.readouterr()
+
+    assert run_main("ladder.py", "status", *args, "--json") == 0
+    status = {s["size"]: s for s in _json(capsys)}
+    assert all(b["finished"] and b["branch_point_present"] for s in ("s16", "s48") for b in status[s]["branches"])
+    assert not status["s64"]["branches"][0]["finished"]
+    assert run_main("ladder.py", "status", *args) == 0
+    assert "budget 2x" in capsys.readouterr().out
+
+    assert run_main("ladder.py", "results", *args, "--json") == 0
+    results = _json(capsys)
+    runs = [r["run"] for r in results["rows"]]
+    assert runs == [f"{s}/budget-{m}x" for s in ("s16", "s32", "s48") for m in (1, 2)] + ["s64/budget-1x"]
+    for size in ("s16", "s32", "s48"):
+        one, two = (r["fit_value"] for r in results["rows"] if r["size"] == size)
+        assert two < one, size  # twice the tokens, lower validation loss
+    assert results["fit"]["n_points"] == 6
+    chinchilla = results["chinchilla_fit"]
+    assert chinchilla["n_points"] == 6 and set(chinchilla["params"]) == {"E", "A", "alpha", "B", "beta"}
+    (prediction,) = results["fit"]["predictions"]
+    assert prediction["run"] == "s64/budget-1x" and math.isfinite(prediction["chinchilla_predicted_loss"])
+    total = results["compute"]["total"]
+    assert (
+        total["saving"] == pytest.approx(total["separate_runs_flops"] / total["total_flops"])
+        and total["saving"] > 1
+    )
+    assert run_main("ladder.py", "results", *args) == 0
+    assert "by L(N, D)" in capsys.readouterr().out
+
+
 def test_olmo_ladder_plan_matches_the_models_counts_and_the_trainers_batch_rules(capsys):
     ladder = load_ladder(OLMO)
     rungs = plan_ladder(ladder)
@@ -210,6 +290,11 @@ def test_named_sizes_are_named_for_their_non_embedding_parameters():
         (["--sizes=[{name: a, d_model: 64, n_layers: 2, n_heads: 2, max_duration: 2ep}]"], r"size 'a'.*in epochs"),
         (["--assumed_mfu=1.5"], r"assumed_mfu=1.5 must be in \(0, 1\]"),
         (["--chinchilla_multiple=0"], r"chinchilla_multiple=0.0 must be positive"),
+        (["--budgets=[1, 0]"], r"budgets: 0.0 must be a positive multiple"),
+        (["--budgets=[2, 2]"], r"budgets=\[2.0, 2.0\] lists a budget twice"),
+        (["--decay_fraction=1"], r"decay_fraction=1.0 must be between 0 and 1"),
+        (["--decay_shape=cosin"], r"decay_shape='cosin' is not a decay shape; use one of linear, cosine, 1-sqrt"),
+        (["--sizes=[{name: a, d_model: 64, n_layers: 2, n_heads: 2, budgets: [-1]}]"], r"size 'a'\): budgets: -1"),
     ],
 )
 def test_bad_ladder_values_are_reported_with_the_key_and_the_fix(overrides, message):
@@ -237,6 +322,17 @@ def test_bad_ladder_values_are_reported_with_the_key_and_the_fix(overrides, mess
         (
             ["--sizes=[60M]", "--next_sizes=[]", "--chinchilla_multiple=0.01"],
             r"size '60M': the warmup \(\d+ steps.*is not shorter than the run.*Lower lr.warmup_tokens_per_param",
+        ),
+        (
+            ["--sizes=[60M]", "--next_sizes=[]", "--budgets=[0.05, 1]", "--decay_fraction=0.5"],
+            r"size '60M': budget 0.05 \(\d+ steps\) would branch at step \d+, inside the warmup",
+        ),
+        (
+            [
+                "--sizes=[{name: a, d_model: 256, n_layers: 2, n_heads: 4, max_duration: 100}]",
+                "--budgets=[0.999, 1]",
+            ],
+            r"size 'a': budgets 0.999 and 1 are both 100 steps",
         ),
         (
             ["--sizes=[60M]", "--next_sizes=[]", "--device_type=TPU v9"],
