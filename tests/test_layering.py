@@ -28,7 +28,7 @@ LAYERS = [
     {"olmo.train"},
     {"olmo.ladder", "olmo.testing"},
     {"olmo.bench"},
-    {"olmo.cli", "olmo"},
+    {"olmo.cli", "olmo", "olmo.beam_search"},
 ]
 """Bottom to top. ``olmo`` is the root ``__init__`` (``from olmo import OLMo`` re-exports, loaded on first use)."""
 LAYER_OF = {package: i for i, layer in enumerate(LAYERS) for package in layer}

@@ -98,25 +98,41 @@ def attention_bias(
     device: torch.device,
     attention_mask: torch.Tensor | None = None,
     doc_ids: torch.Tensor | None = None,
+    past_length: int = 0,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """Additive fp32 bias with the causal mask folded in, broadcastable to (B, H, T, T); None when plain causal
-    attention is all that is needed (SDPA then runs with ``is_causal=True`` and no mask at all).
+    """Additive fp32 bias with the causal mask folded in, broadcastable to (B, H, T, past_length + T); None when
+    plain causal attention is all that is needed (SDPA then runs with ``is_causal=True`` and no mask at all, or,
+    for one query after cached keys, with no mask and no causality).
 
-    :param attention_mask: (B, T), 1 for real tokens and 0 for padding keys, which are hidden from every query.
+    :param attention_mask: (B, past_length + T), 1 for real tokens and 0 for padding keys, which are hidden from
+        every query.
     :param doc_ids: (B, T) from :func:`document_ids`: a query sees only keys of its own document.
+    :param past_length: Keys already cached before these ``seq_len`` queries (incremental decoding): the queries
+        sit at positions ``past_length ..``, and see every cached key.
+    :param bias: OLMo's ``attention_bias``, (B or 1, 1 or H, >= L, >= L) for L = past_length + T, which replaces
+        the causal mask: bool or int8 (true: may attend) or an additive float bias.
     """
-    if attention_mask is None and doc_ids is None and not config.alibi:
+    total = past_length + seq_len
+    plain = attention_mask is None and doc_ids is None and bias is None and not config.alibi
+    if plain and (past_length == 0 or seq_len == 1):
         return None
-    allowed = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]  # (1, 1, T, T)
+    if bias is not None:
+        bias = bias[:, :, past_length:total, :total]  # the queries' rows
+        if bias.dtype in (torch.bool, torch.int8, torch.uint8):
+            allowed, additive = bias.bool(), torch.zeros((), device=device)
+        else:
+            allowed, additive = torch.ones((), dtype=torch.bool, device=device), bias.float()
+    else:
+        causal = torch.ones(total, total, dtype=torch.bool, device=device).tril()[past_length:]  # (T, L)
+        allowed, additive = causal[None, None], torch.zeros((), device=device)
     if attention_mask is not None:
-        allowed = allowed & attention_mask.bool()[:, None, None, :]  # (B, 1, T, T)
+        allowed = allowed & attention_mask.bool()[:, None, None, :]  # (B, 1, T, L)
     if doc_ids is not None:
         allowed = allowed & (doc_ids[:, None, :, None] == doc_ids[:, None, None, :])  # (B, 1, T, T)
     if config.alibi:
-        bias = alibi_bias(config.n_heads, seq_len, config.alibi_bias_max, device)  # (1, H, T, T)
-    else:
-        bias = torch.zeros((), device=device)
-    return torch.where(allowed, bias, torch.finfo(torch.float).min)
+        additive = additive + alibi_bias(config.n_heads, total, config.alibi_bias_max, device)[:, :, past_length:]
+    return torch.where(allowed, additive, torch.finfo(torch.float).min)
 
 
 def flash_varlen_attention(

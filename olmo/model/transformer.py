@@ -21,13 +21,15 @@ from ..config import ActivationType, InitFnType, ModelConfig
 from ..exceptions import OLMoConfigurationError
 from .attention import (
     DocumentSpans,
-    attention_bias,
     check_doc_lens,
     describe_attention,
     document_ids,
     document_spans,
     flash_varlen_attention,
 )
+from .attention import attention_bias as build_attention_bias
+from .beam_search import Constraint, FinalSequenceScorer, Sampler
+from .generation import generate
 from .layers import (
     LayerNorm,
     OutputHeadFn,
@@ -40,17 +42,23 @@ from .layers import (
 )
 from .loss import LossSums
 
-__all__ = ["OLMo", "OLMoBlock", "OLMoOutput", "describe_attention"]
+__all__ = ["OLMo", "OLMoBlock", "OLMoOutput", "OLMoGenerateOutput", "KVCache", "describe_attention"]
 
 log = logging.getLogger(__name__)
 
 
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+"""Per block, its keys and values so far: (B, n_kv_heads, T, head_dim) each, keys already rotated by RoPE."""
+
+
 class OLMoOutput(NamedTuple):
     logits: torch.Tensor | None
-    """(batch, seq, embedding_size); the columns past vocab_size belong to padding rows of the embedding.
-    None when the loss was computed with ``fused_loss``, which never holds all the logits."""
-    attn_key_values: None
-    """Always None: there is no KV cache (training only needs full-sequence forwards)."""
+    """(batch, seq, embedding_size), or (batch, 1, embedding_size) with ``last_logits_only``; the columns past
+    vocab_size belong to padding rows of the embedding. None when the loss was computed with ``fused_loss``, which
+    never holds all the logits."""
+    attn_key_values: KVCache | None
+    """With ``use_cache``: every block's keys and values, the cached ones included (the next call's
+    ``past_key_values``); else None."""
     hidden_states: tuple[torch.Tensor, ...] | None
     """With ``output_hidden_states``: the input of every block, then the output of ``ln_f``."""
     loss: LossSums | Any = None
@@ -90,6 +98,13 @@ def _flash_usable(flash_attn: _FlashAttn | None, device: torch.device, dtype: to
         _warn_once("flash-attn cannot take an attention mask or ALiBi; using PyTorch SDPA for those batches.")
         return False
     return True
+
+
+class OLMoGenerateOutput(NamedTuple):
+    token_ids: torch.Tensor
+    """(batch, beam_size, max_steps) generated token ids (the prompt not included), padded with the end token."""
+    scores: torch.Tensor
+    """(batch, beam_size) the beams' scores (by default their log-probabilities), best first."""
 
 
 class OLMoBlock(nn.Module):
@@ -133,19 +148,35 @@ class OLMoBlock(nn.Module):
         attn_bias: torch.Tensor | None = None,
         rope: RotaryTables | None = None,
         doc_spans: DocumentSpans | None = None,
-    ) -> torch.Tensor:
+        layer_past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        use_cache: bool = False,
+    ) -> Any:
         """
         :param x: (B, T, C) residual stream.
-        :param attn_bias: Additive attention bias broadcastable to (B, H, T, T), causal part included;
-            None means plain causal attention.
-        :param rope: (cos, sin) tables when the model uses RoPE.
+        :param attn_bias: Additive attention bias broadcastable to (B, H, T, T) (T + cached keys with
+            ``layer_past``), causal part included; None means plain causal attention (with ``layer_past``: one query
+            that sees every key).
+        :param rope: (cos, sin) tables of these T positions when the model uses RoPE.
         :param doc_spans: Run flash-attn's varlen kernel over these documents instead (``attn_bias`` is then None).
+        :param layer_past: Cached (keys, values) of earlier positions, each (B, KV, past, hd).
+        :param use_cache: Return ``(x, (keys, values))``, the keys and values of every position so far, instead
+            of ``x`` alone.
         """
+        if layer_past is None and not use_cache:  # training: the plain path
+            if self.config.norm_after:
+                x = x + self.dropout(self.attn_norm(self.attention(x, attn_bias, rope, doc_spans)))
+                return x + self.dropout(self.ff_norm(self.feed_forward(x)))
+            x = x + self.dropout(self.attention(self.attn_norm(x), attn_bias, rope, doc_spans))
+            return x + self.dropout(self.feed_forward(self.ff_norm(x)))
         if self.config.norm_after:
-            x = x + self.dropout(self.attn_norm(self.attention(x, attn_bias, rope, doc_spans)))
-            return x + self.dropout(self.ff_norm(self.feed_forward(x)))
-        x = x + self.dropout(self.attention(self.attn_norm(x), attn_bias, rope, doc_spans))
-        return x + self.dropout(self.feed_forward(self.ff_norm(x)))
+            y, present = self._attend(x, attn_bias, rope, doc_spans, layer_past)
+            x = x + self.dropout(self.attn_norm(y))
+            x = x + self.dropout(self.ff_norm(self.feed_forward(x)))
+        else:
+            y, present = self._attend(self.attn_norm(x), attn_bias, rope, doc_spans, layer_past)
+            x = x + self.dropout(y)
+            x = x + self.dropout(self.feed_forward(self.ff_norm(x)))
+        return (x, present) if use_cache else x
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP: ``ff_out(act(ff_proj(x)))``, (B, T, C) -> (B, T, C)."""
@@ -168,6 +199,18 @@ class OLMoBlock(nn.Module):
         doc_spans: DocumentSpans | None = None,
     ) -> torch.Tensor:
         """Self-attention including the output projection, (B, T, C) -> (B, T, C)."""
+        return self._attend(x, attn_bias, rope, doc_spans, None)[0]
+
+    def _attend(
+        self,
+        x: torch.Tensor,
+        attn_bias: torch.Tensor | None,
+        rope: RotaryTables | None,
+        doc_spans: DocumentSpans | None,
+        layer_past: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Self-attention (B, T, C) -> (B, T, C) after the cached keys and values ``layer_past``, and the keys and
+        values of every position so far."""
         B, T, C = x.shape
         kv_dim = self.n_kv_heads * self.head_dim
         qkv = self.att_proj(x)  # (B, T, C + 2 * kv_dim)
@@ -183,8 +226,11 @@ class OLMoBlock(nn.Module):
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
         if rope is not None:
             q, k = self._rotate(q, k, rope)
-        y = self._scaled_dot_product(q, k, v, attn_bias, doc_spans)  # (B, T, H, hd)
-        return self.attn_out(y.reshape(B, T, C))
+        if layer_past is not None:
+            k = torch.cat((layer_past[0], k), dim=-2)  # (B, KV, past + T, hd)
+            v = torch.cat((layer_past[1], v), dim=-2)
+        y = self._scaled_dot_product(q, k, v, attn_bias, doc_spans, causal=layer_past is None)  # (B, T, H, hd)
+        return self.attn_out(y.reshape(B, T, C)), (k, v)
 
     def _rotate(self, q: torch.Tensor, k: torch.Tensor, rope: RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = rope
@@ -202,8 +248,10 @@ class OLMoBlock(nn.Module):
         v: torch.Tensor,
         attn_bias: torch.Tensor | None,
         doc_spans: DocumentSpans | None,
+        causal: bool = True,
     ) -> torch.Tensor:
-        """q (B, H, T, hd), k/v (B, KV, T, hd) -> (B, T, H, hd)."""
+        """q (B, H, T, hd), k/v (B, KV, S, hd) -> (B, T, H, hd). Without ``attn_bias``: causal attention, or with
+        ``causal=False`` (one query after cached keys) attention to every key."""
         dropout_p = self.config.attention_dropout if self.training else 0.0
         if doc_spans is not None:
             assert self._flash_attn is not None, "OLMo.forward passes doc_spans only when flash-attn runs"
@@ -222,7 +270,7 @@ class OLMoBlock(nn.Module):
             # Finite minimum: a row with every key masked (a left-pad query) must give a uniform softmax, not NaN.
             attn_bias = attn_bias.to(q.dtype).clamp(min=torch.finfo(q.dtype).min)
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_bias, dropout_p=dropout_p, is_causal=attn_bias is None
+            q, k, v, attn_mask=attn_bias, dropout_p=dropout_p, is_causal=causal and attn_bias is None
         )  # (B, H, T, hd)
         return y.transpose(1, 2)
 
@@ -293,7 +341,7 @@ class OLMo(nn.Module):
 
     def forward(
         self,
-        input_ids: torch.LongTensor,
+        input_ids: torch.LongTensor | None,
         attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         labels: torch.Tensor | None = None,
@@ -302,6 +350,12 @@ class OLMo(nn.Module):
         doc_lens: torch.Tensor | None = None,
         max_doc_lens: Sequence[int] | None = None,
         head: OutputHeadFn | None = None,
+        *,
+        input_embeddings: torch.FloatTensor | None = None,
+        attention_bias: torch.Tensor | None = None,
+        past_key_values: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        use_cache: bool = False,
+        last_logits_only: bool = False,
     ) -> OLMoOutput:
         """
         :param input_ids: (B, T) token ids.
@@ -327,33 +381,64 @@ class OLMo(nn.Module):
             weight, output bias, logit scale))`` inside the forward, where FSDP holds the output weight gathered,
             and return it as ``loss`` (``logits`` is then None). :class:`olmo.train.kl.KLTrainModule` computes its
             penalty this way.
+
+        Incremental decoding (OLMo's arguments, keyword-only here):
+
+        :param input_embeddings: (B, T, C) used instead of ``wte(input_ids)`` (``input_ids`` may then be None).
+        :param attention_bias: OLMo's (B or 1, 1 or H, >= L, >= L) bias over all L = past + T positions, which
+            replaces the causal mask: bool/int8 (true: may attend) or additive float.
+        :param past_key_values: The ``attn_key_values`` of an earlier call: these T tokens continue those
+            sequences, at positions ``past ..``; ``attention_mask`` (when given) then covers all past + T positions.
+        :param use_cache: Return every block's keys and values in ``attn_key_values``.
+        :param last_logits_only: Compute the logits of the last position only: (B, 1, embedding_size).
         """
         cfg = self.config
         t = self.transformer
-        T = input_ids.shape[1]
-        x = t.wte(input_ids)  # (B, T, C)
+        past = 0 if not past_key_values else past_key_values[0][0].size(-2)
+        self._check_decoding_inputs(input_ids, input_embeddings, attention_mask, past_key_values, past, doc_lens)
+        if input_embeddings is not None:
+            x = input_embeddings  # (B, T, C)
+        else:
+            x = t.wte(input_ids)  # (B, T, C)
+        T = x.shape[1]
         if t.emb_norm is not None:
             x = t.emb_norm(x)
         if t.wpe is not None:
-            x = x + t.wpe(torch.arange(T, device=x.device))  # (B, T, C)
+            if past + T > cfg.max_sequence_length:
+                raise ValueError(
+                    f"Position {past + T - 1} is past the {cfg.max_sequence_length} learned positions (model.wpe) "
+                    f"of this model: shorten the prompt or generate fewer tokens."
+                )
+            x = x + t.wpe(torch.arange(past, past + T, device=x.device))  # (B, T, C)
         x = t.emb_drop(x)
 
         doc_ids: torch.Tensor | None = None
         doc_spans: DocumentSpans | None = None
         if doc_lens is not None:
             doc_lens = doc_lens.to(x.device)
-            check_doc_lens(doc_lens, input_ids.shape, max_doc_lens)
+            check_doc_lens(doc_lens, x.shape[:2], max_doc_lens)
             if self._flash_runs_documents(x, attention_mask):
                 doc_spans = document_spans(doc_lens, max_doc_lens)
             else:
                 doc_ids = document_ids(doc_lens, T)  # (B, T)
-        attn_bias = attention_bias(cfg, T, x.device, attention_mask, doc_ids)  # (B or 1, H or 1, T, T) or None
-        rope = self._rope_tables(T, x.device) if cfg.rope else None
+        # (B or 1, H or 1, T, past + T) or None
+        attn_bias = build_attention_bias(cfg, T, x.device, attention_mask, doc_ids, past, attention_bias)
+        rope = self._rope_tables(past + T, x.device) if cfg.rope else None
+        if rope is not None and past:
+            rope = (rope[0][past:], rope[1][past:])
         hidden_states: list[torch.Tensor] = []
-        for block in t.blocks:
+        presents: KVCache = []
+        for i, block in enumerate(t.blocks):
             if output_hidden_states:
                 hidden_states.append(x)
-            x = block(x, attn_bias, rope, doc_spans)  # (B, T, C)
+            if past_key_values or use_cache:
+                layer_past = past_key_values[i] if past_key_values else None
+                x, present = block(x, attn_bias, rope, doc_spans, layer_past=layer_past, use_cache=True)
+                presents.append(present)
+            else:
+                x = block(x, attn_bias, rope, doc_spans)  # (B, T, C)
+        if last_logits_only:
+            x = x[:, -1:, :]  # (B, 1, C)
         x = t.ln_f(x)
         if output_hidden_states:
             hidden_states.append(x)
@@ -365,7 +450,72 @@ class OLMo(nn.Module):
             logits, loss = lm_head(x, t.wte.weight, None, *options)  # tied to the input embedding
         else:
             logits, loss = t.ff_out(x, *options)
-        return OLMoOutput(logits, None, hidden, loss)
+        return OLMoOutput(logits, presents if use_cache else None, hidden, loss)
+
+    def generate(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        attention_bias: torch.Tensor | None = None,
+        max_steps: int = 10,
+        beam_size: int = 1,
+        per_node_beam_size: int | None = None,
+        sampler: Sampler | None = None,
+        min_steps: int | None = None,
+        final_sequence_scorer: FinalSequenceScorer | None = None,
+        constraints: list[Constraint] | None = None,
+    ) -> OLMoGenerateOutput:
+        """Continue the (B, T) prompts ``input_ids`` by up to ``max_steps`` tokens with beam search over the KV cache
+        (OLMo's signature; ``beam_size=1`` with the default sampler is greedy decoding). Call it in eval mode.
+
+        :param attention_mask: (B, T), 0 for padding; pad prompts of different lengths on the left.
+        :param attention_bias: (B, 1, T + max_steps, T + max_steps), as for :meth:`forward`.
+
+        The search options are :class:`~olmo.model.beam_search.BeamSearch`'s; the sequences end at
+        ``config.eos_token_id``. Returns the (B, beam_size, steps) generated token ids and the beams' scores,
+        best first.
+        """
+        return generate(
+            self,
+            input_ids,
+            attention_mask,
+            attention_bias,
+            max_steps,
+            beam_size,
+            per_node_beam_size,
+            sampler,
+            min_steps,
+            final_sequence_scorer,
+            constraints,
+        )
+
+    def _check_decoding_inputs(
+        self,
+        input_ids: torch.Tensor | None,
+        input_embeddings: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Sequence[tuple[torch.Tensor, torch.Tensor]] | None,
+        past: int,
+        doc_lens: torch.Tensor | None,
+    ) -> None:
+        """Refuse inputs the incremental-decoding arguments cannot combine with, naming the argument."""
+        if (input_ids is None) == (input_embeddings is None):
+            raise ValueError("OLMo.forward takes input_ids or input_embeddings: exactly one of them.")
+        if past_key_values is None:
+            return
+        if len(past_key_values) != self.config.n_layers:
+            raise ValueError(
+                f"past_key_values has {len(past_key_values)} entries but the model has {self.config.n_layers} "
+                f"blocks: pass the attn_key_values of an earlier call with use_cache=True."
+            )
+        if doc_lens is not None:
+            raise ValueError("doc_lens cannot be combined with past_key_values: document masking is for training.")
+        T = (input_ids if input_ids is not None else input_embeddings).shape[1]  # type: ignore[union-attr]
+        if attention_mask is not None and attention_mask.shape[-1] != past + T:
+            raise ValueError(
+                f"attention_mask has {attention_mask.shape[-1]} positions but past_key_values hold {past} and "
+                f"input_ids {T}: with a cache the mask covers every position, past and new ({past + T})."
+            )
 
     def _flash_runs_documents(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
         """Whether the blocks' attention for the embeddings ``x`` can run on flash-attn's varlen kernel."""

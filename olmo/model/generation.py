@@ -1,0 +1,169 @@
+"""Text generation with the KV cache: :func:`generate` (``OLMo.generate``, OLMo's signature) and the samplers that
+the command line's ``--temperature``, ``--top_k`` and ``--top_p`` choose.
+
+The prompt runs once (``use_cache=True``, last logits only); every later step feeds the beams' last tokens with the
+cached keys and values, which :class:`~olmo.model.beam_search.BeamSearch` reorders with the beams. Prompts of
+different lengths are padded on the left with an ``attention_mask``: padding keys are hidden from every query, and
+with RoPE or ALiBi (relative positions) a padded prompt continues exactly as it would alone; with learned absolute
+positions (``wpe``) the padding shifts its positions, as in the original OLMo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .beam_search import (
+    BeamSearch,
+    Constraint,
+    DeterministicSampler,
+    FinalSequenceScorer,
+    MultinomialSampler,
+    Sampler,
+    StateType,
+    TopKSampler,
+    TopPSampler,
+)
+
+if TYPE_CHECKING:
+    from .transformer import OLMo, OLMoGenerateOutput
+
+__all__ = ["generate", "build_sampler", "TokenCallback"]
+
+TokenCallback = Callable[[torch.Tensor], None]
+"""Called after every step with the (B * beam,) tokens just chosen (before the beams are sorted)."""
+
+
+def build_sampler(temperature: float = 0.0, top_k: Optional[int] = None, top_p: Optional[float] = None) -> Sampler:
+    """The sampler for the usual generation options: ``temperature`` 0 is greedy (the most likely token); otherwise
+    sampling at that temperature, from the ``top_k`` most likely tokens or from the nucleus of probability
+    ``top_p`` when given (not both).
+
+    :raises ValueError: naming the option, for values that make no sense.
+    """
+    if temperature < 0:
+        raise ValueError(f"--temperature={temperature} must be >= 0 (0: greedy decoding).")
+    if top_k is not None and top_p is not None:
+        raise ValueError("Give --top_k or --top_p, not both.")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"--top_k={top_k} must be at least 1.")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"--top_p={top_p} must be in (0, 1].")
+    if temperature == 0:
+        if top_k is not None or top_p is not None:
+            raise ValueError("--top_k and --top_p sample: give a --temperature above 0 with them (e.g. 0.8).")
+        return DeterministicSampler()
+    if top_k is not None:
+        return TopKSampler(k=top_k, temperature=temperature)
+    if top_p is not None:
+        return TopPSampler(p=top_p, temperature=temperature)
+    return MultinomialSampler(temperature=temperature)
+
+
+def _flatten(cache: list[tuple[torch.Tensor, torch.Tensor]], state: StateType) -> None:
+    for i, (key, value) in enumerate(cache):
+        state[f"past_key_{i}"] = key
+        state[f"past_value_{i}"] = value
+
+
+def _unflatten(state: StateType, n_layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(state[f"past_key_{i}"], state[f"past_value_{i}"]) for i in range(n_layers)]
+
+
+@torch.no_grad()
+def generate(
+    model: OLMo,
+    input_ids: torch.Tensor,
+    attention_mask: Optional[torch.Tensor] = None,
+    attention_bias: Optional[torch.Tensor] = None,
+    max_steps: int = 10,
+    beam_size: int = 1,
+    per_node_beam_size: Optional[int] = None,
+    sampler: Optional[Sampler] = None,
+    min_steps: Optional[int] = None,
+    final_sequence_scorer: Optional[FinalSequenceScorer] = None,
+    constraints: Optional[list[Constraint]] = None,
+    *,
+    end_index: Optional[int] = None,
+    on_token: Optional[TokenCallback] = None,
+) -> OLMoGenerateOutput:
+    """Continue the (B, T) prompts ``input_ids`` by up to ``max_steps`` tokens; see :meth:`olmo.model.OLMo.generate`.
+
+    :param end_index: The token that ends a sequence; default ``model.config.eos_token_id``.
+    :param on_token: Called with each step's tokens (for streaming them).
+    :raises ValueError: for a mask or bias of the wrong shape, or prompts padded on the right.
+    """
+    from .transformer import OLMoGenerateOutput
+
+    batch_size, prompt_length = input_ids.shape
+    if attention_mask is not None:
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)}; it must match input_ids "
+                f"{tuple(input_ids.shape)}."
+            )
+        if not bool(attention_mask[:, -1].bool().all()):
+            raise ValueError(
+                "A prompt ends with padding (attention_mask 0 in the last column): pad prompts on the left for "
+                "generation (data.pad_direction=left), so that every prompt's last token is real."
+            )
+    if attention_bias is not None and (attention_bias.dim() != 4 or attention_bias.size(-1) < prompt_length):
+        raise ValueError(
+            f"attention_bias has shape {tuple(attention_bias.shape)}; it must be (batch, 1, T + max_steps, "
+            f"T + max_steps) for prompts of T={prompt_length} tokens."
+        )
+    search = BeamSearch(
+        model.config.eos_token_id if end_index is None else end_index,
+        max_steps=max_steps,
+        beam_size=beam_size,
+        per_node_beam_size=per_node_beam_size,
+        sampler=sampler,
+        min_steps=min_steps,
+        final_sequence_scorer=final_sequence_scorer,
+        constraints=constraints,
+    )
+    n_layers = model.config.n_layers
+    started = False
+
+    def step(last_predictions: torch.Tensor, state: StateType) -> tuple[torch.Tensor, StateType]:
+        nonlocal started
+        mask, bias = state.get("attention_mask"), state.get("attention_bias")
+        if started:
+            if on_token is not None:
+                on_token(last_predictions)
+            ids = last_predictions.unsqueeze(1)  # (B * beam, 1)
+            past = _unflatten(state, n_layers)
+            if mask is not None:
+                mask = torch.cat((mask, mask.new_ones((ids.size(0), 1))), dim=-1)
+        else:
+            ids, past = state["input_ids"], None
+        started = True
+        output = model(
+            ids,
+            attention_mask=mask,
+            attention_bias=bias,
+            past_key_values=past,
+            use_cache=True,
+            last_logits_only=True,
+        )
+        assert output.logits is not None and output.attn_key_values is not None
+        log_probs = F.log_softmax(output.logits[:, -1, :].float(), dim=-1)  # (B * beam, V)
+        new_state: StateType = {}
+        _flatten(output.attn_key_values, new_state)
+        if mask is not None:
+            new_state["attention_mask"] = mask
+        if bias is not None:
+            new_state["attention_bias"] = bias
+        return log_probs, new_state
+
+    state: StateType = {"input_ids": input_ids}
+    if attention_mask is not None:
+        state["attention_mask"] = attention_mask
+    if attention_bias is not None:
+        state["attention_bias"] = attention_bias
+    start = input_ids.new_zeros((batch_size,))  # not fed to the model: the first step reads the prompt
+    token_ids, scores = search.search(start, state, step)
+    return OLMoGenerateOutput(token_ids=token_ids, scores=scores)
