@@ -2,6 +2,7 @@
 convert both ways exactly (same weights after a round trip, same logits, same greedy tokens), and bad input is
 refused before anything is written."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -183,6 +184,30 @@ def test_a_trained_checkpoint_exports_with_equal_logits_sharded_or_not(trained_r
     )
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", local_files_only=True, dtype="auto")
     assert hf.dtype == torch.bfloat16 and (tmp_path / "bf16" / "model.safetensors").is_file()
+
+
+def test_generate_py_is_greedy_decoding_token_for_token_as_transformers_generate(trained_run, tmp_path, capsys):
+    """scripts/generate.py on a trained checkpoint against transformers' generate on its convert_to_hf.py export:
+    the same tokens, for a batch of two prompts of different lengths (left-padded) and for one prompt streamed."""
+    checkpoint = trained_run / "step6-unsharded"
+    assert run_main("convert_to_hf.py", checkpoint, tmp_path / "hf") == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
+    prompts = ["def f(a", "x = 1"]
+    args = [f"--prompt={p}" for p in prompts]
+    assert run_main("generate.py", checkpoint, *args, "--max_new_tokens=20", "--json") == 0
+    results = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["prompt"] for r in results] == prompts
+    for result in results:
+        ids = torch.tensor([result["prompt_token_ids"]])
+        with torch.no_grad():
+            expected = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=20)
+        expected = expected[0, ids.size(1) :].tolist()
+        expected = expected[: expected.index(BYTE_EOS)] if BYTE_EOS in expected else expected
+        assert result["token_ids"] == expected and len(expected) > 0
+        assert result["text"] == tokenizer.decode(expected)
+    assert run_main("generate.py", checkpoint, args[0], "--max_new_tokens=20") == 0
+    assert capsys.readouterr().out == prompts[0] + results[0]["text"] + "\n"  # streamed, then a newline
 
 
 def _assert_nothing_written(parent: Path, name: str) -> None:
