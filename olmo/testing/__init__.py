@@ -23,6 +23,7 @@ from ..util import REPO
 __all__ = [
     "BYTE_EOS",
     "BYTE_VOCAB",
+    "write_byte_tokenizer",
     "stdlib_documents",
     "write_byte_memmap",
     "write_byte_corpus",
@@ -86,6 +87,22 @@ def write_byte_corpus(root: Union[str, Path]) -> list[str]:
     write_byte_memmap(root / "a.npy", 30_000)
     write_byte_memmap(root / "b.npy", 20_000, skip_bytes=400_000)
     return [str(root / "a.npy"), str(root / "b.npy")]
+
+
+def write_byte_tokenizer(path: Union[str, Path]) -> Path:
+    """A tokenizer.json for the byte vocabulary of :func:`write_byte_memmap`: the 256 byte-level symbols, then
+    ``<|endoftext|>`` (:data:`BYTE_EOS`); no merges. Returns ``path``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {symbol: i for i, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab["<|endoftext|>"] = BYTE_EOS
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(["<|endoftext|>"])
+    assert tokenizer.get_vocab_size() == BYTE_VOCAB
+    tokenizer.save(str(path))
+    return Path(path)
 
 
 def tiny_model_config(**overrides: Any) -> Any:

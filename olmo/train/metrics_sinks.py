@@ -112,6 +112,11 @@ class JsonlSink:
         self.file.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
         self.file.flush()
 
+    def log_records(self, step: int, records: dict[str, Any]) -> None:
+        """Non-numeric results (e.g. generated samples) as their own line, which metrics readers skip."""
+        self.file.write(json.dumps({"step": step, "time": time.time(), **records}) + "\n")
+        self.file.flush()
+
     def close(self, summary: dict[str, Any], exit_code: int) -> None:
         self.file.close()
 
@@ -141,6 +146,20 @@ class WandbSink:
     def log(self, step: int, metrics: dict[str, float], eval_keys: Optional[list[str]]) -> None:
         if eval_keys is not None or step % self.interval == 0:
             self.run.log(metrics, step=step)
+
+    def log_records(self, step: int, records: dict[str, Any]) -> None:
+        """Lists of samples as tables (one row per sample, its fields as columns, the step first)."""
+        import wandb
+
+        tables = {}
+        for key, rows in records.items():
+            if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+                columns = ["step", *rows[0]]
+                tables[key] = wandb.Table(
+                    columns=columns, data=[[step, *(r.get(c) for c in columns[1:])] for r in rows]
+                )
+        if tables:
+            self.run.log(tables, step=step)
 
     def close(self, summary: dict[str, Any], exit_code: int) -> None:
         self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
@@ -178,6 +197,19 @@ class MetricsLogger:
     def log_event(self, step: int, message: str) -> None:
         if self.enabled:
             log.info("[step=%d] %s", step, message)
+
+    def log_records(self, step: int, records: dict[str, Any]) -> None:
+        """Record results that are not numbers (generated samples): a line of ``metrics.jsonl``, a wandb table,
+        and each sample on the console."""
+        if not self.enabled:
+            return
+        for key, rows in records.items():
+            for row in rows if isinstance(rows, list) else []:
+                if isinstance(row, dict) and "prompt" in row:
+                    log.info("[step=%d] %s: %r -> %r", step, key, row["prompt"], row.get("completion"))
+        for sink in self.sinks:
+            if hasattr(sink, "log_records"):
+                sink.log_records(step, records)
 
     def close(self, summary: dict[str, Any], exit_code: int = 0) -> None:
         """Print the run summary and close the sinks."""

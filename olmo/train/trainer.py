@@ -340,6 +340,8 @@ class Trainer:
         self.log_metrics()  # training steps first, so metrics.jsonl stays in step order
         metrics = self.eval_runner.run(self.train_module, self.env.device)
         self.metrics_logger.log(step, metrics, console_keys=sorted(metrics))
+        if self.eval_runner.records:
+            self.metrics_logger.log_records(step, self.eval_runner.records)
         return True
 
     def _enter_stage(self, stage: Stage, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint
 from olmo.checkpoint.save import write_unsharded_checkpoint
@@ -21,25 +20,13 @@ from olmo.testing import (
     run_train,
     tiny_config_dict,
     write_byte_memmap,
+    write_byte_tokenizer,
     write_config,
 )
 
 transformers = pytest.importorskip("transformers")
 
 EMBEDDING = 320
-
-
-def _byte_tokenizer(path: Path) -> Path:
-    """A tokenizer.json with the byte vocabulary of :func:`olmo.testing.write_byte_memmap` (EOS = 256)."""
-    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    vocab["<|endoftext|>"] = BYTE_EOS
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(["<|endoftext|>"])
-    assert tokenizer.get_vocab_size() == BYTE_VOCAB
-    tokenizer.save(str(path))
-    return path
 
 
 def _hf_model(model_type: str, **options):
@@ -109,7 +96,7 @@ def test_hf_to_ours_to_hf_is_exact(variant, tmp_path):
     model_type, options = VARIANTS[variant]
     hf = _hf_model(model_type, **options)
     hf.save_pretrained(tmp_path / "hf")
-    _byte_tokenizer(tmp_path / "hf" / "tokenizer.json")
+    write_byte_tokenizer(tmp_path / "hf" / "tokenizer.json")
 
     assert run_main("convert_from_hf.py", tmp_path / "hf", tmp_path / "ours") == 0
     model_cfg = TrainConfig.load(tmp_path / "ours" / "config.yaml").model
@@ -132,7 +119,7 @@ def test_hf_to_ours_to_hf_is_exact(variant, tmp_path):
 
 def test_an_imported_model_fine_tunes(tmp_path):
     _hf_model("olmo2", tie_word_embeddings=False).save_pretrained(tmp_path / "hf")
-    _byte_tokenizer(tmp_path / "hf" / "tokenizer.json")
+    write_byte_tokenizer(tmp_path / "hf" / "tokenizer.json")
     assert run_main("convert_from_hf.py", tmp_path / "hf", tmp_path / "ours", "--safetensors") == 0
     assert (tmp_path / "ours" / "model.safetensors").is_file()
     imported = TrainConfig.load(tmp_path / "ours" / "config.yaml")
@@ -157,7 +144,7 @@ def trained_run(tmp_path_factory):
         "save_interval_unsharded": 3,
         "max_duration": 6,
         "hf_export": {"enabled": True, "dtype": "float32", "every_unsharded": True},
-        "tokenizer.identifier": str(_byte_tokenizer(root / "tokenizer.json")),
+        "tokenizer.identifier": str(write_byte_tokenizer(root / "tokenizer.json")),
         "model.norm_after": True,
         "model.layer_norm_type": "rms",
         "model.attention_layer_norm": True,
@@ -239,7 +226,7 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, monkeypatch):
 
     data = [str(tmp_path / "unused.npy")]
     alibi = tiny_config_dict(tmp_path, data, **{"model.rope": False, "model.alibi": True, "model.clip_qkv": 2.0})
-    alibi["tokenizer"] = {"identifier": str(_byte_tokenizer(tmp_path / "tokenizer.json"))}
+    alibi["tokenizer"] = {"identifier": str(write_byte_tokenizer(tmp_path / "tokenizer.json"))}
     cfg = TrainConfig.from_dict(alibi)
     cfg.save(tmp_path / "alibi.yaml")
     write_unsharded_checkpoint(tmp_path / "alibi", OLMo(cfg.model), None, {}, tmp_path / "alibi.yaml", step=0)
