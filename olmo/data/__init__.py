@@ -33,7 +33,8 @@ from ..config import DEFAULT_MAX_DURATION, DataConfig, TrainConfig
 from ..config.stages import parse_duration_steps, segment_lengths
 from ..exceptions import OLMoConfigurationError, OLMoDataError
 from ..util import env_rank, env_world_size, is_url
-from .collator import DataCollator, check_token_ids
+from .collator import CustomDatasetDataCollator, DataCollator, check_token_ids
+from .custom_datasets import build_custom_dataset, import_by_name
 from .data_indices import DataIndexLog, read_data_indices
 from .instance_filter import FilteredInstanceCounter, is_repetitive
 from .iterable_dataset import (
@@ -52,6 +53,9 @@ from .remote import METADATA_CACHE_NAME, FetchStats
 
 __all__ = [
     "DataCollator",
+    "CustomDatasetDataCollator",
+    "build_collator",
+    "build_custom_dataset",
     "DataIndexLog",
     "FetchStats",
     "FilteredInstanceCounter",
@@ -72,6 +76,22 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+def build_collator(train_config: TrainConfig) -> Any:
+    """The collator of ``train_config``'s data (OLMo's ``build_collator``): with a ``data.custom_dataset``, its
+    ``collate_fn`` (imported by name) or a :class:`CustomDatasetDataCollator` mapping its ``collate_config`` field
+    names; otherwise the :class:`DataCollator` of ``data.pad_direction`` and ``model.pad_token_id``."""
+    custom = train_config.data.custom_dataset
+    if custom is None:
+        return DataCollator.from_train_config(train_config)
+    if custom.collate_fn is not None:
+        return import_by_name(custom.collate_fn, key="data.custom_dataset.collate_fn")
+    return CustomDatasetDataCollator(
+        pad_direction=train_config.data.pad_direction,
+        pad_token_id=train_config.model.pad_token_id,
+        **({"collate_config": custom.collate_config} if custom.collate_config is not None else {}),
+    )
 
 
 def build_memmap_dataset(

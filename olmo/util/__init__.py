@@ -4,7 +4,8 @@ This module: logging (rank-aware), the CLI environment, path and URL helpers, ma
 ``launch`` (rank and world size from torchrun's or Slurm's variables, before any process group), ``rng`` (capture
 and restore every RNG), ``json_lines`` (JSON-lines files), ``object_store`` (S3-API and GCS clients),
 ``checkpoint_dirs`` (the commit marker and checkpoint discovery without torch, for the config resolver
-``${path.last_checkpoint:...}``) and ``tokenizer_files`` (where a tokenizer identifier's file comes from).
+``${path.last_checkpoint:...}``), ``tokenizer_files`` (where a tokenizer identifier's file comes from) and
+``olmo_helpers`` (``clean_opt``, ``dir_is_empty``, ``flatten_dict``: names the original OLMo's scripts import).
 ``env_rank``/``env_world_size``/``launch_env`` are re-exported here.
 
 May import: ``olmo.exceptions`` only.
@@ -25,6 +26,7 @@ from typing import Any, Optional, Union
 
 from ..exceptions import OLMoCliError, OLMoError
 from .launch import LaunchEnv, env_rank, env_world_size, expand_hostlist, launch_env
+from .olmo_helpers import clean_opt, dir_is_empty, flatten_dict
 
 __all__ = [
     "REPO",
@@ -54,6 +56,9 @@ __all__ = [
     "missing_slash_problem",
     "local_path_of",
     "remote_save_folder_problems",
+    "clean_opt",
+    "dir_is_empty",
+    "flatten_dict",
 ]
 
 log = logging.getLogger(__name__)
