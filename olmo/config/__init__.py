@@ -9,6 +9,7 @@ May import: ``olmo.util``, ``olmo.exceptions`` (the bottom of the stack: a confi
 and loading one never imports torch).
 """
 
+from .base import BaseConfig
 from .stability import RollbackConfig, SkipSpikesConfig, StragglersConfig, WatchdogConfig
 from .train_config import (
     DEFAULT_MAX_DURATION,
@@ -58,6 +59,7 @@ from .train_config import (
 )
 
 __all__ = [
+    "BaseConfig",
     "StrEnum",
     "ActivationType",
     "BlockType",

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf as om
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from ..exceptions import OLMoCliError, OLMoConfigurationError
+from ..util.olmo_helpers import clean_opt
 
 __all__ = [
     "clean_opt",
@@ -180,18 +181,6 @@ def refuse_interpolations(raw: DictConfig, path: Union[str, Path]) -> DictConfig
 
     walk(om.to_container(raw, resolve=False), "")
     return raw
-
-
-def clean_opt(arg: str) -> str:
-    """Turn a CLI option into an OmegaConf dotlist entry.
-
-    ``--model.n_layers=2`` -> ``model.n_layers=2``; ``--save-overwrite`` -> ``save_overwrite=true``.
-    """
-    if "=" not in arg:
-        arg = f"{arg}=true"
-    name, value = arg.split("=", 1)
-    name = name.strip("-").replace("-", "_")
-    return f"{name}={value}"
 
 
 def _yaml_problem(e: yaml.YAMLError, text_lines: Optional[list[str]] = None) -> str:

@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import numpy as np
+
+from .base import BaseConfig
 from .sections import EvaluatorType, PaddingDirection
 
 
@@ -50,8 +53,8 @@ class RemoteDataConfig:
 
 @dataclass
 class CustomDatasetCollatorConfig:
-    """Field names of a custom dataset's items (OLMo's ``CustomDatasetCollatorConfig``); accepted so that
-    configs OLMo writes load, never used (see ``DataConfig.custom_dataset``)."""
+    """Field names of a custom dataset's items (OLMo's ``CustomDatasetCollatorConfig``), which
+    :class:`olmo.data.CustomDatasetDataCollator` maps to the model's names (see ``DataConfig.custom_dataset``)."""
 
     input_id_field: str = "input_ids"
     """Item key holding the token ids."""
@@ -73,8 +76,9 @@ class CustomDatasetCollatorConfig:
 
 @dataclass
 class CustomDatasetConfig:
-    """OLMo's custom dataset: a class ``name`` imported from ``module`` and built with ``args``. Accepted so
-    that configs OLMo writes load; validation refuses a non-null ``data.custom_dataset``."""
+    """OLMo's custom dataset: a class ``name`` imported from ``module`` and built with ``args``
+    (:func:`olmo.data.build_custom_dataset`); training from ``scripts/train.py`` refuses it (see
+    ``DataConfig.custom_dataset``)."""
 
     name: str = "???"
     """The dataset class (or function) name."""
@@ -115,13 +119,13 @@ class MixtureConfig:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(BaseConfig):
     paths: Optional[list[str]] = None
     """Token memmaps (local paths or ``http(s)``/``s3``/``r2``/``weka``/``gs`` URLs, read in place by byte range),
     headerless, as written by ``dolma tokens``. A file written by ``np.save`` is read from after its npy header
     (whose dtype must be ``memmap_dtype``)."""
     memmap_dtype: str = "uint16"
-    """numpy dtype of the token files: uint8, uint16, uint32 or uint64."""
+    """numpy dtype of the token files: uint8, uint16, uint32 or uint64 (see :attr:`effective_memmap_dtype`)."""
     datasets: Optional[dict[str, list[str]]] = None
     """Label -> token files (used by evaluators); exclusive with ``paths``."""
     label_mask_paths: Optional[list[str]] = None
@@ -157,9 +161,21 @@ class DataConfig:
     """Sources mixed by target token ratios (see ``MixtureConfig`` and the README's "Data mixtures"); exclusive with
     ``paths`` and ``datasets``. The realized mix is written to ``save_folder/train_data/mixture.json``."""
     custom_dataset: Optional[CustomDatasetConfig] = None
-    """OLMo's hook for a dataset class imported from ``module`` by name. Accepted as null (OLMo writes it
-    into every config.yaml); anything else is refused by validation, since it would run code named by a
-    config file: convert the data to token memmaps instead."""
+    """OLMo's hook for a dataset class imported from ``module`` by name. In Python it works as in OLMo
+    (:func:`olmo.data.build_custom_dataset`, :func:`olmo.data.build_collator`); ``scripts/train.py`` refuses it
+    (validation), since the trainer's exact order, resume and ``global_indices.npy`` need token memmaps, and it
+    would run code named by a config file: convert the data to token memmaps instead."""
+
+    @property
+    def effective_memmap_dtype(self) -> type:
+        """``memmap_dtype`` as the numpy type (OLMo's property).
+
+        :raises TypeError: for a name that is not one of the four unsigned integer types.
+        """
+        types = {"uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64}
+        if self.memmap_dtype not in types:
+            raise TypeError(f"data.memmap_dtype={self.memmap_dtype!r} must be one of {', '.join(types)}.")
+        return types[self.memmap_dtype]
 
 
 @dataclass

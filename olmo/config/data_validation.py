@@ -65,9 +65,12 @@ def data_problems(cfg: TrainConfig) -> list[str]:
         out += _instance_filter_problems(cfg)
     if d.custom_dataset is not None:
         out.append(
-            f"data.custom_dataset ({d.custom_dataset.module or '?'}.{d.custom_dataset.name}) is not supported: it "
-            f"would import and run code named by the config. Tokenize the data into memmaps (dolma tokens or "
-            f"scripts/prepare_memmap_dataset.py), list them in data.paths, and set data.custom_dataset to null."
+            f"data.custom_dataset ({d.custom_dataset.module or '?'}.{d.custom_dataset.name}) cannot train with "
+            f"scripts/train.py: the trainer's exact data order, resume and global_indices.npy need token memmaps, "
+            f"and it would import and run code named by the config (in your own Python loop, "
+            f"olmo.data.build_custom_dataset and build_collator build it as OLMo does). Tokenize the data into "
+            f"memmaps (dolma tokens or scripts/prepare_memmap_dataset.py), list them in data.paths, and set "
+            f"data.custom_dataset to null."
         )
     return out
 

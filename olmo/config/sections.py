@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional, Union
 
+from .base import BaseConfig
+
 
 class StrEnum(str, Enum):
     """An enum whose members are their own string values, so YAML can name them either way."""
@@ -148,7 +150,7 @@ class DDPGradSyncMode(StrEnum):
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(BaseConfig):
     """The transformer's shape and options. Parameter names follow the original OLMo."""
 
     d_model: int = 768
@@ -261,7 +263,7 @@ class ModelConfig:
 
 
 @dataclass
-class OptimizerConfig:
+class OptimizerConfig(BaseConfig):
     name: OptimizerType = OptimizerType.lionw
     """``adamw``, ``lionw`` (OLMo's default) or ``muon`` (Muon for the blocks' weight matrices, AdamW for the
     rest, with ``betas``, ``eps`` and one ``learning_rate``; :mod:`olmo.optim.muon`)."""
@@ -298,7 +300,7 @@ class OptimizerConfig:
 
 
 @dataclass
-class SchedulerConfig:
+class SchedulerConfig(BaseConfig):
     name: SchedulerType = SchedulerType.cosine_with_warmup
     """Learning-rate schedule."""
     units: SchedulerUnits = SchedulerUnits.steps
@@ -324,7 +326,7 @@ class SchedulerConfig:
 
 
 @dataclass
-class TokenizerConfig:
+class TokenizerConfig(BaseConfig):
     identifier: str = "allenai_gpt-neox-olmo-dolma-v1_5.json"
     """A tokenizer.json path, or the name of a file shipped in ``olmo_eval/tokenizers/``."""
     truncate_direction: TruncationDirection = TruncationDirection.right

@@ -11,14 +11,14 @@ carry over. A config is loaded once (:meth:`TrainConfig.load`), validated once
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from enum import Enum
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar, Union
 
 from omegaconf import OmegaConf as om
 from omegaconf.errors import OmegaConfBaseException
 
+from .base import BaseConfig
 from .cli import clean_opt, config_error, load_structured, refuse_interpolations
 from .data_sections import (
     CustomDatasetCollatorConfig,
@@ -134,7 +134,7 @@ class HFExportConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(BaseConfig):
     """The whole run. Loaded from YAML plus CLI overrides by :meth:`load`."""
 
     run_name: Optional[str] = None
@@ -349,12 +349,6 @@ class TrainConfig:
         """Write the resolved config as YAML (no ``${...}`` left)."""
         om.save(config=om.structured(self), f=str(path))
 
-    def asdict(self, exclude: Optional[list[str]] = None) -> dict[str, Any]:
-        out = _to_plain(asdict(self))
-        for key in exclude or []:
-            out.pop(key, None)
-        return out
-
     def validate(self, world_size: int = 1) -> None:
         """Check values that types alone cannot, and report every problem at once."""
         validate_train_config(self, world_size)
@@ -401,13 +395,3 @@ def _update_legacy_settings(raw: Any) -> Any:
         if "eps" in optimizer:
             del optimizer["eps"]
     return raw
-
-
-def _to_plain(value: Any) -> Any:
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {k: _to_plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_to_plain(v) for v in value]
-    return value

@@ -20,11 +20,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.utils.data
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
 from ..config.data_sections import DataConfig
 from ..distributed.collectives import all_reduce
 from ..exceptions import OLMoConfigurationError, OLMoDataError
+from ..util import env_rank, env_world_size
 from .order_file import OrderSpec, build_order, order_in_memory, verify_order_file
 
 __all__ = [
@@ -68,7 +69,7 @@ def worker_share(indices: Sequence[Any] | np.ndarray, batch_size: int) -> Iterat
     """``(position, entry)`` for the entries of ``indices`` that this DataLoader worker loads: whole batches of
     ``batch_size``, round-robin over the workers (all of them outside a worker), so that the batches come out in
     the same order for any number of workers."""
-    worker = get_worker_info()
+    worker = torch.utils.data.get_worker_info()  # looked up at the call: tests may replace it
     if worker is None:
         yield from enumerate(indices)
         return
@@ -89,7 +90,8 @@ def read_instances(
         yield from read_ahead(indices, extra)
     else:
         for i in indices:
-            yield {**dataset[i], **extra(i)}
+            item = dataset[i]
+            yield {**(item if isinstance(item, dict) else {"input_ids": item}), **extra(i)}
 
 
 class InstanceStream(torch.utils.data.IterableDataset):
@@ -136,6 +138,13 @@ class IterableDataset(torch.utils.data.IterableDataset):
     :param work_dir: where rank 0 writes the order files; None writes nothing.
     :param overwrite: replace an order file that holds a different order instead of raising.
     :param shuffle: permute the instances; otherwise the order is ``0..N-1``.
+    :param max_examples: OLMo's: train on the first ``max_examples`` entries of the order only.
+    :param drop_last: OLMo's: None (the trainer's rule) uses whole global batches of the order and drops the rest;
+        True uses the largest multiple of ``world_size`` entries; False pads the order to a multiple of
+        ``world_size`` with its first entries, as OLMo does.
+
+    Items of ``dataset`` may also be sequences of token ids (they come out as ``{"input_ids": item}``), and
+    ``world_size`` and ``rank`` default to the launch's, as in OLMo.
     """
 
     def __init__(
@@ -143,15 +152,22 @@ class IterableDataset(torch.utils.data.IterableDataset):
         dataset: Dataset,
         global_batch_size: int,
         *,
-        seed: int,
+        seed: int = 0,
         epoch: int = 0,
         start_index: int = 0,
-        world_size: int = 1,
-        rank: int = 0,
+        world_size: Optional[int] = None,
+        rank: Optional[int] = None,
         work_dir: str | os.PathLike[str] | None = None,
         overwrite: bool = False,
         shuffle: bool = True,
+        max_examples: Optional[int] = None,
+        drop_last: Optional[bool] = None,
+        fs_local_rank: Optional[int] = None,
+        num_threads: Optional[int] = None,
     ):
+        del fs_local_rank, num_threads  # OLMo's: the order file is written by rank 0 alone, without threads
+        world_size = env_world_size() if world_size is None else world_size
+        rank = env_rank() if rank is None else rank
         assert 0 <= rank < world_size, f"rank {rank} is not in [0, {world_size})"
         if global_batch_size <= 0 or global_batch_size % world_size != 0:
             raise OLMoConfigurationError(
@@ -181,6 +197,8 @@ class IterableDataset(torch.utils.data.IterableDataset):
         self.work_dir = None if work_dir is None else Path(work_dir)
         self.overwrite = overwrite
         self.shuffle = shuffle
+        self.max_examples = max_examples
+        self.drop_last = drop_last
         self.stop_index: Optional[int] = None
         """Global instances of this epoch after which nothing more is read (the run's last step); None: the
         epoch's end. Instances are fetched ahead only up to it."""
@@ -197,8 +215,12 @@ class IterableDataset(torch.utils.data.IterableDataset):
 
     @property
     def total_size(self) -> int:
-        """Entries of the epoch's order used for training: whole global batches only."""
-        return self.batches_per_epoch * self.global_batch_size
+        """Entries of the epoch's order used for training: whole global batches only (with an explicit
+        ``drop_last``, OLMo's rule: a multiple of ``world_size``, cut or padded)."""
+        if self.drop_last is None:
+            return self.batches_per_epoch * self.global_batch_size
+        n, w = self.num_instances, self.world_size
+        return n // w * w if self.drop_last else -(-n // w) * w
 
     @property
     def batches_per_epoch(self) -> int:
@@ -247,11 +269,12 @@ class IterableDataset(torch.utils.data.IterableDataset):
         self._prepare_order_file()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        order = self.global_indices()
+        order, stop = self.global_indices(), self.total_size
+        if self.drop_last is not None or self.max_examples is not None:
+            order = self._olmo_order(order)
+            stop = len(order)
         # A plain view: iterating an np.memmap runs its Python __getitem__ for every entry.
-        rank_indices = order[rank_slice(self.start_index, self.total_size, self.world_size, self.rank)].view(
-            np.ndarray
-        )
+        rank_indices = order[rank_slice(self.start_index, stop, self.world_size, self.rank)].view(np.ndarray)
         # This rank's entries before stop_index may be fetched ahead; later ones (never trained on, unless the
         # run is extended) are only read when asked for.
         ahead = len(rank_indices)
@@ -260,6 +283,15 @@ class IterableDataset(torch.utils.data.IterableDataset):
         shares = groupby(worker_share(rank_indices, self.device_batch_size), key=lambda item: item[0] < ahead)
         for fetch_ahead, items in shares:
             yield from read_instances(self.dataset, (int(i) for _, i in items), fetch_ahead, with_index=True)
+
+    def _olmo_order(self, order: np.ndarray) -> np.ndarray:
+        """The entries OLMo's rules use: ``total_size`` of them (padded with the first ones when the order is
+        shorter), then at most ``max_examples``."""
+        total = self.total_size
+        entries = np.asarray(order[:total])
+        if total > len(entries):
+            entries = np.concatenate([entries, np.asarray(order[: total - len(entries)])])
+        return entries if self.max_examples is None else entries[: self.max_examples]
 
     def _spec(self) -> OrderSpec:
         return OrderSpec(self.num_instances, self.seed, self.epoch, self.shuffle)

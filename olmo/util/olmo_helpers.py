@@ -11,11 +11,12 @@ __all__ = ["clean_opt", "dir_is_empty", "flatten_dict"]
 
 
 def clean_opt(arg: str) -> str:
-    """``--some-flag=3`` -> ``some_flag=3``; a bare ``--flag`` means ``flag=True`` (OLMo's scripts turn their
-    leftover arguments into config overrides this way)."""
+    """A CLI option as an OmegaConf dotlist entry: ``--model.n_layers=2`` -> ``model.n_layers=2``,
+    ``--save-overwrite`` -> ``save_overwrite=true`` (OLMo's scripts turn their leftover arguments into config
+    overrides this way; so does :mod:`olmo.config.cli`)."""
     name, sep, value = arg.partition("=")
-    key = name.lstrip("-").replace("-", "_")
-    return f"{key}={value if sep else 'True'}"
+    key = name.strip("-").replace("-", "_")
+    return f"{key}={value if sep else 'true'}"
 
 
 def dir_is_empty(path: Union[str, Path]) -> bool:
