@@ -10,16 +10,24 @@ No distributed code: FSDP, activation checkpointing and compile are applied from
 from .layers import (
     LayerNorm,
 )
+from .layers import LayerNorm as LayerNormBase
 from .transformer import (
+    BufferCache,
     OLMo,
     OLMoBlock,
     OLMoGenerateOutput,
+    OLMoLlamaBlock,
     OLMoOutput,
+    OLMoSequentialBlock,
     describe_attention,
 )
 
 __all__ = [
+    "BufferCache",
     "LayerNorm",
+    "LayerNormBase",
+    "OLMoLlamaBlock",
+    "OLMoSequentialBlock",
     "OLMo",
     "OLMoBlock",
     "OLMoOutput",

@@ -42,7 +42,17 @@ from .layers import (
 )
 from .loss import LossSums
 
-__all__ = ["OLMo", "OLMoBlock", "OLMoOutput", "OLMoGenerateOutput", "KVCache", "describe_attention"]
+__all__ = [
+    "OLMo",
+    "OLMoBlock",
+    "OLMoSequentialBlock",
+    "OLMoLlamaBlock",
+    "BufferCache",
+    "OLMoOutput",
+    "OLMoGenerateOutput",
+    "KVCache",
+    "describe_attention",
+]
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +115,11 @@ class OLMoBlock(nn.Module):
 
     :param layer_id: Index of the block (used by the ``mitchell`` init).
     :param config: The model config.
+    :param cache: OLMo's shared :class:`BufferCache`; accepted and unused (the RoPE tables live on the model).
     """
 
-    def __init__(self, layer_id: int, config: ModelConfig):
+    def __init__(self, layer_id: int, config: ModelConfig, cache: Any = None):
+        del cache  # OLMo's shared buffer cache: RoPE tables live on the model here
         super().__init__()
         self.layer_id = layer_id
         self.config = config
@@ -134,6 +146,27 @@ class OLMoBlock(nn.Module):
         self.att_proj = nn.Linear(config.d_model, config.d_model + 2 * kv_dim, bias=bias)
         self.ff_proj = nn.Linear(config.d_model, hidden, bias=bias)
         self._flash_attn = _load_flash_attn() if config.flash_attention else None
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Initialize this block's weights per ``config.init_fn`` (as :meth:`OLMo.reset_parameters` does for every
+        block, in the same order of draws); biases 0, norm weights 1."""
+        cfg = self.config
+        cutoff, std, _ = _init_scales(cfg)
+        for module in self.modules():
+            if isinstance(module, LayerNorm):
+                module.reset_parameters()
+        _init_normal(self.att_proj, std, cutoff)
+        _init_normal(self.ff_proj, std, cutoff)
+        if cfg.init_fn == InitFnType.mitchell:
+            attn_out_std = 1 / math.sqrt(2 * cfg.d_model * (self.layer_id + 1))
+            ff_out_std = 1 / math.sqrt(2 * self.ff_out.in_features * (self.layer_id + 1))
+        elif cfg.init_fn == InitFnType.full_megatron:
+            attn_out_std = ff_out_std = std / math.sqrt(2 * cfg.n_layers)
+        else:
+            attn_out_std = ff_out_std = std
+        _init_normal(self.attn_out, attn_out_std, cutoff)
+        _init_normal(self.ff_out, ff_out_std, cutoff)
 
     def forward(
         self,
@@ -266,6 +299,26 @@ class OLMoBlock(nn.Module):
             q, k, v, attn_mask=attn_bias, dropout_p=dropout_p, is_causal=causal and attn_bias is None
         )  # (B, H, T, hd)
         return y.transpose(1, 2)
+
+
+OLMoSequentialBlock = OLMoBlock
+"""OLMo's name for the sequential block, the only block type there is here."""
+
+
+class BufferCache(dict):  # type: ignore[type-arg]
+    """OLMo's cache of non-persistent buffers shared by the blocks; accepted by :class:`OLMoBlock` for code written
+    against the original, never needed (the model keeps its RoPE tables itself)."""
+
+
+class OLMoLlamaBlock(OLMoBlock):
+    """OLMo's ``block_type: llama`` (separate q, k and v projections). Not implemented: validation refuses the block
+    type, and building one says so."""
+
+    def __init__(self, layer_id: int, config: ModelConfig, cache: Any = None):
+        raise OLMoConfigurationError(
+            "OLMoLlamaBlock (model.block_type=llama) is not implemented; use the sequential block "
+            "(model.block_type=sequential), whose fused att_proj computes the same attention."
+        )
 
 
 class OLMoTransformer(nn.Module):
@@ -533,20 +586,7 @@ class OLMo(nn.Module):
         """Initialize every parameter per ``config.init_fn`` (OLMo >= v0.4 scheme); biases 0, norm weights 1."""
         cfg = self.config
         d = cfg.d_model
-        if cfg.init_fn == InitFnType.normal:
-            cutoff = cfg.init_cutoff_factor
-            std = cfg.init_std
-            emb_std = cfg.emb_init_std or std
-        elif cfg.init_fn == InitFnType.mitchell:
-            cutoff = cfg.init_cutoff_factor or 3.0
-            std = 1 / math.sqrt(d)
-            emb_std = cfg.emb_init_std or std
-        else:
-            assert cfg.init_fn == InitFnType.full_megatron, cfg.init_fn
-            cutoff = cfg.init_cutoff_factor or 3.0
-            std = cfg.init_std
-            emb_std = cfg.emb_init_std or (std * math.sqrt(d) if cfg.scale_emb_init else std)
-
+        cutoff, std, emb_std = _init_scales(cfg)
         t = self.transformer
         _init_normal(t.wte, emb_std, cutoff)
         if t.wpe is not None:
@@ -557,17 +597,7 @@ class OLMo(nn.Module):
             if isinstance(module, LayerNorm):
                 module.reset_parameters()
         for block in t.typed_blocks():
-            _init_normal(block.att_proj, std, cutoff)
-            _init_normal(block.ff_proj, std, cutoff)
-            if cfg.init_fn == InitFnType.mitchell:
-                attn_out_std = 1 / math.sqrt(2 * d * (block.layer_id + 1))
-                ff_out_std = 1 / math.sqrt(2 * block.ff_out.in_features * (block.layer_id + 1))
-            elif cfg.init_fn == InitFnType.full_megatron:
-                attn_out_std = ff_out_std = std / math.sqrt(2 * cfg.n_layers)
-            else:
-                attn_out_std = ff_out_std = std
-            _init_normal(block.attn_out, attn_out_std, cutoff)
-            _init_normal(block.ff_out, ff_out_std, cutoff)
+            block.reset_parameters()
 
     def num_params(self, include_embedding: bool = True) -> int:
         """Number of parameters; ``include_embedding=False`` leaves out ``transformer.wte`` and ``transformer.wpe``."""
@@ -595,6 +625,20 @@ class OLMo(nn.Module):
         seq_len = cfg.max_sequence_length if seq_len is None else seq_len
         head_dim = cfg.d_model // cfg.n_heads
         return 6 * n_matmul + 12 * cfg.n_layers * cfg.n_heads * head_dim * seq_len
+
+
+def _init_scales(cfg: ModelConfig) -> tuple[float | None, float, float]:
+    """``(cutoff factor, std, embedding std)`` of ``cfg.init_fn``."""
+    d = cfg.d_model
+    if cfg.init_fn == InitFnType.normal:
+        return cfg.init_cutoff_factor, cfg.init_std, cfg.emb_init_std or cfg.init_std
+    if cfg.init_fn == InitFnType.mitchell:
+        std = 1 / math.sqrt(d)
+        return cfg.init_cutoff_factor or 3.0, std, cfg.emb_init_std or std
+    assert cfg.init_fn == InitFnType.full_megatron, cfg.init_fn
+    std = cfg.init_std
+    emb = cfg.emb_init_std or (std * math.sqrt(d) if cfg.scale_emb_init else std)
+    return cfg.init_cutoff_factor or 3.0, std, emb
 
 
 def _init_normal(module: nn.Linear | nn.Embedding, std: float, cutoff: float | None) -> None:
