@@ -250,7 +250,12 @@ def test_importing_olmo_config_does_not_import_torch():
 
 def test_package_exports_what_olmo_exports():
     assert {"OLMo", "TrainConfig", "ModelConfig", "Tokenizer"} <= set(olmo.__all__) <= set(dir(olmo))
+    aliases = {"LayerNormBase": "LayerNorm", "OLMoSequentialBlock": "OLMoBlock"}  # OLMo's names for ours
     for name in olmo.__all__:
-        assert getattr(olmo, name).__name__ == name
-    with pytest.raises(AttributeError, match="no attribute 'CheckpointType'"):
-        olmo.CheckpointType  # noqa: B018
+        assert getattr(olmo, name).__name__ == aliases.get(name, name)
+    # The ten names of OLMo 0.6's olmo/__init__.py this package lacked (issue 28), and its smoke check.
+    for name in ("CheckpointType", "RMSLayerNorm", "RotaryEmbedding", "Activation", "GELU", "ReLU", "SwiGLU"):
+        assert name in olmo.__all__
+    olmo.check_install()
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        olmo.NoSuchName  # noqa: B018

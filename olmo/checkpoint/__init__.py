@@ -1,7 +1,8 @@
 """Checkpoints on disk: ``storage`` (atomic save, verified load, discovery, retention; the names re-exported
 here), ``files`` (reading checkpoint files without executing code), ``save`` (temporary directory, fsync, marker,
 rename), ``restore`` (what a launch restores and where it saves, checked before anything is built),
-``olmo_formats`` (the original OLMo trainer's layouts) and ``upload`` (``remote_save_folder``). The commit marker
+``olmo_formats`` (the original OLMo trainer's layouts), ``upload`` (``remote_save_folder``) and ``model_loading``
+(:func:`load_model`, and ``OLMo.from_checkpoint``, which importing this package provides). The commit marker
 and discovery without torch are :mod:`olmo.util.checkpoint_dirs`, so that config resolvers can use them.
 
 May import: ``olmo.model``, ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
@@ -10,6 +11,7 @@ May import: ``olmo.model``, ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
 from .files import (
     safe_torch_load,
 )
+from .model_loading import load_model
 from .storage import (
     FORMAT_VERSION,
     MARKER,
@@ -33,6 +35,7 @@ from .storage import (
 )
 
 __all__ = [
+    "load_model",
     "safe_torch_load",
     "MARKER",
     "CheckpointInfo",

@@ -25,12 +25,9 @@ from typing import Any, Optional
 
 import torch
 
-from olmo.checkpoint import inspect_checkpoint, load_checkpoint
-from olmo.checkpoint.files import fetch
-from olmo.checkpoint.restore import RestorePlan, preflight_restore
+from olmo.checkpoint import load_model
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoCliError
-from olmo.model import OLMo
 from olmo.model.generation import build_sampler, generate
 from olmo.tokenizer import Tokenizer
 
@@ -79,19 +76,6 @@ def _check_args(args: argparse.Namespace) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise OLMoCliError(f"--device={args.device} but this machine has no CUDA GPU; use --device=cpu.")
     return device
-
-
-def load_model(checkpoint: str, device: torch.device, dtype: torch.dtype) -> tuple[OLMo, TrainConfig, int]:
-    """The checkpoint's model (weights only) on ``device`` in eval mode, its config and its step.
-
-    :raises OLMoCheckpointError: for a missing, damaged or mismatched checkpoint, before the weights are read.
-    """
-    info = inspect_checkpoint(checkpoint, flag="CHECKPOINT")
-    cfg = TrainConfig.load_saved(fetch(info.path, "config.yaml"), ["compile=null"])
-    preflight_restore(RestorePlan(info, load_optimizer_state=False, load_trainer_state=False), cfg.model)
-    model = OLMo(cfg.model, init_params=False)
-    load_checkpoint(info, model, None, load_trainer_state=False)
-    return model.to(device=device, dtype=dtype).eval(), cfg, info.step
 
 
 def _tokenizer(cfg: TrainConfig, identifier: Optional[str]) -> Tokenizer:

@@ -25,6 +25,14 @@ class StrEnum(str, Enum):
         return f"'{self.value}'"
 
 
+class CheckpointType(StrEnum):
+    """OLMo's kinds of checkpoint: ``stepN`` (sharded), ``stepN-unsharded``, and ephemeral sharded ones."""
+
+    sharded = "sharded"
+    unsharded = "unsharded"
+    sharded_ephemeral = "sharded_ephemeral"
+
+
 class ActivationType(StrEnum):
     gelu = "gelu"
     relu = "relu"

@@ -70,7 +70,7 @@ class MemMapDataset(FileChecks, Dataset):
 
     :param paths: token files (local paths or URLs), in the order that defines global instance indices:
         headerless memmaps, or arrays written by ``np.save`` (read from after their npy header).
-    :param chunk_size: tokens per instance (``model.max_sequence_length``).
+    :param chunk_size: tokens per instance (``model.max_sequence_length``; 1024 by default, as in OLMo).
     :param memmap_dtype: numpy dtype of the token files (``data.memmap_dtype``).
     :param metadata: a dict for every file, or one list entry per file; returned (with ``path``) in each
         instance's ``metadata``.
@@ -97,7 +97,7 @@ class MemMapDataset(FileChecks, Dataset):
     def __init__(
         self,
         *paths: PathOrStr,
-        chunk_size: int,
+        chunk_size: int = 1024,
         memmap_dtype: str | type | np.dtype = np.uint16,
         metadata: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
         include_instance_metadata: bool = True,

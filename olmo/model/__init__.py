@@ -7,6 +7,7 @@ No distributed code: FSDP, activation checkpointing and compile are applied from
 (:mod:`olmo.distributed.parallelize`). May import: ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
 """
 
+from .blocks_api import GELU, Activation, ReLU, RMSLayerNorm, RotaryEmbedding, SwiGLU
 from .layers import (
     LayerNorm,
 )
@@ -23,6 +24,12 @@ from .transformer import (
 )
 
 __all__ = [
+    "Activation",
+    "GELU",
+    "ReLU",
+    "RMSLayerNorm",
+    "RotaryEmbedding",
+    "SwiGLU",
     "BufferCache",
     "LayerNorm",
     "LayerNormBase",

@@ -27,7 +27,9 @@ __all__ = [
     "FUSED_LOSS_CHUNK_TOKENS",
     "LossSums",
     "OutputHead",
+    "cross_entropy_loss",
     "cross_entropy_sums",
+    "fused_loss_fn",
     "fused_output_loss",
     "next_token_labels",
     "per_token_cross_entropy",
@@ -278,6 +280,33 @@ def _kl_chunk(
     r.mul_(p)  # p * (log p - log r)
     kl_rows = r.sum(dim=-1)  # (n,)
     return kl_rows, r.addcmul_(p, kl_rows[:, None], value=-1.0)
+
+
+def cross_entropy_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    compute_z_loss: bool = False,
+    z_loss_multiplier: float = 1e-4,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """OLMo's ``olmo.train.cross_entropy_loss``: (N, V) logits and (N,) labels -> the cross entropy (``reduction``
+    ``mean``, ``sum`` or ``none``) and, with ``compute_z_loss``, ``z_loss_multiplier * logsumexp(logits)**2`` over
+    the labelled positions, reduced alike (its mean is over all N positions, as in OLMo); else None."""
+    loss = F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction=reduction)
+    if not compute_z_loss:
+        return loss, None
+    z_squared = logits.float().logsumexp(dim=-1).pow(2) * (labels != ignore_index)
+    if reduction == "mean":
+        z_squared = z_squared.mean()
+    elif reduction == "sum":
+        z_squared = z_squared.sum()
+    return loss, z_loss_multiplier * z_squared
+
+
+fused_loss_fn = cross_entropy_loss
+"""OLMo's name for its flash-attn Triton cross entropy; here the same computation as :func:`cross_entropy_loss`
+(the memory-saving fused loss of this trainer is :func:`fused_output_loss`, which never builds the logits)."""
 
 
 def per_token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -301,6 +301,17 @@ class OLMoBlock(nn.Module):
         return y.transpose(1, 2)
 
 
+_checkpoint_loader: Callable[..., OLMo] | None = None
+"""What ``OLMo.from_checkpoint`` calls: checkpoint formats are read by :mod:`olmo.checkpoint`, a layer above this one,
+which registers its loader when imported (``import olmo.checkpoint``; ``from olmo import OLMo`` does it too)."""
+
+
+def register_checkpoint_loader(loader: Callable[..., OLMo]) -> None:
+    """Set the function behind ``OLMo.from_checkpoint(checkpoint_dir, device, checkpoint_type)``."""
+    global _checkpoint_loader
+    _checkpoint_loader = loader
+
+
 OLMoSequentialBlock = OLMoBlock
 """OLMo's name for the sequential block, the only block type there is here."""
 
@@ -497,6 +508,23 @@ class OLMo(nn.Module):
         else:
             logits, loss = t.ff_out(x, *options)
         return OLMoOutput(logits, presents if use_cache else None, hidden, loss)
+
+    @classmethod
+    def from_checkpoint(
+        cls, checkpoint_dir: str, device: str | torch.device = "cpu", checkpoint_type: Any = None
+    ) -> OLMo:
+        """OLMo's constructor: the model of a checkpoint directory (ours sharded or unsharded, the original OLMo's,
+        an import from transformers), weights only, on ``device``, in eval mode. ``checkpoint_type`` is accepted
+        and not needed (the directory says which kind it is).
+
+        :raises OLMoConfigurationError: when :mod:`olmo.checkpoint` was never imported (it reads the formats).
+        """
+        if _checkpoint_loader is None:
+            raise OLMoConfigurationError(
+                "OLMo.from_checkpoint reads checkpoints with olmo.checkpoint: `import olmo.checkpoint` first (or "
+                "use `from olmo import OLMo`, which does)."
+            )
+        return _checkpoint_loader(checkpoint_dir, device, checkpoint_type)
 
     def generate(
         self,

@@ -27,6 +27,7 @@ from ..exceptions import OLMoConfigurationError
 from .lion import LionW
 
 __all__ = [
+    "Optimizer",
     "BoltOnWarmupScheduler",
     "ConstantScheduler",
     "ConstantWithWarmup",
@@ -45,6 +46,9 @@ __all__ = [
     "get_param_groups",
     "set_learning_rate",
 ]
+
+Optimizer = torch.optim.Optimizer
+"""OLMo's optimizer base class; every optimizer here is a ``torch.optim.Optimizer``."""
 
 
 def _decay_rule(module: nn.Module, param_name: str) -> int:
@@ -127,17 +131,21 @@ OPTIMIZER_STATE_KEYS = {
 checkpoint holds."""
 
 
-def build_optimizer(cfg: OptimizerConfig, model: nn.Module, skip_steps: bool = False) -> torch.optim.Optimizer:
+def build_optimizer(
+    cfg: OptimizerConfig | TrainConfig, model: nn.Module, skip_steps: bool = False
+) -> torch.optim.Optimizer:
     """Build the optimizer named by ``cfg.name`` over :func:`get_param_groups` of ``model``.
 
     AdamW is torch's own, fused when every parameter lives on CUDA. ``selective_updates`` is
     implemented for LionW only.
 
-    :param cfg: The optimizer config.
+    :param cfg: The optimizer config, or (OLMo's signature) the whole config, whose ``optimizer`` is used.
     :param model: The model whose trainable parameters to optimize.
     :param skip_steps: build the skip-step version (:mod:`olmo.optim.skip_step`), whose steps can be skipped by a
         factor on the device (``stability.skip_spikes``).
     """
+    if isinstance(cfg, TrainConfig):
+        cfg = cfg.optimizer
     groups = get_param_groups(cfg, model)
     betas = (float(cfg.betas[0]), float(cfg.betas[1]))
     if cfg.name == OptimizerType.muon and not skip_steps:

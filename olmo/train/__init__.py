@@ -11,6 +11,8 @@ May import every package below it: ``olmo.eval``, ``olmo.hf``, ``olmo.checkpoint
 
 from typing import TYPE_CHECKING, Any
 
+from ..model.loss import cross_entropy_loss, fused_loss_fn
+
 if TYPE_CHECKING:
     from .trainer import EXIT_CODE_STOPPED, Trainer, TrainerState
 
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     # The trainer is imported on first use, so that a light module of this package (``olmo.train.stages`` for
     # ``inspect_batch.py``) does not pull in torch.distributed.checkpoint (0.7 s).
-    if name in __all__:
+    if name in ("Trainer", "TrainerState", "EXIT_CODE_STOPPED"):
         from . import trainer
 
         return getattr(trainer, name)
@@ -29,4 +31,6 @@ __all__ = [
     "Trainer",
     "TrainerState",
     "EXIT_CODE_STOPPED",
+    "cross_entropy_loss",
+    "fused_loss_fn",
 ]

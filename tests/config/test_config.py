@@ -252,7 +252,8 @@ def test_fields_newer_olmo_writes_load_and_what_cannot_be_honoured_is_refused(tm
         cfg.validate(world_size=2)
     custom = {"name": "MyDataset", "module": "my.module", "args": {"x": 1}, "collate_config": {"index_field": "i"}}
     with pytest.raises(
-        OLMoConfigurationError, match=r"data\.custom_dataset \(my\.module\.MyDataset\) cannot train with scripts/train.py"
+        OLMoConfigurationError,
+        match=r"data\.custom_dataset \(my\.module\.MyDataset\) cannot train with scripts/train.py",
     ):
         TrainConfig.from_dict({**written, "data": {**written["data"], "custom_dataset": custom}}).validate()
     with caplog.at_level("WARNING"):
