@@ -509,6 +509,12 @@ class OLMo(nn.Module):
             logits, loss = t.ff_out(x, *options)
         return OLMoOutput(logits, presents if use_cache else None, hidden, loss)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters are (OLMo's property; the embedding's device, ``meta`` for a model not yet
+        materialized)."""
+        return self.transformer.wte.weight.device
+
     @classmethod
     def from_checkpoint(
         cls, checkpoint_dir: str, device: str | torch.device = "cpu", checkpoint_type: Any = None
