@@ -215,3 +215,21 @@ def test_olmo_from_checkpoint_loads_a_trained_run(tmp_path):
     ids = torch.randint(0, 256, (1, 8))
     with torch.no_grad():
         assert model(ids).logits.shape == (1, 8, 320)
+
+
+def test_build_eval_dataloader_splits_the_instances_over_ranks(tmp_path, monkeypatch):
+    from olmo.data import build_eval_dataloader
+
+    np.arange(4 * 32, dtype=np.uint16).tofile(tmp_path / "a.npy")  # 4 instances of 32 tokens
+    cfg = TrainConfig.from_dict(tiny_config_dict(tmp_path / "run", [str(tmp_path / "a.npy")]))
+    seen = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", "29500")
+        batches = list(build_eval_dataloader(cfg, cfg.data, batch_size=2, shuffle=False))
+        assert len(batches) == 1 and batches[0]["input_ids"].shape == (2, 32)
+        seen += [int(row[0]) // 32 for row in batches[0]["input_ids"]]
+    assert sorted(seen) == [0, 1, 2, 3]

@@ -55,6 +55,7 @@ __all__ = [
     "DataCollator",
     "CustomDatasetDataCollator",
     "build_collator",
+    "build_eval_dataloader",
     "build_custom_dataset",
     "DataIndexLog",
     "FetchStats",
@@ -220,6 +221,42 @@ def _build_mixture_dataset(
     dataset.mixture_plan = plan
     dataset.file_sources = np.repeat(np.arange(len(files_per_source)), files_per_source)
     return dataset
+
+
+def build_eval_dataloader(
+    train_config: TrainConfig, data_config: DataConfig, batch_size: int, shuffle: bool = True
+) -> DataLoader:
+    """OLMo's evaluation loader: the instances of ``data_config`` (with metadata), split over the ranks by a
+    ``DistributedSampler`` seeded with the run's seed (``data_config.drop_last`` as its ``drop_last``), in
+    batches of ``batch_size`` per rank. The in-loop evaluators do not use it (they deal instances to ranks by a
+    fixed seeded order, :func:`olmo.eval.evaluator.rank_order`); it is for scripts written against OLMo."""
+    from torch.utils.data import DistributedSampler
+
+    dataset = build_memmap_dataset(train_config, data_config, include_instance_metadata=True)
+    world_size = dist.get_world_size() if dist.is_initialized() else env_world_size()
+    rank = dist.get_rank() if dist.is_initialized() else env_rank()
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset,
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=shuffle,
+        seed=train_config.seed,
+        drop_last=data_config.drop_last,
+    )
+    workers = data_config.num_workers
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        collate_fn=DataCollator(
+            pad_direction=data_config.pad_direction, pad_token_id=train_config.model.pad_token_id
+        ),
+        num_workers=workers,
+        pin_memory=data_config.pin_memory is not False and torch.cuda.is_available(),
+        prefetch_factor=data_config.prefetch_factor if workers > 0 else None,
+        persistent_workers=False,
+        timeout=data_config.timeout,
+    )
 
 
 def build_train_dataloader(
