@@ -191,6 +191,12 @@ class EvaluatorConfig:
     """Instances per batch on each rank; None uses the top-level ``device_eval_batch_size``."""
     subset_num_batches: Optional[int] = None
     """Batches per rank to score; None uses ``eval_subset_num_batches``."""
+    definitions: str = "olmo_eval"
+    """``downstream`` only: whose metric definitions. ``olmo_eval`` (the default: ai2-olmo-eval's, which OLMES and
+    current AI2 evaluations use): ``len_norm`` divides by the continuation's length in characters with its leading
+    space, and queries longer than ``model.max_sequence_length`` lose tokens on the left. ``olmo-0.6``: the
+    original OLMo trainer's (0.6), for comparing with numbers it logged: the length without the leading space,
+    and queries cut only past 2048 tokens, its default, whatever the model's length."""
     prompts: list[str] = field(default_factory=list)
     """``generate`` only: the texts to continue at every evaluation."""
     max_new_tokens: int = 32

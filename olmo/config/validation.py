@@ -348,6 +348,11 @@ def evaluator_problems(cfg: TrainConfig) -> list[str]:
         key = f"evaluators[{i}]"
         if evaluator_batch_size(cfg, ecfg) < 1:
             problems.append(f"{key}.device_eval_batch_size (or device_eval_batch_size) must be at least 1.")
+        if ecfg.definitions not in DOWNSTREAM_DEFINITIONS:
+            problems.append(
+                f"{key}.definitions={ecfg.definitions!r} is not a set of metric definitions; use "
+                f"{' or '.join(DOWNSTREAM_DEFINITIONS)}."
+            )
         if ecfg.type == EvaluatorType.generate:
             problems += generation_problems(ecfg, key)
         elif ecfg.type == EvaluatorType.downstream:
@@ -370,6 +375,8 @@ def evaluator_problems(cfg: TrainConfig) -> list[str]:
 
 
 MAX_GENERATED_TOKENS = 4096
+DOWNSTREAM_DEFINITIONS = ("olmo_eval", "olmo-0.6")
+"""``EvaluatorConfig.definitions``: ai2-olmo-eval's metric definitions, or the original OLMo 0.6 trainer's."""
 
 
 def generation_problems(ecfg: EvaluatorConfig, key: str) -> list[str]:

@@ -28,7 +28,7 @@ from ..data import DataCollator, build_memmap_dataset, data_order_seed
 from ..exceptions import OLMoConfigurationError
 from ..model.generation import build_sampler
 from ..tokenizer import Tokenizer
-from .downstream import DownstreamEvaluator, build_task
+from .downstream import OLMO_06_CONTEXT, DownstreamEvaluator, build_task
 from .evaluator import EvalRunner, EvalTarget, Evaluator, ModelEval
 from .generation import GenerationEvaluator
 from .lm import LMEvaluator
@@ -79,6 +79,8 @@ def build_evaluators(
             rank=rank,
             seed=data_order_seed(ecfg.data, cfg.seed),
         )
+        if ecfg.type != EvaluatorType.downstream and ecfg.definitions != "olmo_eval":
+            log.warning("evaluators[%d].definitions has no effect on a %s evaluator.", i, ecfg.type)
         if ecfg.type != EvaluatorType.generate and ecfg.prompts:
             log.warning(
                 "evaluators[%d].prompts has no effect on a %s evaluator (only type: generate).", i, ecfg.type
@@ -107,8 +109,9 @@ def build_evaluators(
                 log.warning("evaluators[%d].data has no effect on a downstream evaluator.", i)
             if tokenizer is None:
                 tokenizer = Tokenizer.from_train_config(cfg)
-            task = build_task(ecfg.label, tokenizer, cfg.model.max_sequence_length)
-            evaluators.append(DownstreamEvaluator(ecfg.label, task, **common))
+            legacy = ecfg.definitions == "olmo-0.6"
+            task = build_task(ecfg.label, tokenizer, OLMO_06_CONTEXT if legacy else cfg.model.max_sequence_length)
+            evaluators.append(DownstreamEvaluator(ecfg.label, task, definitions=ecfg.definitions, **common))
         else:
             dataset = build_memmap_dataset(
                 cfg, ecfg.data, include_instance_metadata=True, key=f"evaluators[{i}].data"

@@ -60,6 +60,10 @@ class TaskTokenizer:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
 
+OLMO_06_CONTEXT = 2048
+"""The query length the original OLMo 0.6 trainer cut at, whatever its model's length (the task's default)."""
+
+
 def build_task(label: str, tokenizer: Tokenizer, max_sequence_length: int) -> Any:
     """The ``olmo_eval`` task ``label`` tokenized with ``tokenizer`` (an ``ICLMultiChoiceTaskDataset``).
 
@@ -97,6 +101,9 @@ class DownstreamEvaluator(Evaluator):
     after the all-reduce, instead of ``ICLMetric.compute``'s all-gather of every choice's score.
 
     :param task: an ``olmo_eval`` task from :func:`build_task`.
+    :param definitions: ``olmo_eval`` (default) or ``olmo-0.6``: the original OLMo trainer's ``len_norm`` and
+        ``ce_loss``, per character without the continuation's leading space (the task should then be built with
+        the original's query length, :data:`OLMO_06_CONTEXT`).
 
     The other parameters are those of :class:`Evaluator`.
     """
@@ -111,6 +118,7 @@ class DownstreamEvaluator(Evaluator):
         world_size: int = 1,
         rank: int = 0,
         seed: int = 0,
+        definitions: str = "olmo_eval",
     ):
         super().__init__(
             label,
@@ -120,6 +128,7 @@ class DownstreamEvaluator(Evaluator):
             rank=rank,
             seed=seed,
         )
+        self.definitions = definitions
         if task.metric_type not in _REPORTED:
             raise OLMoConfigurationError(
                 f"Downstream task {label!r} uses metric type {task.metric_type!r}, which this trainer does not "
@@ -163,6 +172,8 @@ class DownstreamEvaluator(Evaluator):
         target = as_eval_target(target, device)
         for batch, logits in forward_in_lockstep(target, batches, -(-len(samples) // bs), device, self.label):
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            if self.definitions == "olmo-0.6":  # OLMo 0.6 counted the continuation's characters without its space
+                batch["cont_str_len"] = batch["cont_str_len_no_leading_space"]
             for metric in metrics.values():
                 metric.update(batch, logits)
         return metrics
