@@ -2,9 +2,11 @@
 
     HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 python scripts/benchmark_eval.py [THREADS]
 
-Prints examples/s for the LM evaluator (byte-level tiny model, T=32 and T=256) and for the piqa
+Prints examples/s for the LM evaluator (byte-level tiny model, T=32 and T=256), for the piqa
 downstream evaluator (1-layer d_model=32 model with the OLMo vocabulary and T=2048; task build
-time is reported separately).
+time is reported separately), and the cost of a ``type: generate`` evaluation on the quickstart's model
+(configs/tiny/OLMo-tiny.yaml: 4 prompts, 32 new tokens, greedy), with the KV cache and, for comparison, by a
+full forward over the whole sequence for every new token.
 """
 
 import sys
@@ -21,6 +23,7 @@ from olmo.eval.downstream import build_task
 from olmo.model import OLMo
 from olmo.testing import tiny_config_dict, write_byte_memmap
 from olmo.tokenizer import Tokenizer
+from olmo.util import REPO
 
 CPU = torch.device("cpu")
 
@@ -78,6 +81,38 @@ def measure_downstream(label: str = "piqa", batch_size: int = 16, num_batches: i
     )
 
 
+def measure_generation(prompts: int = 4, new_tokens: int = 32) -> None:
+    from olmo.eval.generation import GenerationEvaluator
+    from olmo.model.generation import build_sampler
+
+    cfg = TrainConfig.load(REPO / "configs/tiny/OLMo-tiny.yaml", ["wandb=null"])
+    tokenizer = Tokenizer.from_train_config(cfg)
+    texts = ["def main(", "import os", "class Config:", "# Licensed under"][:prompts]
+    evaluator = GenerationEvaluator(
+        "samples",
+        texts,
+        tokenizer,
+        max_new_tokens=new_tokens,
+        sampler=build_sampler(),
+        end_index=cfg.model.vocab_size + 1,  # never produced: every prompt gets all its tokens
+        max_sequence_length=cfg.model.max_sequence_length,
+    )
+    torch.manual_seed(0)
+    model = OLMo(cfg.model).eval()
+    seconds = _timed(evaluator, model)
+    generated = prompts * new_tokens
+    ids = torch.tensor([evaluator.prompt_ids[0]])
+    start = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(new_tokens):  # no cache: the whole sequence again for every token (one prompt)
+            ids = torch.cat((ids, model(ids).logits[:, -1:].argmax(-1)), dim=1)
+    uncached = time.perf_counter() - start
+    print(
+        f"generate {prompts} prompts x {new_tokens} tokens (OLMo-tiny): {seconds:.2f} s per evaluation, "
+        f"{generated / seconds:.0f} tokens/s; without the cache, one prompt: {new_tokens / uncached:.0f} tokens/s"
+    )
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
@@ -90,4 +125,5 @@ def main(argv: Optional[list[str]] = None) -> int:
         measure_lm(Path(tmp), seq_len=32, n_instances=2048)
         measure_lm(Path(tmp), seq_len=256, n_instances=512)
     measure_downstream()
+    measure_generation()
     return 0

@@ -434,8 +434,8 @@ def _branch(
         "load_path": str(stable_folder / f"step{total - decay}{suffix}"),
         "max_duration": total,
         "scheduler.t_decay": decay,
-        "save_interval" if ladder.sharded_checkpoints else "save_interval_unsharded": decay,
-        "eval_interval": decay,
+        "save_interval" if ladder.sharded_checkpoints else "save_interval_unsharded": total,  # the end only
+        "eval_interval": total,
     }
     cfg, text = base.with_settings(spec, settings)
     try:

@@ -291,12 +291,14 @@ def _chinchilla(points: list[dict[str, Any]], sigma: Optional[np.ndarray]) -> Op
 
 
 def _compute(rungs: list[Rung]) -> Optional[dict[str, Any]]:
-    """With budgets: each size's planned FLOPs (stable run + branches against separate runs), and their sums."""
+    """With budgets: each size's planned FLOPs (stable run + branches against separate runs), and their sums over the
+    ladder's sizes (``next_sizes`` are listed, not summed)."""
     sizes = {r.name: c for r in rungs if (c := r.compute()) is not None}
-    if not sizes:
+    ladder = [c for r in rungs if not r.is_next and (c := r.compute()) is not None]
+    if not ladder:
         return None
-    total = {k: sum(c[k] for c in sizes.values()) for k in ("stable_flops", "branches_flops", "total_flops")}
-    total["separate_runs_flops"] = sum(c["separate_runs_flops"] for c in sizes.values())
+    keys = ("stable_flops", "branches_flops", "total_flops", "separate_runs_flops")
+    total = {k: sum(c[k] for c in ladder) for k in keys}
     total["saving"] = total["separate_runs_flops"] / total["total_flops"]
     return {"sizes": sizes, "total": total}
 
@@ -334,7 +336,7 @@ def format_results(results: dict[str, Any]) -> str:
         total = compute["total"]
         lines += [
             "",
-            f"Compute: stable runs {format_count(total['stable_flops'])} + decay branches "
+            f"Compute of the ladder's sizes: stable runs {format_count(total['stable_flops'])} + decay branches "
             f"{format_count(total['branches_flops'])} = {format_count(total['total_flops'])} FLOPs, against "
             f"{format_count(total['separate_runs_flops'])} for a separate run per budget ({total['saving']:.2f}x "
             f"as much)",
