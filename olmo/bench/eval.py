@@ -81,13 +81,15 @@ def measure_downstream(label: str = "piqa", batch_size: int = 16, num_batches: i
     )
 
 
-def measure_generation(prompts: int = 4, new_tokens: int = 32) -> None:
+def measure_generation(prompts: int = 4, new_tokens: int = 32, long_prompts: bool = False) -> None:
     from olmo.eval.generation import GenerationEvaluator
     from olmo.model.generation import build_sampler
 
     cfg = TrainConfig.load(REPO / "configs/tiny/OLMo-tiny.yaml", ["wandb=null"])
     tokenizer = Tokenizer.from_train_config(cfg)
     texts = ["def main(", "import os", "class Config:", "# Licensed under"][:prompts]
+    if long_prompts:  # ~200 tokens each: where the cache saves the most
+        texts = [(text + " x = compute(value, other) + 1\n") * 20 for text in texts]
     evaluator = GenerationEvaluator(
         "samples",
         texts,
@@ -107,8 +109,9 @@ def measure_generation(prompts: int = 4, new_tokens: int = 32) -> None:
         for _ in range(new_tokens):  # no cache: the whole sequence again for every token (one prompt)
             ids = torch.cat((ids, model(ids).logits[:, -1:].argmax(-1)), dim=1)
     uncached = time.perf_counter() - start
+    length = max(len(p) for p in evaluator.prompt_ids)
     print(
-        f"generate {prompts} prompts x {new_tokens} tokens (OLMo-tiny): {seconds:.2f} s per evaluation, "
+        f"generate {prompts} prompts of <= {length} tokens x {new_tokens} new (OLMo-tiny): {seconds:.2f} s per evaluation, "
         f"{generated / seconds:.0f} tokens/s; without the cache, one prompt: {new_tokens / uncached:.0f} tokens/s"
     )
 
@@ -126,4 +129,5 @@ def main(argv: Optional[list[str]] = None) -> int:
         measure_lm(Path(tmp), seq_len=256, n_instances=512)
     measure_downstream()
     measure_generation()
+    measure_generation(long_prompts=True)
     return 0
