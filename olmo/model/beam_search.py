@@ -105,6 +105,12 @@ def _sample(candidates: torch.Tensor, count: int, temperature: float, with_repla
     return torch.multinomial(weights, count, replacement=with_replacement)
 
 
+def _positive(temperature: float) -> float:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive; got {temperature}.")
+    return temperature
+
+
 class MultinomialSampler(Sampler):
     """Proposals sampled from the whole distribution, sharpened (``temperature`` < 1) or flattened (> 1).
 
@@ -112,9 +118,7 @@ class MultinomialSampler(Sampler):
     """
 
     def __init__(self, temperature: float = 1.0, with_replacement: bool = False) -> None:
-        if not temperature > 0:
-            raise ValueError(f"temperature must be positive; got {temperature}.")
-        self.temperature = temperature
+        self.temperature = _positive(temperature)
         self.with_replacement = with_replacement
 
     def sample_nodes(
@@ -131,10 +135,8 @@ class TopKSampler(Sampler):
     """
 
     def __init__(self, k: int = 1, temperature: float = 1.0, with_replacement: bool = False) -> None:
-        if not temperature > 0:
-            raise ValueError(f"temperature must be positive; got {temperature}.")
         self.k = k
-        self.temperature = temperature
+        self.temperature = _positive(temperature)
         self.with_replacement = with_replacement
 
     def sample_nodes(
@@ -162,10 +164,8 @@ class TopPSampler(Sampler):
     def __init__(self, p: float = 0.9, temperature: float = 1.0, with_replacement: bool = False) -> None:
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"TopPSampler p={p} must be in [0, 1].")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be positive; got {temperature}.")
         self.p = p
-        self.temperature = temperature
+        self.temperature = _positive(temperature)
         self.with_replacement = with_replacement
 
     def sample_nodes(
@@ -196,9 +196,7 @@ class GumbelSampler(Sampler):
     sample without replacement from the model's distribution over sequences."""
 
     def __init__(self, temperature: float = 1.0) -> None:
-        if not temperature > 0:
-            raise ValueError(f"temperature must be positive; got {temperature}.")
-        self.temperature = temperature
+        self.temperature = _positive(temperature)
 
     def init_state(
         self, start_class_log_probabilities: torch.Tensor, batch_size: int, num_classes: int
