@@ -233,3 +233,48 @@ def test_build_eval_dataloader_splits_the_instances_over_ranks(tmp_path, monkeyp
         assert len(batches) == 1 and batches[0]["input_ids"].shape == (2, 32)
         seen += [int(row[0]) // 32 for row in batches[0]["input_ids"]]
     assert sorted(seen) == [0, 1, 2, 3]
+
+
+def test_olmos_checkpointer_objects_save_restore_and_unshard(tmp_path):
+    from olmo.checkpoint import FullCheckpointer, LocalShardedCheckpointer, build_sharded_checkpointer
+    from olmo.exceptions import OLMoCheckpointError
+
+    cfg = TrainConfig.new(
+        model=dict(tiny_model_config().__dict__), optimizer={"name": "adamw", "learning_rate": 0.01}
+    )
+
+    def trained(seed: int):
+        torch.manual_seed(seed)
+        model = OLMo(cfg.model)
+        optim = build_optimizer(cfg, model)
+        model(torch.randint(1, 100, (2, 8))).logits.sum().backward()
+        optim.step()
+        return model, optim
+
+    model, optim = trained(0)
+    state = {"global_step": 1, "note": "mine"}
+    for checkpointer, name in (
+        (FullCheckpointer(cfg), "step1-unsharded"),
+        (build_sharded_checkpointer(cfg), "step1"),
+    ):
+        checkpointer.save_checkpoint(tmp_path / name, model, optim, state)
+        other, other_optim = trained(1)
+        assert checkpointer.restore_checkpoint(tmp_path / name, other, other_optim)["note"] == "mine"
+        for a, b in zip(model.state_dict().values(), other.state_dict().values()):
+            assert torch.equal(a, b)
+        moments = [s["exp_avg"] for s in optim.state.values()]
+        assert all(torch.equal(x, s["exp_avg"]) for x, s in zip(moments, other_optim.state.values()))
+        weights, optim_state, trainer = checkpointer.unshard_checkpoint(tmp_path / name)
+        assert trainer["note"] == "mine" and optim_state is not None
+        assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    weights, _ = FullCheckpointer(cfg).load_checkpoint(tmp_path / "step1-unsharded", load_optimizer_state=False)
+    assert torch.equal(weights["transformer.wte.weight"], model.transformer.wte.weight)
+    assert isinstance(build_sharded_checkpointer(cfg), LocalShardedCheckpointer)
+    with pytest.raises(
+        OLMoCheckpointError, match="upload_to='s3://b/x' is not supported here: set remote_save_folder"
+    ):
+        FullCheckpointer(cfg).save_checkpoint(
+            tmp_path / "step2-unsharded", model, optim, state, upload_to="s3://b/x"
+        )
+    with pytest.raises(OLMoCheckpointError, match="already exists"):
+        FullCheckpointer(cfg).save_checkpoint(tmp_path / "step1-unsharded", model, optim, state)

@@ -5,9 +5,18 @@ rename), ``restore`` (what a launch restores and where it saves, checked before 
 (:func:`load_model`, and ``OLMo.from_checkpoint``, which importing this package provides). The commit marker
 and discovery without torch are :mod:`olmo.util.checkpoint_dirs`, so that config resolvers can use them.
 
-May import: ``olmo.model``, ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
+``checkpointers`` holds OLMo's checkpointer objects (``FullCheckpointer``, ``build_sharded_checkpointer``).
+
+May import: ``olmo.distributed``, ``olmo.optim``, ``olmo.model``, ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
 """
 
+from .checkpointers import (
+    Checkpointer,
+    FullCheckpointer,
+    LocalShardedCheckpointer,
+    TorchNewStyleShardedCheckpointer,
+    build_sharded_checkpointer,
+)
 from .files import (
     safe_torch_load,
 )
@@ -35,6 +44,11 @@ from .storage import (
 )
 
 __all__ = [
+    "Checkpointer",
+    "FullCheckpointer",
+    "LocalShardedCheckpointer",
+    "TorchNewStyleShardedCheckpointer",
+    "build_sharded_checkpointer",
     "load_model",
     "safe_torch_load",
     "MARKER",
