@@ -278,3 +278,35 @@ def test_olmos_checkpointer_objects_save_restore_and_unshard(tmp_path):
         )
     with pytest.raises(OLMoCheckpointError, match="already exists"):
         FullCheckpointer(cfg).save_checkpoint(tmp_path / "step1-unsharded", model, optim, state)
+
+
+def test_generate_py_continues_an_original_olmo_checkpoint(tmp_path, capsys):
+    """An unsharded checkpoint written by ai2-olmo 0.6.0 (64-token vocabulary), with a word-level tokenizer of its
+    64 ids: generate.py's greedy tokens are those of a loop of full forwards over the same weights."""
+    import json as _json
+
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    from olmo.testing import run_main
+    from olmo.util import REPO
+
+    checkpoint = REPO / "tests/fixtures/olmo_checkpoints/ddp/step2-unsharded"
+    vocab = {f"t{i}": i for i in range(64)}
+    words = HFTokenizer(models.WordLevel(vocab=vocab, unk_token="t1"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    words.save(str(tmp_path / "words.json"))
+    args = ["--prompt=t5 t9 t3 t7", "--max_new_tokens=6", f"--tokenizer={tmp_path / 'words.json'}", "--json"]
+    assert run_main("generate.py", checkpoint, *args) == 0
+    result = _json.loads(capsys.readouterr().out)
+    model = OLMo.from_checkpoint(str(checkpoint))
+    ids = torch.tensor([[5, 9, 3, 7]])
+    expected = []
+    with torch.no_grad():
+        for _ in range(6):
+            nxt = int(model(ids).logits[0, -1].argmax())
+            if nxt == model.config.eos_token_id:
+                break
+            expected.append(nxt)
+            ids = torch.cat((ids, torch.tensor([[nxt]])), dim=1)
+    assert result["prompt_token_ids"] == [5, 9, 3, 7] and result["token_ids"] == expected
