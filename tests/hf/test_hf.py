@@ -197,6 +197,21 @@ def test_generate_py_is_greedy_decoding_token_for_token_as_transformers_generate
     assert capsys.readouterr().out == prompts[0] + results[0]["text"] + "\n"  # streamed, then a newline
 
 
+def test_generate_py_continues_a_model_imported_from_transformers_as_transformers_does(tmp_path, capsys):
+    hf = _hf_model("olmo2", tie_word_embeddings=False, num_key_value_heads=2)
+    hf.save_pretrained(tmp_path / "hf")
+    write_byte_tokenizer(tmp_path / "hf" / "tokenizer.json")
+    assert run_main("convert_from_hf.py", tmp_path / "hf", tmp_path / "ours") == 0
+    capsys.readouterr()
+    assert run_main("generate.py", tmp_path / "ours", "--prompt=hello wor", "--max_new_tokens=12", "--json") == 0
+    result = json.loads(capsys.readouterr().out)
+    ids = torch.tensor([result["prompt_token_ids"]])
+    with torch.no_grad():
+        expected = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12)
+    expected = expected[0, ids.size(1) :].tolist()
+    assert result["token_ids"] == (expected[: expected.index(BYTE_EOS)] if BYTE_EOS in expected else expected)
+
+
 def _assert_nothing_written(parent: Path, name: str) -> None:
     assert not (parent / name).exists()
     assert not list(parent.glob(f".{name}.tmp-*"))
