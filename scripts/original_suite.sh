@@ -9,9 +9,21 @@
 # pointers and the tests that read them fail) and hf_olmo/ are exported into a temporary folder; the conftest's
 # hub tokenizer id `gpt2` is pointed at the GPT-2 tokenizer the repository ships in test_fixtures (the only
 # change); then pytest runs there with this checkout first on PYTHONPATH and the hub offline.
+# --help anywhere before `--` prints this comment block.
+for arg in "$@"; do
+  [ "$arg" = "--" ] && break
+  if [ "$arg" = "-h" ] || [ "$arg" = "--help" ]; then
+    sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"
+    exit 0
+  fi
+done
 set -euo pipefail
 src=${1:?usage: original_suite.sh ORIGINAL_GIT_DIR [COMMIT] [-- PYTEST_ARGS...]}
 shift
+if ! git -C "$src" rev-parse --git-dir > /dev/null 2>&1; then
+  echo "ORIGINAL_GIT_DIR=$src is not a git repository: give a clone (or bare snapshot) of github.com/allenai/OLMo." >&2
+  exit 2
+fi
 commit=59a53e3
 if [[ $# -gt 0 && $1 != "--" ]]; then commit=$1; shift; fi
 [[ $# -gt 0 && $1 == "--" ]] && shift
