@@ -255,6 +255,26 @@ def test_the_shipped_tiny_ladder_plans_three_cpu_sized_rungs_and_a_next_size(tmp
     assert [e.label for e in rungs[0].cfg.evaluators] == ["stdlib-validation"] and rungs[0].cfg.wandb is None
 
 
+def test_the_shipped_tiny_wsd_ladder_plans_three_budgets_per_size(tmp_path, monkeypatch):
+    for split in ("train", "val"):
+        (tmp_path / "data/quickstart" / split).mkdir(parents=True)
+        (tmp_path / "data/quickstart" / split / "part-00000.npy").write_bytes(b"\0" * 1024)
+    monkeypatch.chdir(tmp_path)
+    base = REPO / "configs/tiny/OLMo-tiny.yaml"
+    rungs = plan_ladder(load_ladder(REPO / "configs/ladder/tiny-wsd.yaml", [f"--base_config={base}"]))
+    assert [(r.name, [b.multiple for b in r.branches]) for r in rungs] == [
+        ("d64", [1, 2, 4]),
+        ("d96", [1, 2, 4]),
+        ("d128", [1, 2, 4]),
+        ("d192", [1]),
+    ]
+    for rung in rungs[:3]:  # what RESEARCH_LOG 2026-11-26 measured
+        assert rung.cfg.scheduler.name == "wsd" and rung.cfg.scheduler.t_decay == 0
+        assert rung.compute()["saving"] == pytest.approx(7 / 4.6, rel=0.02)
+        expected = [f"runs/ladder/tiny-wsd/{rung.name}/stable/step{b.start_step}-unsharded" for b in rung.branches]
+        assert [b.cfg.load_path for b in rung.branches] == expected
+
+
 def _size_of(name: str) -> float:
     return float(name[:-1]) * (1e9 if name.endswith("B") else 1e6)
 
