@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from torch._dynamo.utils import counters
 
 from olmo.exceptions import OLMoConfigurationError
 from olmo.testing import (
@@ -101,6 +102,20 @@ def test_two_fsdp_ranks_generate_together_what_the_checkpoint_generates(root, ca
     for sample in samples[2]:
         assert sample["completion"] == _generate_py(root / "fsdp" / "step2-unsharded", sample["prompt"], capsys)
     assert "samples/samples: 'def main(' ->" in result.stderr  # and the console shows them
+
+
+def test_compiled_blocks_generate_eagerly_what_the_checkpoint_generates(root, capsys):
+    """With compiled blocks the samples are generated eagerly (no recompilation per new token): the same tokens
+    as generate.py from the checkpoint of that step."""
+    evaluators = [{"label": "samples", "type": "generate", "prompts": PROMPTS, "max_new_tokens": 8}]
+    config = _config(root, "compiled", evaluators, max_duration=2, eval_interval=2, compile={"fullgraph": True})
+    graphs = counters["stats"]["unique_graphs"]
+    assert run_train(config) == 0
+    assert counters["stats"]["unique_graphs"] - graphs <= 1  # the training step's block graph, nothing for samples
+    for sample in _samples(root / "compiled")[2]:
+        assert sample["completion"] == _generate_py(
+            root / "compiled" / "step2-unsharded", sample["prompt"], capsys
+        )
 
 
 @pytest.mark.parametrize(
