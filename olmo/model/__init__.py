@@ -1,7 +1,7 @@
 """The OLMo transformer as plain ``nn.Module`` code, and what is computed from it: ``transformer`` (``OLMo``,
 blocks), ``layers`` (norms, RoPE, MLP), ``attention`` (SDPA, flash-attn, document masking), ``loss`` (cross
 entropy, z-loss, the fused output loss), ``flops`` (parameter and FLOP counts, peak device FLOP/s), ``beam_search``
-(OLMo's beam search and samplers) and ``generation`` (``OLMo.generate`` over the KV cache).
+(OLMo's beam search; its samplers in ``sampling``) and ``generation`` (``OLMo.generate`` over the KV cache).
 
 No distributed code: FSDP, activation checkpointing and compile are applied from outside
 (:mod:`olmo.distributed.parallelize`). May import: ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
