@@ -1,5 +1,6 @@
-"""The OLMo transformer as plain ``nn.Module`` code, and what is computed from it: ``transformer`` (``OLMo``,
-blocks), ``layers`` (norms, RoPE, MLP), ``attention`` (SDPA, flash-attn, document masking), ``loss`` (cross
+"""The OLMo transformer as plain ``nn.Module`` code, and what is computed from it: ``transformer`` (``OLMo``),
+``block`` (``OLMoBlock``, the KV cache's attention, parameter init), ``blocks_api`` (OLMo's building-block names),
+``layers`` (norms, RoPE, MLP), ``attention`` (SDPA, flash-attn, document masking), ``loss`` (cross
 entropy, z-loss, the fused output loss), ``flops`` (parameter and FLOP counts, peak device FLOP/s), ``beam_search``
 (OLMo's beam search; its samplers in ``sampling``) and ``generation`` (``OLMo.generate`` over the KV cache).
 

@@ -2,22 +2,21 @@
 
 Module and parameter names follow the original OLMo (``transformer.wte``, ``transformer.blocks.{i}.att_proj``,
 ...) so that its unsharded checkpoints load with ``load_state_dict(strict=True)``. FSDP, activation
-checkpointing and ``torch.compile`` are applied from outside, per entry of ``model.transformer.blocks``.
+checkpointing and ``torch.compile`` are applied from outside, per entry of ``model.transformer.blocks``. The block
+and the shared parameter init are :mod:`olmo.model.block`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..config import ActivationType, InitFnType, ModelConfig
+from ..config import InitFnType, ModelConfig
 from ..exceptions import OLMoConfigurationError
 from .attention import (
     DocumentSpans,
@@ -25,17 +24,25 @@ from .attention import (
     describe_attention,
     document_ids,
     document_spans,
-    flash_varlen_attention,
 )
 from .attention import attention_bias as build_attention_bias
 from .beam_search import Constraint, FinalSequenceScorer, Sampler
+from .block import (
+    BufferCache,
+    OLMoBlock,
+    OLMoLlamaBlock,
+    OLMoSequentialBlock,
+    _flash_usable,
+    _load_flash_attn,
+    init_normal,
+    init_scales,
+)
 from .generation import OLMoGenerateOutput, generate
 from .layers import (
     LayerNorm,
     OutputHeadFn,
     OutputLayer,
     RotaryTables,
-    apply_rotary,
     lm_head,
     make_dropout,
     rotary_cos_sin,
@@ -76,231 +83,6 @@ class OLMoOutput(NamedTuple):
     :class:`~olmo.model.loss.LossSums`); with ``head``, what the head returned."""
 
 
-@functools.cache
-def _warn_once(message: str) -> None:
-    log.warning(message)
-
-
-class _FlashAttn(NamedTuple):
-    """The flash-attn kernels the model calls (functions, not the module, so that the model can be deep-copied)."""
-
-    func: Callable[..., torch.Tensor]
-    varlen_func: Callable[..., torch.Tensor]
-
-
-def _load_flash_attn() -> _FlashAttn | None:
-    try:
-        from flash_attn import flash_attn_func, flash_attn_varlen_func
-    except ImportError:
-        _warn_once("model.flash_attention is set but the flash-attn package is not installed; using PyTorch SDPA.")
-        return None
-    return _FlashAttn(flash_attn_func, flash_attn_varlen_func)
-
-
-def _flash_usable(flash_attn: _FlashAttn | None, device: torch.device, dtype: torch.dtype, has_bias: bool) -> bool:
-    """Whether flash-attn can run attention for inputs of this device and dtype, with or without a mask."""
-    if flash_attn is None:
-        return False
-    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
-        _warn_once("flash-attn needs CUDA fp16/bf16 inputs (enable autocast); using PyTorch SDPA.")
-        return False
-    if has_bias:
-        _warn_once("flash-attn cannot take an attention mask or ALiBi; using PyTorch SDPA for those batches.")
-        return False
-    return True
-
-
-class OLMoBlock(nn.Module):
-    """OLMo's sequential block: attention then MLP, each pre-norm (or post-norm with ``norm_after``).
-
-    :param layer_id: Index of the block (used by the ``mitchell`` init).
-    :param config: The model config.
-    :param cache: OLMo's shared :class:`BufferCache`; accepted and unused (the RoPE tables live on the model).
-    """
-
-    def __init__(self, layer_id: int, config: ModelConfig, cache: Any = None):
-        del cache  # OLMo's shared buffer cache: RoPE tables live on the model here
-        super().__init__()
-        self.layer_id = layer_id
-        self.config = config
-        self.n_heads = config.n_heads
-        self.n_kv_heads = config.effective_n_kv_heads
-        self.head_dim = config.d_model // config.n_heads
-        kv_dim = self.n_kv_heads * self.head_dim
-        hidden = config.effective_mlp_hidden_size
-        bias = config.include_bias
-
-        # Creation order follows OLMo so that parameters are listed in the same order.
-        self.dropout = make_dropout(config.residual_dropout)
-        self.k_norm: LayerNorm | None = None
-        self.q_norm: LayerNorm | None = None
-        if config.attention_layer_norm:
-            affine = config.attention_layer_norm_with_affine
-            self.k_norm = LayerNorm.build(config, size=kv_dim, elementwise_affine=affine)
-            self.q_norm = LayerNorm.build(config, elementwise_affine=affine)
-        self.attn_out = nn.Linear(config.d_model, config.d_model, bias=bias)
-        ff_in = hidden // 2 if config.activation_type == ActivationType.swiglu else hidden
-        self.ff_out = nn.Linear(ff_in, config.d_model, bias=bias)
-        self.attn_norm = LayerNorm.build(config)
-        self.ff_norm = LayerNorm.build(config)
-        self.att_proj = nn.Linear(config.d_model, config.d_model + 2 * kv_dim, bias=bias)
-        self.ff_proj = nn.Linear(config.d_model, hidden, bias=bias)
-        self._flash_attn = _load_flash_attn() if config.flash_attention else None
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """Initialize this block's weights per ``config.init_fn`` (as :meth:`OLMo.reset_parameters` does for every
-        block, in the same order of draws); biases 0, norm weights 1."""
-        cfg = self.config
-        cutoff, std, _ = _init_scales(cfg)
-        for module in self.modules():
-            if isinstance(module, LayerNorm):
-                module.reset_parameters()
-        _init_normal(self.att_proj, std, cutoff)
-        _init_normal(self.ff_proj, std, cutoff)
-        if cfg.init_fn == InitFnType.mitchell:
-            attn_out_std = 1 / math.sqrt(2 * cfg.d_model * (self.layer_id + 1))
-            ff_out_std = 1 / math.sqrt(2 * self.ff_out.in_features * (self.layer_id + 1))
-        elif cfg.init_fn == InitFnType.full_megatron:
-            attn_out_std = ff_out_std = std / math.sqrt(2 * cfg.n_layers)
-        else:
-            attn_out_std = ff_out_std = std
-        _init_normal(self.attn_out, attn_out_std, cutoff)
-        _init_normal(self.ff_out, ff_out_std, cutoff)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        attn_bias: torch.Tensor | None = None,
-        rope: RotaryTables | None = None,
-        doc_spans: DocumentSpans | None = None,
-        layer_past: tuple[torch.Tensor, torch.Tensor] | None = None,
-        use_cache: bool = False,
-    ) -> Any:
-        """
-        :param x: (B, T, C) residual stream.
-        :param attn_bias: Additive attention bias broadcastable to (B, H, T, T) (T + cached keys with
-            ``layer_past``), causal part included; None means plain causal attention (with ``layer_past``: one query
-            that sees every key).
-        :param rope: (cos, sin) tables of these T positions when the model uses RoPE.
-        :param doc_spans: Run flash-attn's varlen kernel over these documents instead (``attn_bias`` is then None).
-        :param layer_past: Cached (keys, values) of earlier positions, each (B, KV, past, hd).
-        :param use_cache: Return ``(x, (keys, values))``, the keys and values of every position so far, instead
-            of ``x`` alone.
-        """
-        if layer_past is None and not use_cache:  # training: the plain path
-            if self.config.norm_after:
-                x = x + self.dropout(self.attn_norm(self.attention(x, attn_bias, rope, doc_spans)))
-                return x + self.dropout(self.ff_norm(self.feed_forward(x)))
-            x = x + self.dropout(self.attention(self.attn_norm(x), attn_bias, rope, doc_spans))
-            return x + self.dropout(self.feed_forward(self.ff_norm(x)))
-        if self.config.norm_after:
-            y, present = self._attend(x, attn_bias, rope, doc_spans, layer_past)
-            x = x + self.dropout(self.attn_norm(y))
-            x = x + self.dropout(self.ff_norm(self.feed_forward(x)))
-        else:
-            y, present = self._attend(self.attn_norm(x), attn_bias, rope, doc_spans, layer_past)
-            x = x + self.dropout(y)
-            x = x + self.dropout(self.feed_forward(self.ff_norm(x)))
-        return (x, present) if use_cache else x
-
-    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The MLP: ``ff_out(act(ff_proj(x)))``, (B, T, C) -> (B, T, C)."""
-        h = self.ff_proj(x)  # (B, T, hidden)
-        act = self.config.activation_type
-        if act == ActivationType.swiglu:
-            up, gate = h.chunk(2, dim=-1)  # 2 x (B, T, hidden/2)
-            h = F.silu(gate) * up
-        elif act == ActivationType.gelu:
-            h = F.gelu(h)
-        else:
-            h = F.relu(h)
-        return self.ff_out(h)
-
-    def attention(
-        self,
-        x: torch.Tensor,
-        attn_bias: torch.Tensor | None = None,
-        rope: RotaryTables | None = None,
-        doc_spans: DocumentSpans | None = None,
-    ) -> torch.Tensor:
-        """Self-attention including the output projection, (B, T, C) -> (B, T, C)."""
-        return self._attend(x, attn_bias, rope, doc_spans, None)[0]
-
-    def _attend(
-        self,
-        x: torch.Tensor,
-        attn_bias: torch.Tensor | None,
-        rope: RotaryTables | None,
-        doc_spans: DocumentSpans | None,
-        layer_past: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Self-attention (B, T, C) -> (B, T, C) after the cached keys and values ``layer_past``, and the keys and
-        values of every position so far."""
-        B, T, C = x.shape
-        kv_dim = self.n_kv_heads * self.head_dim
-        qkv = self.att_proj(x)  # (B, T, C + 2 * kv_dim)
-        if self.config.clip_qkv is not None:
-            qkv = qkv.clamp(-self.config.clip_qkv, self.config.clip_qkv)
-        q, k, v = qkv.split((C, kv_dim, kv_dim), dim=-1)
-        if self.q_norm is not None and self.k_norm is not None:
-            dtype = k.dtype  # under autocast the norms return fp32; keep the projection's dtype
-            q = self.q_norm(q).to(dtype)
-            k = self.k_norm(k).to(dtype)
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
-        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
-        if rope is not None:
-            q, k = self._rotate(q, k, rope)
-        if layer_past is not None:
-            k = torch.cat((layer_past[0], k), dim=-2)  # (B, KV, past + T, hd)
-            v = torch.cat((layer_past[1], v), dim=-2)
-        y = self._scaled_dot_product(q, k, v, attn_bias, doc_spans, causal=layer_past is None)  # (B, T, H, hd)
-        return self.attn_out(y.reshape(B, T, C)), (k, v)
-
-    def _rotate(self, q: torch.Tensor, k: torch.Tensor, rope: RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = rope
-        dtype = q.dtype
-        if self.config.rope_full_precision:
-            with torch.autocast(q.device.type, enabled=False):
-                return apply_rotary(q.float(), cos, sin).to(dtype), apply_rotary(k.float(), cos, sin).to(dtype)
-        cos, sin = cos.to(dtype), sin.to(dtype)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-
-    def _scaled_dot_product(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        attn_bias: torch.Tensor | None,
-        doc_spans: DocumentSpans | None,
-        causal: bool = True,
-    ) -> torch.Tensor:
-        """q (B, H, T, hd), k/v (B, KV, S, hd) -> (B, T, H, hd). Without ``attn_bias``: causal attention, or with
-        ``causal=False`` (one query after cached keys) attention to every key."""
-        dropout_p = self.config.attention_dropout if self.training else 0.0
-        if doc_spans is not None:
-            assert self._flash_attn is not None, "OLMo.forward passes doc_spans only when flash-attn runs"
-            return flash_varlen_attention(self._flash_attn.varlen_func, q, k, v, doc_spans, dropout_p)
-        if _flash_usable(self._flash_attn, q.device, q.dtype, attn_bias is not None):
-            assert self._flash_attn is not None
-            # flash-attn takes (B, T, heads, hd) and handles GQA itself.
-            return self._flash_attn.func(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, causal=True
-            )
-        if self.n_kv_heads != self.n_heads:
-            # Query head h reads kv head h // (H / KV), as in OLMo and flash-attn.
-            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T, hd)
-            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T, hd)
-        if attn_bias is not None:
-            # Finite minimum: a row with every key masked (a left-pad query) must give a uniform softmax, not NaN.
-            attn_bias = attn_bias.to(q.dtype).clamp(min=torch.finfo(q.dtype).min)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_bias, dropout_p=dropout_p, is_causal=causal and attn_bias is None
-        )  # (B, H, T, hd)
-        return y.transpose(1, 2)
-
-
 _checkpoint_loader: Callable[..., OLMo] | None = None
 """What ``OLMo.from_checkpoint`` calls: checkpoint formats are read by :mod:`olmo.checkpoint`, a layer above this one,
 which registers its loader when imported (``import olmo.checkpoint``; ``from olmo import OLMo`` does it too)."""
@@ -310,26 +92,6 @@ def register_checkpoint_loader(loader: Callable[..., OLMo]) -> None:
     """Set the function behind ``OLMo.from_checkpoint(checkpoint_dir, device, checkpoint_type)``."""
     global _checkpoint_loader
     _checkpoint_loader = loader
-
-
-OLMoSequentialBlock = OLMoBlock
-"""OLMo's name for the sequential block, the only block type there is here."""
-
-
-class BufferCache(dict):  # type: ignore[type-arg]
-    """OLMo's cache of non-persistent buffers shared by the blocks; accepted by :class:`OLMoBlock` for code written
-    against the original, never needed (the model keeps its RoPE tables itself)."""
-
-
-class OLMoLlamaBlock(OLMoBlock):
-    """OLMo's ``block_type: llama`` (separate q, k and v projections). Not implemented: validation refuses the block
-    type, and building one says so."""
-
-    def __init__(self, layer_id: int, config: ModelConfig, cache: Any = None):
-        raise OLMoConfigurationError(
-            "OLMoLlamaBlock (model.block_type=llama) is not implemented; use the sequential block "
-            "(model.block_type=sequential), whose fused att_proj computes the same attention."
-        )
 
 
 class OLMoTransformer(nn.Module):
@@ -620,13 +382,13 @@ class OLMo(nn.Module):
         """Initialize every parameter per ``config.init_fn`` (OLMo >= v0.4 scheme); biases 0, norm weights 1."""
         cfg = self.config
         d = cfg.d_model
-        cutoff, std, emb_std = _init_scales(cfg)
+        cutoff, std, emb_std = init_scales(cfg)
         t = self.transformer
-        _init_normal(t.wte, emb_std, cutoff)
+        init_normal(t.wte, emb_std, cutoff)
         if t.wpe is not None:
-            _init_normal(t.wpe, std, cutoff)
+            init_normal(t.wpe, std, cutoff)
         if t.ff_out is not None:
-            _init_normal(t.ff_out, std if cfg.init_fn == InitFnType.normal else 1 / math.sqrt(d), cutoff)
+            init_normal(t.ff_out, std if cfg.init_fn == InitFnType.normal else 1 / math.sqrt(d), cutoff)
         for module in self.modules():
             if isinstance(module, LayerNorm):
                 module.reset_parameters()
@@ -659,47 +421,3 @@ class OLMo(nn.Module):
         seq_len = cfg.max_sequence_length if seq_len is None else seq_len
         head_dim = cfg.d_model // cfg.n_heads
         return 6 * n_matmul + 12 * cfg.n_layers * cfg.n_heads * head_dim * seq_len
-
-
-def _init_scales(cfg: ModelConfig) -> tuple[float | None, float, float]:
-    """``(cutoff factor, std, embedding std)`` of ``cfg.init_fn``."""
-    d = cfg.d_model
-    if cfg.init_fn == InitFnType.normal:
-        return cfg.init_cutoff_factor, cfg.init_std, cfg.emb_init_std or cfg.init_std
-    if cfg.init_fn == InitFnType.mitchell:
-        std = 1 / math.sqrt(d)
-        return cfg.init_cutoff_factor or 3.0, std, cfg.emb_init_std or std
-    assert cfg.init_fn == InitFnType.full_megatron, cfg.init_fn
-    std = cfg.init_std
-    emb = cfg.emb_init_std or (std * math.sqrt(d) if cfg.scale_emb_init else std)
-    return cfg.init_cutoff_factor or 3.0, std, emb
-
-
-def _init_normal(module: nn.Linear | nn.Embedding, std: float, cutoff: float | None) -> None:
-    """Draw ``module.weight`` from N(0, std), truncated at ``cutoff`` stds when given; zero ``module.bias``.
-
-    The full tensor is always drawn from the CPU generator and then copied into the parameter (for a sharded
-    parameter, each rank keeps its own slice). So a seed gives the same initial weights on CPU or GPU, with one
-    process or many, which is what lets a sharded run reproduce a single-process run.
-    """
-    weight = module.weight
-    full = torch.empty(weight.shape, dtype=torch.float32)
-    if cutoff is None:
-        nn.init.normal_(full, mean=0.0, std=std)
-    else:
-        nn.init.trunc_normal_(full, mean=0.0, std=std, a=-cutoff * std, b=cutoff * std)
-    _assign(weight, full)
-    bias = getattr(module, "bias", None)
-    if bias is not None:
-        nn.init.zeros_(bias)
-
-
-def _assign(param: torch.Tensor, full: torch.Tensor) -> None:
-    """Copy a full-size tensor into ``param``, which may be a sharded DTensor (every rank holds ``full``)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    full = full.to(device=param.device, dtype=param.dtype)
-    if isinstance(param, DTensor):
-        # src_data_rank=None: every rank already has the same full tensor, so no communication is needed.
-        full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-    param.copy_(full)
