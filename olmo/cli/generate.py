@@ -28,7 +28,7 @@ import torch
 from olmo.checkpoint import load_model
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoCliError
-from olmo.model.generation import build_sampler, generate
+from olmo.model.generation import build_sampler, generate, left_padded, until_end
 from olmo.tokenizer import Tokenizer
 
 log = logging.getLogger("generate")
@@ -130,10 +130,6 @@ class _Stream:
         sys.stdout.flush()
 
 
-def _until_end(tokens: list[int], eos: int) -> list[int]:
-    return tokens[: tokens.index(eos)] if eos in tokens else tokens
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
@@ -159,11 +155,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             longest + args.max_new_tokens,
             limit,
         )
-    ids = torch.full((len(prompts), longest), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):  # left padding: every prompt ends at the last column
-        ids[row, longest - len(prompt) :] = torch.tensor(prompt)
-        mask[row, longest - len(prompt) :] = 1
+    ids, mask = left_padded(prompts, tokenizer.pad_token_id)
     torch.manual_seed(args.seed)
     streaming = len(prompts) == 1 and args.num_beams == 1 and not args.json
     stream = _Stream(tokenizer, eos) if streaming else None
@@ -174,7 +166,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = generate(
         model,
         ids.to(device),
-        attention_mask=mask.to(device) if len(prompts) > 1 else None,
+        attention_mask=None if mask is None else mask.to(device),
         max_steps=args.max_new_tokens,
         beam_size=args.num_beams,
         sampler=build_sampler(args.temperature, args.top_k, args.top_p),
@@ -183,7 +175,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     seconds = time.perf_counter() - start
     results: list[dict[str, Any]] = []
     for row, text in enumerate(args.prompt):
-        tokens = _until_end(out.token_ids[row, 0].tolist(), eos)
+        tokens = until_end(out.token_ids[row, 0].tolist(), eos)
         results.append(
             {
                 "prompt": text,

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..model.beam_search import Sampler
-from ..model.generation import generate
+from ..model.generation import generate, left_padded, until_end
 from ..tokenizer import Tokenizer
 from .evaluator import EvalTarget, Evaluator
 
@@ -70,12 +70,7 @@ class GenerationEvaluator(Evaluator):
         self.records: dict[str, Any] = {}
 
     def _evaluate(self, target: EvalTarget, device: torch.device) -> dict[str, float]:
-        longest = max(len(p) for p in self.prompt_ids)
-        ids = torch.full((len(self.prompt_ids), longest), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, prompt in enumerate(self.prompt_ids):  # left padding: every prompt's last token is real
-            ids[row, longest - len(prompt) :] = torch.tensor(prompt)
-            mask[row, longest - len(prompt) :] = 1
+        ids, mask = left_padded(self.prompt_ids, self.tokenizer.pad_token_id)
         dtype = getattr(target, "autocast_dtype", None)
         devices = [device] if device.type == "cuda" else []
         start = time.perf_counter()
@@ -88,9 +83,7 @@ class GenerationEvaluator(Evaluator):
             out = generate(
                 target.model,  # type: ignore[arg-type]
                 ids.to(device),
-                attention_mask=mask.to(device)
-                if not bool(mask.all())
-                else None,  # as generate.py: no mask unpadded
+                attention_mask=None if mask is None else mask.to(device),
                 max_steps=self.max_new_tokens,
                 sampler=self.sampler,
                 end_index=self.end_index,
@@ -98,9 +91,7 @@ class GenerationEvaluator(Evaluator):
         seconds = time.perf_counter() - start
         samples, total = [], 0
         for row, text in enumerate(self.prompts):
-            tokens = out.token_ids[row, 0].tolist()
-            if self.end_index in tokens:
-                tokens = tokens[: tokens.index(self.end_index)]
+            tokens = until_end(out.token_ids[row, 0].tolist(), self.end_index)
             total += len(tokens)
             samples.append({"prompt": text, "completion": self.tokenizer.decode(tokens), "tokens": len(tokens)})
         self.records = {f"eval/{self.label}/samples": samples}

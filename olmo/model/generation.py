@@ -31,7 +31,7 @@ from .beam_search import (
 if TYPE_CHECKING:
     from .transformer import OLMo
 
-__all__ = ["OLMoGenerateOutput", "generate", "build_sampler", "TokenCallback"]
+__all__ = ["OLMoGenerateOutput", "generate", "build_sampler", "left_padded", "until_end", "TokenCallback"]
 
 
 class OLMoGenerateOutput(NamedTuple):
@@ -69,6 +69,23 @@ def build_sampler(temperature: float = 0.0, top_k: Optional[int] = None, top_p: 
     if top_p is not None:
         return TopPSampler(p=top_p, temperature=temperature)
     return MultinomialSampler(temperature=temperature)
+
+
+def left_padded(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Token-id prompts as one (B, T) batch padded on the left (every prompt's last token in the last column), and
+    its attention mask: None when no prompt is padded, so that unpadded prompts run exactly as alone."""
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, longest - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, longest - len(prompt) :] = 1
+    return ids, None if bool(mask.all()) else mask
+
+
+def until_end(tokens: list[int], end_index: int) -> list[int]:
+    """A generated sequence up to (without) its first end token."""
+    return tokens[: tokens.index(end_index)] if end_index in tokens else tokens
 
 
 def _flatten(cache: list[tuple[torch.Tensor, torch.Tensor]], state: StateType) -> None:
