@@ -82,15 +82,14 @@ def rung_status(rung: Rung) -> dict[str, Any]:
         "latest": latest,
     }
     if rung.branches:
-        out["branches"] = [_branch_status(rung, b) for b in rung.branches]
+        out["branches"] = [_branch_status(rung, b, set(found)) for b in rung.branches]
     return out
 
 
-def _branch_status(rung: Rung, branch: Branch) -> dict[str, Any]:
-    """A decay branch's progress: whether its branch point and its final checkpoint are there, and its latest
-    metrics."""
+def _branch_status(rung: Rung, branch: Branch, stable: set[int]) -> dict[str, Any]:
+    """A decay branch's progress: whether its branch point is among the stable run's checkpoint steps ``stable``
+    and its final checkpoint is there, and its latest metrics."""
     metrics = read_metrics(branch.save_folder)
-    stable = {c.step for c in list_checkpoints(rung.save_folder) if not c.ephemeral}
     final = {c.step: c.path for c in list_checkpoints(branch.save_folder) if not c.ephemeral}.get(branch.steps)
     last = max(metrics) if metrics else None
     return {
@@ -294,7 +293,7 @@ def _compute(rungs: list[Rung]) -> Optional[dict[str, Any]]:
     """With budgets: each size's planned FLOPs (stable run + branches against separate runs), and their sums over the
     ladder's sizes (``next_sizes`` are listed, not summed)."""
     sizes = {r.name: c for r in rungs if (c := r.compute()) is not None}
-    ladder = [c for r in rungs if not r.is_next and (c := r.compute()) is not None]
+    ladder = [sizes[r.name] for r in rungs if not r.is_next and r.name in sizes]
     if not ladder:
         return None
     keys = ("stable_flops", "branches_flops", "total_flops", "separate_runs_flops")
