@@ -6,12 +6,12 @@ the same passes. They run the same prompts, on the same weights, with the same s
 time: a sampled evaluation draws the same way at every step, so the texts change only as the model does), so they
 choose the same tokens; rank 0 logs them. The RNG of training is saved and restored around the draw, so samples do
 not change the training run. The cost: a prompt's forward pass plus one pass of the whole batch per new token, with
-the KV cache (RESEARCH_LOG.md has the measurement). Blocks compiled for training run eagerly while generating.
+the KV cache (RESEARCH_LOG.md has the measurement). Blocks compiled for training run eagerly while generating
+(:func:`olmo.model.generation.generate`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import Any
@@ -26,12 +26,6 @@ from .evaluator import EvalTarget, Evaluator
 __all__ = ["GenerationEvaluator"]
 
 log = logging.getLogger(__name__)
-
-
-def _eager() -> contextlib.AbstractContextManager[Any]:
-    """Compiled blocks run eagerly while generating: every new sequence length would otherwise recompile them
-    (17 s instead of 0.02 s for 12 tokens of the tiny CPU model), for a few single-token passes."""
-    return torch.compiler.set_stance("force_eager")
 
 
 class GenerationEvaluator(Evaluator):
@@ -74,11 +68,7 @@ class GenerationEvaluator(Evaluator):
         dtype = getattr(target, "autocast_dtype", None)
         devices = [device] if device.type == "cuda" else []
         start = time.perf_counter()
-        with (
-            torch.random.fork_rng(devices=devices),
-            torch.autocast(device.type, dtype, enabled=dtype is not None),
-            _eager(),
-        ):
+        with torch.random.fork_rng(devices=devices), torch.autocast(device.type, dtype, enabled=dtype is not None):
             torch.manual_seed(self.seed)
             out = generate(
                 target.model,  # type: ignore[arg-type]

@@ -5,7 +5,8 @@ The prompt runs once (``use_cache=True``, last logits only); every later step fe
 cached keys and values, which :class:`~olmo.model.beam_search.BeamSearch` reorders with the beams. Prompts of
 different lengths are padded on the left with an ``attention_mask``: padding keys are hidden from every query, and
 with RoPE or ALiBi (relative positions) a padded prompt continues exactly as it would alone; with learned absolute
-positions (``wpe``) the padding shifts its positions, as in the original OLMo.
+positions (``wpe``) the padding shifts its positions, as in the original OLMo. Blocks compiled with
+``torch.compile`` run eagerly while generating, so that no new length recompiles them.
 """
 
 from __future__ import annotations
@@ -188,5 +189,8 @@ def generate(
     if attention_bias is not None:
         state["attention_bias"] = attention_bias
     start = input_ids.new_zeros((batch_size,))  # not fed to the model: the first step reads the prompt
-    token_ids, scores = search.search(start, state, step)
+    # Compiled blocks run eagerly here: every new sequence length would otherwise recompile them (17 s instead of
+    # 0.02 s for 12 tokens of a tiny model on CPU), for a few single-token passes.
+    with torch.compiler.set_stance("force_eager"):
+        token_ids, scores = search.search(start, state, step)
     return OLMoGenerateOutput(token_ids=token_ids, scores=scores)
