@@ -133,15 +133,33 @@ def model_and_optim_state(
     """``{"model": ..., "optim": ...}`` (no ``"optim"`` when ``optimizer`` is None) as checkpoints hold them:
     with ``full``, whole tensors gathered on the CPU (``stepN-unsharded/model.pt`` and ``optim.pt``; complete on
     rank 0); otherwise this rank's shards (DTensors under FSDP), what ``stepN/model_and_optim`` is written from."""
+    if optimizer is None:
+        return {"model": get_model_state_dict(model, options=FULL_STATE if full else None)}
+    fresh = not optimizer.state  # no step taken yet (a step-0 checkpoint)
     if full:
         state: dict[str, Any] = {"model": get_model_state_dict(model, options=FULL_STATE)}
-        if optimizer is not None:
-            state["optim"] = get_optimizer_state_dict(model, optimizer, options=FULL_STATE)
-        return state
-    if optimizer is None:
-        return {"model": get_model_state_dict(model)}
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    return {"model": model_sd, "optim": optim_sd}
+        state["optim"] = get_optimizer_state_dict(model, optimizer, options=FULL_STATE)
+    else:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+    if fresh:
+        _as_fresh_optimizer_state(optimizer, state["optim"])
+    return state
+
+
+def _as_fresh_optimizer_state(optimizer: torch.optim.Optimizer, optim_sd: dict[str, Any]) -> None:
+    """Undo what torch's state-dict functions do to an optimizer that has taken no step yet.
+
+    They create its state by running ``step()`` once with zero gradients and a zero learning rate: the weights and
+    the moments stay zero, but each ``step`` count becomes 1, so the run's first real update would use the second
+    step's bias correction (a run that saved at step 0 would train differently from one that did not). The live
+    optimizer gets back its empty state, exactly as it was; the checkpoint records the step counts as 0, which is
+    the state a first step creates, so a run resumed from it continues bitwise as the uninterrupted one.
+    """
+    optimizer.state.clear()
+    for entry in optim_sd.get("state", {}).values():  # a full state is complete on rank 0 only, empty elsewhere
+        if isinstance(entry, dict) and "step" in entry:
+            entry["step"] = torch.zeros_like(entry["step"])
 
 
 def begin_checkpoint(

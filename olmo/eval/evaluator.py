@@ -23,6 +23,7 @@ from ..distributed.collectives import all_reduce
 from ..exceptions import OLMoConfigurationError
 from ..model.loss import per_token_cross_entropy
 from ..util.progress import ProgressLog
+from ..util.rng import rng_preserved
 
 __all__ = ["Evaluator", "EvalTarget", "ModelEval", "EvalRunner", "rank_order", "forward_in_lockstep"]
 
@@ -191,12 +192,14 @@ class EvalRunner:
         return bool(self.evaluators) and (force or step % self.interval == 0 or step >= last_step)
 
     def run(self, train_module: Any, device: torch.device) -> dict[str, float]:
-        """Every evaluator's metrics; the train module's gradients are freed first, to make room."""
+        """Every evaluator's metrics; the train module's gradients are freed first, to make room. Every RNG is put
+        back afterwards, so evaluating never changes the training run's random draws (dropout)."""
         start, metrics = time.perf_counter(), {}
         train_module.zero_grads()
         self.records = {}
-        for evaluator in self.evaluators:
-            metrics.update(evaluator.evaluate(train_module, device))
-            self.records.update(evaluator.records)
+        with rng_preserved():
+            for evaluator in self.evaluators:
+                metrics.update(evaluator.evaluate(train_module, device))
+                self.records.update(evaluator.records)
         metrics["eval/seconds"] = time.perf_counter() - start
         return metrics

@@ -7,12 +7,14 @@ objects: Python's state as lists, numpy's key as a tensor.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["get_rng_state", "set_rng_state", "seed_all"]
+__all__ = ["get_rng_state", "set_rng_state", "seed_all", "rng_preserved"]
 
 
 def seed_all(seed: int) -> None:
@@ -51,3 +53,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+@contextmanager
+def rng_preserved() -> Iterator[None]:
+    """Run the block, then put every RNG back as it was before it: for work between training steps (evaluation,
+    samples, checkpoints) that may draw random numbers (a DataLoader draws its base seed from torch's), so that a
+    run's dropout masks do not depend on when it evaluates or saves."""
+    state = get_rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(state)
