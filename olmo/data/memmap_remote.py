@@ -32,6 +32,22 @@ from .remote_backends import remote_reader
 __all__ = ["RemoteFileAccess"]
 
 log = logging.getLogger(__name__)
+_unversioned_warned = False
+
+
+def _warn_unversioned(url: str) -> None:
+    """Once per process: the server sends neither ETag nor Last-Modified, so a file rewritten with the same size
+    would go unnoticed."""
+    global _unversioned_warned
+    if not _unversioned_warned:
+        _unversioned_warned = True
+        log.warning(
+            "The server of '%s' (and perhaps of other remote files of this run) sends neither ETag nor Last-Modified, "
+            "so a file replaced by another of the same size since this run first read it cannot be noticed: only its "
+            "size is checked. Serve the data from a server that sends either (nginx, Apache, S3, GCS, any CDN), or "
+            "never rewrite a file that a run reads.",
+            redact_url(url),
+        )
 
 
 class RemoteFileAccess:
@@ -64,7 +80,9 @@ class RemoteFileAccess:
         time, from a metadata request and a small range read of its start."""
         reader = remote_reader(path, self.remote)
         file = reader.stat(path, self.fetch_stats)
-        cached = self._metadata_cache().files.get(path)
+        cached = self._metadata_cache().get(path)
+        if cached is not None and cached.version is None and file.version is None:
+            _warn_unversioned(path)
         if cached is not None:
             if cached.size != file.size or (
                 None not in (cached.version, file.version) and cached.version != file.version

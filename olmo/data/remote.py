@@ -39,12 +39,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Optional, TypeVar
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from ..config.data_sections import RemoteDataConfig
 from ..exceptions import OLMoDataError
 from ..util import REMOTE_DATA_SCHEMES, redact_url, split_remote
+from ..util.secrets import redact_text
 
 __all__ = [
     "FetchStats",
@@ -90,7 +92,64 @@ class RemoteUnreachable(OLMoDataError):
 
 
 class TransientFault(Exception):
-    """A failure worth another try (the server or the network may recover)."""
+    """A failure worth another try (the server or the network may recover).
+
+    :param timeout: the server (or the path to it) did not answer within ``data.remote.timeout_seconds``.
+    """
+
+    def __init__(self, message: str, timeout: bool = False):
+        super().__init__(message)
+        self.timeout = timeout
+
+
+class HostUnresolved(RemoteUnreachable):
+    """The URL's host name does not resolve (no network, no DNS, or a misspelled host): not worth a retry."""
+
+
+TIMEOUTS_BEFORE_GIVING_UP = 2
+"""Attempts in a row that time out before a file counts as unreachable: a server that accepts connections and never
+answers costs ``2 * data.remote.timeout_seconds``, not ``max_attempts`` times that."""
+
+
+def _exception_chain(error: BaseException) -> list[BaseException]:
+    """``error`` and what it wraps: causes, contexts, and the errors that urllib3 (``reason``) and botocore
+    (``kwargs["error"]``) hold."""
+    seen: list[BaseException] = []
+    todo: list[Any] = [error]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or any(e is s for s in seen):
+            continue
+        seen.append(e)
+        kwargs = getattr(e, "kwargs", None)
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None)]
+        todo += [kwargs.get("error")] if isinstance(kwargs, dict) else []
+    return seen
+
+
+def network_fault(error: BaseException, url: str) -> TransientFault:
+    """The :class:`TransientFault` for a client library's network error (to raise); a host name that does not
+    resolve raises :class:`HostUnresolved` instead."""
+    import socket
+
+    chain = _exception_chain(error)
+    if any(isinstance(e, socket.gaierror) or "NameResolution" in type(e).__name__ for e in chain):
+        kwargs = [getattr(e, "kwargs", None) or {} for e in chain]
+        endpoints = [k["endpoint_url"] for k in kwargs if isinstance(k, dict) and "endpoint_url" in k]
+        if endpoints:  # an object store's endpoint (botocore), not the bucket
+            where = f"the endpoint '{redact_url(str(endpoints[0]))}' used for '{redact_url(url)}'"
+        else:
+            where = f"'{redact_url(url)}'"
+        host = urlsplit(str(endpoints[0]) if endpoints else url).hostname or split_remote(url)[1]
+        raise HostUnresolved(
+            f"Cannot resolve the host name '{host}' of {where}: this machine has no network or no DNS, "
+            f"or the host is misspelled (not retried). Check the URL. Offline, train on local copies "
+            f"(--data.paths=[...], and --data.label_mask_paths=[...] if the config has masks) and leave out "
+            f"evaluators whose data is remote (--evaluators=[] drops them all), as for the official configs, whose "
+            f"data and evaluation sets are URLs."
+        ) from None
+    timeout = any(isinstance(e, TimeoutError) or "Timeout" in type(e).__name__ for e in chain)
+    return TransientFault(f"{type(error).__name__}: {redact_text(str(error))}", timeout=timeout)
 
 
 class FileChanged(Exception):
@@ -180,13 +239,21 @@ class RemoteReader(abc.ABC):
         stats: Optional[FetchStats] = None,
     ) -> T:
         what = "the size of" if byte_range is None else f"bytes {byte_range[0]}-{byte_range[1] - 1} of"
-        attempts = self.options.max_attempts
+        attempts, timeouts = self.options.max_attempts, 0
         for n in range(1, attempts + 1):
             try:
                 return attempt()
             except FileChanged as e:
                 raise_changed(url, str(e))
             except TransientFault as e:
+                timeouts = timeouts + 1 if e.timeout else 0
+                if timeouts >= TIMEOUTS_BEFORE_GIVING_UP and n < attempts:
+                    raise RemoteUnreachable(
+                        f"The server of '{redact_url(url)}' accepted the connection but did not answer {timeouts} "
+                        f"requests in a row within data.remote.timeout_seconds={self.options.timeout_seconds:g} s "
+                        f"({e}). Check that it is up and serving. If it is only slow, raise data.remote.timeout_seconds; "
+                        f"then relaunch (with --try_load_latest_save if the run has checkpoints)."
+                    ) from None
                 if n == attempts:
                     raise RemoteUnreachable(
                         f"Could not read {what} '{redact_url(url)}' after {attempts} attempts; the last one failed "
@@ -280,9 +347,14 @@ class MetadataCache:
             except (ValueError, KeyError, TypeError, AssertionError) as e:
                 log.warning("Ignoring %s: it cannot be read (%s); every remote file is probed again.", path, e)
 
+    def get(self, url: str) -> Optional[CachedFile]:
+        """The record of ``url``, if any."""
+        return self.files.get(redact_url(url))
+
     def save(self, files: Iterable[tuple[str, CachedFile]]) -> None:
-        """Add ``files`` to the records and write them (to :attr:`path`, through a temporary file)."""
-        self.files.update(files)
+        """Add ``files`` to the records and write them (to :attr:`path`, through a temporary file). Records are keyed
+        by the URL with its credentials masked (:func:`~olmo.util.secrets.redact_url`): no secret reaches the file."""
+        self.files.update((redact_url(url), entry) for url, entry in files)
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,11 +11,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import astuple
 from typing import Any, NoReturn, Optional, TypeVar
+from urllib.parse import urlsplit
 
 from ..config.data_sections import RemoteDataConfig
 from ..exceptions import OLMoDataError
 from ..util import redact_url, split_remote
 from ..util.object_store import credentials_help, endpoint_problem
+from ..util.secrets import redact_text, url_credentials
 from .remote import (
     CONTENT_RANGE,
     FileChanged,
@@ -23,6 +25,7 @@ from .remote import (
     RemoteReader,
     RemoteUnreachable,
     TransientFault,
+    network_fault,
 )
 
 __all__ = ["remote_reader"]
@@ -38,7 +41,22 @@ def _missing(url: str) -> NoReturn:
 
 
 def _denied(url: str, scheme: str, detail: str) -> NoReturn:
-    where = "" if scheme in ("http", "https") else f" {credentials_help(scheme)}."
+    if scheme in ("http", "https"):
+        host = urlsplit(url).hostname or ""
+        sent = (
+            "the URL's user:password@ part"
+            if url_credentials(url)
+            else f"the netrc entry for {host}"
+            if _netrc_credentials(host)
+            else "none"
+        )
+        where = (
+            f" Credentials sent: {sent}. For http(s):// data, give them in ~/.netrc (or the file NETRC names) as a line "
+            f"'machine {host} login USER password PASSWORD' (sent as HTTP Basic); keep them out of "
+            f"the config."
+        )
+    else:
+        where = f" {credentials_help(scheme)}."
     raise OLMoDataError(
         f"Access to '{redact_url(url)}' was denied ({detail}). Check that the credentials this process uses may read "
         f"it.{where}"
@@ -75,7 +93,6 @@ class _HttpReader(RemoteReader):
         }
 
     def _pool(self, url: str) -> Any:
-        from urllib.parse import urlsplit
         from urllib.request import proxy_bypass
 
         scheme = split_remote(url)[0]
@@ -84,12 +101,16 @@ class _HttpReader(RemoteReader):
         return self._pools[scheme]
 
     def _request(self, method: str, url: str, headers: dict[str, str]) -> Any:
+        authorization = http_authorization(url)
+        if authorization is not None:
+            # urllib3 drops it on a redirect to another host (Retry.remove_headers_on_redirect).
+            headers = {**headers, "Authorization": authorization}
         try:
             return self._pool(url).request(method, url, headers=headers, preload_content=False)
         except self._urllib3.exceptions.MaxRetryError as e:  # a redirect loop, or the connection failed
-            raise TransientFault(f"{type(e.reason).__name__}: {e.reason}") from None
+            raise network_fault(e.reason or e, url) from None
         except self._urllib3.exceptions.HTTPError as e:
-            raise TransientFault(f"{type(e).__name__}: {e}") from None
+            raise network_fault(e, url) from None
 
     def _check_status(self, url: str, status: int) -> None:
         if status == 404 or status == 410:
@@ -142,9 +163,44 @@ class _HttpReader(RemoteReader):
             try:
                 return response.read()
             except self._urllib3.exceptions.HTTPError as e:  # reset or cut short while reading the body
-                raise TransientFault(f"{type(e).__name__}: {e}") from None
+                raise network_fault(e, file.url) from None
         finally:
             _finish(response)
+
+
+def http_authorization(url: str) -> Optional[str]:
+    """The ``Authorization`` header for an ``http(s)://`` URL: HTTP Basic with the URL's own ``user:password@`` (or
+    ``token@``) as curl and requests send it, else with the host's entry in ``~/.netrc`` (or the file ``NETRC`` names),
+    else None. The URL's credentials are masked wherever the trainer writes or prints it; the netrc file keeps
+    them out of the config altogether."""
+    import base64
+
+    credentials = url_credentials(url)
+    if credentials is None:
+        credentials = _netrc_credentials(urlsplit(url).hostname or "")
+    if credentials is None:
+        return None
+    token = base64.b64encode(f"{credentials[0]}:{credentials[1]}".encode()).decode("ascii")
+    return f"Basic {token}"
+
+
+def _netrc_credentials(host: str) -> Optional[tuple[str, str]]:
+    import netrc
+
+    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    if not host or not os.path.isfile(path):
+        return None
+    try:
+        entry = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError) as e:
+        raise OLMoDataError(
+            f"The netrc file '{path}' cannot be read ({type(e).__name__}: {redact_text(str(e))}); it holds the "
+            f"credentials for http(s):// data. Fix it, or point NETRC at another file."
+        ) from None
+    if entry is None:
+        return None
+    login, _, password = entry
+    return login or "", password or ""
 
 
 def _finish(response: Any) -> None:
@@ -226,7 +282,7 @@ class _S3Reader(RemoteReader):
                 f"'{redact_url(url)}' could not be read: {code} {error.get('Message', '')}".strip()
             ) from None
         except (errors.BotoCoreError, OSError) as e:  # endpoint unreachable, connection reset, timeouts
-            raise TransientFault(f"{type(e).__name__}: {e}") from None
+            raise network_fault(e, url) from None
 
     def _stat(self, url: str) -> RemoteFile:
         head = self._call(url, self.client.head_object)
@@ -241,7 +297,7 @@ class _S3Reader(RemoteReader):
         try:
             return response["Body"].read()
         except (self._errors.BotoCoreError, OSError) as e:
-            raise TransientFault(f"{type(e).__name__}: {e}") from None
+            raise network_fault(e, file.url) from None
 
 
 class _GcsReader(RemoteReader):
@@ -281,11 +337,11 @@ class _GcsReader(RemoteReader):
         except (exceptions.Forbidden, exceptions.Unauthorized) as e:
             _denied(url, "gs", str(e.code))
         except (exceptions.TooManyRequests, exceptions.ServerError, TransportError) as e:
-            raise TransientFault(f"{type(e).__name__}: {e}") from None
+            raise network_fault(e, url) from None
         except exceptions.GoogleAPICallError as e:
             raise OLMoDataError(f"'{redact_url(url)}' could not be read: {e}") from None
         except OSError as e:  # requests' connection errors and timeouts
-            raise TransientFault(f"{type(e).__name__}: {e}") from None
+            raise network_fault(e, url) from None
 
     def _stat(self, url: str) -> RemoteFile:
         def metadata(blob: Any) -> RemoteFile:

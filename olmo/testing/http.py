@@ -14,6 +14,7 @@ body it sent, so a test can count exactly what crossed the wire.
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import http.server
 import os
@@ -76,15 +77,28 @@ class FileServer:
     :param latency: seconds added before every answer (a distant server).
     :param ranges: honour ``Range`` headers; False answers every ``GET`` with the whole file.
     :param stall_seconds: how long the ``stall`` fault waits before answering.
+    :param auth: ``(user, password)``: answer 401 to every request without them as HTTP Basic credentials.
+    :param validators: send ``ETag`` and ``Last-Modified``; False serves files as a server that sends neither.
     """
 
     def __init__(
-        self, root: Union[str, Path], *, latency: float = 0.0, ranges: bool = True, stall_seconds: float = 5.0
+        self,
+        root: Union[str, Path],
+        *,
+        latency: float = 0.0,
+        ranges: bool = True,
+        stall_seconds: float = 5.0,
+        auth: Optional[tuple[str, str]] = None,
+        validators: bool = True,
     ):
         self.root = Path(root).resolve()
         self.latency = latency
         self.ranges = ranges
         self.stall_seconds = stall_seconds
+        self.validators = validators
+        self.authorization = None
+        if auth is not None:
+            self.authorization = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode("ascii")
         self.hang_range: Optional[tuple[int, int]] = None
         """Bytes ``[a, b)`` of every file: a ``GET`` whose range overlaps them waits ``stall_seconds`` before its
         answer (a server that hangs on one part of a file, e.g. the instance one rank reads)."""
@@ -184,6 +198,8 @@ def _handler_class(server: FileServer) -> type[http.server.BaseHTTPRequestHandle
             record = Request(self.command, path, range_header, 0, 0)
             server._record(record)  # logged before the answer goes out, completed as it does
             try:
+                if server.authorization is not None and self.headers.get("Authorization") != server.authorization:
+                    return self._status(401, record)
                 file = (server.root / path.lstrip("/")).resolve()
                 if server.root not in file.parents or not file.is_file():
                     return self._status(404, record)
@@ -217,8 +233,9 @@ def _handler_class(server: FileServer) -> type[http.server.BaseHTTPRequestHandle
                 record.status = 206 if partial else 200
                 self.send_response(record.status)
                 self.send_header("Content-Length", str(stop - start))
-                self.send_header("ETag", f'"{size:x}-{stat.st_mtime_ns:x}"')
-                self.send_header("Last-Modified", email.utils.formatdate(stat.st_mtime, usegmt=True))
+                if server.validators:
+                    self.send_header("ETag", f'"{size:x}-{stat.st_mtime_ns:x}"')
+                    self.send_header("Last-Modified", email.utils.formatdate(stat.st_mtime, usegmt=True))
                 if server.ranges:
                     self.send_header("Accept-Ranges", "bytes")
                 if partial:

@@ -27,6 +27,7 @@ from typing import Any, Optional, Union
 from ..exceptions import OLMoCliError, OLMoError
 from .launch import LaunchEnv, env_rank, env_world_size, expand_hostlist, launch_env
 from .olmo_helpers import clean_opt, dir_is_empty, flatten_dict
+from .secrets import RedactingFilter, redact_text, redact_url
 
 __all__ = [
     "REPO",
@@ -66,7 +67,7 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 """The repository root (``configs/``, ``scripts/``): commands, benchmarks and tests run from a checkout installed
 in place."""
-_URL = re.compile(r"^[a-z0-9]+://")
+_URL = re.compile(r"^[A-Za-z0-9]+://")
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
 _LOST_PEER_SIGNS = (
     "Connection reset by peer",  # gloo, the peer's socket closed mid-read
@@ -110,6 +111,7 @@ def setup_logging(level: int = logging.INFO) -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s [rank %(rank)s] %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(_RankFilter(rank))
+    handler.addFilter(RedactingFilter())
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(level)
@@ -123,25 +125,25 @@ def _excepthook(exctype: type[BaseException], value: BaseException, tb: Optional
         sys.__excepthook__(exctype, value, tb)
     elif issubclass(exctype, OLMoError):
         # A problem the user can fix: one paragraph, no traceback.
-        print(f"\n{exctype.__name__}: {error_message(value)}\n", file=sys.stderr)
+        print(f"\n{exctype.__name__}: {redact_text(error_message(value))}\n", file=sys.stderr)
     elif issubclass(exctype, OSError) and getattr(value, "errno", None) in _DISK_ERRNOS:
         # A full disk or read-only file system met outside a checkpoint save (metrics, logs, data order).
         reason = getattr(value, "strerror", None) or value
-        print(
-            f"\n{exctype.__name__}: could not write '{getattr(value, 'filename', None)}': {reason}. Free "
-            f"some space (or fix the permissions) and relaunch with --try_load_latest_save; committed "
-            f"checkpoints are never modified after their commit.\n",
-            file=sys.stderr,
+        message = (
+            f"could not write '{getattr(value, 'filename', None)}': {reason}. Free some space (or fix the "
+            f"permissions) and relaunch with --try_load_latest_save; committed checkpoints are never modified after "
+            f"their commit."
         )
+        print(f"\n{exctype.__name__}: {redact_text(message)}\n", file=sys.stderr)
     elif lost_peer(value):
         # Not this rank's fault: the traceback would only point at the collective that noticed.
         first_line = str(value).strip().splitlines()[0] if str(value).strip() else exctype.__name__
-        print(
-            f"\n{exctype.__name__}: this rank lost its connection to another process of the job ({first_line[:300]}). "
-            f"That process stopped first: its log says why. Relaunch the job with --try_load_latest_save (or let "
-            f"torchrun --max-restarts or the scheduler do it): it continues from the newest committed checkpoint.\n",
-            file=sys.stderr,
+        message = (
+            f"this rank lost its connection to another process of the job ({first_line[:300]}). That process stopped "
+            f"first: its log says why. Relaunch the job with --try_load_latest_save (or let torchrun --max-restarts or "
+            f"the scheduler do it): it continues from the newest committed checkpoint."
         )
+        print(f"\n{exctype.__name__}: {redact_text(message)}\n", file=sys.stderr)
     else:
         log.critical("Uncaught %s: %s", exctype.__name__, value, exc_info=(exctype, value, tb))
 
@@ -182,16 +184,6 @@ def prepare_cli_environment() -> None:
 
 def is_url(path: Union[str, Path]) -> bool:
     return bool(_URL.match(str(path)))
-
-
-def redact_url(url: str) -> str:
-    """``url`` fit for a log or an error message: a password in it and the values of its query string (which
-    carry the signatures of presigned URLs) are replaced by ``***``."""
-    url = re.sub(r"^([a-z0-9+.-]+://[^/@:]*):[^/@]*@", r"\1:***@", url)
-    head, sep, query = url.partition("?")
-    if not sep:
-        return url
-    return head + sep + "&".join(f"{kv.partition('=')[0]}=***" if "=" in kv else kv for kv in query.split("&"))
 
 
 def error_message(error: BaseException) -> str:
@@ -338,7 +330,7 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-_REMOTE = re.compile(r"^([a-z0-9]+)://([^/]*)/?(.*)$")
+_REMOTE = re.compile(r"^([A-Za-z0-9]+)://([^/]*)/?(.*)$")
 REMOTE_DATA_SCHEMES = ("http", "https", "s3", "r2", "weka", "gs")
 """URL schemes that token files, label masks and evaluator data may use: read in place, by byte range."""
 REMOTE_SDKS = {"s3": "boto3", "r2": "boto3", "gs": "google.cloud.storage"}  # pip names: "." -> "-"
@@ -363,7 +355,7 @@ def missing_slash_problem(value: Optional[str], key: str) -> Optional[str]:
 def split_remote(remote: str) -> tuple[str, str, str]:
     """(scheme, bucket, prefix) of a URL; ("", "", remote) for a plain path."""
     match = _REMOTE.match(remote)
-    return (match.group(1), match.group(2), match.group(3)) if match else ("", "", remote)
+    return (match.group(1).lower(), match.group(2), match.group(3)) if match else ("", "", remote)
 
 
 def local_path_of(remote: str) -> Path:
