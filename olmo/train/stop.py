@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Optional
 
 import torch
@@ -15,7 +17,7 @@ import torch.distributed as dist
 from ..config import TrainConfig
 from ..distributed.collectives import all_reduce
 
-__all__ = ["EXIT_CODE_STOPPED", "StopRequest", "StopConditions"]
+__all__ = ["EXIT_CODE_STOPPED", "StopNow", "StopRequest", "StopConditions"]
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +25,22 @@ EXIT_CODE_STOPPED = 75
 """Exit code after SIGTERM/SIGINT or ``time_limit``: a checkpoint was saved; relaunch to resume."""
 
 
+class StopNow(Exception):
+    """Raised by the signal handler inside a wait that may not end by itself (see :meth:`StopConditions.waiting`):
+    a data fetch stuck on a silent server, an evaluation reading remote data."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 class StopRequest:
-    """Turns SIGTERM/SIGINT into a flag checked after every step; a second signal exits at once."""
+    """Turns SIGTERM/SIGINT into a flag checked after every step, or into :class:`StopNow` while the trainer waits
+    (:attr:`waiting`); a second signal exits at once."""
 
     def __init__(self) -> None:
         self.reason: Optional[str] = None
+        self.waiting = False
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -41,8 +54,12 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.reason = signal.Signals(signum).name
-        log.warning("Received %s: saving a checkpoint after this step, then exiting.", self.reason)
         self.uninstall()
+        if self.waiting:
+            self.waiting = False
+            log.warning("Received %s while waiting: stopping the wait now.", self.reason)
+            raise StopNow(self.reason)
+        log.warning("Received %s: saving a checkpoint after this step, then exiting.", self.reason)
 
 
 class StopConditions:
@@ -68,6 +85,16 @@ class StopConditions:
 
     def __exit__(self, *exc: Any) -> None:
         self.request.uninstall()
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Around a wait that only the outside world can end (fetching a batch, an evaluation): a signal raises
+        :class:`StopNow` inside it instead of waiting for the step to end."""
+        self.request.waiting = self.request.reason is None
+        try:
+            yield
+        finally:
+            self.request.waiting = False
 
     def elapsed(self) -> float:
         """Seconds since the loop started."""

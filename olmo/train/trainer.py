@@ -9,6 +9,7 @@ optimizer step) is the job of a :class:`~olmo.train.train_module.TrainModule`.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 from collections.abc import Iterator, Sequence
@@ -45,7 +46,7 @@ from .stages import (
     order_dir_of,
     plan_stages,
 )
-from .stop import EXIT_CODE_STOPPED, StopConditions
+from .stop import EXIT_CODE_STOPPED, StopConditions, StopNow
 from .stragglers import StragglerMonitor
 from .train_module import TrainModule
 from .watchdog import Watchdog
@@ -254,7 +255,7 @@ class Trainer:
                         batches = self._enter_stage(stage, batches)
                         throughput.reset()
                     try:
-                        with wd.phase("data_wait", s.global_step + 1):
+                        with wd.phase("data_wait", s.global_step + 1), stop.waiting():
                             batch = throughput.next_batch(batches)
                         self.stragglers.data_wait(throughput.data_wait)
                         metrics = self.step(batch).values
@@ -282,10 +283,13 @@ class Trainer:
                             break
                         with wd.phase("checkpoint", s.global_step):
                             saved = ckpt.maybe_save(s.global_step)
-                        with wd.phase("evaluation", s.global_step):
+                        with wd.phase("evaluation", s.global_step), self._eval_wait(stop):
                             evaluated = self.maybe_eval(stop.stop_at)
                         if saved or evaluated:
                             throughput.reset()  # checkpoint and eval time is not training throughput
+                    except StopNow as e:
+                        exit_code = self._stop_in_wait(e.reason)
+                        break
                     except NonFiniteError as e:
                         if not (cfg.stability.rollback.enabled and cfg.stability.rollback.on_non_finite):
                             raise
@@ -307,6 +311,29 @@ class Trainer:
             ckpt.close(cfg.stability.watchdog.upload_wait if wd.enabled else None)  # logs how each upload ended
             wd.close()
         return exit_code
+
+    def _eval_wait(self, stop: StopConditions) -> Any:
+        """An evaluation is a wait a signal may end with one process; with several, the others are not told, so they
+        finish it and the step after it before stopping together."""
+        return stop.waiting() if self.env.world_size == 1 else contextlib.nullcontext()
+
+    def _stop_in_wait(self, reason: str) -> int:
+        """A signal ended a wait for data (or an evaluation): save the last step with one process; with several, the
+        other ranks may be inside a collective, so exit without one (the newest committed checkpoint stays)."""
+        step = self.state.global_step
+        if self.env.world_size == 1:
+            self.metrics_logger.log_event(step, f"Stopping ({reason}) while waiting; saving a checkpoint.")
+            with self.watchdog.phase("checkpoint", step):
+                self.checkpointer.maybe_save(step, final=True)
+        else:
+            log.warning(
+                "Stopping (%s) while waiting for data at step %d: the other ranks cannot be asked to save now, so no "
+                "checkpoint of this step is written; relaunch with --try_load_latest_save to continue from the newest "
+                "committed one.",
+                reason,
+                step,
+            )
+        return EXIT_CODE_STOPPED
 
     def step(self, batch: dict[str, Any]) -> StepMetrics:
         """One training step as :meth:`fit` runs it (and ``scripts/benchmark.py`` times it): advance the data

@@ -1,0 +1,54 @@
+"""SIGTERM is honoured within seconds while the run waits on a data server that never answers: one process saves the
+last step it trained and exits with 75, instead of waiting out the retries."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from olmo.checkpoint import find_latest_checkpoint
+from olmo.config import TrainConfig
+from olmo.data import IterableDataset, build_memmap_dataset
+from olmo.testing import REPO, tiny_config_dict, write_byte_memmap, write_config
+from olmo.testing.http import FileServer
+from olmo.train import EXIT_CODE_STOPPED
+
+SEQ = 32
+
+
+def test_sigterm_during_a_stuck_data_read_saves_and_exits_at_once(tmp_path):
+    served = tmp_path / "served"
+    write_byte_memmap(served / "a.npy", 100 * 8 * SEQ)
+    run = tmp_path / "run"
+    settings = {
+        "max_duration": 50,
+        "save_interval_unsharded": None,
+        "data.remote": {"timeout_seconds": 600.0, "max_attempts": 10, "prefetch_bytes": 1},
+    }
+    with FileServer(served, stall_seconds=600) as server:
+        cfg_dict = tiny_config_dict(run, [server.url("a.npy")], **settings)
+        config = write_config(tmp_path / "c.yaml", cfg_dict)
+        cfg = TrainConfig.from_dict(cfg_dict)
+        order = IterableDataset(build_memmap_dataset(cfg, cfg.data), 8, seed=cfg.seed).global_indices()
+        stuck = int(order[2 * 8])  # the first instance of step 3
+        server.hang_range = (stuck * SEQ * 2, (stuck + 1) * SEQ * 2)  # its bytes (uint16)
+        cmd = [sys.executable, str(REPO / "scripts/train.py"), str(config)]
+        env = {**os.environ, "WANDB_MODE": "disabled", "OLMo_NONINTERACTIVE": "1"}
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not any(
+                r.range == f"bytes={stuck * SEQ * 2}-{(stuck + 1) * SEQ * 2 - 1}" for r in list(server.log)
+            ):
+                assert proc.poll() is None and time.monotonic() < deadline, "the run never reached the stuck read"
+                time.sleep(0.1)
+            time.sleep(0.5)  # the read is now waiting on the server
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=30)  # not the 600 s of the read's timeout
+        finally:
+            proc.kill()
+    assert proc.returncode == EXIT_CODE_STOPPED, stderr[-3000:]
+    assert "Received SIGTERM while waiting" in stderr
+    latest = find_latest_checkpoint(run)
+    assert latest is not None and latest.name == "step2-unsharded", stderr[-2000:]
