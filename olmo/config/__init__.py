@@ -2,8 +2,9 @@
 resolvers, the ``--help`` listing and collect-all validation.
 
 Modules: ``train_config`` (``TrainConfig``, load/save), ``sections`` (the section dataclasses and enums), ``cli``
-(override parsing), ``resolvers`` (``${path.*:...}``), ``stages`` (``stages:``, ``kl_reference:``, durations),
-``docs`` (``--help``), ``validation`` (collect-all checks and no-effect warnings).
+(override parsing), ``loading`` (unknown keys reported with the bad values), ``resolvers`` (``${path.*:...}``),
+``stages`` (``stages:``, ``kl_reference:``, durations), ``docs`` (``--help``), ``validation`` (collect-all checks
+and no-effect warnings), ``bounds`` (limits shared by the checks, and the non-finite check).
 
 May import: ``olmo.util``, ``olmo.exceptions`` (the bottom of the stack: a config is read by every layer above,
 and loading one never imports torch).

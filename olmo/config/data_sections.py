@@ -42,13 +42,18 @@ class RemoteDataConfig:
     read-ahead window is this divided by an instance's size, at least one instance."""
     max_attempts: int = 10
     """Tries per request before the run stops with an error naming the URL and byte range. Transient
-    failures (5xx, 429, resets, timeouts, short bodies) are retried; a missing file or denied access is not."""
+    failures (5xx, 429, resets, timeouts, short bodies) are retried; a missing file or denied access is not.
+    At most 1000."""
     backoff_seconds: float = 0.5
-    """Wait before the first retry (with jitter), doubled before each later one, up to ``max_backoff_seconds``."""
+    """Wait before the first retry (with jitter), doubled before each later one, up to ``max_backoff_seconds``.
+    From 0 to 3600 (an hour)."""
     max_backoff_seconds: float = 30.0
-    """The longest wait between two tries."""
-    timeout_seconds: float = 60.0
-    """Seconds to connect, and to wait for each read of an answer, before a try counts as failed."""
+    """The longest wait between two tries: above 0 and at most 3600 (an hour), since a process asleep in a
+    backoff does not stop when asked to (SIGTERM) until it wakes."""
+    timeout_seconds: float = 30.0
+    """Seconds to connect, and to wait for each read of an answer, before a try counts as failed: above 0 and at
+    most 86400 (a day: a server silent that long is gone). Two tries in a row that time out end the retries (a
+    server that accepts connections and never answers), so a silent server is given up after about a minute."""
 
 
 @dataclass
@@ -150,7 +155,7 @@ class DataConfig(BaseConfig):
     """OLMo's DataLoader option. Mapped onto ours: workers live for a whole epoch either way and restart at an
     epoch boundary, so they read the new epoch's data order (persistent ones would keep the old one)."""
     timeout: int = 0
-    """Seconds the DataLoader waits for a worker's batch before failing; 0 waits forever."""
+    """Seconds the DataLoader waits for a worker's batch before failing; 0 waits forever. At most 86400 (a day)."""
     seed: Optional[int] = None
     """Data-order seed; None means ``TrainConfig.seed``."""
     instance_filter: Optional[InstanceFilterConfig] = None
@@ -202,8 +207,9 @@ class EvaluatorConfig:
     max_new_tokens: int = 32
     """``generate`` only: most tokens generated per prompt."""
     temperature: float = 0.0
-    """``generate`` only: 0 is greedy decoding; above 0 samples (seeded by ``seed``: the same draw each time)."""
+    """``generate`` only: 0 is greedy decoding; above 0 (finite) samples (seeded by ``seed``: the same draw each
+    time)."""
     top_k: Optional[int] = None
-    """``generate`` only: sample from the ``top_k`` most likely tokens."""
+    """``generate`` only: sample from the ``top_k`` most likely tokens (1 to ``model.vocab_size``)."""
     top_p: Optional[float] = None
-    """``generate`` only: sample from the nucleus of probability ``top_p``."""
+    """``generate`` only: sample from the nucleus of probability ``top_p``, in (0, 1]."""

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..exceptions import OLMoConfigurationError
 from ..util import REMOTE_DATA_SCHEMES, missing_slash_problem, redact_url, split_remote
+from .bounds import MAX_TIMEOUT_SECONDS, MAX_WAIT_SECONDS
 from .data_sections import DataConfig
 from .stages import segment_lengths, stage_data_config
 
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 
 MEMMAP_DTYPES = ("uint8", "uint16", "uint32", "uint64")
 MAX_REMOTE_CONCURRENCY = 1024
+MAX_REMOTE_ATTEMPTS = 1000
+"""Beyond this, the doubling backoff (``backoff_seconds * 2**attempt``) no longer fits a float."""
 
 
 def data_problems(cfg: TrainConfig) -> list[str]:
@@ -156,7 +159,7 @@ def mixture_problems(d: DataConfig, key: str, cfg: TrainConfig, durations: list[
 
 def data_location_problems(d: DataConfig, key: str) -> list[str]:
     """Problems with where the data config ``key`` reads its files: URL schemes that are not read by byte range,
-    and ``{key}.remote`` values that cannot work."""
+    and ``{key}.remote`` and ``{key}.timeout`` values that cannot work."""
     out: list[str] = []
     lists = {f"{key}.paths": d.paths, f"{key}.label_mask_paths": d.label_mask_paths}
     lists.update({f"{key}.datasets.{label}": paths for label, paths in (d.datasets or {}).items()})
@@ -185,11 +188,32 @@ def data_location_problems(d: DataConfig, key: str) -> list[str]:
             f"{key}.remote.max_concurrency={r.max_concurrency} would start that many threads and connections in every "
             f"loader process; use at most {MAX_REMOTE_CONCURRENCY} (64 already fetch ~1,200 instances/s at 50 ms)."
         )
-    for name in ("timeout_seconds", "max_backoff_seconds"):
-        if not getattr(r, name) > 0:
-            out.append(f"{key}.remote.{name}={getattr(r, name)} must be a positive number of seconds.")
-    if not r.backoff_seconds >= 0:
-        out.append(f"{key}.remote.backoff_seconds={r.backoff_seconds} must be >= 0.")
+    if r.max_attempts > MAX_REMOTE_ATTEMPTS:
+        out.append(
+            f"{key}.remote.max_attempts={r.max_attempts} is more than {MAX_REMOTE_ATTEMPTS}; a file that fails that "
+            f"often is not coming back (10, the default, rides out about two minutes of outage)."
+        )
+    if not 0 <= r.backoff_seconds <= MAX_WAIT_SECONDS:
+        out.append(
+            f"{key}.remote.backoff_seconds={r.backoff_seconds} must be from 0 to {MAX_WAIT_SECONDS:g} seconds (an "
+            f"hour): the wait before the first retry, doubled before each later one (0.5 is the default)."
+        )
+    if not 0 < r.max_backoff_seconds <= MAX_WAIT_SECONDS:
+        out.append(
+            f"{key}.remote.max_backoff_seconds={r.max_backoff_seconds} must be above 0 and at most "
+            f"{MAX_WAIT_SECONDS:g} seconds (an hour): the longest wait between two tries, during which the process "
+            f"does not stop when asked to (30 is the default)."
+        )
+    if not 0 < r.timeout_seconds <= MAX_TIMEOUT_SECONDS:
+        out.append(
+            f"{key}.remote.timeout_seconds={r.timeout_seconds} must be above 0 and at most {MAX_TIMEOUT_SECONDS:g} "
+            f"seconds (a day): how long one request waits for the server (60 is the default)."
+        )
+    if not 0 <= d.timeout <= MAX_TIMEOUT_SECONDS:
+        out.append(
+            f"{key}.timeout={d.timeout} must be a number of seconds from 0 (wait forever) to {MAX_TIMEOUT_SECONDS:g} "
+            f"(a day): how long the DataLoader waits for a worker's batch."
+        )
     return out
 
 

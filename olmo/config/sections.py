@@ -301,7 +301,8 @@ class OptimizerConfig(BaseConfig):
     muon_nesterov: bool = True
     """``muon`` only: Nesterov momentum for the Muon matrices."""
     muon_ns_steps: int = 5
-    """``muon`` only: Newton-Schulz iterations per orthogonalization."""
+    """``muon`` only: Newton-Schulz iterations per orthogonalization, from 1 to 100 (each costs three matrix
+    products per weight matrix and step; 5 is usual)."""
     muon_rms_scale: float = 0.2
     """``muon`` only: a Muon update is this times ``sqrt(max(rows, cols))`` times the orthogonalized matrix, which
     matches AdamW's update RMS, so ``learning_rate`` serves both parts."""
@@ -314,11 +315,13 @@ class SchedulerConfig(BaseConfig):
     units: SchedulerUnits = SchedulerUnits.steps
     """Whether ``t_warmup``/``t_max`` count optimizer steps or training tokens."""
     t_warmup: Union[int, float] = 100
-    """Warmup length in ``units``."""
+    """Warmup length in ``units`` (>= 0). A warmup as long as the run warns at launch: the run would train at a
+    fraction of the learning rate throughout."""
     t_max: Optional[Union[int, float]] = None
     """Schedule length in ``units``; None means the run's max_duration."""
     alpha_f: float = 0.1
-    """Final learning rate as a fraction of the peak."""
+    """Final learning rate as a fraction of the peak, in [0, 1] (the cosine, linear, cosine-linear-envelope, max and
+    wsd schedules decay to ``alpha_f * learning_rate``; the others ignore it)."""
     grad_clip_warmup_steps: Optional[Union[int, float]] = None
     """For this many steps, multiply ``max_grad_norm`` by ``grad_clip_warmup_factor``."""
     grad_clip_warmup_factor: Optional[float] = None

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
+from .bounds import MAX_TIMEOUT_SECONDS
+
 if TYPE_CHECKING:
     from .train_config import TrainConfig
 
@@ -67,7 +69,8 @@ WATCHDOG_PHASES = ("data_wait", "forward_backward", "optimizer", "checkpoint", "
 @dataclass
 class WatchdogConfig:
     """End a rank that is stuck in one phase longer than its limit: write all its threads' stacks to
-    ``save_folder/hang-rank{R}.txt``, log the phase and step, and exit with ``EXIT_CODE_HANG`` (76)."""
+    ``save_folder/hang-rank{R}.txt``, log the phase and step, and exit with ``EXIT_CODE_HANG`` (76). Every limit
+    is above 0 and at most 86400 seconds (a day)."""
 
     enabled: bool = False
     """Off by default; a rank over a limit ends the job (``EXIT_CODE_HANG``) instead of waiting for the process
@@ -153,8 +156,11 @@ def stability_problems(cfg: TrainConfig) -> list[str]:
         if f.name == "enabled":
             continue
         value = getattr(wd, f.name)
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            out.append(f"stability.watchdog.{f.name}={value} must be a positive number of seconds.")
+        if not (isinstance(value, (int, float)) and 0 < value <= MAX_TIMEOUT_SECONDS):
+            out.append(
+                f"stability.watchdog.{f.name}={value} must be a positive number of seconds, at most "
+                f"{MAX_TIMEOUT_SECONDS:g} (a day: a phase that takes longer is hung); the default is {f.default:g}."
+            )
     if st.interval < 1:
         out.append(f"stability.stragglers.interval={st.interval} must be >= 1.")
     if not (math.isfinite(st.threshold) and st.threshold > 1):

@@ -9,6 +9,7 @@ boundaries; :class:`olmo.train.kl.KLTrainModule` trains the penalty.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Union
 
@@ -30,6 +31,7 @@ __all__ = [
     "segment_lengths",
     "stage_problems",
     "DATA_SOURCES",
+    "DEFAULT_MAX_DURATION",
 ]
 
 DATA_SOURCES = ("paths", "datasets", "label_mask_paths", "mixture", "custom_dataset")
@@ -55,7 +57,8 @@ class StageConfig:
     """One stage of a staged run (see ``TrainConfig.stages``)."""
 
     name: Optional[str] = None
-    """Shown in the console and logs; default ``stage{i}``."""
+    """Shown in the console and logs, and part of file names (``mixture-{name}.json``): up to 64 letters, digits,
+    '.', '_' or '-', not starting with '.', different from every other stage's. Default ``stage{i}``."""
     max_duration: Optional[Union[int, str]] = None
     """The stage's length: steps (``1000``), tokens (``"2e9T"``) or epochs of its data (``"1ep"``). Required."""
     data: Optional[dict[str, Any]] = None
@@ -80,6 +83,9 @@ class KLReferenceConfig:
     the KL stage, from an existing model). Null: a snapshot of the model at the first step of the stage, which
     is also saved as ``save_folder/stage{i}-step{N}`` so that a resume rebuilds the same reference."""
 
+
+DEFAULT_MAX_DURATION = 10000
+"""Steps a run without ``max_duration`` (and without ``stages``) trains for, as in OLMo."""
 
 MAX_STEPS = 10**12
 """The longest run :func:`parse_duration_steps` accepts: a million times OLMo-2's longest."""
@@ -199,9 +205,7 @@ def stage_problems(cfg: TrainConfig) -> list[str]:
                 stage_data_config(cfg.data, stage.data, f"{where}.data")
             except OLMoConfigurationError as e:
                 out.append(str(e))
-    names = [s.name for s in cfg.stages if s.name]
-    if len(set(names)) != len(names):
-        out.append(f"stages: names must differ from each other ({', '.join(names)}).")
+    out += _stage_name_problems(cfg.stages)
     if cfg.max_duration is not None and all(n is not None for n in steps):
         total = sum(n for n in steps if n is not None)
         try:
@@ -210,6 +214,33 @@ def stage_problems(cfg: TrainConfig) -> list[str]:
             given = None  # reported by the batch checks
         if given is not None and not str(cfg.max_duration).strip().endswith("ep") and given != total:
             out.append(stage_sum_problem(cfg, total, given))
+    return out
+
+
+_STAGE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+"""A stage name becomes part of file names (``mixture-{name}.json``): one safe component, never ``.`` or ``..``."""
+
+
+def _stage_name_problems(stages: list[StageConfig]) -> list[str]:
+    out, seen = list[str](), dict[str, int]()
+    for i, stage in enumerate(stages):
+        name = f"stage{i}" if stage.name is None else stage.name
+        if not _STAGE_NAME.fullmatch(name):
+            out.append(
+                f"stages[{i}].name={name!r} must be 1 to 64 letters, digits, '.', '_' or '-', not starting with '.': "
+                f"it becomes part of file names (mixture-NAME.json) and log lines. E.g. name: anneal."
+            )
+        elif name in seen:
+            default = (
+                " (the name of a stage without one is stage{index})"
+                if None in (stage.name, stages[seen[name]].name)
+                else ""
+            )
+            out.append(
+                f"stages[{i}].name={name!r} is also the name of stages[{seen[name]}]{default}; stage names are unique, "
+                f"as they name the stages' files and log lines. Rename one of them."
+            )
+        seen.setdefault(name, i)
     return out
 
 

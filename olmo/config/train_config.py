@@ -18,8 +18,10 @@ from typing import Any, Optional, TypeVar, Union
 from omegaconf import OmegaConf as om
 from omegaconf.errors import OmegaConfBaseException
 
+from ..exceptions import OLMoError
+from ..util import env_world_size
 from .base import BaseConfig
-from .cli import clean_opt, config_error, load_structured, refuse_interpolations
+from .cli import clean_opt, config_error, refuse_interpolations
 from .data_sections import (
     CustomDatasetCollatorConfig,
     CustomDatasetConfig,
@@ -30,6 +32,7 @@ from .data_sections import (
     MixtureSourceConfig,
     RemoteDataConfig,
 )
+from .loading import load_reporting_all
 from .resolvers import register_resolvers
 from .sections import (
     ActivationCheckpointingStrategy,
@@ -63,8 +66,8 @@ from .sections import (
     WandbConfig,
 )
 from .stability import StabilityConfig
-from .stages import KLEstimator, KLReferenceConfig, StageConfig
-from .validation import parse_duration_steps, validate_train_config
+from .stages import DEFAULT_MAX_DURATION, KLEstimator, KLReferenceConfig, StageConfig
+from .validation import config_problems, parse_duration_steps, validate_train_config
 
 __all__ = [
     "StrEnum",
@@ -115,9 +118,6 @@ __all__ = [
 
 
 C = TypeVar("C", bound="TrainConfig")
-
-DEFAULT_MAX_DURATION = 10000
-"""Steps a run without ``max_duration`` (and without ``stages``) trains for, as in OLMo."""
 
 
 @dataclass
@@ -275,7 +275,8 @@ class TrainConfig(BaseConfig):
     """FSDP2 sharding options (with more than one process)."""
     distributed_timeout_minutes: float = 30.0
     """How long a collective may wait for a peer before the job fails instead of hanging (a rank that
-    dies is normally detected by torchrun within seconds; this bounds hangs it cannot see)."""
+    dies is normally detected by torchrun within seconds; this bounds hangs it cannot see). Above 0 and at most
+    1440 (a day): a collective still waiting after a day is hung."""
     ddp: Optional[DDPConfig] = None
     """Options for ``distributed_strategy: ddp``."""
     softmax_auxiliary_loss: bool = False
@@ -283,7 +284,8 @@ class TrainConfig(BaseConfig):
     auxiliary_loss_multiplier: Optional[float] = 1e-4
     """Weight of the z-loss."""
     time_limit: Optional[float] = None
-    """Seconds after which the run saves a checkpoint and exits (resumable exit code)."""
+    """Seconds after which the run saves a checkpoint and exits (resumable exit code): a positive, finite number
+    (without an upper bound: it is compared with the time elapsed, never waited for), or null for no limit."""
     extra_steps_after_cancel: int = 10
     """Accepted for OLMo compatibility; a canceled run saves and stops at once (values other than 0 and the
     default warn at startup)."""
@@ -324,7 +326,7 @@ class TrainConfig(BaseConfig):
         :raises OLMoConfigurationError: naming the key for unknown keys, wrong types and bad values.
         """
         register_resolvers()
-        return load_structured(cls, path, overrides, prepare=_update_legacy_settings)
+        return load_reporting_all(cls, path, overrides, _update_legacy_settings, _launch_problems)
 
     @classmethod
     def load_saved(cls: type[C], path: Union[str, Path], overrides: Optional[list[str]] = None) -> C:
@@ -336,7 +338,7 @@ class TrainConfig(BaseConfig):
         """
         register_resolvers()
         prepare = lambda raw: _update_legacy_settings(refuse_interpolations(raw, path))  # noqa: E731
-        return load_structured(cls, path, overrides, prepare=prepare)
+        return load_reporting_all(cls, path, overrides, prepare, _launch_problems)
 
     @classmethod
     def from_dict(cls: type[C], values: dict[str, Any]) -> C:
@@ -385,6 +387,16 @@ class TrainConfig(BaseConfig):
         return parse_duration_steps(
             duration, self.global_train_batch_size, self.tokens_per_batch, instances_per_epoch
         )
+
+
+def _launch_problems(cfg: TrainConfig) -> list[str]:
+    """What :meth:`TrainConfig.validate` would find for a launch from this environment; reported with the unknown
+    keys of a config that has some, so that a misspelled key does not hide the bad values."""
+    try:
+        world_size = env_world_size()
+    except OLMoError:
+        world_size = 1  # the launcher's variables are reported by the launch itself; the values still get checked
+    return config_problems(cfg, world_size)
 
 
 def _update_legacy_settings(raw: Any) -> Any:

@@ -1,7 +1,7 @@
 """Checks on a loaded :class:`~olmo.config.TrainConfig` that types alone cannot express.
 
 Every problem is collected and reported together, so a user fixes a config in one pass. Settings
-that are accepted for OLMo compatibility but have no effect produce a warning. Besides the values
+that are accepted for OLMo compatibility but have no effect produce a warning, as does a warmup as long as the run. Besides the values
 themselves, this checks what the config names on this machine (the tokenizer, downstream task labels,
 the remote upload client) through low-level helpers only, so the config layer imports nothing above it.
 """
@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..exceptions import OLMoConfigurationError
-from ..util import (
-    missing_slash_problem,
-    remote_save_folder_problems,
-)
+from ..util import env_rank, missing_slash_problem, remote_save_folder_problems
 from ..util.tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
+from .bounds import MAX_TIMEOUT_SECONDS, non_finite_problems
 from .data_sections import EvaluatorConfig
 from .data_validation import MEMMAP_DTYPES, data_location_problems, data_problems
-from .optim_validation import optim_problems
+from .optim_validation import optim_problems, warmup_warnings
 from .sections import EvaluatorType, FSDPWrapStrategy, TruncationDirection
 from .stability import stability_problems
 from .stages import parse_duration_steps, stage_problems
@@ -32,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "validate_train_config",
+    "config_problems",
     "data_location_problems",
     "parse_duration_steps",
     "evaluator_problems",
@@ -48,7 +48,31 @@ PRECISIONS = ("amp_bf16", "amp_fp16", "fp32")
 
 
 def validate_train_config(cfg: TrainConfig, world_size: int) -> None:
-    """Raise one :class:`OLMoConfigurationError` listing every problem, or return quietly."""
+    """Raise one :class:`OLMoConfigurationError` listing every problem, or warn about settings that have no effect
+    (or not the one meant) and return."""
+    problems = config_problems(cfg, world_size)
+    if problems:
+        listing = "\n".join(f"  - {p}" for p in problems)
+        raise OLMoConfigurationError(
+            f"The config has {len(problems)} problem(s); fix them in the YAML or with --key=value:\n{listing}"
+        )
+    _warn_no_effect(cfg)
+
+
+def config_problems(cfg: TrainConfig, world_size: int) -> list[str]:
+    """Every problem of ``cfg`` for a launch of ``world_size`` processes, one line each (empty when there is none).
+    A ``nan`` or ``inf`` that no check of its key reports (with the key's range) is reported as not finite."""
+    problems = _value_problems(cfg, world_size)
+    reported = {_key_of(p) for p in problems}
+    return problems + [p for key, p in non_finite_problems(cfg).items() if key not in reported]
+
+
+def _key_of(problem: str) -> str:
+    """The key a ``key=value ...`` problem is about (``stages[1] (anneal).kl_beta=...``: ``stages[1].kl_beta``)."""
+    return re.sub(r" \([^)]*\)", "", problem.split("=", 1)[0])
+
+
+def _value_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     problems: list[str] = []
     problems += _model_problems(cfg)
     problems += _batch_problems(cfg, world_size)
@@ -64,12 +88,7 @@ def validate_train_config(cfg: TrainConfig, world_size: int) -> None:
     problems += remote_save_folder_problems(cfg.remote_save_folder, cfg.save_folder)
     problems += stage_problems(cfg)
     problems += stability_problems(cfg)
-    if problems:
-        listing = "\n".join(f"  - {p}" for p in problems)
-        raise OLMoConfigurationError(
-            f"The config has {len(problems)} problem(s); fix them in the YAML or with --key=value:\n{listing}"
-        )
-    _warn_no_effect(cfg)
+    return problems
 
 
 def _model_problems(cfg: TrainConfig) -> list[str]:
@@ -177,10 +196,15 @@ def _batch_problems(cfg: TrainConfig, world_size: int) -> list[str]:
             parse_duration_steps(cfg.max_duration, cfg.global_train_batch_size, cfg.tokens_per_batch, 0)
     except OLMoConfigurationError as e:
         out.append(str(e))
-    for name in ("stop_at", "stop_after", "time_limit", "distributed_timeout_minutes", "metrics_collect_interval"):
+    for name in ("stop_at", "stop_after", "time_limit", "metrics_collect_interval"):
         value = getattr(cfg, name)
         if value is not None and value <= 0:
             out.append(f"{name}={value} must be positive (or null).")
+    if not 0 < cfg.distributed_timeout_minutes <= MAX_TIMEOUT_SECONDS / 60:
+        out.append(
+            f"distributed_timeout_minutes={cfg.distributed_timeout_minutes} must be above 0 and at most "
+            f"{MAX_TIMEOUT_SECONDS / 60:g} (a day: a collective still waiting after a day is hung); 30 is the default."
+        )
     if not 0 <= cfg.seed < 2**32:
         out.append(f"seed={cfg.seed} must be in [0, 2^32).")
     return out
@@ -267,6 +291,9 @@ def _strategy_problems(cfg: TrainConfig, world_size: int) -> list[str]:
 
 
 def _warn_no_effect(cfg: TrainConfig) -> None:
+    if env_rank() == 0:  # about the config, not this rank: once per launch
+        for line in warmup_warnings(cfg):
+            log.warning(line)
     if cfg.load_path is None and not cfg.try_load_latest_save:
         for flag in ("reset_optimizer_state", "reset_trainer_state"):
             if getattr(cfg, flag):
@@ -354,7 +381,7 @@ def evaluator_problems(cfg: TrainConfig) -> list[str]:
                 f"{' or '.join(DOWNSTREAM_DEFINITIONS)}."
             )
         if ecfg.type == EvaluatorType.generate:
-            problems += generation_problems(ecfg, key)
+            problems += generation_problems(ecfg, key, cfg.model.vocab_size)
         elif ecfg.type == EvaluatorType.downstream:
             downstream[f"{key}.label"] = ecfg.label
         elif ecfg.data.mixture is not None:
@@ -379,8 +406,9 @@ DOWNSTREAM_DEFINITIONS = ("olmo_eval", "olmo-0.6")
 """``EvaluatorConfig.definitions``: ai2-olmo-eval's metric definitions, or the original OLMo 0.6 trainer's."""
 
 
-def generation_problems(ecfg: EvaluatorConfig, key: str) -> list[str]:
-    """What is wrong with a ``generate`` evaluator's settings."""
+def generation_problems(ecfg: EvaluatorConfig, key: str, vocab_size: int) -> list[str]:
+    """What is wrong with a ``generate`` evaluator's settings (``key``: ``evaluators[i]``), for a model of
+    ``vocab_size`` tokens."""
     out: list[str] = []
     if not ecfg.prompts or not all(isinstance(p, str) and p for p in ecfg.prompts):
         out.append(
@@ -389,12 +417,14 @@ def generation_problems(ecfg: EvaluatorConfig, key: str) -> list[str]:
         )
     if not 1 <= ecfg.max_new_tokens <= MAX_GENERATED_TOKENS:
         out.append(f"{key}.max_new_tokens={ecfg.max_new_tokens} must be between 1 and {MAX_GENERATED_TOKENS}.")
-    if ecfg.temperature < 0:
-        out.append(f"{key}.temperature={ecfg.temperature} must be >= 0 (0: greedy decoding).")
+    if not 0 <= ecfg.temperature < math.inf:
+        out.append(f"{key}.temperature={ecfg.temperature} must be a finite number >= 0 (0: greedy decoding).")
     if ecfg.top_k is not None and ecfg.top_p is not None:
         out.append(f"{key}: give top_k or top_p, not both.")
-    if ecfg.top_k is not None and ecfg.top_k < 1:
-        out.append(f"{key}.top_k={ecfg.top_k} must be at least 1.")
+    if ecfg.top_k is not None and not 1 <= ecfg.top_k <= vocab_size:
+        out.append(
+            f"{key}.top_k={ecfg.top_k} must be from 1 to model.vocab_size={vocab_size} (the tokens sampled from)."
+        )
     if ecfg.top_p is not None and not 0 < ecfg.top_p <= 1:
         out.append(f"{key}.top_p={ecfg.top_p} must be in (0, 1].")
     if ecfg.temperature == 0 and (ecfg.top_k is not None or ecfg.top_p is not None):
