@@ -4,6 +4,9 @@ Every message names the config key, file or flag at fault and says what to chang
 these as one paragraph instead of a traceback (see :func:`olmo.util.install_excepthook`).
 """
 
+from collections.abc import Callable
+from typing import Any
+
 __all__ = [
     "OLMoError",
     "OLMoConfigurationError",
@@ -11,11 +14,26 @@ __all__ = [
     "OLMoCheckpointError",
     "OLMoDataError",
     "OLMoTrainingError",
+    "set_message_filter",
 ]
+
+
+_message_filter: Callable[[str], str] = str
+"""Applied to every message: :mod:`olmo.util.secrets` installs its masking of secrets (URL credentials, values read
+from the environment) when imported, so no message of ours carries one, wherever it is printed."""
+
+
+def set_message_filter(fn: Callable[[str], str]) -> None:
+    """Install ``fn`` as the filter of every :class:`OLMoError`'s message."""
+    global _message_filter
+    _message_filter = fn
 
 
 class OLMoError(Exception):
     """Base class for every error olmo-trainer raises on purpose."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*(_message_filter(a) if isinstance(a, str) else a for a in args))
 
 
 class OLMoConfigurationError(OLMoError):

@@ -81,9 +81,67 @@ def load_structured(
             f"{len(problems)} problems; fix them all:\n{listing}"
         )
     try:
-        return om.to_object(conf)  # type: ignore[return-value]
+        loaded = om.to_object(conf)
     except OmegaConfBaseException as e:
         raise error(e, f"in {path} or its command-line overrides") from None
+    # What a saved copy of the config writes instead of the environment's values (see ``TrainConfig.as_written``).
+    object.__setattr__(loaded, ENV_WRITTEN, env_written_values(conf))
+    return loaded  # type: ignore[return-value]
+
+
+ENV_WRITTEN = "_env_written"
+"""The attribute of a loaded config that holds :func:`env_written_values`."""
+_ENV_INTERPOLATION = re.compile(r"\$\{oc\.env:[^${}]*\}")
+_ENV_MARK = re.compile("\x00(\\d+)\x00")
+
+
+def env_written_values(conf: Any) -> dict[tuple[Any, ...], str]:
+    """Where a config's values come from the environment (``${oc.env:NAME}``, directly or through another
+    interpolation): each such string value's key path, mapped to the value with every environment variable left as
+    written (escaped, ``\\${oc.env:NAME}``, so that loading the saved file gives the text, never the environment's
+    value). A saved config writes these instead of the values, which may be secrets."""
+    originals: list[str] = []
+
+    def placeholder(match: re.Match) -> str:
+        originals.append(match.group(0))
+        return f"\x00{len(originals) - 1}\x00"
+
+    def mark(node: Any) -> Any:
+        if isinstance(node, str):
+            previous = None
+            while previous != node:  # innermost first: ${oc.env:A,${oc.env:B}}
+                previous, node = node, _ENV_INTERPOLATION.sub(placeholder, node)
+            return node
+        if isinstance(node, dict):
+            return {k: mark(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [mark(v) for v in node]
+        return node
+
+    marked = mark(om.to_container(conf, resolve=False))
+    if not originals:
+        return {}
+    try:
+        resolved = om.to_container(om.create(marked), resolve=True)
+    except OmegaConfBaseException:
+        return {}
+
+    def unmark(text: str) -> str:
+        while _ENV_MARK.search(text):
+            text = _ENV_MARK.sub(lambda m: "\\" + originals[int(m.group(1))], text)
+        return text
+
+    found: dict[tuple[Any, ...], str] = {}
+
+    def walk(node: Any, parts: tuple[Any, ...]) -> None:
+        if isinstance(node, str) and _ENV_MARK.search(node):
+            found[parts] = unmark(node)
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            walk(value, (*parts, key))
+
+    walk(resolved, ())
+    return found
 
 
 def _merge_collecting(

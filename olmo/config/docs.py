@@ -16,6 +16,8 @@ import typing
 from enum import Enum
 from typing import Any, Optional, Union
 
+from ..util.secrets import redact_text
+
 __all__ = ["field_docs", "summary", "format_value", "describe_config", "undocumented_fields"]
 
 
@@ -134,7 +136,7 @@ def _sections(obj: Any, prefix: str, title: str, expanded: set[type]) -> list[_S
             for i, item in enumerate(value):
                 subsections += _sections(item, f"{key}[{i}].", f"{key}[{i}]{about}", expanded)
         else:
-            own.rows.append((key, format_value(value), doc))
+            own.rows.append((key, redact_text(format_value(value)), doc))
             if nested is not None and nested not in expanded:  # None, or an empty list of sections
                 expanded.add(nested)
                 key = f"{key}[]" if is_list else key

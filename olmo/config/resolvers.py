@@ -7,15 +7,18 @@ torch. :func:`add_resolver` lets code above the config layer add its own."""
 from __future__ import annotations
 
 import glob
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf as om
+from omegaconf.resolvers import oc
 
 from ..exceptions import OLMoConfigurationError
 from ..util.checkpoint_dirs import path_last_checkpoint
+from ..util.secrets import note_env_value
 
 __all__ = ["add_resolver", "register_resolvers"]
 
@@ -42,7 +45,17 @@ def _path_choose(*paths: str) -> str:
     )
 
 
+def _env(key: str, *default: Any) -> Any:
+    """OmegaConf's own ``${oc.env:NAME[,DEFAULT]}``, noting the value read so that it is masked wherever the trainer
+    prints (:func:`olmo.util.secrets.redact_text`); saved configs keep the interpolation as written."""
+    value = oc.env(key, *default)
+    if key in os.environ:
+        note_env_value(key, value)
+    return value
+
+
 _RESOLVERS: dict[str, Callable[..., Any]] = {
+    "oc.env": _env,
     "path.glob": _path_glob,
     "path.choose": _path_choose,
     "path.last_checkpoint": path_last_checkpoint,

@@ -20,8 +20,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..exceptions import OLMoError
 from ..util import env_world_size
+from ..util.secrets import redact_urls
 from .base import BaseConfig
-from .cli import clean_opt, config_error, refuse_interpolations
+from .cli import ENV_WRITTEN, clean_opt, config_error, refuse_interpolations
 from .data_sections import (
     CustomDatasetCollatorConfig,
     CustomDatasetConfig,
@@ -350,8 +351,22 @@ class TrainConfig(BaseConfig):
             raise config_error(e, "in the given dict") from None
 
     def save(self, path: Union[str, Path]) -> None:
-        """Write the resolved config as YAML (no ``${...}`` left)."""
-        om.save(config=om.structured(self), f=str(path))
+        """Write the config as YAML: resolved, except that no secret is written (see :meth:`as_written`)."""
+        om.save(config=om.create(self.as_written()), f=str(path))
+
+    def as_written(self) -> dict[str, Any]:
+        """The config as it may be written to a file or sent to wandb: the resolved values, except that a value read
+        from the environment keeps its ``${oc.env:NAME}`` as written (escaped: loading the file gives that text,
+        never this machine's environment) and every URL has its credentials and query values masked
+        (:func:`olmo.util.secrets.redact_url`). Secrets belong in the environment, never in a saved config."""
+        written = om.to_container(om.structured(self), resolve=False, enum_to_str=True)
+        for parts, text in getattr(self, ENV_WRITTEN, {}).items():
+            node: Any = written
+            for part in parts[:-1]:
+                node = node[part] if isinstance(node, (dict, list)) and _has(node, part) else None
+            if isinstance(node, (dict, list)) and _has(node, parts[-1]) and isinstance(node[parts[-1]], str):
+                node[parts[-1]] = text
+        return _masked_urls(written)  # type: ignore[return-value]
 
     def validate(self, world_size: int = 1) -> None:
         """Check values that types alone cannot, and report every problem at once."""
@@ -397,6 +412,20 @@ def _launch_problems(cfg: TrainConfig) -> list[str]:
     except OLMoError:
         world_size = 1  # the launcher's variables are reported by the launch itself; the values still get checked
     return config_problems(cfg, world_size)
+
+
+def _has(node: Union[dict, list], key: Any) -> bool:
+    return key in node if isinstance(node, dict) else isinstance(key, int) and 0 <= key < len(node)
+
+
+def _masked_urls(node: Any) -> Any:
+    if isinstance(node, str):
+        return redact_urls(node)
+    if isinstance(node, dict):
+        return {k: _masked_urls(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_masked_urls(v) for v in node]
+    return node
 
 
 def _update_legacy_settings(raw: Any) -> Any:

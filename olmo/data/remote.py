@@ -349,12 +349,12 @@ class MetadataCache:
 
     def get(self, url: str) -> Optional[CachedFile]:
         """The record of ``url``, if any."""
-        return self.files.get(redact_url(url))
+        return self.files.get(redact_text(url))
 
     def save(self, files: Iterable[tuple[str, CachedFile]]) -> None:
         """Add ``files`` to the records and write them (to :attr:`path`, through a temporary file). Records are keyed
-        by the URL with its credentials masked (:func:`~olmo.util.secrets.redact_url`): no secret reaches the file."""
-        self.files.update((redact_url(url), entry) for url, entry in files)
+        by the URL with its credentials masked (:func:`~olmo.util.secrets.redact_text`): no secret reaches the file."""
+        self.files.update((redact_text(url), entry) for url, entry in files)
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)

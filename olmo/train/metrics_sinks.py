@@ -19,6 +19,7 @@ from typing import Any, Optional, TextIO
 
 from ..config import TrainConfig
 from ..util.progress import estimate_left, format_duration
+from ..util.secrets import redact_text
 
 __all__ = ["MetricsLogger", "ConsoleSink", "JsonlSink", "WandbSink"]
 
@@ -126,13 +127,23 @@ class WandbSink:
     metrics every ``wandb.log_interval`` steps, evaluations always, the summary's numbers at the end."""
 
     def __init__(self, cfg: TrainConfig):
-        import wandb
-
         assert cfg.wandb is not None
         self.interval = cfg.wandb.log_interval
         mode: Any = cfg.wandb.mode or os.environ.get("WANDB_MODE") or "offline"
         (Path(cfg.save_folder) / "wandb").mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(
+        # wandb records the command line with the run: with its secrets masked (a --load_path URL's password).
+        argv, sys.argv = sys.argv, [redact_text(arg) for arg in sys.argv]
+        try:
+            self.run = self._init(cfg, mode)
+        finally:
+            sys.argv = argv
+
+    @staticmethod
+    def _init(cfg: TrainConfig, mode: Any) -> Any:
+        import wandb
+
+        assert cfg.wandb is not None
+        return wandb.init(
             dir=str(Path(cfg.save_folder)),
             mode=mode,
             project=cfg.wandb.project or "olmo-trainer",
@@ -140,7 +151,7 @@ class WandbSink:
             group=cfg.wandb.group,
             name=cfg.wandb.name or cfg.run_name,
             tags=cfg.wandb.tags,
-            config=cfg.asdict(exclude=["wandb"]),
+            config={k: v for k, v in cfg.as_written().items() if k != "wandb"},  # no secret: see as_written
         )
 
     def log(self, step: int, metrics: dict[str, float], eval_keys: Optional[list[str]]) -> None:

@@ -20,7 +20,17 @@ import logging
 import re
 import threading
 
-__all__ = ["redact_url", "redact_text", "note_env_value", "RedactingFilter", "url_credentials", "MASK"]
+from ..exceptions import set_message_filter
+
+__all__ = [
+    "redact_url",
+    "redact_urls",
+    "redact_text",
+    "note_env_value",
+    "RedactingFilter",
+    "url_credentials",
+    "MASK",
+]
 
 MASK = "***"
 
@@ -78,9 +88,14 @@ def redact_text(text: str) -> str:
     for value, name in env:
         if value in text:
             text = text.replace(value, f"${{oc.env:{name}}}")
-    if "://" in text:
-        text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
-    return text
+    return redact_urls(text)
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with every URL in it passed through :func:`redact_url`."""
+    if "://" not in text:
+        return text
+    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
 
 
 class RedactingFilter(logging.Filter):
@@ -97,3 +112,6 @@ class RedactingFilter(logging.Filter):
         if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
             record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
         return True
+
+
+set_message_filter(redact_text)
