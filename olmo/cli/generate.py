@@ -10,7 +10,8 @@ or a name OLMo knows). Decoding is greedy by default; ``--temperature`` > 0 samp
 tokens or the ``--top_p`` nucleus when given), reproducibly for a ``--seed``; ``--num_beams`` > 1 is beam search
 (with sampling: a sampled beam search). One prompt with one beam streams its tokens as they come; several prompts
 run as one left-padded batch and print when done. Generation stops at the end-of-text token or after
-``--max_new_tokens``. ``--json`` prints one JSON object per prompt instead (prompt, token ids, text, score).
+``--max_new_tokens``. A ``--prompt`` must be UTF-8 text: one holding other bytes (``$'\\xff'`` in bash, Latin-1 text)
+is refused, not guessed at. ``--json`` prints one JSON object per prompt instead (prompt, token ids, text, score).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def _check_args(args: argparse.Namespace) -> torch.device:
         raise OLMoCliError(str(e)) from None
     if any(not p for p in args.prompt):
         raise OLMoCliError("An empty --prompt has nothing to continue; give some text.")
+    for number, prompt in enumerate(args.prompt, 1):
+        _check_utf8(prompt, "--prompt" if len(args.prompt) == 1 else f"--prompt number {number}")
     try:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:
@@ -76,6 +79,24 @@ def _check_args(args: argparse.Namespace) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise OLMoCliError(f"--device={args.device} but this machine has no CUDA GPU; use --device=cpu.")
     return device
+
+
+def _check_utf8(prompt: str, flag: str) -> None:
+    """Refuse a prompt that holds bytes that are not UTF-8 (Python keeps each as a lone surrogate, U+DC80-U+DCFF,
+    which no tokenizer can encode).
+
+    :raises OLMoCliError: naming ``flag``, the byte and where it is.
+    """
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(prompt[e.start])
+        what = f"the byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"the code point U+{code:04X}"
+        after = f" (after {prompt[: e.start][-20:]!r})" if e.start else ""
+        raise OLMoCliError(
+            f"{flag} is not UTF-8 text: it holds {what} at character {e.start}{after}. Pass the prompt as UTF-8 "
+            f"(convert it, e.g. with iconv -f latin1 -t utf-8, or check the terminal's encoding)."
+        ) from None
 
 
 def _tokenizer(cfg: TrainConfig, identifier: Optional[str]) -> Tokenizer:

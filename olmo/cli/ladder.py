@@ -32,6 +32,10 @@ the config apply to the ladder, in the train script's syntax: --dir=/tmp/ladder,
   six runs vary parameters and tokens independently, with 1-sigma errors; the predicted loss of the next sizes
   (by both fits), beside their measured loss once they have run; with budgets, the compute of the stable runs and
   branches against separate runs to every budget. --out DIR writes results.json, results.md and loss_vs_compute.png; --json prints only the JSON.
+
+Two launches of `run` for the same size at once are refused: the second stops with an error naming the ladder folder
+and the process holding its lock (DIR/.locks/SIZE.rank{R}.lock, an flock released when that process ends). Different
+sizes may run at once.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from olmo.cli.train import main as train_main
 from olmo.data import build_memmap_dataset
 from olmo.exceptions import OLMoCliError
 from olmo.ladder.config import LadderConfig, load_ladder
+from olmo.ladder.lock import run_lock
 from olmo.ladder.plan import Branch, Rung, plan_ladder, write_rung_config
 from olmo.ladder.report import (
     format_results,
@@ -164,6 +169,12 @@ def run(ladder: LadderConfig, args: argparse.Namespace) -> int:
             f"{world_size} with --max_devices={world_size} if its batch allows."
         )
     branches = _selected_branches(rung, args.budget)
+    with run_lock(Path(ladder.dir), rung.name, env_rank()):
+        return _run_locked(ladder, rung, branches, args)
+
+
+def _run_locked(ladder: LadderConfig, rung: Rung, branches: list[Branch], args: argparse.Namespace) -> int:
+    """``run``'s work, once this launch holds the size's lock."""
     # The training data is checked (its files, not their tokens) before the size's config is written.
     build_memmap_dataset(rung.cfg, rung.cfg.data, include_instance_metadata=False).validate(
         rung.cfg.model.vocab_size, scan_max_tokens=0

@@ -8,17 +8,22 @@ source's ``train/{source}/CrossEntropyLoss``), ``kl.png`` (``train/KL``, with a 
 ``learning_rate.png``, ``throughput.png`` (tokens/s per device) and one file per evaluation metric group
 (``eval_<label>.png``, ``eval_downstream.png``). In a staged run (``stages:``) every plot marks where each
 stage begins with a dashed line.
+
+``--out`` is always a folder, created if missing; the PNG files in it are replaced. A path that is a file (or lies
+under one) is refused before anything is read or written: give a folder, not the name of an image.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
 from olmo.exceptions import OLMoCliError
+from olmo.util import unwritable_reason
 from olmo.util.json_lines import read_metrics_jsonl
 
 log = logging.getLogger("plot_metrics")
@@ -99,10 +104,22 @@ def plot(
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (each with metrics.jsonl)")
-    parser.add_argument("--out", type=Path, help="output folder (default: FIRST_RUN/plots)")
+    parser.add_argument(
+        "--out", type=Path, help="output folder, created if missing; never a file (default: FIRST_RUN/plots)"
+    )
     args = parser.parse_args(argv)
-    runs = {run.resolve().name: read_metrics(run) for run in args.runs}
     out = args.out or args.runs[0] / "plots"
+    dangling = out.is_symlink() and not out.exists()
+    problem = (
+        f"it is a symlink to '{os.readlink(out)}', which does not exist" if dangling else unwritable_reason(out)
+    )
+    if problem is not None:
+        flag = "--out" if args.out else "The default output folder"
+        raise OLMoCliError(
+            f"{flag} '{out}' cannot hold the plots: {problem}. The plots are PNG files written into a folder; give "
+            f"--out=FOLDER (a new or existing folder) instead."
+        )
+    runs = {run.resolve().name: read_metrics(run) for run in args.runs}
     out.mkdir(parents=True, exist_ok=True)
     figures = [
         (["train/CrossEntropyLoss", "train/TotalLoss"], "Training loss", "loss", "loss.png", True),

@@ -4,6 +4,7 @@
 * :mod:`olmo.ladder.plan`: each size as a train config and a run plan (:func:`plan_ladder`).
 * :mod:`olmo.ladder.fit`: scaling-law fits (loss against compute; the Chinchilla form).
 * :mod:`olmo.ladder.report`: checkpoint status, results, predictions and plots.
+* :mod:`olmo.ladder.lock`: one ``ladder.py run`` launch at a time per size (:func:`~olmo.ladder.lock.run_lock`).
 
 * :mod:`olmo.ladder.run_planner`: what one run will do (parameters, batch, steps, FLOPs, memory, time), for the
   ladder and ``scripts/train.py --dry_run``.
