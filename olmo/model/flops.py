@@ -125,7 +125,9 @@ def cpu_peak_flops() -> PeakFlops:
     XDG_CACHE_HOME), keyed by CPU model, core count, thread count and torch version, and replaced atomically.
     Each entry keeps the best rate measured and the share of the cores that measurement got: below
     :data:`_MIN_CPU_SHARE` (other work was running) the entry is provisional and is measured again, keeping the
-    best, by a later run that finds the machine idle. An entry that an MFU above 1 proves too low is dropped
+    best, by a later run that finds the machine idle; so is one measured while the machine was busy (its load
+    average above a quarter of its cores), since other work slows a matmul in ways the share does not show (memory
+    bandwidth, caches). An entry that an MFU above 1 proves too low is dropped
     (see :func:`model_flops_utilization`).
     """
     path, key = _peak_cache_path(), _cpu_key()
@@ -135,9 +137,11 @@ def cpu_peak_flops() -> PeakFlops:
         isinstance(entry.get(k), (int, float)) for k in ("peak_flops", "cpu_share")
     ):
         cached = (float(entry["peak_flops"]), float(entry["cpu_share"]))
-    if cached is not None and (cached[1] >= _MIN_CPU_SHARE or not _machine_idle()):
+    final = cached is not None and cached[1] >= _MIN_CPU_SHARE and entry.get("idle", True) is not False
+    if cached is not None and (final or not _machine_idle()):
         flops = cached[0]
     else:
+        idle = _machine_idle()  # a measurement on a busy machine stays provisional, whatever share it got
         measured = _measure_cpu_matmul_flops()
         log.info(
             "Measured this CPU's peak: %.4g FLOP/s, with %.0f%% of its threads' time (%s).",
@@ -147,7 +151,7 @@ def cpu_peak_flops() -> PeakFlops:
         )
         flops, share = max(measured, cached or measured)
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        cache[key] = {"peak_flops": flops, "cpu_share": share, "measured": now}
+        cache[key] = {"peak_flops": flops, "cpu_share": share, "idle": idle, "measured": now}
         _write_peak_cache(path, cache)
     where = f", cached in {path}" if path is not None else ""
     return PeakFlops(

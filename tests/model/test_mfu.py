@@ -44,6 +44,22 @@ def test_cpu_peak_is_measured_once_then_read_from_the_cache(cache_file):
     assert json.loads(cache_file.read_text()) == entries  # a cache hit writes nothing
 
 
+def test_a_peak_measured_on_a_busy_machine_is_measured_again_when_it_is_idle(cache_file, monkeypatch):
+    import olmo.model.flops as flops
+
+    monkeypatch.setattr(flops, "_machine_idle", lambda: False)  # the load average of a machine at work
+    key = cpu_peak_flops().cache_key
+    entries = json.loads(cache_file.read_text())
+    assert entries[key]["idle"] is False
+    entries[key].update(peak_flops=1.25e3, cpu_share=1.0)  # slowed by the other work, yet all threads ran
+    cache_file.write_text(json.dumps(entries))
+    assert cpu_peak_flops().flops == 1.25e3  # still busy: the provisional figure serves
+    monkeypatch.setattr(flops, "_machine_idle", lambda: True)
+    again = cpu_peak_flops()
+    assert again.flops > 1e8  # measured again, idle this time, and kept
+    assert json.loads(cache_file.read_text())[key]["idle"] is True
+
+
 def test_mfu_above_one_is_never_reported():
     table_peak = PeakFlops(989e12, "the dense bf16 peak of NVIDIA H100 80GB HBM3", "Fix the FLOP count.")
     assert model_flops_utilization(494.5e12, table_peak) == pytest.approx(0.5)
