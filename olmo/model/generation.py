@@ -11,6 +11,7 @@ positions (``wpe``) the padding shifts its positions, as in the original OLMo. B
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, Optional
 
@@ -53,8 +54,8 @@ def build_sampler(temperature: float = 0.0, top_k: Optional[int] = None, top_p: 
 
     :raises ValueError: naming the option, for values that make no sense.
     """
-    if temperature < 0:
-        raise ValueError(f"--temperature={temperature} must be >= 0 (0: greedy decoding).")
+    if not 0 <= temperature < math.inf:
+        raise ValueError(f"--temperature={temperature} must be finite and >= 0 (0: greedy decoding).")
     if top_k is not None and top_p is not None:
         raise ValueError("Give --top_k or --top_p, not both.")
     if top_k is not None and top_k < 1:

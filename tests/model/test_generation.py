@@ -220,7 +220,9 @@ def test_sampling_is_reproducible_from_the_seed_and_keeps_to_its_constraints():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(temperature=-1), r"--temperature=-1 must be >= 0"),
+        (dict(temperature=-1), r"--temperature=-1 must be finite and >= 0"),
+        (dict(temperature=float("nan")), r"--temperature=nan must be finite and >= 0"),
+        (dict(temperature=float("inf")), r"--temperature=inf must be finite and >= 0"),
         (dict(temperature=1, top_k=3, top_p=0.5), r"--top_k or --top_p, not both"),
         (dict(temperature=1, top_k=0), r"--top_k=0 must be at least 1"),
         (dict(temperature=1, top_p=1.5), r"--top_p=1.5 must be in \(0, 1\]"),
