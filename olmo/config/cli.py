@@ -91,7 +91,7 @@ def load_structured(
 
 ENV_WRITTEN = "_env_written"
 """The attribute of a loaded config that holds :func:`env_written_values`."""
-_ENV_INTERPOLATION = re.compile(r"\$\{oc\.env:[^${}]*\}")
+_ENV_INTERPOLATION = re.compile(r"(?<!\\)\$\{oc\.env:[^${}]*\}")  # not an escaped one: that is text
 _ENV_MARK = re.compile("\x00(\\d+)\x00")
 
 

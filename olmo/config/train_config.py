@@ -359,14 +359,8 @@ class TrainConfig(BaseConfig):
         from the environment keeps its ``${oc.env:NAME}`` as written (escaped: loading the file gives that text,
         never this machine's environment) and every URL has its credentials and query values masked
         (:func:`olmo.util.secrets.redact_url`). Secrets belong in the environment, never in a saved config."""
-        written = om.to_container(om.structured(self), resolve=False, enum_to_str=True)
-        for parts, text in getattr(self, ENV_WRITTEN, {}).items():
-            node: Any = written
-            for part in parts[:-1]:
-                node = node[part] if isinstance(node, (dict, list)) and _has(node, part) else None
-            if isinstance(node, (dict, list)) and _has(node, parts[-1]) and isinstance(node[parts[-1]], str):
-                node[parts[-1]] = text
-        return _masked_urls(written)  # type: ignore[return-value]
+        resolved = om.to_container(om.structured(self), resolve=False, enum_to_str=True)
+        return _written(resolved, (), getattr(self, ENV_WRITTEN, {}))  # type: ignore[return-value]
 
     def validate(self, world_size: int = 1) -> None:
         """Check values that types alone cannot, and report every problem at once."""
@@ -414,17 +408,16 @@ def _launch_problems(cfg: TrainConfig) -> list[str]:
     return config_problems(cfg, world_size)
 
 
-def _has(node: Union[dict, list], key: Any) -> bool:
-    return key in node if isinstance(node, dict) else isinstance(key, int) and 0 <= key < len(node)
-
-
-def _masked_urls(node: Any) -> Any:
+def _written(node: Any, parts: tuple[Any, ...], from_env: dict[tuple[Any, ...], str]) -> Any:
+    """``node`` (resolved values) as a saved config writes it: a string read from the environment as the user wrote
+    it, any other string escaped (a ``${`` in a resolved value is text, and must stay text when the file is read
+    back), URLs masked in both."""
     if isinstance(node, str):
-        return redact_urls(node)
+        return redact_urls(from_env[parts]) if parts in from_env else redact_urls(node).replace("${", "\\${")
     if isinstance(node, dict):
-        return {k: _masked_urls(v) for k, v in node.items()}
+        return {k: _written(v, (*parts, k), from_env) for k, v in node.items()}
     if isinstance(node, list):
-        return [_masked_urls(v) for v in node]
+        return [_written(v, (*parts, i), from_env) for i, v in enumerate(node)]
     return node
 
 

@@ -331,3 +331,27 @@ def test_a_wsd_schedule_that_fits_validates(tmp_path):
         {"max_duration": 100, "scheduler.name": "wsd", "scheduler.t_decay": 0, "scheduler.decay_shape": "cosine"},
     ):
         TrainConfig.from_dict(tiny_config_dict(tmp_path, ["x.npy"], **overrides)).validate()
+
+
+def test_a_saved_config_holds_no_secret_and_saves_again_unchanged(tmp_path, monkeypatch):
+    """What a run writes as config.yaml: values read from the environment as written (loading them gives the text),
+    URL credentials and query values masked, literal text kept literal; loading it and saving it again changes
+    nothing."""
+    monkeypatch.setenv("DATA_TOKEN", "tok-5ecret-9")
+    path = _config(
+        tmp_path,
+        **{
+            "data.paths": ["https://h/${oc.env:DATA_TOKEN}/a.npy", "https://u:pw-5ecret@h/b.npy?sig=s1g-5ecret"],
+            "run_name": "tok-${oc.env:DATA_TOKEN,none}",
+        },
+    )
+    cfg = TrainConfig.load(path)
+    assert cfg.data.paths[0] == "https://h/tok-5ecret-9/a.npy" and cfg.run_name == "tok-tok-5ecret-9"
+    cfg.save(tmp_path / "saved.yaml")
+    text = (tmp_path / "saved.yaml").read_text()
+    assert "5ecret" not in text
+    saved = TrainConfig.load_saved(tmp_path / "saved.yaml")  # refuses interpolations: these are text
+    assert saved.data.paths == ["https://h/${oc.env:DATA_TOKEN}/a.npy", "https://u:***@h/b.npy?sig=***"]
+    assert saved.run_name == "tok-${oc.env:DATA_TOKEN,none}"
+    saved.save(tmp_path / "again.yaml")
+    assert (tmp_path / "again.yaml").read_text() == text
