@@ -33,6 +33,13 @@ def _run(script: str, *args, env: dict, timeout: float = 300) -> subprocess.Comp
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _refused(what: str, expected: str, *args, env: dict) -> None:
+    """``train.py ARGS`` fails, saying ``expected``, and prints no secret."""
+    result = _run("train.py", *args, env=env)
+    assert result.returncode != 0 and expected in result.stderr, result.stderr[-3000:]
+    _assert_clean(result.stdout + result.stderr, what)
+
+
 def _assert_clean(text: str, where: str) -> None:
     for secret in SECRETS:
         assert secret not in text, f"{secret!r} in {where}:\n{text[max(0, text.find(secret) - 500) :][:1000]}"
@@ -115,9 +122,8 @@ def test_no_secret_is_written_or_printed(served, tmp_path):
         ]
         written = val.replace("user:${oc.env:DATA_PW}@", "user:***@")  # the path keeps what the user wrote
         assert saved["evaluators"][0]["data"]["datasets"]["val"] == [written.replace("${", "\\${")]
-        assert TrainConfig.load_saved(run / "config.yaml").evaluators[0].data.datasets["val"] == [
-            written
-        ]  # as text
+        reloaded = TrainConfig.load_saved(run / "config.yaml")  # refuses interpolations: these are text
+        assert reloaded.evaluators[0].data.datasets["val"] == [written]
 
         # A checkpoint served with a password: --load_path restores it (the URL's credentials are sent).
         with FileServer(tmp_path, auth=("user", PASSWORD)) as checkpoints:
@@ -133,65 +139,43 @@ def test_no_secret_is_written_or_printed(served, tmp_path):
             assert more.returncode == 0, more.stderr[-3000:]
             _assert_clean(more.stdout + more.stderr, "the resumed training's output")
             _assert_folder_clean(tmp_path / "more")
-            wrong = _run(
-                "train.py",
+            _refused(
+                "a wrong load_path's error",
+                "",
                 config,
                 f"--load_path={load.replace(PASSWORD, ENV_PASSWORD)}",
                 f"--save_folder={tmp_path / 'wrong'}",
                 env=env,
             )
-            assert wrong.returncode != 0
-            _assert_clean(wrong.stdout + wrong.stderr, "a wrong load_path's error")
 
-        remote_tokenizer = _run(
-            "train.py", config, f"--tokenizer.identifier={tokenizer}", f"--save_folder={tmp_path / 't'}", env=env
-        )
-        assert (
-            remote_tokenizer.returncode != 0
-            and "tokenizer.identifier='http://user:***@" in remote_tokenizer.stderr
-        )
-        _assert_clean(remote_tokenizer.stdout + remote_tokenizer.stderr, "a tokenizer URL's error")
-
-        helped = _run("train.py", config, "--help", env=env)
+        helped = _run("train.py", config, f"--data.paths=[{a}]", "--help", env=env)
         assert helped.returncode == 0 and "data.paths" in helped.stdout
         _assert_clean(helped.stdout + helped.stderr, "--help")
 
-        # A wrong password, an upper-case scheme, an endpoint holding credentials: masked errors.
-        denied = _run(
-            "train.py",
+        no_masks = ["--data.label_mask_paths=null", f"--save_folder={tmp_path / 'refused'}"]
+        _refused(
+            "a tokenizer URL's error",
+            "tokenizer.identifier='http://user:***@",
             config,
-            f"--data.paths=[{a.replace(PASSWORD, SIGNATURE)}]",
-            "--data.label_mask_paths=null",
-            f"--save_folder={tmp_path / 'denied'}",
+            f"--tokenizer.identifier={tokenizer}",
+            f"--save_folder={tmp_path / 't'}",
             env=env,
         )
-        assert denied.returncode != 0 and "HTTP 401" in denied.stderr
-        _assert_clean(denied.stdout + denied.stderr, "a wrong password's error")
-        upper = _run(
-            "train.py",
-            config,
-            f"--data.paths=[{a.replace('http://', 'HTTP://').replace('a.npy', 'missing.npy')}]",
-            "--data.label_mask_paths=null",
-            f"--save_folder={tmp_path / 'upper'}",
-            env=env,
+        wrong_password = a.replace(PASSWORD, SIGNATURE)
+        _refused(
+            "a wrong password's error", "HTTP 401", config, f"--data.paths=[{wrong_password}]", *no_masks, env=env
         )
-        assert upper.returncode != 0 and "does not exist (the server answered 404)" in upper.stderr
-        _assert_clean(upper.stdout + upper.stderr, "an upper-case URL's error")
-    endpoint = _run(
-        "train.py",
-        config,
-        "--data.paths=[s3://bucket/a.npy]",
-        "--data.label_mask_paths=null",
-        f"--save_folder={tmp_path / 'endpoint'}",
-        env={
-            **env,
-            "AWS_ENDPOINT_URL": f"http://AKIA:{PASSWORD}@no-such-host.invalid:9000",
-            "AWS_ACCESS_KEY_ID": "x",
-            "AWS_SECRET_ACCESS_KEY": "y",
-        },
-    )
-    assert endpoint.returncode != 0 and "no-such-host.invalid" in endpoint.stderr
-    _assert_clean(endpoint.stdout + endpoint.stderr, "an object store's error")
+        upper = a.replace("http://", "HTTP://").replace("a.npy", "missing.npy")
+        _refused(
+            "an upper-case URL's error", "answered 404", config, f"--data.paths=[{upper}]", *no_masks, env=env
+        )
+    endpoint = {
+        "AWS_ENDPOINT_URL": f"http://AKIA:{PASSWORD}@no-such-host.invalid:9000",
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "y",
+    }
+    s3 = "--data.paths=[s3://bucket/a.npy]"
+    _refused("an object store's error", "no-such-host.invalid", config, s3, *no_masks, env={**env, **endpoint})
     generated = _run("generate.py", run / "step4-unsharded", "--prompt=x", f"--tokenizer={tokenizer}", env=env)
     assert generated.returncode != 0  # the server is gone
     _assert_clean(generated.stdout + generated.stderr, "generate.py --tokenizer's error")

@@ -18,7 +18,7 @@ from typing import Any, Optional, Union
 
 from ..util.secrets import redact_text
 
-__all__ = ["field_docs", "summary", "format_value", "describe_config", "undocumented_fields"]
+__all__ = ["field_docs", "summary", "format_value", "describe_config", "undocumented_fields", "nested_dataclass"]
 
 
 _FIELD_DOCS: dict[type, dict[str, str]] = {}
@@ -129,7 +129,7 @@ def _sections(obj: Any, prefix: str, title: str, expanded: set[type]) -> list[_S
         key, value = f"{prefix}{f.name}", getattr(obj, f.name)
         doc = summary(docs.get(f.name, ""))
         about = f": {doc}" if doc else ""
-        nested, is_list = _nested_dataclass(hints[f.name])
+        nested, is_list = nested_dataclass(hints[f.name])
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             subsections += _sections(value, f"{key}.", f"{key}{about}", expanded)
         elif is_list and nested is not None and value:
@@ -146,7 +146,7 @@ def _sections(obj: Any, prefix: str, title: str, expanded: set[type]) -> list[_S
     return ([own] if own.rows else []) + subsections
 
 
-def _nested_dataclass(hint: Any) -> tuple[Optional[type], bool]:
+def nested_dataclass(hint: Any) -> tuple[Optional[type], bool]:
     """The dataclass a field of type ``hint`` holds (through ``Optional`` and ``list``), and whether it is
     a list of them; ``(None, False)`` for a plain field."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -175,7 +175,7 @@ def undocumented_fields(cls: type) -> list[str]:
         for f in dataclasses.fields(klass):
             if f.name not in docs:
                 missing.append(f"{prefix}{f.name}")
-            nested, is_list = _nested_dataclass(hints[f.name])
+            nested, is_list = nested_dataclass(hints[f.name])
             if nested is not None:
                 visit(nested, f"{prefix}{f.name}{'[]' if is_list else ''}.")
 

@@ -20,6 +20,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from ..exceptions import OLMoCliError, OLMoConfigurationError
 from .cli import config_error, load_structured, load_yaml, parse_override
+from .docs import nested_dataclass
 
 __all__ = ["load_reporting_all"]
 
@@ -100,7 +101,7 @@ def _unknown_keys(section: type, node: Any, parts: tuple[Part, ...], source: str
             if refusal is not None:
                 yield _UnknownKey((*parts, key), refusal, source)
             continue
-        inner, is_list = _section_type(hints[key])
+        inner, is_list = nested_dataclass(hints[key])
         if inner is None:
             continue  # a plain value, or a mapping of any keys (a stage's data)
         if not is_list:
@@ -139,21 +140,7 @@ def _unknown_in_overrides(schema: type, overrides: list[str]) -> Iterator[_Unkno
                     source = f"from the command-line override '--{entry}'"
                     yield _UnknownKey(tuple(parts[: depth + 1]), refusal, source, position)
                 break
-            section, is_list = _section_type(hints[part])
-
-
-def _section_type(hint: Any) -> tuple[Optional[type], bool]:
-    """The dataclass a field of type ``hint`` holds (through ``Optional`` and ``list``), and whether in a list;
-    ``(None, False)`` for anything else."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if typing.get_origin(hint) is Union and len(args) == 1:
-        hint = args[0]
-    is_list = typing.get_origin(hint) is list
-    if is_list:
-        hint = typing.get_args(hint)[0]
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return hint, is_list
-    return None, False
+            section, is_list = nested_dataclass(hints[part])
 
 
 def _refusal(section: type, key: Any) -> Optional[ConfigKeyError]:
