@@ -20,7 +20,7 @@ import torch
 from ..config import TrainConfig
 from ..exceptions import OLMoCheckpointError
 from ..util import is_url, remove_path, unwritable_reason
-from ..util.checkpoint_dirs import read_marker, unreadable_checkpoints
+from ..util.checkpoint_dirs import STEP_DIR, read_marker, unreadable_checkpoints
 from .files import (
     MARKER,
     check_optimizer_kind,
@@ -50,13 +50,23 @@ __all__ = [
     "preflight_restore",
     "prepare_save_folder",
     "claim_save_folder",
+    "resumes_in_save_folder",
+    "replaces_previous_run",
 ]
 
 log = logging.getLogger(__name__)
 
 # What a run writes into its save_folder; --save_overwrite removes these (and nothing else) from a folder
 # that holds another run.
-RUN_FILES = ("config.yaml", "metrics.jsonl", "train_data", "data-indices", "wandb", "plots")
+RUN_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "train_data",
+    "data-indices",
+    "wandb",
+    "plots",
+    "skipped_batches.json",
+)
 _RUN_PATTERNS = re.compile(
     r"^(step\d+(-unsharded)?|stage\d+-step\d+|\.(stage\d+-)?step\d+(-unsharded)?\.(tmp|old|damaged)-\w+|"
     r"eval-step\d+\.json)$"
@@ -181,7 +191,9 @@ def preflight_restore(plan: RestorePlan, model_cfg: Any, optimizer_cfg: Any = No
             check_optimizer_kind(info.path, sharded_keys, optimizer_cfg.name)
         if plan.load_trainer_state:
             for path in sorted((Path(info.path) / "train").glob("rank*.pt")):
-                check_trainer_state(path, load_train_state(path) if not ours else safe_torch_load(path), ours)
+                state = load_train_state(path) if not ours else safe_torch_load(path)
+                check_trainer_state(path, state, ours)
+                _check_recorded_step(info, path, state)
         return
     saved = load_state_file(info.path, "model")
     check_shapes(info.path, clean_model_state(saved) if not ours else saved, expected)
@@ -191,7 +203,41 @@ def preflight_restore(plan: RestorePlan, model_cfg: Any, optimizer_cfg: Any = No
             keys = {k for values in optim["state"].values() if isinstance(values, dict) for k in values}
             check_optimizer_kind(info.path, keys, optimizer_cfg.name)
     if plan.load_trainer_state:
-        check_trainer_state(f"{info.path}/train.pt", trainer_state(info))
+        state = trainer_state(info)
+        check_trainer_state(f"{info.path}/train.pt", state)
+        _check_recorded_step(info, f"{info.path}/train.pt", state)
+
+
+def _check_recorded_step(info: CheckpointInfo, path: Any, state: dict[str, Any]) -> None:
+    """The step a checkpoint's trainer state holds is the one its marker (or, without one, its folder name) says: a
+    folder renamed, or filled with another checkpoint's files, would resume from one step under another's name."""
+    name = info.path.rstrip("/").rsplit("/", 1)[-1]
+    match = STEP_DIR.match(name)
+    if not info.marked and match is None:
+        return  # an original OLMo checkpoint in a folder of another name: nothing says which step it is
+    recorded = int(state["global_step"])
+    if recorded == info.step:
+        return
+    said = f"its {MARKER} marker" if info.marked else "its folder name"
+    rename = f"step{recorded}" + ("" if info.sharded else "-unsharded")
+    raise OLMoCheckpointError(
+        f"Checkpoint '{info.path}' is not what its name says: {said} says step {info.step}, but its trainer state "
+        f"'{path}' says global_step {recorded}, so it was renamed or another checkpoint's files were copied into it, "
+        f"and resuming it would continue from step {recorded} as if it were step {info.step}. Rename it to {rename} "
+        f"(and fix its marker) if the trainer state is right, or pick another checkpoint."
+    )
+
+
+def resumes_in_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> bool:
+    """Whether the launch restores a checkpoint of ``save_folder`` itself (a resume of the run, not a new run from
+    another's checkpoint)."""
+    return _resuming_here(Path(cfg.save_folder), launch.restore)
+
+
+def replaces_previous_run(cfg: TrainConfig, launch: LaunchPlan) -> bool:
+    """Whether :func:`claim_save_folder` removes the previous run's files (``save_overwrite`` for a new run, neither
+    resuming from the folder nor ``try_load_latest_save``)."""
+    return cfg.save_overwrite and not cfg.try_load_latest_save and not resumes_in_save_folder(cfg, launch)
 
 
 def _resuming_here(root: Path, plan: Optional[RestorePlan]) -> bool:
@@ -225,7 +271,17 @@ def prepare_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
     # With --try_load_latest_save and no committed checkpoint yet, the folder holds a launch of this run
     # that died before its first save: starting over in it is exactly what a restart should do.
     restarting_unsaved = cfg.try_load_latest_save and plan is None and not existing
-    if not resuming_here and not restarting_unsaved and (existing or (root / "config.yaml").exists()):
+    holds_run = bool(existing) or (root / "config.yaml").exists()
+    if (
+        cfg.try_load_latest_save and plan is None and launch.unusable and existing
+    ):  # says more than the refusal below
+        names = ", ".join(Path(p).name for p in launch.unusable[:3])
+        raise OLMoCheckpointError(
+            f"save_folder '{root}' already holds a run, but none of its checkpoints can be restored ({names}; the "
+            f"warnings above say why each was passed over). Repair them (rename one back, finish a copy), load one "
+            f"with --load_path to see its error, or pass --save_overwrite to move them aside and start over."
+        )
+    if not resuming_here and not restarting_unsaved and holds_run:
         raise OLMoCheckpointError(
             f"save_folder '{root}' already holds a run (config.yaml or checkpoints). Resume it with "
             f"--try_load_latest_save, pick a new --save_folder, or pass --save_overwrite to replace it."
@@ -286,7 +342,7 @@ def _clean_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
                 )
                 delete_checkpoint(c)
         return
-    if cfg.try_load_latest_save:
+    if not replaces_previous_run(cfg, launch):  # with try_load_latest_save: the run replaces what it writes again
         return
     doomed = sorted(p for p in root.iterdir() if p.name in RUN_FILES or _RUN_PATTERNS.match(p.name))
     if not doomed:

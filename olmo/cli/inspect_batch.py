@@ -41,7 +41,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from olmo.config import TrainConfig
+from olmo.config import DataConfig, TrainConfig
+from olmo.config.stages import MAX_STEPS
 from olmo.data import (
     IterableDataset,
     MemMapDataset,
@@ -57,7 +58,7 @@ from olmo.data.provenance import instance_documents
 from olmo.exceptions import OLMoCliError, OLMoDataError
 from olmo.tokenizer import Tokenizer
 from olmo.train.stability import SKIPPED_BATCHES_FILE, locate_batch, read_skip_ranges
-from olmo.train.stages import plan_stages
+from olmo.train.stages import check_recorded_data, plan_stages
 
 log = logging.getLogger("inspect_batch")
 
@@ -137,11 +138,23 @@ def batch_rows(
     """The instances of the global batch of training step ``step`` (only rank ``rank``'s if given). In a staged
     run, a stage with its own data has its own order, in ``train_data/stage{i}/`` next to ``default_order_dir``,
     counted from the stage's first step."""
-    if step < 1:
-        raise OLMoCliError(f"--step {step} is not a training step; steps are counted from 1.")
+    if not 1 <= step <= MAX_STEPS:
+        raise OLMoCliError(
+            f"--step {step} is not a training step: steps are counted from 1, and no run has more than "
+            f"{MAX_STEPS:.0e} (the most max_duration allows). Give a step of the run."
+        )
     plan = plan_stages(cfg)
     stage = plan.at(step)
     dataset = build_memmap_dataset(cfg, stage.data)
+    # Data that changed since the run recorded it (a glob that matches more files) would give other instances.
+    opened = {id(stage.data): dataset}
+
+    def dataset_of(data: DataConfig) -> MemMapDataset:
+        if id(data) not in opened:
+            opened[id(data)] = build_memmap_dataset(cfg, data)
+        return opened[id(data)]
+
+    check_recorded_data(cfg, plan, dataset_of, "inspect another run: this one never trained on it")
     batch_size = cfg.global_train_batch_size
     steps_per_epoch = batches_per_epoch(len(dataset), batch_size)
     if steps_per_epoch == 0:
@@ -184,6 +197,7 @@ def batch_rows(
         positions = positions[rank_slice(0, batch_size, world_size, rank)]
     # Read exactly as users do (olmo/data/__init__.py): a slice of the order, uint32 indices as they are.
     batch = global_indices[s * batch_size : (s + 1) * batch_size]
+    _check_indices(batch, len(dataset), path, s * batch_size, step)
     rows = []
     # Remote instances are fetched concurrently, and only those of the batch.
     instance_filter = stage.data.instance_filter
@@ -209,6 +223,24 @@ def batch_rows(
                 row.text = text if len(text) <= max_chars else text[:max_chars] + "…"
         rows.append(row)
     return rows
+
+
+def _check_indices(batch: np.ndarray, num_instances: int, path: Path, first: int, step: int) -> None:
+    """Refuse order entries that name no instance of the data (a damaged file, or one made for other data).
+
+    :raises OLMoDataError: naming the file, the first bad value and its position.
+    """
+    bad = np.flatnonzero(batch >= num_instances)
+    if bad.size == 0:
+        return
+    p = int(bad[0])
+    raise OLMoDataError(
+        f"Order file '{path}' holds {int(batch[p])} at entry {first + p:,} (position {p} of step {step}'s batch; "
+        f"{bad.size} of the batch's {len(batch)} entries are out of range), but the config's data has only "
+        f"{num_instances:,} instances (0 to {num_instances - 1:,}): the file is damaged. Restore an intact copy, or "
+        f"delete it (and its .json record beside it): a run folder's missing order is recomputed from the seed "
+        f"exactly as the trainer made it."
+    )
 
 
 def _launch_world_size(target: Path) -> Optional[int]:

@@ -169,16 +169,16 @@ def run(ladder: LadderConfig, args: argparse.Namespace) -> int:
             f"{world_size} with --max_devices={world_size} if its batch allows."
         )
     branches = _selected_branches(rung, args.budget)
+    # The training data is checked (its files, not their tokens) before anything is written, the lock included.
+    build_memmap_dataset(rung.cfg, rung.cfg.data, include_instance_metadata=False).validate(
+        rung.cfg.model.vocab_size, scan_max_tokens=0
+    )
     with run_lock(Path(ladder.dir), rung.name, env_rank()):
         return _run_locked(ladder, rung, branches, args)
 
 
 def _run_locked(ladder: LadderConfig, rung: Rung, branches: list[Branch], args: argparse.Namespace) -> int:
     """``run``'s work, once this launch holds the size's lock."""
-    # The training data is checked (its files, not their tokens) before the size's config is written.
-    build_memmap_dataset(rung.cfg, rung.cfg.data, include_instance_metadata=False).validate(
-        rung.cfg.model.vocab_size, scan_max_tokens=0
-    )
     path = write_rung_config(ladder, rung)
     log.info("Size %s: train config %s, save folder %s.", rung.name, path, rung.save_folder)
     if branches and not args.benchmark:

@@ -23,11 +23,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
-from olmo.checkpoint.restore import LaunchPlan, claim_save_folder, plan_restore, prepare_save_folder
+from olmo.checkpoint.restore import (
+    LaunchPlan,
+    RestorePlan,
+    claim_save_folder,
+    plan_restore,
+    prepare_save_folder,
+    replaces_previous_run,
+    resumes_in_save_folder,
+)
 from olmo.config import DataConfig, TrainConfig
 from olmo.config.docs import describe_config
-from olmo.data import MemMapDataset, build_memmap_dataset
-from olmo.data.mixture import MIXTURE_FILE, MixturePlan
+from olmo.data import IterableDataset, MemMapDataset, build_memmap_dataset
+from olmo.data.mixture import MixturePlan
 from olmo.distributed import DistEnv, barrier, build_model, init_distributed, teardown_distributed
 from olmo.eval import Evaluator, build_evaluators
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError, OLMoDataError
@@ -37,7 +45,17 @@ from olmo.model import describe_attention
 from olmo.optim import build_optimizer, build_scheduler
 from olmo.train import Trainer
 from olmo.train.build_module import build_train_module, train_module_class
-from olmo.train.stages import StagePlan, build_stage_dataloader, check_kl_reference, plan_stages
+from olmo.train.stability import read_skip_ranges
+from olmo.train.stages import (
+    StagePlan,
+    build_stage_dataloader,
+    check_kl_reference,
+    check_recorded_data,
+    check_resume_point,
+    check_schedule_lengths,
+    mixture_file,
+    plan_stages,
+)
 from olmo.util import env_rank, env_world_size
 from olmo.util.rng import seed_all
 
@@ -68,14 +86,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     stages = plan_stages(cfg, lambda data: len(dataset_of(data)))
     try:
         mixes = mixture_plans(stages, dataset_of)  # a mix its sources cannot meet is refused before any write
+        check_schedule_lengths(cfg, stages)
     except (OLMoDataError, OLMoConfigurationError):
         if cfg.dry_run and env_rank() == 0:
             print(format_plan(plan_run(cfg, env_world_size(), None)))
         raise
     launch = plan_restore(cfg)  # opens every checkpoint file it will read
-    plan = launch.restore
-    if plan is not None and plan.load_trainer_state and cfg.restore_dataloader:
-        check_kl_reference(cfg, stages, plan.info.path, plan.info.step)
+    check_resume(cfg, stages, launch)
     prepare_save_folder(cfg, launch)
     # Every rank checks the files; only rank 0 pays for the full token-id scan. A staged run checks every
     # stage's data.
@@ -84,6 +101,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for stage in stages.stages:
             if stage.segment == stage.index:  # the first stage of its data
                 dataset_of(stage.data).validate(cfg.model.vocab_size, scan_tokens)
+        check_data(cfg, stages, launch, dataset_of)
         evaluators = build_evaluators(cfg, world_size=env_world_size(), rank=env_rank())
     except (OLMoDataError, OLMoConfigurationError):
         if cfg.dry_run and env_rank() == 0:  # the plan needs no data: show it, then what is wrong with the data
@@ -109,9 +127,45 @@ def mixture_plans(stages: StagePlan, dataset_of: Callable[[DataConfig], MemMapDa
     out: dict[str, MixturePlan] = {}
     for stage in stages.stages:
         if stage.segment == stage.index and stage.data.mixture is not None:
-            plan = dataset_of(stage.data).mixture_plan
-            out[MIXTURE_FILE if stage.index == 0 else f"mixture-{stage.name}.json"] = plan
+            out[mixture_file(stage)] = dataset_of(stage.data).mixture_plan
     return out
+
+
+def continued_state(cfg: TrainConfig, launch: LaunchPlan) -> Optional[RestorePlan]:
+    """The restore of a launch that continues a checkpoint's trainer state (its step and data position), else None."""
+    plan = launch.restore
+    return plan if plan is not None and plan.load_trainer_state and cfg.restore_dataloader else None
+
+
+def check_resume(cfg: TrainConfig, stages: StagePlan, launch: LaunchPlan) -> None:
+    """What continuing a run depends on, checked before anything is written: the batches rollbacks took out
+    (``skipped_batches.json``, read unless the launch replaces the run), and, when the launch continues a
+    checkpoint's trainer state, the steps left, the schedule and the KL stage's reference."""
+    if not replaces_previous_run(cfg, launch):
+        read_skip_ranges(cfg.save_folder)
+    plan = continued_state(cfg, launch)
+    if plan is not None:
+        check_resume_point(cfg, stages, plan.info.path, plan.info.step, resumes_in_save_folder(cfg, launch))
+        check_kl_reference(cfg, stages, plan.info.path, plan.info.step)
+
+
+def check_data(
+    cfg: TrainConfig, stages: StagePlan, launch: LaunchPlan, dataset_of: Callable[[DataConfig], MemMapDataset]
+) -> None:
+    """Once its files are checked, each data segment can be put in order as training will (at least one global
+    batch, fewer than 2**32 instances: the order's own checks, without building or writing it), and a resume in
+    the run's own folder finds the data the run recorded."""
+    for stage in stages.stages:
+        if stage.segment == stage.index:
+            data = dataset_of(stage.data)
+            IterableDataset(data, cfg.global_train_batch_size, world_size=env_world_size(), rank=env_rank())
+    plan = continued_state(cfg, launch)
+    if plan is not None and resumes_in_save_folder(cfg, launch):
+        fix = (
+            f"start a new run from the checkpoint (--load_path={plan.info.path} --save_folder=NEW_FOLDER), which plans "
+            f"and records its data anew"
+        )
+        check_recorded_data(cfg, stages, dataset_of, fix)
 
 
 def train(

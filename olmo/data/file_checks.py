@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -55,9 +56,11 @@ class FileChecks(RemoteFileAccess):
         ``scan_max_tokens`` tokens in total have been read; label masks are always checked. A file too short
         to hold one instance only gets a warning, unless no file holds one.
 
-        Remote files are checked by their metadata (all at once) and npy headers only: their ids and label masks
-        are not read up front unless ``scan_remote`` (reading a remote corpus would take longer than training on
-        it); give the dataset a ``vocab_size`` to check each instance's ids as it is read instead.
+        Remote files are checked by their metadata (all at once) and npy headers: their ids are not read up front
+        unless ``scan_remote`` (reading a remote corpus would take longer than training on it; give the dataset a
+        ``vocab_size`` to check each instance's ids as it is read instead), and their label masks only until one
+        shows a True (usually in the bytes read with its header), so that masks without one are refused as local
+        ones are.
 
         :param on_chunk: called with (file index, token offset, ids) for every chunk of ids the scan reads, in
             order, so a caller can gather statistics in the same pass; files are then read to the end (within
@@ -117,32 +120,44 @@ class FileChecks(RemoteFileAccess):
             raise OLMoDataError(f"The training data has {len(problems)} problems; fix them all:\n{listing}")
 
     def _label_problems(self, n_tokens: dict[int, int], scan_remote: bool) -> list[str]:
-        """Warn about each label mask with no True in its instances; a problem when that is all of them (remote
-        masks are read only with ``scan_remote``)."""
+        """Warn about each label mask with no True in its instances; a problem when that is all of them (the run
+        would train at loss 0.0).
+
+        Local masks (every mask with ``scan_remote``) are all read: a usual mask answers within its first few
+        kilobytes. Remote ones cost requests, so they are read only when no local mask holds a True, one after
+        the other until one does.
+        """
         if self.label_mask_paths is None:
             return []
-        masks = self.label_mask_paths
-        used = {
-            i: n // self.chunk_size * self.chunk_size
-            for i, n in n_tokens.items()
-            if n >= self.chunk_size and (scan_remote or not is_remote(masks[i]))
-        }
-        unlabeled = [i for i, n in used.items() if not _holds_true(self.label_mask(i)[:n])]
-        for i in unlabeled:
-            log.warning(
-                "Label mask '%s' holds no True in the tokens cut into instances: token file '%s' contributes no "
-                "labels (none of its tokens is trained on).",
-                self.label_mask_paths[i],
-                self.paths[i],
-            )
-        if not used or len(unlabeled) < len(used):
+        used = {i: n // self.chunk_size * self.chunk_size for i, n in n_tokens.items() if n >= self.chunk_size}
+        local = [i for i in used if scan_remote or not is_remote(self.label_mask_paths[i])]
+        unlabeled = [i for i in local if self._labels_nothing(i, used[i])]
+        if not used or len(unlabeled) < len(local):
             return []
+        for i in (i for i in used if i not in local):
+            if not self._labels_nothing(i, used[i]):
+                return []
         return [
             f"No label mask in {self.config_key}.label_mask_paths holds a True in the tokens cut into instances ({len(used)} "
             f"checked), so no token would be trained on and the loss would be 0.0 for the whole run. Regenerate "
             f"the masks (True marks a token to train on, such as an assistant reply), or remove "
             f"{self.config_key}.label_mask_paths to train on every token."
         ]
+
+    def _labels_nothing(self, i: int, n: int) -> bool:
+        """Whether the label mask of file ``i`` holds no True in its first ``n`` entries (warned about)."""
+        assert self.label_mask_paths is not None
+        path = self.label_mask_paths[i]
+        head = self._mask_heads.get(path, b"")[self._layout(path, True).header_bytes :][:n]  # read already
+        if any(head) or _holds_true(self.label_mask(i), n):
+            return False
+        log.warning(
+            "Label mask '%s' holds no True in the tokens cut into instances: token file '%s' contributes no labels "
+            "(none of its tokens is trained on).",
+            self.label_mask_paths[i],
+            self.paths[i],
+        )
+        return True
 
     def _vocab_problems(
         self, n_tokens: dict[int, int], vocab_size: int, budget: int, on_chunk: ChunkHook | None
@@ -178,12 +193,13 @@ class FileChecks(RemoteFileAccess):
         return problems
 
 
-def _holds_true(mask: np.ndarray) -> bool:
-    """Whether ``mask`` holds a True, read in growing chunks: a usual mask answers within its first few
-    kilobytes, and an all-False one is read in bounded steps."""
+def _holds_true(mask: Any, n: int) -> bool:
+    """Whether the first ``n`` entries of ``mask`` (a memmap, or a remote file's array, read by slices) hold a True,
+    read in growing chunks: a usual mask answers within its first few kilobytes, and an all-False one is read in
+    bounded steps."""
     start, step = 0, 2**12
-    while start < len(mask):
-        if mask[start : start + step].any():
+    while start < n:
+        if np.asarray(mask[start : min(start + step, n)]).any():
             return True
         start += step
         step = min(2 * step, SCAN_CHUNK_TOKENS)

@@ -148,6 +148,7 @@ class MemMapDataset(FileChecks, Dataset):
         # the run's record of them, and what reading them cost (shared with DataLoader workers).
         self._remote_files: dict[str, RemoteFile] = {}
         self._probe_errors: dict[tuple[str, bool], OLMoDataError] = {}
+        self._mask_heads: dict[str, bytes] = {}  # the first bytes of remote label masks, read with their headers
         self._cache_path = None if metadata_cache is None else Path(metadata_cache)
         self._reuse_cache = reuse_metadata_cache
         self._cache: Optional[MetadataCache] = None
@@ -164,7 +165,7 @@ class MemMapDataset(FileChecks, Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_memmaps"] = {}
+        state["_memmaps"], state["_mask_heads"] = {}, {}
         return state
 
     @property
@@ -310,7 +311,7 @@ class MemMapDataset(FileChecks, Dataset):
         if (path, is_mask) not in self._layouts:
             kind, key = ("Label mask file", self._masks_key) if is_mask else ("Token file", self._tokens_key)
             key = self.path_keys.get(path, key)
-            size, header = self._read_start(path, kind, key)
+            size, header = self._read_start(path, kind, key, is_mask)
             if header is not None:
                 layout = self._header_layout(path, size, header, is_mask, f"{kind} '{path}' (an entry of {key})")
             elif not is_mask and size % self.dtype.itemsize != 0:
@@ -326,10 +327,10 @@ class MemMapDataset(FileChecks, Dataset):
             self._layouts[path, is_mask] = layout
         return self._layouts[path, is_mask]
 
-    def _read_start(self, path: str, kind: str, key: str) -> tuple[int, NpyHeader | None]:
+    def _read_start(self, path: str, kind: str, key: str, is_mask: bool) -> tuple[int, NpyHeader | None]:
         """The size of a file in bytes and the npy header it starts with, if any."""
         if is_remote(path):
-            return self._remote_start(path, kind, key)
+            return self._remote_start(path, kind, key, keep_head=is_mask)
         local = local_path_of(path)
         what = f"{kind} '{path}' (an entry of {key})"
         try:

@@ -61,6 +61,7 @@ class RemoteFileAccess:
     _layouts: dict[tuple[str, bool], Layout]
     _remote_files: dict[str, RemoteFile]
     _probe_errors: dict[tuple[str, bool], OLMoDataError]
+    _mask_heads: dict[str, bytes]
     _cache_path: Optional[Path]
     _reuse_cache: bool
     _cache: Optional[MetadataCache]
@@ -75,9 +76,12 @@ class RemoteFileAccess:
     def _instance_bounds(self) -> np.ndarray:
         raise NotImplementedError
 
-    def _remote_start(self, path: str, kind: str, key: str) -> tuple[int, NpyHeader | None]:
+    def _remote_start(
+        self, path: str, kind: str, key: str, keep_head: bool = False
+    ) -> tuple[int, NpyHeader | None]:
         """A remote file's size and npy header: from the run's record after one metadata request, or, the first
-        time, from a metadata request and a small range read of its start."""
+        time, from a metadata request and a small range read of its start (kept with ``keep_head``: a label mask's
+        first entries usually show a True, so checking it needs no other read)."""
         reader = remote_reader(path, self.remote)
         file = reader.stat(path, self.fetch_stats)
         cached = self._metadata_cache().get(path)
@@ -102,6 +106,8 @@ class RemoteFileAccess:
             )
         self._remote_files[path] = file
         start = reader.read(file, 0, min(file.size, PROBE_BYTES), self.fetch_stats, probe=True)
+        if keep_head:
+            self._mask_heads[path] = start
         if not start.startswith(NPY_MAGIC):
             return file.size, None
         try:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from ..exceptions import OLMoConfigurationError
+from ..exceptions import OLMoConfigurationError, OLMoDataError
 
 if TYPE_CHECKING:
     from ..config import MixtureConfig
@@ -36,6 +36,7 @@ __all__ = [
     "allocate",
     "plan_mixture",
     "mixture_selection",
+    "check_recorded_mixture",
     "MIXTURE_FILE",
 ]
 
@@ -110,6 +111,61 @@ class MixturePlan:
         path = folder / name
         path.write_text(json.dumps(self.as_json(), indent=1) + "\n")
         return path
+
+
+def check_recorded_mixture(path: Path, plan: MixturePlan, key: str, fix: str) -> None:
+    """Refuse a mixture that is not the one a run recorded in ``path`` (its ``mixture.json``) when it began: a source
+    whose files now hold another number of instances (a glob that matches more files, a file that grew), or changed
+    settings, would change the selection, and with it the instances that every position of the run's data order
+    (and so a checkpoint's data position) names. No record, no check (the run has not written it yet).
+
+    :param key: where the mixture is in the config (``data.mixture``), for the message.
+    :param fix: how to train on the sources as they are now instead (a new run, say), for the message.
+    :raises OLMoDataError: naming the record, each source that changed and how.
+    """
+    if not path.is_file():
+        return
+    try:
+        record = json.loads(path.read_text())
+        recorded = [
+            (str(s["name"]), int(s["available_instances"]), int(s["instances"])) for s in record["sources"]
+        ]
+        seed, chunk_size = int(record["seed"]), int(record["chunk_size"])
+    except (OSError, ValueError, KeyError, TypeError) as e:  # ValueError: not JSON, or not a number
+        raise OLMoDataError(
+            f"'{path}', the record of the mixture in {key} this run draws, cannot be read ({type(e).__name__}: "
+            f"{e}), so whether the sources still hold what the run drew from cannot be checked. Restore it from a "
+            f"copy, or delete it to record the mixture as the sources hold it now."
+        ) from None
+    changes = []
+    if [r[0] for r in recorded] != [s.name for s in plan.sources]:
+        changes.append(f"its sources were {[r[0] for r in recorded]} and are {[s.name for s in plan.sources]} now")
+    else:
+        for i, ((name, available, instances), now) in enumerate(zip(recorded, plan.sources)):
+            where = f"source '{name}' ({key}.sources[{i}])"
+            if available != now.available:
+                changes.append(
+                    f"{where} held {available:,} instances of {chunk_size} tokens and holds {now.available:,} now: its "
+                    f"files ({key}.sources[{i}].paths) grew, shrank or were replaced"
+                )
+            elif instances != now.instances:
+                changes.append(
+                    f"{where} gave {instances:,} instances and would give {now.instances:,} now: its ratio or "
+                    f"{key}.tokens changed"
+                )
+    if seed != plan.seed:
+        changes.append(f"{key}.seed was {seed} and is {plan.seed} now")
+    if chunk_size != plan.chunk_size:
+        changes.append(
+            f"instances were {chunk_size} tokens long and are {plan.chunk_size} now (model.max_sequence_length)"
+        )
+    if changes:
+        raise OLMoDataError(
+            f"The mixture in {key} is not the one this run recorded in '{path}' when it began: {'; '.join(changes)}. "
+            f"The instances drawn, and with them what the run's data order and its checkpoints' data position point "
+            f"at, would change silently. Restore the sources' files and settings as they were; or, to draw from "
+            f"them as they are now, {fix}."
+        )
 
 
 def allocate(ratios: list[float], total: int) -> list[int]:

@@ -137,7 +137,8 @@ def cpu_peak_flops() -> PeakFlops:
         isinstance(entry.get(k), (int, float)) for k in ("peak_flops", "cpu_share")
     ):
         cached = (float(entry["peak_flops"]), float(entry["cpu_share"]))
-    final = cached is not None and cached[1] >= _MIN_CPU_SHARE and entry.get("idle", True) is not False
+    measured_idle = entry.get("idle", True) if isinstance(entry, dict) else True  # older entries do not say
+    final = cached is not None and cached[1] >= _MIN_CPU_SHARE and measured_idle is not False
     if cached is not None and (final or not _machine_idle()):
         flops = cached[0]
     else:

@@ -39,7 +39,7 @@ from ..exceptions import OLMoCheckpointError
 from ..model.layers import output_head_loss
 from ..model.loss import LossSums, OutputHead
 from .metrics import ReduceType
-from .stages import Stage, boundary_checkpoint_name, find_boundary_checkpoint
+from .stages import Stage, boundary_checkpoint_name, check_boundary_checkpoint, find_boundary_checkpoint
 from .train_module import TransformerTrainModule
 
 __all__ = ["KLTrainModule"]
@@ -104,11 +104,15 @@ class KLTrainModule(TransformerTrainModule):
                 f"checkpoint at or before step {stage.start_step} (--load_path), or name the reference with "
                 f"--kl_reference.load_path."
             ) from None
-        if from_boundary and info.step != stage.start_step:
-            raise OLMoCheckpointError(
-                f"'{path}' is a checkpoint of step {info.step}, not of step {stage.start_step} where stage "
-                f"{stage.index} began; it cannot be that stage's KL reference."
-            )
+        if from_boundary:  # as check_kl_reference checked it before the launch wrote anything
+            try:
+                check_boundary_checkpoint(
+                    self.cfg, stage, Path(path), info, self.trainer.checkpointer.restored_path
+                )
+            except OLMoCheckpointError as e:
+                raise OLMoCheckpointError(
+                    f"'{path}' cannot be the KL reference of stage {stage.index}: {e}"
+                ) from None
         load_checkpoint(info, self.reference, None, load_trainer_state=False)
         log.info("KL reference of stage %s: the model of %s (step %d).", stage.name, path, info.step)
 

@@ -27,7 +27,7 @@ import torch
 
 from ..config import TrainConfig
 from ..config.stability import RollbackConfig, SkipSpikesConfig
-from ..exceptions import OLMoTrainingError
+from ..exceptions import OLMoDataError, OLMoTrainingError
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -141,14 +141,49 @@ class SkipRange:
 
 
 def read_skip_ranges(save_folder: str | os.PathLike[str]) -> list[SkipRange]:
-    """The ranges ``save_folder/skipped_batches.json`` records (none without the file)."""
+    """The ranges ``save_folder/skipped_batches.json`` records (none without the file).
+
+    :raises OLMoDataError: naming the file and the fix, when it is not what the trainer writes (a launch checks it
+        before writing anything, since the batches trained after a rollback depend on it).
+    """
     path = Path(save_folder) / SKIPPED_BATCHES_FILE
     if not path.is_file():
         return []
     fields = set(SkipRange.__dataclass_fields__)
-    return [
-        SkipRange(**{k: v for k, v in r.items() if k in fields}) for r in json.loads(path.read_text())["ranges"]
-    ]
+    try:
+        ranges = [
+            SkipRange(**{k: v for k, v in r.items() if k in fields})
+            for r in json.loads(path.read_text())["ranges"]
+        ]
+        problem = next((p for p in map(_skip_range_problem, ranges) if p is not None), None)
+    except OSError as e:
+        problem = f"it cannot be read: {e.strerror or e}"
+    except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        problem = f"it is not JSON: {e}"
+    except (KeyError, TypeError, AttributeError) as e:  # JSON of another shape
+        problem = f"it is JSON of another shape: {type(e).__name__} {e}"
+    if problem is None:
+        return ranges
+    raise OLMoDataError(
+        f"'{path}' is damaged: {problem}. The trainer writes it after a rollback as "
+        '{"ranges": [{"order_dir", "epoch", "start", "end", "first_step", "last_step", "rolled_back_to", '
+        '"reason"}, ...]}, the batches it took out of the data order, and the steps after them depend on it. '
+        "Restore it from a backup or the run's copy elsewhere; if no rollback ever skipped batches in this run, "
+        "delete it."
+    )
+
+
+def _skip_range_problem(r: SkipRange) -> Optional[str]:
+    """What is wrong with a range read from ``skipped_batches.json``, or None."""
+    for name in ("epoch", "start", "end", "first_step", "last_step", "rolled_back_to"):
+        value = getattr(r, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"a range has {name}={value!r}, not a count"
+    if not isinstance(r.order_dir, str):
+        return f"a range has order_dir={r.order_dir!r}, not a folder name"
+    if r.start > r.end:
+        return f"a range starts at {r.start} after its end {r.end}"
+    return None
 
 
 class StabilityMonitor:
@@ -333,9 +368,14 @@ def roll_back(trainer: Trainer, batches: Iterator[dict[str, Any]]) -> Iterator[d
 
 def locate_batch(step: int, batches_per_epoch: int, ranges: list[SkipRange], batch_size: int) -> tuple[int, int]:
     """The (epoch, batch of the epoch) that the ``step``-th step of a data segment (counted from 1) trained on, when
-    the ``ranges`` of that segment's order were skipped (as the trainer jumps over them)."""
+    the ``ranges`` of that segment's order were skipped (as the trainer jumps over them). Epochs after the last one
+    with a skipped range are counted arithmetically, so a far step is answered at once."""
     epoch, left = 0, step
+    clean = max((r.epoch for r in ranges), default=-1) + 1  # every batch of this epoch and later ones is trained
     while True:
+        if epoch >= clean and batches_per_epoch > 0:
+            whole = (left - 1) // batches_per_epoch
+            return epoch + whole, left - whole * batches_per_epoch - 1
         spans = sorted(
             (r.start // batch_size, min(-(-r.end // batch_size), batches_per_epoch))
             for r in ranges

@@ -21,12 +21,21 @@ from typing import TYPE_CHECKING, Optional
 
 from torch.utils.data import DataLoader
 
-from ..config import DEFAULT_MAX_DURATION, DataConfig, KLEstimator, SchedulerConfig, SchedulerUnits, TrainConfig
+from ..config import (
+    DEFAULT_MAX_DURATION,
+    DataConfig,
+    KLEstimator,
+    SchedulerConfig,
+    SchedulerType,
+    SchedulerUnits,
+    TrainConfig,
+)
 from ..config.optim_validation import schedule_problems
 from ..config.stages import parse_duration_steps, stage_data_config, stage_sum_problem
 from ..exceptions import OLMoConfigurationError
 
 if TYPE_CHECKING:
+    from ..checkpoint import CheckpointInfo
     from ..data import MemMapDataset
 
 __all__ = [
@@ -34,6 +43,10 @@ __all__ = [
     "StagePlan",
     "plan_stages",
     "check_schedule_lengths",
+    "check_resume_point",
+    "check_boundary_checkpoint",
+    "check_recorded_data",
+    "mixture_file",
     "boundary_checkpoint_name",
     "build_stage_dataloader",
     "find_boundary_checkpoint",
@@ -188,6 +201,63 @@ def _with_mixture_tokens(cfg: TrainConfig, stages: tuple[Stage, ...]) -> tuple[S
     return tuple(out)
 
 
+def mixture_file(stage: Stage) -> str:
+    """The file in ``save_folder/train_data/`` that records the mixture of the data segment ``stage`` begins:
+    ``mixture.json`` for the first, ``mixture-{stage name}.json`` for a later stage's own."""
+    from ..data.mixture import MIXTURE_FILE
+
+    return MIXTURE_FILE if stage.index == 0 else f"mixture-{stage.name}.json"
+
+
+def data_key(cfg: TrainConfig, stage: Stage) -> str:
+    """Where the data of ``stage``'s segment is in the config: ``data``, or ``stages[i].data``."""
+    own = cfg.stages is not None and cfg.stages[stage.segment].data is not None
+    return f"stages[{stage.segment}].data" if own else "data"
+
+
+def check_recorded_data(
+    cfg: TrainConfig, plan: StagePlan, dataset_of: Callable[[DataConfig], MemMapDataset], fix: str
+) -> None:
+    """Before a resume writes anything: every data segment's files hold what the run recorded when it began, in its
+    mixture record (``mixture.json``: each source's instances) and its data orders' records
+    (``global_indices*.npy.json``: the instances numbered, the seed). Files that grew, shrank or were replaced since
+    (a glob that matches more files) would change the instances the checkpoint's data position points at.
+
+    :param fix: how to use the data as it is now instead, for the message (e.g. a new run from the checkpoint).
+    :raises OLMoDataError: naming the record, what changed and how to proceed.
+    """
+    from ..data import data_order_seed
+    from ..data.mixture import check_recorded_mixture
+    from ..data.order_file import read_order_record
+    from ..exceptions import OLMoDataError
+
+    for stage in plan.stages:
+        if stage.segment != stage.index:
+            continue
+        key, dataset = data_key(cfg, stage), dataset_of(stage.data)
+        if dataset.mixture_plan is not None:
+            record = Path(cfg.save_folder) / "train_data" / mixture_file(stage)
+            check_recorded_mixture(record, dataset.mixture_plan, f"{key}.mixture", fix)
+        n, seed = len(dataset), data_order_seed(stage.data, cfg.seed)
+        for order in sorted(order_dir_of(cfg, stage).glob("global_indices*.npy")):
+            held = read_order_record(order) or {}
+            numbered = held.get("num_instances")
+            if not isinstance(numbered, int) or (numbered, held.get("seed")) == (n, seed):
+                continue  # no record (the order is then compared entry by entry), or the data as recorded
+            if numbered != n:
+                change = (
+                    f"{key}'s files hold {n:,} instances now: they grew, shrank or were replaced since the run began "
+                    f"(a glob that matches more files, say), or model.max_sequence_length changed"
+                )
+            else:
+                change = f"its seed is {seed} now ({key}.seed, else seed): set it back to {held.get('seed')}"
+            raise OLMoDataError(
+                f"The run's data order '{order}' numbers {numbered:,} instances shuffled with seed "
+                f"{held.get('seed')}, but {change}: its positions would name other instances than the run trained "
+                f"on. Restore the files or settings as they were; or, for the data as it is now, {fix}."
+            )
+
+
 def order_dir_of(cfg: TrainConfig, stage: Stage) -> Path:
     """The absolute directory of the data order ``stage`` trains on."""
     return Path(cfg.save_folder) / stage.order_dir
@@ -233,9 +303,11 @@ def check_kl_reference(cfg: TrainConfig, plan: StagePlan, restored: Optional[str
             f"that checkpoint is missing (not in save_folder nor next to '{restored}'). Copy it there, resume from a "
             f"checkpoint at or before step {stage.start_step}, or name the reference with --kl_reference.load_path."
         )
-    # Opened and checked as a --load_path is, before anything is written: damaged, partial or of another shape.
+    # Opened and checked as a --load_path is, before anything is written: damaged, partial, of another step or run,
+    # or of another shape.
     info = inspect_checkpoint(str(found), "the KL reference")
     try:
+        check_boundary_checkpoint(cfg, stage, found, info, restored)
         preflight_restore(RestorePlan(info, load_optimizer_state=False, load_trainer_state=False), cfg.model)
     except OLMoCheckpointError as e:
         raise type(e)(
@@ -243,6 +315,115 @@ def check_kl_reference(cfg: TrainConfig, plan: StagePlan, restored: Optional[str
             f"first-step checkpoint back, resume from a checkpoint at or before step {stage.start_step}, or name the "
             f"reference with --kl_reference.load_path."
         ) from None
+
+
+def check_boundary_checkpoint(
+    cfg: TrainConfig, stage: Stage, found: Path, info: CheckpointInfo, restored: Optional[str]
+) -> None:
+    """The checkpoint ``found`` where :func:`find_boundary_checkpoint` looked is the one this trainer saved when
+    ``stage`` began: committed (its marker), of the stage's first step, and of this run (or of the run ``restored``
+    belongs to), not a link to another run's.
+
+    :raises OLMoCheckpointError: saying which of these it is not.
+    """
+    from ..checkpoint import MARKER
+    from ..exceptions import OLMoCheckpointError
+    from ..util import is_url
+
+    if not info.marked:
+        raise OLMoCheckpointError(
+            f"it has no {MARKER} marker, which this trainer writes last into every checkpoint, so the save or copy "
+            f"that made it did not finish."
+        )
+    if info.step != stage.start_step:
+        raise OLMoCheckpointError(
+            f"it is a checkpoint of step {info.step}, not of step {stage.start_step} where stage {stage.index} began."
+        )
+    runs = {Path(cfg.save_folder).resolve()}
+    if restored is not None and not is_url(restored):
+        runs.add(Path(restored).parent.resolve())
+    if found.is_symlink() and found.resolve().parent not in runs:
+        raise OLMoCheckpointError(
+            f"it is a link to '{found.resolve()}', a checkpoint of another run, not this run's model at step "
+            f"{stage.start_step} (to use that model on purpose, name it with --kl_reference.load_path)."
+        )
+
+
+def check_resume_point(
+    cfg: TrainConfig, plan: StagePlan, restored: str, restored_step: int, in_save_folder: bool
+) -> None:
+    """Before anything is written: a launch that continues the trainer state of ``restored`` (at ``restored_step``)
+    has steps left to train, and a WSD decay of the run's schedule that differs from the checkpoint's (a *decay
+    branch*) starts at or after that step, so the learning rate continues where the checkpoint left it.
+
+    :param in_save_folder: the checkpoint is the run's own (a resume); a finished run may be relaunched as is.
+    :raises OLMoConfigurationError: naming the keys and the values that fit.
+    """
+    total = plan.total_steps
+    duration = DEFAULT_MAX_DURATION if cfg.max_duration is None else cfg.max_duration
+    length = "the stages' max_duration" if plan.staged else f"max_duration={duration}"
+    if total < restored_step or (total == restored_step and not in_save_folder):
+        if in_save_folder:
+            fix = f"Set --max_duration to {restored_step} steps or more to resume the run"
+        else:
+            fix = (
+                f"Set --max_duration to more than {restored_step} steps (a decay branch: {restored_step} plus the "
+                f"decay's steps, given as --scheduler.t_decay)"
+            )
+        raise OLMoConfigurationError(
+            f"{length} ({total:,} steps) ends {'at' if total == restored_step else 'before'} step {restored_step}, "
+            f"the step of the checkpoint this launch continues ('{restored}'): it would train no step"
+            f"{'' if in_save_folder else ' and write a new run folder holding only that checkpoint'}. {fix}, or "
+            f"load an earlier checkpoint."
+        )
+    s = cfg.scheduler
+    if plan.at(restored_step + 1).scheduler is not None or s.name != SchedulerType.wsd or not s.t_decay:
+        return
+    if _schedule_of(_saved_config(restored)) == _schedule_of(cfg.as_written()):
+        return  # the checkpoint's own schedule, continued
+    per_step = cfg.tokens_per_batch if s.units == SchedulerUnits.tokens else 1
+    end = s.t_max if s.t_max is not None else total * per_step
+    start, at = end - s.t_decay, restored_step * per_step
+    if start >= at:
+        return
+    units = "tokens" if per_step > 1 else "steps"
+    if s.t_max is not None:
+        keep_decay = f"--scheduler.t_max={at + s.t_decay}"
+        end_key = f"scheduler.t_max={s.t_max}"
+    else:
+        keep_decay = f"--max_duration={restored_step + -(-int(s.t_decay) // per_step)}"
+        end_key = f"{length} ({end:,} {units})"
+    raise OLMoConfigurationError(
+        f"The launch continues step {restored_step} of '{restored}' with a WSD decay that starts at {start:,} "
+        f"{units} ({end_key} minus scheduler.t_decay={s.t_decay}), before that step ({at:,} {units}): the learning "
+        f"rate would jump from the checkpoint's to one {100 * (at - start) / s.t_decay:.0f}% of the way down the "
+        f"decay. A decay branch must start its decay at or after the step it loads: keep t_decay with "
+        f"{keep_decay}, or keep the length with --scheduler.t_decay={end - at}, or branch from an earlier checkpoint "
+        f"(one at or before {start:,} {units})."
+    )
+
+
+def _saved_config(checkpoint: str) -> Optional[dict]:
+    """The ``config.yaml`` saved with ``checkpoint`` as plain data (never resolved), or None when it has none."""
+    import yaml
+
+    from ..checkpoint.files import fetch
+    from ..exceptions import OLMoError
+
+    try:
+        loaded = yaml.safe_load(fetch(checkpoint, "config.yaml").read_text())
+    except (OSError, ValueError, yaml.YAMLError, OLMoError):  # missing, unreadable or not YAML: unknown
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def _schedule_of(config: Optional[dict]) -> Optional[tuple]:
+    """What decides a run's learning rate at each step, from a config as written (None when unknown)."""
+    if config is None:
+        return None
+    keys = ("scheduler", "max_duration", "stages", "global_train_batch_size")
+    model = config.get("model")
+    return (*(config.get(k) for k in keys), model.get("max_sequence_length") if isinstance(model, dict) else None)
 
 
 def find_boundary_checkpoint(cfg: TrainConfig, stage: Stage, restored: Optional[str]) -> Optional[Path]:
