@@ -18,6 +18,7 @@ process group, model or data order is set up. --dry_run stops right there and pr
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +59,7 @@ from olmo.train.stages import (
 )
 from olmo.util import env_rank, env_world_size
 from olmo.util.rng import seed_all
+from olmo.util.secrets import redact_text
 
 log = logging.getLogger("train")
 
@@ -65,7 +67,8 @@ log = logging.getLogger("train")
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
-        print_help([a for a in argv if a not in ("-h", "--help")])
+        if env_rank() == 0:  # under torchrun, once, not once per rank
+            print_help([a for a in argv if a not in ("-h", "--help")])
         return 0
     if not argv or argv[0].startswith("-"):
         raise OLMoCliError("Usage: scripts/train.py CONFIG.yaml [--key.path=value ...] (--help for more)")
@@ -217,17 +220,22 @@ def train(
 
 
 def print_help(args: list[str]) -> None:
-    """What the script does; given a config (and overrides), also every field with its value and doc."""
+    """What the script does; given a config (and overrides), also every field with its value and doc (secrets
+    masked). Output cut short by its reader (``--help | head``) ends quietly."""
     if not args or args[0].startswith("-"):
-        print(__doc__)
-        return
-    cfg = TrainConfig.load(args[0], args[1:])  # loaded only: the values as given, before any checks
-    print(__doc__)
-    overrides = f" with {' '.join(args[1:])}" if args[1:] else ""
-    print(
-        f"Every field of {args[0]}{overrides} (key, value, first line of its doc in olmo/config/train_config.py):\n"
-    )
-    print(describe_config(cfg))
+        text = __doc__ or ""
+    else:
+        cfg = TrainConfig.load(args[0], args[1:])  # loaded only: the values as given, before any checks
+        overrides = redact_text(f" with {' '.join(args[1:])}") if args[1:] else ""
+        text = (
+            f"{__doc__}\nEvery field of {args[0]}{overrides} (key, value, first line of its doc in "
+            f"olmo/config/train_config.py):\n\n{describe_config(cfg)}"
+        )
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # The reader is gone: point stdout at nothing, so that the interpreter's last flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def log_speed_setup(cfg: TrainConfig, trainer: Trainer) -> None:

@@ -207,3 +207,28 @@ def test_help_and_plans_need_no_data(tmp_path, capsys):
     finally:
         os.chdir(cwd)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["configs"]  # nothing written
+
+
+def test_help_piped_into_a_reader_that_stops_early_ends_quietly(config):
+    """``train.py CONFIG --help | head``: no BrokenPipeError traceback, exit 0."""
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts/train.py"), str(config), "--help"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "WANDB_MODE": "disabled"},
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader is gone before the help is printed (seconds of imports), as `| head -0`
+    assert proc.wait(timeout=120) == 0
+    assert proc.stderr is not None and b"Traceback" not in proc.stderr.read()
+
+
+@pytest.mark.slow
+def test_help_under_torchrun_is_printed_once(config):
+    from olmo.testing import run_torchrun
+
+    result = run_torchrun(2, config, "--help", timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("Train an OLMo model.") == 1
