@@ -212,7 +212,7 @@ def train(
     if plan is not None:
         trainer.restore(plan.info, plan.load_optimizer_state, plan.load_trainer_state)
     if cfg.force_save_unsharded:
-        trainer.save(sharded=False)
+        trainer.checkpointer.save(trainer.state.global_step, sharded=False)
     if cfg.dry_run:  # with force_save_unsharded: the checkpoint is converted, and that was all
         log.info("Dry run: stopping before training.")
         return 0

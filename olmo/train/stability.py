@@ -293,15 +293,23 @@ class StabilityMonitor:
                     target, moved = r.end, True
         return target if target != position else None
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"rollbacks": self.rollbacks, "ranges": [asdict(r) for r in self.ranges]}
+    def state_dict(self, detector: Optional[SpikeDetector] = None) -> dict[str, Any]:
+        """What a checkpoint's trainer state holds of stability: the rollbacks, the skipped ranges and the spike
+        ``detector``'s window (None without one)."""
+        return {
+            "rollbacks": self.rollbacks,
+            "ranges": [asdict(r) for r in self.ranges],
+            "detector": None if detector is None else detector.state_dict(),
+        }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], detector: Optional[SpikeDetector] = None) -> None:
         self.rollbacks = max(self.rollbacks, int(state.get("rollbacks", 0)))
         for r in state.get("ranges", []):
             candidate = SkipRange(**r)
             if candidate not in self.ranges:
                 self.ranges.append(candidate)
+        if detector is not None and state.get("detector") is not None:
+            detector.load_state_dict(state["detector"])
 
 
 def _ids(instances: list[int], shown: int = 8) -> str:

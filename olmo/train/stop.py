@@ -87,10 +87,10 @@ class StopConditions:
         self.request.uninstall()
 
     @contextmanager
-    def waiting(self) -> Iterator[None]:
+    def waiting(self, interruptible: bool = True) -> Iterator[None]:
         """Around a wait that only the outside world can end (fetching a batch, an evaluation): a signal raises
-        :class:`StopNow` inside it instead of waiting for the step to end."""
-        self.request.waiting = self.request.reason is None
+        :class:`StopNow` inside it instead of waiting for the step to end (unless not ``interruptible``)."""
+        self.request.waiting = interruptible and self.request.reason is None
         try:
             yield
         finally:

@@ -9,7 +9,6 @@ optimizer step) is the job of a :class:`~olmo.train.train_module.TrainModule`.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 from collections.abc import Iterator, Sequence
@@ -120,7 +119,6 @@ class Trainer:
         """The train module's optimizer (what checkpoints hold)."""
         return self.train_module.optimizer
 
-    # ----------------------------------------------------------------------------------------------
     def restore(
         self, info: CheckpointInfo, load_optimizer_state: bool, load_trainer_state: bool, rollback: bool = False
     ) -> None:
@@ -167,10 +165,7 @@ class Trainer:
         if self.dataset.epoch != s.epoch:
             self.dataset.reshuffle(s.epoch)
         if "stability" in state:
-            self.stability.load_state_dict(state["stability"])
-            detector = getattr(self.train_module, "spike_detector", None)
-            if detector is not None and state["stability"].get("detector") is not None:
-                detector.load_state_dict(state["stability"]["detector"])
+            self.stability.load_state_dict(state["stability"], getattr(self.train_module, "spike_detector", None))
         rng = state.get("rng", {}).get(self.env.rank)
         if state.get("world_size") == self.env.world_size and rng is not None:
             set_rng_state(rng)
@@ -192,11 +187,8 @@ class Trainer:
         else:
             rng_by_rank = {self.env.rank: rng}
         s = self.state
-        stability = {}
-        if self.stability.enabled:
-            detector = getattr(self.train_module, "spike_detector", None)
-            detector_state = None if detector is None else detector.state_dict()
-            stability = {"stability": {**self.stability.state_dict(), "detector": detector_state}}
+        detector = getattr(self.train_module, "spike_detector", None)
+        stability = {"stability": self.stability.state_dict(detector)} if self.stability.enabled else {}
         return {
             **stability,
             "format_version": 1,
@@ -209,11 +201,6 @@ class Trainer:
             "model_config_hash": model_config_fingerprint(self.cfg.model),
             "rng": rng_by_rank,
         }
-
-    # ----------------------------------------------------------------------------------------------
-    def save(self, sharded: bool, ephemeral: bool = False) -> None:
-        """Save a checkpoint of the current step (see :meth:`olmo.train.checkpointer.Checkpointer.save`)."""
-        self.checkpointer.save(self.state.global_step, sharded, ephemeral)
 
     def fit(self) -> int:
         """Train until ``stop_at``/max_duration, a stop signal or the time limit; return an exit code."""
@@ -283,7 +270,8 @@ class Trainer:
                             break
                         with wd.phase("checkpoint", s.global_step):
                             saved = ckpt.maybe_save(s.global_step)
-                        with wd.phase("evaluation", s.global_step), self._eval_wait(stop):
+                        # With several processes, a signal is agreed on at the next step instead.
+                        with wd.phase("evaluation", s.global_step), stop.waiting(self.env.world_size == 1):
                             evaluated = self.maybe_eval(stop.stop_at)
                         if saved or evaluated:
                             throughput.reset()  # checkpoint and eval time is not training throughput
@@ -312,27 +300,18 @@ class Trainer:
             wd.close()
         return exit_code
 
-    def _eval_wait(self, stop: StopConditions) -> Any:
-        """An evaluation is a wait a signal may end with one process; with several, the others are not told, so they
-        finish it and the step after it before stopping together."""
-        return stop.waiting() if self.env.world_size == 1 else contextlib.nullcontext()
-
     def _stop_in_wait(self, reason: str) -> int:
         """A signal ended a wait for data (or an evaluation): save the last step with one process; with several, the
         other ranks may be inside a collective, so exit without one (the newest committed checkpoint stays)."""
         step = self.state.global_step
-        if self.env.world_size == 1:
-            self.metrics_logger.log_event(step, f"Stopping ({reason}) while waiting; saving a checkpoint.")
-            with self.watchdog.phase("checkpoint", step):
-                self.checkpointer.maybe_save(step, final=True)
-        else:
+        if self.env.world_size > 1:
             log.warning(
-                "Stopping (%s) while waiting for data at step %d: the other ranks cannot be asked to save now, so no "
-                "checkpoint of this step is written; relaunch with --try_load_latest_save to continue from the newest "
-                "committed one.",
-                reason,
-                step,
+                "Stopping (%s) while waiting for data at step %d, without a checkpoint of it.", reason, step
             )
+            return EXIT_CODE_STOPPED
+        self.metrics_logger.log_event(step, f"Stopping ({reason}) while waiting; saving a checkpoint.")
+        with self.watchdog.phase("checkpoint", step):
+            self.checkpointer.maybe_save(step, final=True)
         return EXIT_CODE_STOPPED
 
     def step(self, batch: dict[str, Any]) -> StepMetrics:
@@ -477,7 +456,6 @@ class Trainer:
             ),
         }
 
-    # ----------------------------------------------------------------------------------------------
     def train_step(self, batch: dict[str, Any]) -> StepMetrics:
         """One step of the train module on this device batch, as :meth:`fit` runs it (for benchmarks and tests
         that drive steps themselves); returns the step's metrics record."""
