@@ -5,6 +5,7 @@ with :data:`EXIT_CODE_STOPPED`."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -41,9 +42,11 @@ class StopRequest:
     def __init__(self) -> None:
         self.reason: Optional[str] = None
         self.waiting = False
+        self._pid = os.getpid()
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
+        self._pid = os.getpid()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._handle)
 
@@ -53,6 +56,8 @@ class StopRequest:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:
+            return  # a forked DataLoader worker (Ctrl-C signals them too): the training process stops them
         self.reason = signal.Signals(signum).name
         self.uninstall()
         if self.waiting:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from olmo.checkpoint import find_latest_checkpoint
 from olmo.config import TrainConfig
 from olmo.data import IterableDataset, build_memmap_dataset
@@ -17,7 +19,11 @@ from olmo.train import EXIT_CODE_STOPPED
 SEQ = 32
 
 
-def test_sigterm_during_a_stuck_data_read_saves_and_exits_at_once(tmp_path):
+@pytest.mark.parametrize(
+    "workers, sig",
+    [(0, signal.SIGTERM), (2, signal.SIGINT)],  # Ctrl-C: the whole process group, DataLoader workers included
+)
+def test_a_signal_during_a_stuck_data_read_saves_and_exits_at_once(tmp_path, workers, sig):
     served = tmp_path / "served"
     write_byte_memmap(served / "a.npy", 100 * 8 * SEQ)
     run = tmp_path / "run"
@@ -25,6 +31,7 @@ def test_sigterm_during_a_stuck_data_read_saves_and_exits_at_once(tmp_path):
         "max_duration": 50,
         "save_interval_unsharded": None,
         "data.remote": {"timeout_seconds": 600.0, "max_attempts": 10, "prefetch_bytes": 1},
+        "data.num_workers": workers,
     }
     with FileServer(served, stall_seconds=600) as server:
         cfg_dict = tiny_config_dict(run, [server.url("a.npy")], **settings)
@@ -35,20 +42,25 @@ def test_sigterm_during_a_stuck_data_read_saves_and_exits_at_once(tmp_path):
         server.hang_range = (stuck * SEQ * 2, (stuck + 1) * SEQ * 2)  # its bytes (uint16)
         cmd = [sys.executable, str(REPO / "scripts/train.py"), str(config)]
         env = {**os.environ, "WANDB_MODE": "disabled", "OLMo_NONINTERACTIVE": "1"}
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         try:
-            deadline = time.monotonic() + 120
-            while not any(
-                r.range == f"bytes={stuck * SEQ * 2}-{(stuck + 1) * SEQ * 2 - 1}" for r in list(server.log)
-            ):
-                assert proc.poll() is None and time.monotonic() < deadline, "the run never reached the stuck read"
+            deadline, metrics = time.monotonic() + 120, run / "metrics.jsonl"
+            # Step 2 logged: the run now waits for step 3's batch, which the server never sends.
+            while not (metrics.is_file() and '"step": 2' in metrics.read_text()):
+                assert proc.poll() is None and time.monotonic() < deadline, "the run never reached step 2"
                 time.sleep(0.1)
-            time.sleep(0.5)  # the read is now waiting on the server
-            proc.send_signal(signal.SIGTERM)
+            time.sleep(1.0)
+            if workers:
+                os.killpg(proc.pid, sig)  # as a terminal's Ctrl-C does
+            else:
+                proc.send_signal(sig)
             _, stderr = proc.communicate(timeout=30)  # not the 600 s of the read's timeout
         finally:
             proc.kill()
     assert proc.returncode == EXIT_CODE_STOPPED, stderr[-3000:]
-    assert "Received SIGTERM while waiting" in stderr
+    assert f"Received {sig.name} while waiting" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr
     latest = find_latest_checkpoint(run)
     assert latest is not None and latest.name == "step2-unsharded", stderr[-2000:]
