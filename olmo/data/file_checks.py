@@ -148,7 +148,10 @@ class FileChecks(RemoteFileAccess):
         """Whether the label mask of file ``i`` holds no True in its first ``n`` entries (warned about)."""
         assert self.label_mask_paths is not None
         path = self.label_mask_paths[i]
-        head = self._mask_heads.get(path, b"")[self._layout(path, True).header_bytes :][:n]  # read already
+        header_bytes = self._layout(path, True).header_bytes  # probed: its first bytes, or the run's record of it
+        if path in self._recorded_masks:
+            return False  # checked with the others when the run began, and unchanged since: no read on a relaunch
+        head = self._mask_heads.get(path, b"")[header_bytes:][:n]  # read already
         if any(head) or _holds_true(self.label_mask(i), n):
             return False
         log.warning(

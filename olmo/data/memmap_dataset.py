@@ -149,6 +149,7 @@ class MemMapDataset(FileChecks, Dataset):
         self._remote_files: dict[str, RemoteFile] = {}
         self._probe_errors: dict[tuple[str, bool], OLMoDataError] = {}
         self._mask_heads: dict[str, bytes] = {}  # the first bytes of remote label masks, read with their headers
+        self._recorded_masks: set[str] = set()  # remote label masks found unchanged in the run's record
         self._cache_path = None if metadata_cache is None else Path(metadata_cache)
         self._reuse_cache = reuse_metadata_cache
         self._cache: Optional[MetadataCache] = None

@@ -62,6 +62,7 @@ class RemoteFileAccess:
     _remote_files: dict[str, RemoteFile]
     _probe_errors: dict[tuple[str, bool], OLMoDataError]
     _mask_heads: dict[str, bytes]
+    _recorded_masks: set[str]
     _cache_path: Optional[Path]
     _reuse_cache: bool
     _cache: Optional[MetadataCache]
@@ -100,6 +101,8 @@ class RemoteFileAccess:
                     f"save_folder/data-indices)."
                 )
             self._remote_files[path] = file
+            if keep_head:  # a mask the run's first launch checked (with the others, it labelled some tokens)
+                self._recorded_masks.add(path)
             header = cached.header
             return file.size, None if header is None else NpyHeader(
                 header["size"], tuple(header["shape"]), header["fortran_order"], np.dtype(header["dtype"])
