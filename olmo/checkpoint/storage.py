@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 from ..exceptions import OLMoCheckpointError, OLMoError
 from ..util import is_url, redact_url
 from ..util.checkpoint_dirs import STEP_DIR, CheckpointInfo, find_latest_checkpoint, list_checkpoints
-from ..util.remote_files import RemoteTimeoutError
+from ..util.remote_files import RemoteAccessDenied, RemoteTimeoutError
 from .dcp_reader import DirectFileSystemReader
 from .files import (
     MARKER,
@@ -200,16 +200,16 @@ def _inspect_remote(url: str, match: Optional[re.Match]) -> CheckpointInfo:
     base = url.rstrip("/")
     try:
         marker = fetch(base, MARKER)
-    except RemoteTimeoutError as e:
+    except (RemoteTimeoutError, RemoteAccessDenied) as e:
         raise OLMoCheckpointError(f"--load_path '{redact_url(url)}' cannot be read: {e}") from None
     except OLMoError:
         try:
             fetch(base, "config.yaml")  # the original trainer writes it last; our uploads send it next to last
-        except RemoteTimeoutError as e:
+        except (RemoteTimeoutError, RemoteAccessDenied) as e:
             raise OLMoCheckpointError(f"--load_path '{redact_url(url)}' cannot be read: {e}") from None
         except OLMoError:
             raise OLMoCheckpointError(
-                f"--load_path '{url}' has neither our {MARKER} marker nor a config.yaml: it is not a checkpoint, "
+                f"--load_path '{redact_url(url)}' has neither our {MARKER} marker nor a config.yaml: it is not a checkpoint, "
                 f"or its upload did not finish. Point --load_path at a complete stepN-unsharded folder."
             ) from None
         log.warning("No %s marker at %s; treating it as an original OLMo unsharded checkpoint.", MARKER, url)

@@ -206,23 +206,35 @@ def resource_path(path: Union[str, Path]) -> Path:
 
     from .remote_files import (
         REMOTE_TIMEOUT_ENV,
+        RemoteAccessDenied,
         RemoteTimeoutError,
+        denied_status,
         install_timed_http_client,
         is_timeout,
         remote_timeout,
     )
 
     install_timed_http_client()  # cached-path's own HTTP client would wait forever for a silent server
+    shown = redact_url(str(path))
     try:
-        return Path(cached_path(str(path)))
+        # quiet: cached-path's progress line would show the URL unmasked; the log line is masked.
+        log.info("Fetching %s (or reading it from cached-path's cache).", shown)
+        return Path(cached_path(str(path), quiet=True))
     except Exception as e:  # cached-path raises many types (HTTP, boto, FileNotFound)
         if is_timeout(e):
             raise RemoteTimeoutError(
-                f"Could not fetch '{redact_url(str(path))}': the server did not answer within {remote_timeout():g} s "
+                f"Could not fetch '{shown}': the server did not answer within {remote_timeout():g} s "
                 f"(to connect, or between two pieces of its answer). Check that the URL's server is up and reachable "
                 f"from this machine; set {REMOTE_TIMEOUT_ENV}=SECONDS to wait longer."
             ) from None
-        raise OLMoCliError(f"Could not fetch '{path}': {e}. Check the URL and your network access.") from None
+        status = denied_status(e)
+        if status is not None:
+            raise RemoteAccessDenied(
+                f"Access to '{shown}' was denied (HTTP {status}). Check the credentials: a user:password@ in the URL "
+                f"or, better, a ~/.netrc entry for its host (machine HOST login USER password PASSWORD), both sent "
+                f"as HTTP Basic; for s3:// and gs://, the environment's credentials."
+            ) from None
+        raise OLMoCliError(f"Could not fetch '{shown}': {e}. Check the URL and your network access.") from None
 
 
 def default_file_mode(path: Union[str, Path]) -> None:

@@ -16,7 +16,15 @@ from typing import Any, Optional
 
 from ..exceptions import OLMoCliError
 
-__all__ = ["REMOTE_TIMEOUT_ENV", "RemoteTimeoutError", "remote_timeout", "install_timed_http_client", "is_timeout"]
+__all__ = [
+    "REMOTE_TIMEOUT_ENV",
+    "RemoteTimeoutError",
+    "RemoteAccessDenied",
+    "denied_status",
+    "remote_timeout",
+    "install_timed_http_client",
+    "is_timeout",
+]
 
 REMOTE_TIMEOUT_ENV = "OLMO_REMOTE_TIMEOUT"
 DEFAULT_REMOTE_TIMEOUT = 60.0
@@ -25,6 +33,16 @@ _installed = False
 
 class RemoteTimeoutError(OLMoCliError):
     """A download whose server did not answer within :func:`remote_timeout` (not a missing file)."""
+
+
+class RemoteAccessDenied(OLMoCliError):
+    """A download the server refused (HTTP 401 or 403): the file may well be there (not a missing file)."""
+
+
+def denied_status(error: BaseException) -> Optional[int]:
+    """401 or 403 when ``error`` is a download the server refused, else None."""
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    return status if status in (401, 403) else None
 
 
 def remote_timeout() -> float:

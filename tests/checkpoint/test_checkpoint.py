@@ -131,6 +131,15 @@ def test_load_path_can_be_a_url(tmp_path, monkeypatch):
             inspect_checkpoint(f"http://127.0.0.1:{server.server_address[1]}/step6-unsharded")
     finally:
         server.shutdown()
+    # A server that wants credentials: the URL's are sent; wrong ones are named as such, masked, not as "no checkpoint".
+    from olmo.testing.http import FileServer
+
+    with FileServer(tmp_path / "served", auth=("user", "pw-5ecret")) as guarded:
+        url = guarded.url("step4-unsharded")
+        assert inspect_checkpoint(url.replace("http://", "http://user:pw-5ecret@")).step == 4
+        with pytest.raises(OLMoCheckpointError, match=r"user:\*\*\*@.*denied \(HTTP 401\).*netrc") as error:
+            inspect_checkpoint(url.replace("http://", "http://user:wrong-9@"))
+        assert "wrong-9" not in str(error.value)
 
 
 def test_only_the_newest_ephemeral_checkpoint_survives(tmp_path):
