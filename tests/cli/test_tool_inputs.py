@@ -19,29 +19,10 @@ from olmo.config.stages import MAX_STEPS
 from olmo.data import IterableDataset, batches_per_epoch, build_memmap_dataset, data_order_seed
 from olmo.exceptions import OLMoCliError, OLMoDataError
 from olmo.ladder.lock import run_lock
-from olmo.testing import run_main, run_script, run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.testing import run_main, run_script, tiny_config_dict, write_config
 from olmo.train.stability import SkipRange, locate_batch
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    write_byte_memmap(root / "a.npy", 10_000)
-    return [str(root / "a.npy")]
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, corpus):
-    """A finished 2-step run with a sharded and an unsharded checkpoint of step 2."""
-    root = tmp_path_factory.mktemp("run")
-    config = write_config(
-        root / "c.yaml",
-        tiny_config_dict(root / "run", corpus, max_duration=2, save_interval=2, save_interval_unsharded=2),
-    )
-    assert run_train(config) == 0
-    return root / "run"
 
 
 @pytest.fixture
