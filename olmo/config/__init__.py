@@ -1,7 +1,8 @@
 """The run configuration: :class:`TrainConfig` and its sections, loading from YAML with command-line overrides,
 resolvers, the ``--help`` listing and collect-all validation.
 
-Modules: ``train_config`` (``TrainConfig``, load/save), ``sections`` (the section dataclasses and enums), ``cli``
+Modules: ``train_config`` (``TrainConfig``, load/save), ``sections`` (the section dataclasses and enums), ``attention``
+(``model.sliding_window`` and ``model.rope_scaling``), ``cli``
 (override parsing), ``loading`` (unknown keys reported with the bad values), ``resolvers`` (``${path.*:...}``),
 ``stages`` (``stages:``, ``kl_reference:``, durations), ``docs`` (``--help``), ``validation`` (collect-all checks
 and no-effect warnings), ``bounds`` (limits shared by the checks, and the non-finite check).
@@ -10,6 +11,7 @@ May import: ``olmo.util``, ``olmo.exceptions`` (the bottom of the stack: a confi
 and loading one never imports torch).
 """
 
+from .attention import RopeScalingConfig, SlidingWindowConfig
 from .base import BaseConfig
 from .stability import RollbackConfig, SkipSpikesConfig, StragglersConfig, WatchdogConfig
 from .train_config import (
@@ -82,6 +84,8 @@ __all__ = [
     "FSDPPrecision",
     "DDPGradSyncMode",
     "ModelConfig",
+    "SlidingWindowConfig",
+    "RopeScalingConfig",
     "OptimizerConfig",
     "SchedulerConfig",
     "InstanceFilterConfig",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional, Union
 
+from .attention import RopeScalingConfig, SlidingWindowConfig
 from .base import BaseConfig
 
 
@@ -249,6 +250,18 @@ class ModelConfig(BaseConfig):
     """Override the embedding init std."""
     norm_after: bool = False
     """OLMo-2 ordering: normalize each sub-layer's output instead of its input."""
+    sliding_window: Optional[SlidingWindowConfig] = None
+    """OLMo 3's sliding-window attention: ``{pattern: [4096, 4096, 4096, -1], force_full_attention_on_last_layer:
+    true}`` (the window of each layer, cycled; -1 = full attention). None: every layer attends to everything."""
+    rope_scaling: Optional[RopeScalingConfig] = None
+    """RoPE scaling of the full-attention layers for a longer context: ``{name: yarn, factor: 8, beta_fast: 32,
+    beta_slow: 1, old_context_len: 8192}`` (OLMo 3's long-context stage) or ``name: llama3``. None: plain RoPE."""
+
+    def layer_windows(self) -> list[Optional[int]]:
+        """Each layer's attention window in keys (itself included), None for full attention."""
+        if self.sliding_window is None:
+            return [None] * self.n_layers
+        return self.sliding_window.windows(self.n_layers)
 
     @property
     def effective_n_kv_heads(self) -> int:

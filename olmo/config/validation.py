@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from ..exceptions import OLMoConfigurationError
 from ..util import env_rank, missing_slash_problem, remote_save_folder_problems
 from ..util.tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
+from .attention import attention_option_problems
 from .bounds import MAX_TIMEOUT_SECONDS, non_finite_problems
 from .data_sections import EvaluatorConfig
 from .data_validation import MEMMAP_DTYPES, data_location_problems, data_problems
@@ -139,6 +140,7 @@ def _model_problems(cfg: TrainConfig) -> list[str]:
         token = getattr(m, name)
         if not 0 <= token < m.effective_embedding_size:
             out.append(f"model.{name}={token} is outside the embedding (size {m.effective_embedding_size}).")
+    out += attention_option_problems(m.sliding_window, m.rope_scaling, m.rope)
     return out + _model_size_problems(cfg)
 
 

@@ -1,0 +1,124 @@
+"""The model's OLMo-3 attention options: sliding-window attention (``model.sliding_window``) and RoPE scaling
+(``model.rope_scaling``), named as in OLMo-core, with the checks of their values.
+
+Semantics (chosen to equal transformers' ``Olmo3ForCausalLM``, which OLMo 3's released checkpoints run in):
+
+* A layer with window ``W`` lets the query at position ``i`` see the keys at ``i - W + 1 .. i``: ``W`` keys, itself
+  included (transformers' ``kv_idx > q_idx - sliding_window``; flash-attn's ``window_size=(W - 1, 0)``).
+* The pattern is cycled over the layers (layer ``i`` gets ``pattern[i % len(pattern)]``, ``-1`` = full attention),
+  then the first and last layer are forced to full attention when asked.
+* RoPE scaling applies to the full-attention layers only; windowed layers keep plain RoPE (transformers' OLMo-3
+  config has one RoPE entry per layer type and puts ``rope_scaling`` on ``full_attention``). In a model without
+  windows every layer is a full-attention layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .base import BaseConfig
+
+__all__ = ["SlidingWindowConfig", "RopeScalingConfig", "RopeScalingName", "attention_option_problems"]
+
+RopeScalingName = ("yarn", "llama3")
+"""The RoPE scalings implemented, by ``model.rope_scaling.name``."""
+
+
+@dataclass
+class SlidingWindowConfig(BaseConfig):
+    """Sliding-window attention on some layers (OLMo 3: three of every four layers see the last 4,096 tokens)."""
+
+    pattern: list[int] = field(default_factory=lambda: [4096, 4096, 4096, -1])
+    """Window sizes cycled over the layers: layer i gets ``pattern[i % len(pattern)]`` keys (itself included);
+    -1 means full attention."""
+    force_full_attention_on_first_layer: bool = False
+    """Give layer 0 full attention whatever the pattern says."""
+    force_full_attention_on_last_layer: bool = True
+    """Give the last layer full attention whatever the pattern says."""
+
+    def windows(self, n_layers: int) -> list[Optional[int]]:
+        """Each layer's window, None for full attention."""
+        out: list[Optional[int]] = [None if w == -1 else w for w in (self.pattern[i % len(self.pattern)]
+                                                                     for i in range(n_layers))]
+        if n_layers and self.force_full_attention_on_first_layer:
+            out[0] = None
+        if n_layers and self.force_full_attention_on_last_layer:
+            out[-1] = None
+        return out
+
+
+@dataclass
+class RopeScalingConfig(BaseConfig):
+    """RoPE frequency scaling for contexts longer than the model was pretrained on, as transformers defines it
+    (``rope_type: yarn`` / ``llama3``), on the full-attention layers."""
+
+    name: str = "yarn"
+    """``yarn`` (YaRN: interpolate the low frequencies, keep the high ones, scale attention) or ``llama3``
+    (Llama 3.1's smoothed division of the low frequencies)."""
+    factor: float = 8.0
+    """How many times longer the new context is than ``old_context_len``."""
+    old_context_len: int = 8192
+    """The context length the model was trained at before scaling (transformers' ``original_max_position_embeddings``)."""
+    beta_fast: float = 32.0
+    """``yarn``: rotations within ``old_context_len`` above which a frequency is kept as it is."""
+    beta_slow: float = 1.0
+    """``yarn``: rotations below which a frequency is divided by ``factor``."""
+    attention_factor: Optional[float] = None
+    """``yarn``: multiplies cos and sin (so the attention logits by its square); None = ``0.1 * ln(factor) + 1``."""
+    low_freq_factor: float = 1.0
+    """``llama3``: wavelengths above ``old_context_len / low_freq_factor`` are divided by ``factor``."""
+    high_freq_factor: float = 4.0
+    """``llama3``: wavelengths below ``old_context_len / high_freq_factor`` are kept."""
+
+    @property
+    def effective_attention_factor(self) -> float:
+        if self.name != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+
+
+def attention_option_problems(
+    sliding_window: Optional[SlidingWindowConfig], rope_scaling: Optional[RopeScalingConfig], rope: bool
+) -> list[str]:
+    """One sentence per bad value of ``model.sliding_window`` / ``model.rope_scaling``, each naming the key and fix."""
+    out: list[str] = []
+    if sliding_window is not None:
+        pattern = list(sliding_window.pattern)
+        if not pattern:
+            out.append(
+                "model.sliding_window.pattern is empty: give the window of each layer in the cycle, e.g. "
+                "[4096, 4096, 4096, -1] (-1 = full attention), or set model.sliding_window to null."
+            )
+        bad = [w for w in pattern if isinstance(w, bool) or not isinstance(w, int) or (w != -1 and w < 1)]
+        if bad:
+            out.append(
+                f"model.sliding_window.pattern={pattern} holds {bad}: each entry is a window of at least 1 token "
+                f"or -1 for full attention."
+            )
+    if rope_scaling is not None:
+        r = rope_scaling
+        if not rope:
+            out.append("model.rope_scaling is set but model.rope=false: scaling applies to RoPE; set model.rope=true.")
+        if r.name not in RopeScalingName:
+            out.append(f"model.rope_scaling.name={r.name!r} is not one of {', '.join(RopeScalingName)}.")
+        if not r.factor >= 1.0:
+            out.append(f"model.rope_scaling.factor={r.factor} must be at least 1 (how many times longer the context is).")
+        if r.old_context_len < 1:
+            out.append(f"model.rope_scaling.old_context_len={r.old_context_len} must be positive.")
+        if r.name == "yarn" and not r.beta_fast > r.beta_slow > 0:
+            out.append(
+                f"model.rope_scaling.beta_fast={r.beta_fast}, beta_slow={r.beta_slow}: YaRN needs "
+                f"beta_fast > beta_slow > 0 (OLMo 3: 32 and 1)."
+            )
+        if r.name == "yarn" and r.attention_factor is not None and not r.attention_factor > 0:
+            out.append(f"model.rope_scaling.attention_factor={r.attention_factor} must be positive (or null).")
+        if r.name == "llama3" and not r.high_freq_factor > r.low_freq_factor > 0:
+            out.append(
+                f"model.rope_scaling.low_freq_factor={r.low_freq_factor}, high_freq_factor={r.high_freq_factor}: "
+                f"llama3 scaling needs high_freq_factor > low_freq_factor > 0 (Llama 3.1: 4 and 1)."
+            )
+    return out
