@@ -40,8 +40,9 @@ class SlidingWindowConfig(BaseConfig):
 
     def windows(self, n_layers: int) -> list[Optional[int]]:
         """Each layer's window, None for full attention."""
-        out: list[Optional[int]] = [None if w == -1 else w for w in (self.pattern[i % len(self.pattern)]
-                                                                     for i in range(n_layers))]
+        out: list[Optional[int]] = [
+            None if w == -1 else w for w in (self.pattern[i % len(self.pattern)] for i in range(n_layers))
+        ]
         if n_layers and self.force_full_attention_on_first_layer:
             out[0] = None
         if n_layers and self.force_full_attention_on_last_layer:
@@ -102,11 +103,15 @@ def attention_option_problems(
     if rope_scaling is not None:
         r = rope_scaling
         if not rope:
-            out.append("model.rope_scaling is set but model.rope=false: scaling applies to RoPE; set model.rope=true.")
+            out.append(
+                "model.rope_scaling is set but model.rope=false: scaling applies to RoPE; set model.rope=true."
+            )
         if r.name not in RopeScalingName:
             out.append(f"model.rope_scaling.name={r.name!r} is not one of {', '.join(RopeScalingName)}.")
         if not r.factor >= 1.0:
-            out.append(f"model.rope_scaling.factor={r.factor} must be at least 1 (how many times longer the context is).")
+            out.append(
+                f"model.rope_scaling.factor={r.factor} must be at least 1 (how many times longer the context is)."
+            )
         if r.old_context_len < 1:
             out.append(f"model.rope_scaling.old_context_len={r.old_context_len} must be positive.")
         if r.name == "yarn" and not r.beta_fast > r.beta_slow > 0:

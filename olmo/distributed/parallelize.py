@@ -183,9 +183,17 @@ def _compile_blocks(model: OLMo, cfg: CompilerConfig) -> None:
         block.compile(mode=cfg.mode, fullgraph=cfg.fullgraph, backend=cfg.backend, dynamic=cfg.dynamic)
 
 
+_NEWER_MODEL_OPTIONS = ("sliding_window", "rope_scaling")
+
+
 def model_config_fingerprint(cfg: ModelConfig) -> str:
-    """A short hash of the model config, stored in checkpoints to catch mismatched resumes."""
-    text = json.dumps(asdict(cfg), sort_keys=True, default=str)
+    """A short hash of the model config, stored in checkpoints to catch mismatched resumes. Options added since
+    the hash was introduced are left out while unset, so a model without them keeps the hash it always had."""
+    fields = asdict(cfg)
+    for name in _NEWER_MODEL_OPTIONS:
+        if fields[name] is None:
+            del fields[name]
+    text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -1,5 +1,5 @@
-"""Attention inputs for :mod:`olmo.model`: the causal, padding, ALiBi and document masks folded into one additive
-bias for PyTorch SDPA, the document spans that flash-attn's varlen kernel takes instead of a mask, and
+"""Attention inputs for :mod:`olmo.model`: the causal, padding, ALiBi, document and sliding-window masks folded
+into one additive bias for PyTorch SDPA, the document spans that flash-attn's varlen kernel takes instead of a mask, and
 :func:`describe_attention`, which reports the kernel that will run.
 
 Document masking is the model side of OLMo's ``data.generate_doc_lengths``: a packed row of ``T`` tokens holds
@@ -100,6 +100,7 @@ def attention_bias(
     doc_ids: torch.Tensor | None = None,
     past_length: int = 0,
     bias: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor | None:
     """Additive fp32 bias with the causal mask folded in, broadcastable to (B, H, T, past_length + T); None when
     plain causal attention is all that is needed (SDPA then runs with ``is_causal=True`` and no mask at all, or,
@@ -112,9 +113,11 @@ def attention_bias(
         sit at positions ``past_length ..``, and see every cached key.
     :param bias: OLMo's ``attention_bias``, (B or 1, 1 or H, >= L, >= L) for L = past_length + T, which replaces
         the causal mask: bool or int8 (true: may attend) or an additive float bias.
+    :param window: A sliding window: the query at position ``i`` sees only the keys at ``i - window + 1 .. i``
+        (``window`` keys, itself included; :mod:`olmo.config.attention`).
     """
     total = past_length + seq_len
-    plain = attention_mask is None and doc_ids is None and bias is None and not config.alibi
+    plain = attention_mask is None and doc_ids is None and bias is None and not config.alibi and window is None
     if plain and (past_length == 0 or seq_len == 1):
         return None
     if bias is not None:
@@ -130,6 +133,9 @@ def attention_bias(
         allowed = allowed & attention_mask.bool()[:, None, None, :]  # (B, 1, T, L)
     if doc_ids is not None:
         allowed = allowed & (doc_ids[:, None, :, None] == doc_ids[:, None, None, :])  # (B, 1, T, T)
+    if window is not None:
+        queries = torch.arange(past_length, total, device=device)[:, None]  # (T, 1)
+        allowed = allowed & (torch.arange(total, device=device)[None, :] > queries - window)  # (T, L)
     if config.alibi:
         additive = additive + alibi_bias(config.n_heads, total, config.alibi_bias_max, device)[:, :, past_length:]
     return torch.where(allowed, additive, torch.finfo(torch.float).min)
@@ -142,10 +148,13 @@ def flash_varlen_attention(
     v: torch.Tensor,
     spans: DocumentSpans,
     dropout_p: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention within each document with flash-attn's ``flash_attn_varlen_func``: q (B, H, T, hd),
-    k/v (B, KV, T, hd) -> (B, T, H, hd). The kernel takes GQA as it is (query head h reads kv head h // (H / KV))."""
+    k/v (B, KV, T, hd) -> (B, T, H, hd). The kernel takes GQA as it is (query head h reads kv head h // (H / KV)).
+    ``window``: each query sees only its last ``window`` keys (itself included)."""
     B, H, T, hd = q.shape
+    extra = {} if window is None else {"window_size": (window - 1, 0)}
     y = varlen_func(
         q.transpose(1, 2).reshape(B * T, H, hd),  # (B*T, H, hd): the rows laid end to end
         k.transpose(1, 2).reshape(B * T, -1, hd),  # (B*T, KV, hd)
@@ -156,6 +165,7 @@ def flash_varlen_attention(
         spans.max_seqlen,
         dropout_p=dropout_p,
         causal=True,
+        **extra,
     )  # (B*T, H, hd)
     return y.view(B, T, H, hd)
 

@@ -94,6 +94,9 @@ class OLMoBlock(nn.Module):
         self.att_proj = nn.Linear(config.d_model, config.d_model + 2 * kv_dim, bias=bias)
         self.ff_proj = nn.Linear(config.d_model, hidden, bias=bias)
         self._flash_attn = _load_flash_attn() if config.flash_attention else None
+        self.window: int | None = config.layer_windows()[layer_id]
+        """Keys each query sees (itself included) on this layer, None for full attention (``model.sliding_window``):
+        flash-attn applies it itself; on SDPA the model's ``attn_bias`` for this layer holds it."""
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -229,12 +232,14 @@ class OLMoBlock(nn.Module):
         dropout_p = self.config.attention_dropout if self.training else 0.0
         if doc_spans is not None:
             assert self._flash_attn is not None, "OLMo.forward passes doc_spans only when flash-attn runs"
-            return flash_varlen_attention(self._flash_attn.varlen_func, q, k, v, doc_spans, dropout_p)
+            return flash_varlen_attention(self._flash_attn.varlen_func, q, k, v, doc_spans, dropout_p, self.window)
         if _flash_usable(self._flash_attn, q.device, q.dtype, attn_bias is not None):
             assert self._flash_attn is not None
-            # flash-attn takes (B, T, heads, hd) and handles GQA itself.
+            # flash-attn takes (B, T, heads, hd) and handles GQA itself; its causal mask (and window) are aligned to
+            # the last key, which is what a query after cached keys needs.
+            extra = {} if self.window is None else {"window_size": (self.window - 1, 0)}
             return self._flash_attn.func(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, causal=True
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, causal=True, **extra
             )
         if self.n_kv_heads != self.n_heads:
             # Query head h reads kv head h // (H / KV), as in OLMo and flash-attn.

@@ -3,6 +3,7 @@ and the output layer with its loss."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import LayerNormType, ModelConfig
+from ..config import LayerNormType, ModelConfig, RopeScalingConfig
 from .loss import LossSums, OutputHead, cross_entropy_sums, fused_output_loss
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "make_dropout",
     "output_head_loss",
     "rotary_cos_sin",
+    "scaled_inverse_frequencies",
 ]
 
 RotaryTables = tuple[torch.Tensor, torch.Tensor]
@@ -107,16 +109,63 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x, (self.size,), weight, bias, self.eps)
 
 
-def rotary_cos_sin(seq_len: int, head_dim: int, theta: float, device: torch.device) -> RotaryTables:
+def rotary_cos_sin(
+    seq_len: int, head_dim: int, theta: float, device: torch.device, scaling: RopeScalingConfig | None = None
+) -> RotaryTables:
     """RoPE tables for positions ``0..seq_len-1`` in the NeoX layout: each (T, head_dim), fp32.
 
-    Frequency ``i`` sits at both column ``i`` and column ``i + head_dim/2`` (``cat(freqs, freqs)``).
+    Frequency ``i`` sits at both column ``i`` and column ``i + head_dim/2`` (``cat(freqs, freqs)``). With
+    ``scaling`` the frequencies are :func:`scaled_inverse_frequencies` and both tables are multiplied by the
+    scaling's attention factor (YaRN's; 1 for llama3), as transformers does.
     """
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float) / head_dim)
+    if scaling is None:
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float) / head_dim)
+    else:
+        inv_freq = scaled_inverse_frequencies(head_dim, theta, scaling).to(device)
     positions = torch.arange(seq_len, device=device, dtype=torch.float)
     freqs = torch.outer(positions, inv_freq)  # (T, hd/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd)
-    return emb.cos(), emb.sin()
+    if scaling is None:
+        return emb.cos(), emb.sin()
+    factor = scaling.effective_attention_factor
+    return emb.cos() * factor, emb.sin() * factor
+
+
+def scaled_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScalingConfig) -> torch.Tensor:
+    """(head_dim/2,) fp32 RoPE frequencies after ``scaling``, by transformers' definitions (computed on the CPU).
+
+    * ``yarn``: frequency ``i`` is ``theta^(-2i/d)`` blended with it divided by ``factor``; the blend ramps
+      linearly from "keep" to "divide" between the dimensions that turn ``beta_fast`` and ``beta_slow`` times
+      within ``old_context_len`` (the range floored/ceiled, as transformers does for OLMo 3).
+    * ``llama3``: wavelengths longer than ``old_context_len / low_freq_factor`` are divided by ``factor``, those
+      shorter than ``old_context_len / high_freq_factor`` kept, and those between smoothly interpolated.
+    """
+    base = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / theta**base  # (hd/2,)
+    factor = scaling.factor
+    old = scaling.old_context_len
+    if scaling.name == "yarn":
+
+        def dimension(rotations: float) -> float:  # the dimension that turns `rotations` times within `old`
+            return head_dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+        low = max(math.floor(dimension(scaling.beta_fast)), 0)
+        high: float = min(math.ceil(dimension(scaling.beta_slow)), head_dim - 1)
+        if low == high:
+            high += 0.001  # transformers' guard against a zero-width ramp
+        ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        keep = 1 - ramp  # 1: the frequency as it is (extrapolation), 0: divided by factor (interpolation)
+        pos_freqs = theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+        return (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+    assert scaling.name == "llama3", scaling.name
+    low_wavelen = old / scaling.low_freq_factor
+    high_wavelen = old / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    divided = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * divided / factor + smooth * divided
+    between = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(between, smoothed, divided)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

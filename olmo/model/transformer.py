@@ -148,7 +148,9 @@ class OLMo(nn.Module):
         self._flash_attn = _load_flash_attn() if config.flash_attention else None
         # RoPE tables per device, long enough for the longest sequence seen. A plain dict, not buffers: they stay
         # out of the state dict, and a meta build or ``to_empty`` cannot leave stale values behind.
-        self._rope_cache: dict[torch.device, RotaryTables] = {}
+        self._rope_cache: dict[tuple[torch.device, bool], RotaryTables] = {}
+        # The windows of the windowed layers (model.sliding_window), each once.
+        self._windows = sorted({w for w in config.layer_windows() if w is not None})
         device = torch.get_default_device()
         # Build on meta and initialize once, so a direct build draws exactly what meta + reset_parameters draws.
         with torch.device("meta"):
@@ -242,20 +244,28 @@ class OLMo(nn.Module):
                 doc_ids = document_ids(doc_lens, T)  # (B, T)
         # (B or 1, H or 1, T, past + T) or None
         attn_bias = build_attention_bias(cfg, T, x.device, attention_mask, doc_ids, past, attention_bias)
-        rope = self._rope_tables(past + T, x.device) if cfg.rope else None
-        if rope is not None and past:
-            rope = (rope[0][past:], rope[1][past:])
+        rope = (
+            self._rope_tables(past + T, x.device, past, scaled=cfg.rope_scaling is not None) if cfg.rope else None
+        )
+        # Each block's attention inputs by its window (model.sliding_window): one entry, None, in most models.
+        inputs: dict[int | None, tuple[torch.Tensor | None, RotaryTables | None]] = {None: (attn_bias, rope)}
+        for window in self._windows:
+            inputs[window] = (
+                self._window_bias(window, attn_bias, x, attention_mask, doc_ids, past, attention_bias),
+                self._rope_tables(past + T, x.device, past, scaled=False) if cfg.rope else None,
+            )
         hidden_states: list[torch.Tensor] = []
         presents: KVCache = []
-        for i, block in enumerate(t.blocks):
+        for i, block in enumerate(t.typed_blocks()):
             if output_hidden_states:
                 hidden_states.append(x)
+            bias_i, rope_i = inputs[block.window]
             if past_key_values or use_cache:
                 layer_past = past_key_values[i] if past_key_values else None
-                x, present = block(x, attn_bias, rope, doc_spans, layer_past=layer_past, use_cache=True)
+                x, present = block(x, bias_i, rope_i, doc_spans, layer_past=layer_past, use_cache=True)
                 presents.append(present)
             else:
-                x = block(x, attn_bias, rope, doc_spans)  # (B, T, C)
+                x = block(x, bias_i, rope_i, doc_spans)  # (B, T, C)
         if last_logits_only:
             x = x[:, -1:, :]  # (B, 1, C)
         x = t.ln_f(x)
@@ -365,17 +375,40 @@ class OLMo(nn.Module):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype  # q's dtype
         return _flash_usable(self._flash_attn, x.device, dtype, attention_mask is not None or self.config.alibi)
 
-    def _rope_tables(self, seq_len: int, device: torch.device) -> RotaryTables:
-        cached = self._rope_cache.get(device)
+    def _window_bias(
+        self,
+        window: int,
+        attn_bias: torch.Tensor | None,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        doc_ids: torch.Tensor | None,
+        past: int,
+        attention_bias: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """The attention bias of a layer with this window: the full layers' ``attn_bias`` where the window hides
+        nothing (no query is ``window`` or more positions after a key) or flash-attn applies it (no bias, or the
+        varlen kernel), else that bias with the window folded in."""
+        T = x.shape[1]
+        if past + T <= window or (attn_bias is None and self._flash_runs_documents(x, attention_mask)):
+            return attn_bias
+        return build_attention_bias(
+            self.config, T, x.device, attention_mask, doc_ids, past, attention_bias, window
+        )
+
+    def _rope_tables(
+        self, seq_len: int, device: torch.device, past: int = 0, scaled: bool = False
+    ) -> RotaryTables:
+        """RoPE tables of positions ``past .. seq_len - 1``; ``scaled``: with ``model.rope_scaling``."""
+        cached = self._rope_cache.get((device, scaled))
         if cached is None or cached[0].shape[0] < seq_len:
             head_dim = self.config.d_model // self.config.n_heads
-            cached = rotary_cos_sin(seq_len, head_dim, self.config.rope_theta, device)
-            if torch.is_inference_mode_enabled():
+            scaling = self.config.rope_scaling if scaled else None
+            cached = rotary_cos_sin(seq_len, head_dim, self.config.rope_theta, device, scaling)
+            if not torch.is_inference_mode_enabled():
                 # Inference tensors cannot be saved for backward, so they must not leak into a later training step.
-                return cached
-            self._rope_cache[device] = cached
+                self._rope_cache[(device, scaled)] = cached
         cos, sin = cached
-        return cos[:seq_len], sin[:seq_len]
+        return cos[past:seq_len], sin[past:seq_len]
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -409,7 +442,9 @@ class OLMo(nn.Module):
         ``6 * N_matmul + 12 * n_layers * n_heads * head_dim * seq_len``, where ``N_matmul`` is the non-embedding
         parameter count plus the output projection (``embedding_size * d_model``, counted even when tied, since the
         LM head is a matmul), and the second term is the attention scores and weighted sum (2 matmuls of
-        ``2 * T * d`` FLOPs per token forward, times 3 for forward + backward). This is not OLMo's
+        ``2 * T * d`` FLOPs per token forward, times 3 for forward + backward). A layer with a sliding window
+        (``model.sliding_window``) counts ``min(window, T)`` keys instead of ``T``: with the same convention (the
+        causal half is not subtracted) that is the work a windowed kernel does. This is not OLMo's
         ``num_fwd_flops + num_bck_flops``, which counts embedding lookups in the backward pass.
 
         :param seq_len: Context length; defaults to ``max_sequence_length``.
@@ -420,4 +455,5 @@ class OLMo(nn.Module):
             n_matmul += cfg.effective_embedding_size * cfg.d_model
         seq_len = cfg.max_sequence_length if seq_len is None else seq_len
         head_dim = cfg.d_model // cfg.n_heads
-        return 6 * n_matmul + 12 * cfg.n_layers * cfg.n_heads * head_dim * seq_len
+        keys = sum(seq_len if w is None else min(w, seq_len) for w in cfg.layer_windows())
+        return 6 * n_matmul + 12 * cfg.n_heads * head_dim * keys
