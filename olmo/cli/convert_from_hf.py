@@ -1,12 +1,14 @@
-"""Import a Hugging Face transformers OLMo or OLMo-2 model as one of our unsharded checkpoints.
+"""Import a Hugging Face transformers OLMo, OLMo-2 or OLMo-3 model as one of our unsharded checkpoints.
 
     python scripts/convert_from_hf.py HF_DIR OUTPUT_DIR [--safetensors]
 
-HF_DIR is a local directory written by transformers' ``save_pretrained`` (``OlmoForCausalLM`` or
-``Olmo2ForCausalLM``). OUTPUT_DIR receives ``model.pt`` (or ``model.safetensors``), ``train.pt`` (step 0) and a
-``config.yaml`` whose ``model`` section reproduces the architecture exactly (its ``tokenizer.identifier`` points
-at HF_DIR's ``tokenizer.json`` when there is one), committed like every trainer checkpoint. There is no
-optimizer state (the trainer then starts a fresh optimizer by itself), so fine-tune with
+HF_DIR is a local directory written by transformers' ``save_pretrained`` (``OlmoForCausalLM``, ``Olmo2ForCausalLM``
+or ``Olmo3ForCausalLM``: its sliding-window layers become ``model.sliding_window``, the shortest pattern that gives
+them, and YaRN or llama3 RoPE scaling ``model.rope_scaling``). OUTPUT_DIR receives ``model.pt`` (or
+``model.safetensors``), ``train.pt`` (step 0) and a ``config.yaml`` whose ``model`` section reproduces the
+architecture exactly (its ``tokenizer.identifier`` points at HF_DIR's ``tokenizer.json`` when there is one),
+committed like every trainer checkpoint. There is no optimizer state (the trainer then starts a fresh optimizer by
+itself), so fine-tune with
 
     python scripts/train.py CONFIG --load_path=OUTPUT_DIR --reset_trainer_state
 
@@ -40,12 +42,14 @@ log = logging.getLogger("convert_from_hf")
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="convert_from_hf.py",
-        description="Convert a Hugging Face OLMo / OLMo-2 model directory into an unsharded checkpoint of ours.",
+        description="Convert a Hugging Face OLMo / OLMo-2 / OLMo-3 model directory (OlmoForCausalLM, "
+        "Olmo2ForCausalLM, Olmo3ForCausalLM) into an unsharded checkpoint of ours.",
     )
     parser.add_argument(
         "hf_dir",
         metavar="HF_DIR",
         help="a local transformers model directory (config.json, ...), or a hub id such as allenai/OLMo-2-0425-1B "
+        "or allenai/Olmo-3-7B-Instruct "
         "(downloaded into the Hugging Face cache when the network allows)",
     )
     parser.add_argument("output", metavar="OUTPUT_DIR", help="where to write the checkpoint; must not exist yet")

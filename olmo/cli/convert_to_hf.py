@@ -3,9 +3,10 @@
     python scripts/convert_to_hf.py CHECKPOINT_DIR OUTPUT_DIR [--dtype float32|bfloat16] [--max-shard-size 5GB]
                                     [--tokenizer IDENTIFIER]
 
-CHECKPOINT_DIR is any checkpoint ``--load_path`` takes from a local directory: unsharded, or sharded by any
-number of ranks. OUTPUT_DIR receives ``config.json`` (``OlmoForCausalLM``, or ``Olmo2ForCausalLM`` for the
-OLMo-2 architecture), ``model.safetensors`` (or shards and ``model.safetensors.index.json``),
+CHECKPOINT_DIR is any checkpoint ``--load_path`` takes from a local directory: unsharded, or sharded by any number
+of ranks. OUTPUT_DIR receives ``config.json`` (``OlmoForCausalLM``; ``Olmo2ForCausalLM`` for the OLMo-2
+architecture; ``Olmo3ForCausalLM`` for it with ``model.sliding_window`` or ``model.rope_scaling``, whose windowed
+layers must share one window size), ``model.safetensors`` (or shards and ``model.safetensors.index.json``),
 ``generation_config.json`` and the run's tokenizer (``tokenizer.json``, ``tokenizer_config.json``,
 ``special_tokens_map.json``); ``AutoModelForCausalLM.from_pretrained(OUTPUT_DIR)`` loads it offline.
 
@@ -44,7 +45,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="convert_to_hf.py",
-        description="Export a checkpoint (unsharded or sharded) as a Hugging Face transformers model directory.",
+        description="Export a checkpoint (unsharded or sharded) as a Hugging Face transformers model directory: "
+        "OlmoForCausalLM, Olmo2ForCausalLM (norm_after), or Olmo3ForCausalLM (norm_after with "
+        "model.sliding_window or model.rope_scaling).",
     )
     parser.add_argument(
         "checkpoint", metavar="CHECKPOINT_DIR", help="e.g. runs/x/step1000-unsharded or runs/x/step1000"

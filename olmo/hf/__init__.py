@@ -1,6 +1,7 @@
-"""Hugging Face transformers interop: ``mapping`` (our model <-> ``OlmoForCausalLM``/``Olmo2ForCausalLM``:
-configs and state dicts, both ways; the names re-exported here) and ``files`` (model directories: config.json,
-safetensors shards, tokenizer and generation files). transformers is imported inside functions only.
+"""Hugging Face transformers interop: ``mapping`` (our model <-> ``OlmoForCausalLM``/``Olmo2ForCausalLM``/
+``Olmo3ForCausalLM``: configs and state dicts, both ways; the names re-exported here; its sliding-window and RoPE
+scaling part is ``olmo3``) and ``files`` (model directories: config.json, safetensors shards, tokenizer and
+generation files). transformers is imported inside functions only.
 
 May import: ``olmo.checkpoint``, ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
 """
@@ -9,6 +10,7 @@ from .mapping import (
     HF_MODEL_TYPES,
     build_hf_config,
     from_hf_state,
+    hf_config_class,
     hf_config_kwargs,
     hf_model_type,
     import_transformers,
@@ -18,6 +20,7 @@ from .mapping import (
 
 __all__ = [
     "HF_MODEL_TYPES",
+    "hf_config_class",
     "import_transformers",
     "hf_model_type",
     "hf_config_kwargs",

@@ -28,7 +28,14 @@ from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
 from ..util import default_file_mode
 from ..util.progress import ProgressLog
 from ..util.tokenizer_files import load_base_tokenizer
-from .mapping import HF_MODEL_TYPES, build_hf_config, hf_model_type, import_transformers, to_hf_state
+from .mapping import (
+    HF_MODEL_TYPES,
+    build_hf_config,
+    hf_config_class,
+    hf_model_type,
+    import_transformers,
+    to_hf_state,
+)
 
 __all__ = [
     "check_hf_export",
@@ -88,7 +95,8 @@ def check_hf_export(model_cfg: ModelConfig, tokenizer_identifier: str) -> None:
     try:
         hf_model_type(model_cfg)
     except OLMoConfigurationError as e:
-        raise OLMoConfigurationError(f"hf_export.enabled=true: {e}\nOr set hf_export.enabled=false.") from None
+        sep = "\n" if "\n" in str(e) else " "  # a listing of problems, or one paragraph
+        raise OLMoConfigurationError(f"hf_export.enabled=true: {e}{sep}Or set hf_export.enabled=false.") from None
     export_tokenizer(tokenizer_identifier, model_cfg, "tokenizer.identifier")
 
 
@@ -229,14 +237,15 @@ def write_tokenizer_files(
 def _not_a_model(path: Path, why: str) -> OLMoConfigurationError:
     return OLMoConfigurationError(
         f"HF_DIR '{path}' is not a Hugging Face OLMo model directory: {why}. Give a directory written by "
-        f"transformers' save_pretrained for an OLMo or OLMo-2 model ({', '.join(HF_MODEL_TYPES.values())}): "
-        f"config.json with model_type {' or '.join(repr(t) for t in HF_MODEL_TYPES)}, and model.safetensors "
+        f"transformers' save_pretrained for an OLMo, OLMo-2 or OLMo-3 model ({', '.join(HF_MODEL_TYPES.values())}): "
+        f"config.json with model_type {', '.join(repr(t) for t in HF_MODEL_TYPES)}, and model.safetensors "
         f"(or its shards and {SAFETENSORS_INDEX}, or pytorch_model.bin). Nothing was written."
     )
 
 
 def read_hf_config(path: Path) -> Any:
-    """The transformers config (``OlmoConfig`` or ``Olmo2Config``) in ``path/config.json``, read offline.
+    """The transformers config (``OlmoConfig``, ``Olmo2Config`` or ``Olmo3Config``) in ``path/config.json``, read
+    offline.
 
     :raises OLMoConfigurationError: if ``path`` is not an OLMo model directory.
     """
@@ -248,10 +257,8 @@ def read_hf_config(path: Path) -> Any:
         raise _not_a_model(path, f"its config.json is not a JSON object ({e})") from None
     if model_type not in HF_MODEL_TYPES:
         raise _not_a_model(path, f"its config.json has model_type={model_type!r}")
-    transformers = import_transformers()
-    config_class = transformers.Olmo2Config if model_type == "olmo2" else transformers.OlmoConfig
     try:
-        return config_class.from_pretrained(str(path), local_files_only=True)
+        return hf_config_class(model_type).from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # transformers validates fields with several exception types of its own
         why = " ".join(str(e).split())
         raise OLMoConfigurationError(

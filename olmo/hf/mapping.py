@@ -1,11 +1,15 @@
 """The mapping between our model and Hugging Face transformers' OLMo models, in both directions.
 
-Two transformers classes can hold one of our models exactly:
+Three transformers classes can hold one of our models exactly:
 
 * ``OlmoForCausalLM`` (``model_type: olmo``): OLMo-1. Pre-norm blocks with a non-parametric layer norm
   (eps 1e-5), RoPE, SwiGLU, no biases, optional ``clip_qkv`` and GQA.
 * ``Olmo2ForCausalLM`` (``model_type: olmo2``): OLMo-2. ``norm_after`` blocks with RMSNorm weights, QK-norm
-  (RMSNorm over all query and all key channels), RoPE, SwiGLU, no biases, optional GQA.
+  (RMSNorm over all query and all key channels), RoPE, SwiGLU, no biases, optional GQA. transformers' Olmo2 also
+  reads YaRN and llama3 RoPE scaling, which we import (every layer then has full attention and scaled RoPE).
+* ``Olmo3ForCausalLM`` (``model_type: olmo3``): OLMo-3, the OLMo-2 blocks with sliding-window attention on some
+  layers (``model.sliding_window``) and RoPE scaling on the full-attention ones (``model.rope_scaling``); an
+  OLMo-2-architecture model with either set exports as this. The window and RoPE parts are in :mod:`olmo.hf.olmo3`.
 
 Every other architecture is refused with an :class:`~olmo.exceptions.OLMoConfigurationError` that names the
 options at fault, before anything is written. The parameters map one to one, except our two fused projections:
@@ -33,9 +37,11 @@ from ..config import ActivationType, LayerNormType, ModelConfig
 from ..config.validation import MAX_LAYERS
 from ..exceptions import OLMoConfigurationError, OLMoError
 from ..model import OLMo
+from .olmo3 import olmo3_config_kwargs, olmo3_export_problems, read_rope, read_windows, uses_olmo3
 
 __all__ = [
     "HF_MODEL_TYPES",
+    "hf_config_class",
     "import_transformers",
     "hf_model_type",
     "hf_config_kwargs",
@@ -45,8 +51,11 @@ __all__ = [
     "from_hf_state",
 ]
 
-HF_MODEL_TYPES = {"olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+HF_MODEL_TYPES = {"olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM"}
 """The transformers ``model_type`` values we convert, and their model class."""
+
+_NORM_AFTER_TYPES = ("olmo2", "olmo3")
+"""The model types with the OLMo-2 blocks (norm after, RMSNorm with weights, QK-norm)."""
 
 _OLMO1_NORM_EPS = 1e-5
 """transformers' ``OlmoLayerNorm`` hard-codes this epsilon."""
@@ -67,9 +76,14 @@ def import_transformers() -> Any:
     return transformers
 
 
+def hf_config_class(model_type: str) -> Any:
+    """transformers' config class for ``model_type`` (one of :data:`HF_MODEL_TYPES`)."""
+    return getattr(import_transformers(), HF_MODEL_TYPES[model_type].replace("ForCausalLM", "Config"))
+
+
 def _export_problems(cfg: ModelConfig) -> list[str]:
     """Every option of ``cfg`` that the transformers class for it cannot represent, each with its fix."""
-    out = []
+    out = olmo3_export_problems(cfg)
     if not cfg.rope or cfg.alibi:
         out.append(
             f"model.rope={cfg.rope}, model.alibi={cfg.alibi}: transformers' OLMo models use rotary position "
@@ -117,7 +131,7 @@ def _olmo1_problems(cfg: ModelConfig) -> list[str]:
 
 def _olmo2_problems(cfg: ModelConfig) -> list[str]:
     out = []
-    olmo2 = "Olmo2ForCausalLM (the only transformers class with model.norm_after=true)"
+    olmo2 = "Olmo2ForCausalLM / Olmo3ForCausalLM (the transformers classes with model.norm_after=true)"
     if cfg.layer_norm_type != LayerNormType.rms or not cfg.layer_norm_with_affine:
         out.append(
             f"model.layer_norm_type={cfg.layer_norm_type}, model.layer_norm_with_affine={cfg.layer_norm_with_affine}: "
@@ -134,22 +148,27 @@ def _olmo2_problems(cfg: ModelConfig) -> list[str]:
 
 
 def hf_model_type(cfg: ModelConfig) -> str:
-    """``olmo2`` for the OLMo-2 architecture (``norm_after``), else ``olmo``.
+    """``olmo3`` for the OLMo-2 architecture (``norm_after``) with a sliding window or RoPE scaling, ``olmo2`` for
+    it without, else ``olmo``.
 
-    :raises OLMoConfigurationError: listing every option that transformers' class cannot represent.
+    :raises OLMoConfigurationError: listing every option that transformers' class cannot represent (one paragraph
+        for one problem).
     """
     problems = _export_problems(cfg)
     if problems:
-        listing = "\n".join(f"  - {p}" for p in problems)
+        listing = f" {problems[0]}" if len(problems) == 1 else "\n" + "\n".join(f"  - {p}" for p in problems)
         raise OLMoConfigurationError(
             f"This model cannot be converted to Hugging Face transformers exactly ({len(problems)} problem(s) in "
-            f"its config.yaml); nothing was written:\n{listing}"
+            f"its config.yaml); nothing was written:{listing}"
         )
+    if uses_olmo3(cfg):
+        return "olmo3"
     return "olmo2" if cfg.norm_after else "olmo"
 
 
 def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
-    """The keyword arguments of ``OlmoConfig`` / ``Olmo2Config`` that describe ``cfg`` (see :func:`hf_model_type`)."""
+    """The keyword arguments of ``OlmoConfig`` / ``Olmo2Config`` / ``Olmo3Config`` that describe ``cfg`` (see
+    :func:`hf_model_type`)."""
     model_type = hf_model_type(cfg)
     kwargs: dict[str, Any] = dict(
         vocab_size=cfg.effective_embedding_size,
@@ -173,24 +192,20 @@ def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
         kwargs["clip_qkv"] = cfg.clip_qkv
     else:
         kwargs["rms_norm_eps"] = cfg.layer_norm_eps
+    if model_type == "olmo3":
+        del kwargs["rope_theta"]  # in rope_parameters, one entry per layer type
+        kwargs.update(olmo3_config_kwargs(cfg))
     return kwargs
 
 
 def build_hf_config(cfg: ModelConfig, dtype: torch.dtype) -> Any:
-    """The transformers config (``OlmoConfig`` or ``Olmo2Config``) of ``cfg``, for weights stored in ``dtype``."""
-    transformers = import_transformers()
+    """The transformers config (``OlmoConfig``, ``Olmo2Config`` or ``Olmo3Config``) of ``cfg``, for weights stored in
+    ``dtype``."""
     kwargs = hf_config_kwargs(cfg)
-    config_class = transformers.Olmo2Config if cfg.norm_after else transformers.OlmoConfig
-    config = config_class(**kwargs, architectures=[HF_MODEL_TYPES[config_class.model_type]])
+    model_type = hf_model_type(cfg)
+    config = hf_config_class(model_type)(**kwargs, architectures=[HF_MODEL_TYPES[model_type]])
     config.dtype = dtype
     return config
-
-
-def _rope_theta(hf: Any) -> tuple[float, str]:
-    """(theta, or NaN when missing; rope type) of a transformers config, whichever transformers version wrote it."""
-    params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
-    theta = params.get("rope_theta", getattr(hf, "rope_theta", None))
-    return float("nan" if theta is None else theta), params.get("rope_type", params.get("type", "default"))
 
 
 _POSITIVE_SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
@@ -217,15 +232,12 @@ def _size_problems(hf: Any) -> list[str]:
     return out
 
 
-def _import_problems(hf: Any) -> list[str]:
+def _import_problems(hf: Any, theta: float) -> list[str]:
     out = []
     if getattr(hf, "attention_bias", False):
         out.append("attention_bias=true: our blocks have biases in every linear layer or in none.")
     if getattr(hf, "hidden_act", "silu") != "silu":
         out.append(f"hidden_act={hf.hidden_act!r}: our SwiGLU MLP uses silu.")
-    theta, rope_type = _rope_theta(hf)
-    if rope_type != "default":
-        out.append(f"RoPE scaling of type {rope_type!r}: our RoPE has no scaling.")
     if not theta.is_integer():
         out.append(f"rope_theta={theta}: model.rope_theta is an integer.")
     head_dim = getattr(hf, "head_dim", None)
@@ -235,7 +247,7 @@ def _import_problems(hf: Any) -> list[str]:
 
 
 def model_config_from_hf(hf: Any, vocab_size: Optional[int] = None) -> ModelConfig:
-    """Our model config for the transformers config ``hf`` (an ``OlmoConfig`` or ``Olmo2Config``).
+    """Our model config for the transformers config ``hf`` (an ``OlmoConfig``, ``Olmo2Config`` or ``Olmo3Config``).
 
     :param vocab_size: The tokenizer's vocabulary (``model.vocab_size``: ids below it are real tokens); None, or
         one larger than the embedding, uses the embedding size.
@@ -250,13 +262,15 @@ def model_config_from_hf(hf: Any, vocab_size: Optional[int] = None) -> ModelConf
         raise OLMoConfigurationError(
             f"The config.json of this {hf.model_type} model is damaged; nothing was written: {' '.join(sizes)}"
         )
-    problems = _import_problems(hf)
+    windows, problems = read_windows(hf)
+    rope = read_rope(hf)
+    problems += rope.problems + _import_problems(hf, rope.theta)
     if problems:
         raise OLMoConfigurationError(
             f"This {hf.model_type} model cannot be represented by our model exactly; nothing was written: "
             + " ".join(problems)
         )
-    olmo2 = hf.model_type == "olmo2"
+    norm_after = hf.model_type in _NORM_AFTER_TYPES
     hidden = 2 * hf.intermediate_size
     eos = hf.eos_token_id[0] if isinstance(hf.eos_token_id, (list, tuple)) else hf.eos_token_id
     pad = hf.pad_token_id if hf.pad_token_id is not None else eos
@@ -266,22 +280,24 @@ def model_config_from_hf(hf: Any, vocab_size: Optional[int] = None) -> ModelConf
         d_model=hf.hidden_size,
         n_heads=hf.num_attention_heads,
         n_kv_heads=None if kv_heads == hf.num_attention_heads else kv_heads,
-        clip_qkv=None if olmo2 else hf.clip_qkv,
+        clip_qkv=None if norm_after else hf.clip_qkv,
         n_layers=hf.num_hidden_layers,
         mlp_ratio=hidden // hf.hidden_size if hidden % hf.hidden_size == 0 else 4,
         mlp_hidden_size=None if hidden % hf.hidden_size == 0 else hidden,
         activation_type=ActivationType.swiglu,
         rope=True,
-        rope_theta=int(_rope_theta(hf)[0]),
+        rope_theta=int(rope.theta),
+        rope_scaling=rope.scaling,
+        sliding_window=windows,
         attention_dropout=float(hf.attention_dropout or 0.0),
         residual_dropout=0.0,
         embedding_dropout=0.0,
-        attention_layer_norm=olmo2,
-        attention_layer_norm_with_affine=olmo2,
-        layer_norm_type=LayerNormType.rms if olmo2 else LayerNormType.default,
-        layer_norm_with_affine=olmo2,
-        layer_norm_eps=float(hf.rms_norm_eps) if olmo2 else _OLMO1_NORM_EPS,
-        norm_after=olmo2,
+        attention_layer_norm=norm_after,
+        attention_layer_norm_with_affine=norm_after,
+        layer_norm_type=LayerNormType.rms if norm_after else LayerNormType.default,
+        layer_norm_with_affine=norm_after,
+        layer_norm_eps=float(hf.rms_norm_eps) if norm_after else _OLMO1_NORM_EPS,
+        norm_after=norm_after,
         max_sequence_length=hf.max_position_embeddings,
         include_bias=False,
         vocab_size=vocab_size if vocab_size is not None and vocab_size <= embedding_size else embedding_size,
