@@ -148,3 +148,26 @@ def test_spike_skipping_adds_no_host_sync(tmp_path, corpus):
         p.grad = torch.full_like(p, float("inf"))
     trainer.optimizer.step()
     assert all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))
+
+
+@pytest.mark.parametrize("documents", [False, True], ids=["rows", "documents"])
+def test_windowed_attention_is_the_same_on_flash_attn_and_the_sdpa_mask(documents):
+    """OLMo 3's windows on the GPU: flash-attn's ``window_size`` (plain and varlen kernels, where the package is
+    installed) and SDPA with the window folded into the mask give the same bf16 logits."""
+    pytest.importorskip("flash_attn")
+    from olmo.config import SlidingWindowConfig
+    from olmo.model import OLMo
+    from olmo.testing import tiny_model_config
+
+    torch.manual_seed(0)
+    windows = SlidingWindowConfig(pattern=[16, 16, 16, -1])
+    cfg = tiny_model_config(d_model=256, n_heads=4, n_layers=4, max_sequence_length=128, sliding_window=windows)
+    sdpa = OLMo(cfg).cuda().eval()
+    flash = OLMo(tiny_model_config(**{**vars(cfg), "flash_attention": True})).cuda().eval()
+    flash.load_state_dict(sdpa.state_dict())
+    ids = torch.randint(1, 100, (2, 128), device="cuda")
+    doc_lens = torch.tensor([[50, 78], [128, 0]], device="cuda") if documents else None
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        expected = sdpa(ids, doc_lens=doc_lens).logits.float()
+        actual = flash(ids, doc_lens=doc_lens).logits.float()
+    torch.testing.assert_close(actual, expected, rtol=2e-2, atol=2e-2)

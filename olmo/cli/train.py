@@ -244,6 +244,8 @@ def log_speed_setup(cfg: TrainConfig, trainer: Trainer) -> None:
     has_bias = cfg.model.alibi or cfg.data.generate_attention_mask
     attention = describe_attention(cfg.model, device, trainer.autocast_dtype, has_bias)
     kernel = f" ({attention['sdpa_kernel']})" if attention["sdpa_kernel"] else ""
+    if "windowed_layers" in attention:
+        kernel += f"; {attention['windowed_layers']} windowed layer(s) on {attention['window_kernel']}"
     log.info(
         "Speed setup: autocast %s, attention %s%s, compile %s, fused_loss %s, metrics read back every %d "
         "step(s)%s.",

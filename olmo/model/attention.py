@@ -202,10 +202,16 @@ def describe_attention(
             sdpa = torch.nn.attention.SDPBackend(choice).name
         except Exception as e:  # a private API: report rather than fail
             sdpa = f"unknown ({type(e).__name__})"
-    return {
+    out = {
         "model.flash_attention": config.flash_attention,
         "flash_attn_version": flash_version,
         "backend": f"flash_attn.{flash_kernel}" if flash_runs else "torch SDPA",
         "sdpa_kernel": sdpa,
         "head_dim": head_dim,
     }
+    windows = [w for w in config.layer_windows() if w is not None and w < config.max_sequence_length]
+    if windows:
+        # Windowed layers: flash-attn's window_size, or SDPA with the window in its mask (all keys computed).
+        out["windowed_layers"] = len(windows)
+        out["window_kernel"] = "flash-attn window_size" if flash_runs else "SDPA with a window mask"
+    return out
