@@ -6,7 +6,8 @@ Semantics (chosen to equal transformers' ``Olmo3ForCausalLM``, which OLMo 3's re
 * A layer with window ``W`` lets the query at position ``i`` see the keys at ``i - W + 1 .. i``: ``W`` keys, itself
   included (transformers' ``kv_idx > q_idx - sliding_window``; flash-attn's ``window_size=(W - 1, 0)``).
 * The pattern is cycled over the layers (layer ``i`` gets ``pattern[i % len(pattern)]``, ``-1`` = full attention),
-  then the first and last layer are forced to full attention when asked.
+  then the first and last layer are forced to full attention when asked; a forced first layer starts the cycle at
+  layer 1, as OLMo-core does (``pattern[(i - 1) % len(pattern)]``).
 * RoPE scaling applies to the full-attention layers only; windowed layers keep plain RoPE (transformers' OLMo-3
   config has one RoPE entry per layer type and puts ``rope_scaling`` on ``full_attention``). In a model without
   windows every layer is a full-attention layer.
@@ -39,9 +40,12 @@ class SlidingWindowConfig(BaseConfig):
     """Give the last layer full attention whatever the pattern says."""
 
     def windows(self, n_layers: int) -> list[Optional[int]]:
-        """Each layer's window, None for full attention."""
+        """Each layer's window, None for full attention. As OLMo-core: a forced first layer starts the cycle at
+        layer 1 (layer i gets ``pattern[(i - 1) % len(pattern)]``); a forced last layer just replaces its entry."""
+        shift = 1 if self.force_full_attention_on_first_layer else 0
         out: list[Optional[int]] = [
-            None if w == -1 else w for w in (self.pattern[i % len(self.pattern)] for i in range(n_layers))
+            None if w == -1 else w
+            for w in (self.pattern[(i - shift) % len(self.pattern)] for i in range(n_layers))
         ]
         if n_layers and self.force_full_attention_on_first_layer:
             out[0] = None

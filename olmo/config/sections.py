@@ -252,7 +252,8 @@ class ModelConfig(BaseConfig):
     """OLMo-2 ordering: normalize each sub-layer's output instead of its input."""
     sliding_window: Optional[SlidingWindowConfig] = None
     """OLMo 3's sliding-window attention: ``{pattern: [4096, 4096, 4096, -1], force_full_attention_on_last_layer:
-    true}`` (the window of each layer, cycled; -1 = full attention). None: every layer attends to everything."""
+    true}`` (the window of each layer, cycled, from layer 1 when the first is forced full; -1 = full attention). None:
+    every layer attends to everything."""
     rope_scaling: Optional[RopeScalingConfig] = None
     """RoPE scaling of the full-attention layers for a longer context: ``{name: yarn, factor: 8, beta_fast: 32,
     beta_slow: 1, old_context_len: 8192}`` (OLMo 3's long-context stage) or ``name: llama3``. None: plain RoPE."""

@@ -155,12 +155,10 @@ def shortest_pattern(windows: list[Optional[int]]) -> Optional[SlidingWindowConf
             start, end = int(first), n - int(last)  # the layers the pattern decides
             if windows[start + k : end] != windows[start : max(end - k, start)]:
                 continue
-            # Pattern entry j is the window of the first decided layer i with i % k == j; -1 where there is none.
-            pattern: list[int] = []
-            for j in range(k):
-                i = j if j >= start else j + k
-                window = windows[i] if i < end else None
-                pattern.append(-1 if window is None else window)
+            # The cycle starts at the first decided layer (layer 1 when the first is forced, as OLMo-core counts):
+            # entry j is the window of layer start + j; -1 where no decided layer is left.
+            decided = [windows[start + j] if start + j < end else None for j in range(k)]
+            pattern = [-1 if w is None else w for w in decided]
             found = SlidingWindowConfig(
                 pattern=pattern, force_full_attention_on_first_layer=first, force_full_attention_on_last_layer=last
             )

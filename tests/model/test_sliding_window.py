@@ -55,6 +55,9 @@ def test_pattern_is_cycled_and_first_and_last_layers_can_be_forced_full():
     assert config(n_layers=5, sliding_window=windows([8, 4, -1])).layer_windows() == [8, 4, None, 8, 4]
     forced = config(n_layers=5, sliding_window=windows([8], first=True, last=True))
     assert forced.layer_windows() == [None, 8, 8, 8, None]
+    # A forced first layer starts the cycle at layer 1, as OLMo-core's _get_window_size does.
+    shifted = config(n_layers=8, sliding_window=windows([4, 4, 4, -1], first=True, last=True))
+    assert shifted.layer_windows() == [None, 4, 4, 4, None, 4, 4, None]
     assert config(n_layers=3).layer_windows() == [None, None, None]
 
 
