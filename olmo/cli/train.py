@@ -86,8 +86,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return opened[id(data)]
 
     # The stages' lengths (in epochs: of their data) must add up to max_duration.
-    stages = plan_stages(cfg, lambda data: len(dataset_of(data)))
     try:
+        stages = plan_stages(cfg, lambda data: len(dataset_of(data)))  # a length in epochs opens the data
         mixes = mixture_plans(stages, dataset_of)  # a mix its sources cannot meet is refused before any write
         check_schedule_lengths(cfg, stages)
     except (OLMoDataError, OLMoConfigurationError):

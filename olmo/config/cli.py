@@ -257,6 +257,12 @@ def _yaml_problem(e: yaml.YAMLError, text_lines: Optional[list[str]] = None) -> 
     return f"{problem}{where}.{hint}"
 
 
+MAX_YAML_NODES = 1_000_000
+"""The most YAML nodes a config may expand to (OmegaConf's guard against alias bombs, 10,000 by default): room for
+the data mixes of official recipes (OLMo 3's midtraining lists 12,252 files), and for a run's saved config.yaml of
+them, while a file whose aliases multiply (a "billion laughs") is still refused."""
+
+
 def load_yaml(path: Path) -> DictConfig:
     """Read ``path`` with OmegaConf's YAML loader (built on ``yaml.SafeLoader``: tags such as
     ``!!python/object`` are refused, never constructed).
@@ -278,7 +284,7 @@ def load_yaml(path: Path) -> DictConfig:
             f"is a UTF-8 text (YAML) file."
         ) from None
     try:
-        raw = om.load(path)
+        raw = om.load(path, max_yaml_expanded_nodes=MAX_YAML_NODES)
     except yaml.YAMLError as e:
         raise OLMoConfigurationError(
             f"Config file '{path}' is not valid YAML: {_yaml_problem(e, text.splitlines())} Fix the file."

@@ -266,3 +266,18 @@ def test_every_non_finite_float_is_refused_once_by_its_key(config):
 
 def test_an_infinite_clipping_limit_still_means_no_clipping(config):
     assert _valid(config, "--max_grad_norm=inf").max_grad_norm == float("inf")
+
+
+def test_a_config_listing_twelve_thousand_files_loads_and_an_alias_bomb_is_refused(tmp_path):
+    """OLMo 3's midtraining mix lists 12,252 files: such a config (and the config.yaml a run of it saves) loads,
+    while OmegaConf's default limit of 10,000 YAML nodes refused it. YAML aliases that multiply are still refused."""
+    paths = [f"https://olmo-data.org/mix/part-{i:05d}.npy" for i in range(12_000)]
+    config = write_config(tmp_path / "big.yaml", tiny_config_dict(tmp_path / "run", paths))
+    assert len(TrainConfig.load(config).data.paths) == 12_000
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+    for i in range(1, 8):  # 10^8 nodes once expanded
+        prev, name = chr(96 + i), chr(97 + i)
+        bomb += f"{name}: &{name} [{', '.join([f'*{prev}'] * 10)}]\n"
+    (tmp_path / "bomb.yaml").write_text(bomb)
+    with pytest.raises(OLMoConfigurationError, match="bomb.yaml' is not valid YAML: YAML node expansion exceeds"):
+        TrainConfig.load(tmp_path / "bomb.yaml")
