@@ -73,3 +73,18 @@ $(OLMO_VENV)/.installed:
 	$(OLMO_VENV)/bin/pip install -q "torch==2.13.0"
 	$(OLMO_VENV)/bin/pip install -q "ai2-olmo==0.6.0" "datasets<4" "pyarrow<20" "numpy<2" wandb torchmetrics scikit-learn
 	touch $@
+
+# OLMo-core (ai2-olmo-core 3.0.0, OLMo 3's trainer) in its own virtualenv, for
+# tests/fixtures/olmo_core_v3/make_fixture.sh. Kept out of .venv so that its checkpoints are converted by our code alone
+# (scripts/convert_olmo_checkpoint.py never imports olmo_core). torch first and pinned, as in .venv: ai2-olmo-core
+# admits any newer torch, which pip would take as a CUDA build. 2-3.5 minutes (1:45 on an idle machine), 1.2 GB.
+OLMO_CORE_VENV ?= .venv-olmo-core
+
+.PHONY: olmo-core-env
+olmo-core-env: $(OLMO_CORE_VENV)/.installed
+
+$(OLMO_CORE_VENV)/.installed:
+	python3 -m venv $(OLMO_CORE_VENV)
+	$(OLMO_CORE_VENV)/bin/pip install -q "torch==2.13.0"
+	$(OLMO_CORE_VENV)/bin/pip install -q "ai2-olmo-core==3.0.0"
+	touch $@

@@ -1,10 +1,17 @@
-"""Convert a checkpoint written by the original OLMo trainer (ai2-olmo) into this trainer's unsharded layout.
+"""Convert a checkpoint written by the original OLMo trainer (ai2-olmo) or by OLMo-core's trainer (ai2-olmo-core 3.x,
+OLMo 2 / OLMo 3) into this trainer's unsharded layout.
 
     python scripts/convert_olmo_checkpoint.py INPUT_DIR OUTPUT_DIR [--model-only] [--safetensors]
 
-INPUT_DIR is any original checkpoint this trainer can read: the ``olmo_core`` sharded layout (``model/``,
-``optim/``, ``train/``; the only one that must be converted before ``--load_path`` takes it), ``torch_new``
-(``model_and_optim/``) or unsharded (``model.pt``, ``optim.pt``, ``train.pt``). OUTPUT_DIR receives
+An OLMo-core checkpoint (``stepN/`` with ``model_and_optim/``, ``config.json`` and ``.metadata.json``) becomes our
+``model.pt`` with the architecture of its ``config.json`` reproduced exactly (sliding windows and RoPE scaling
+included; anything else is refused, see :mod:`olmo.checkpoint.olmo_core_v3_config`), its AdamW moments in
+``optim.pt`` and a trainer state at step 0: continue or fine-tune with ``--load_path=OUTPUT_DIR
+--reset_trainer_state``.
+
+For the original OLMo trainer, INPUT_DIR is any checkpoint this trainer can read: the ``olmo_core`` sharded layout
+(``model/``, ``optim/``, ``train/``; the only one that must be converted before ``--load_path`` takes it),
+``torch_new`` (``model_and_optim/``) or unsharded (``model.pt``, ``optim.pt``, ``train.pt``). OUTPUT_DIR receives
 ``model.pt`` (or ``model.safetensors``), ``optim.pt``, ``train.pt`` and the original ``config.yaml``,
 committed with our ``.olmo-checkpoint.json`` marker; then ``--load_path=OUTPUT_DIR`` resumes exactly where
 the original stopped (model, AdamW moments and step counts, step, tokens and data position, and every
@@ -26,6 +33,7 @@ from typing import Optional
 import torch
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint
+from olmo.checkpoint.olmo_core_v3 import convert_olmo_core_checkpoint, is_olmo_core_checkpoint
 from olmo.checkpoint.olmo_formats import load_olmo_core, merged_train_state
 from olmo.checkpoint.save import check_new_output_dir, write_unsharded_checkpoint
 from olmo.config import TrainConfig
@@ -40,10 +48,12 @@ log = logging.getLogger("convert_olmo_checkpoint")
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="convert_olmo_checkpoint.py",
-        description="Convert an original OLMo checkpoint (olmo_core, torch_new or unsharded layout) into this "
-        "trainer's unsharded layout, which --load_path loads directly.",
+        description="Convert an original OLMo checkpoint (olmo_core, torch_new or unsharded layout) or an OLMo-core "
+        "(ai2-olmo-core 3.x) checkpoint into this trainer's unsharded layout, which --load_path loads directly.",
     )
-    parser.add_argument("input", metavar="INPUT_DIR", help="the original checkpoint, e.g. .../step1000")
+    parser.add_argument(
+        "input", metavar="INPUT_DIR", help="the original or OLMo-core checkpoint, e.g. .../step1000"
+    )
     parser.add_argument("output", metavar="OUTPUT_DIR", help="where to write it; must not exist yet")
     parser.add_argument(
         "--model-only", action="store_true", help="skip optim.pt (resume with --reset_optimizer_state)"
@@ -53,9 +63,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def convert(input_dir: str, output_dir: str, model_only: bool = False, safetensors: bool = False) -> Path:
-    """Convert the original checkpoint ``input_dir`` into our committed unsharded checkpoint ``output_dir``."""
+    """Convert the original OLMo or OLMo-core checkpoint ``input_dir`` into our committed unsharded checkpoint
+    ``output_dir``."""
     if is_url(input_dir) or is_url(output_dir):
         raise OLMoCliError("convert_olmo_checkpoint.py works on local directories; download the checkpoint first.")
+    if is_olmo_core_checkpoint(Path(input_dir)):
+        check_new_output_dir(Path(output_dir), inputs=[input_dir])
+        return convert_olmo_core_checkpoint(Path(input_dir), Path(output_dir), model_only, safetensors)
     info = inspect_checkpoint(input_dir, flag="INPUT_DIR", convertible=True)
     if info.marked:
         raise OLMoCheckpointError(
