@@ -160,6 +160,15 @@ def inspect_checkpoint(path: str, flag: str = "--load_path", convertible: bool =
 def _inspect_original(root: Path, path: str, flag: str, step: int, convertible: bool) -> CheckpointInfo:
     """A directory without our marker: a complete checkpoint of the original OLMo trainer, or an error saying
     what the directory holds and what a checkpoint must hold."""
+    from .olmo_core_v3 import is_olmo_core_checkpoint
+
+    if is_olmo_core_checkpoint(root):
+        raise OLMoCheckpointError(
+            f"{flag} '{path}' is a checkpoint of OLMo-core's trainer (model_and_optim/ with its config.json). Convert "
+            f"it once into a checkpoint this trainer loads (weights, AdamW state, model config):\n"
+            f"    {CONVERT_COMMAND} {path} {path.rstrip('/')}-converted\n"
+            f"then pass {flag}={path.rstrip('/')}-converted --reset_trainer_state."
+        )
     layout = detect_layout(root)
     complete = (root / "config.yaml").is_file()  # the original trainer writes it last
     if layout is None:

@@ -207,3 +207,15 @@ def test_every_problem_of_a_config_is_reported_at_once(tmp_path):
         and "model.embed_scale=8.0" in text
         and "some_future_option=1 is unknown" in text
     )
+
+
+def test_load_path_at_an_olmo_core_checkpoint_says_to_convert_it(tmp_path):
+    """--load_path pointed straight at OLMo-core's stepN/ is refused before anything is written, with the command
+    that converts it (not as a save of ours that did not finish)."""
+    from olmo.exceptions import OLMoCheckpointError
+    from olmo.testing import run_main, tiny_config_dict, write_config
+
+    config = write_config(tmp_path / "c.yaml", tiny_config_dict(tmp_path / "run", [str(tmp_path / "a.npy")]))
+    with pytest.raises(OLMoCheckpointError, match="checkpoint of OLMo-core's trainer") as e:
+        run_main("train.py", config, f"--load_path={FIXTURE / 'step2'}")
+    assert "convert_olmo_checkpoint.py" in str(e.value) and not (tmp_path / "run").exists()
