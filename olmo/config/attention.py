@@ -17,12 +17,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from .base import BaseConfig
 
-__all__ = ["SlidingWindowConfig", "RopeScalingConfig", "RopeScalingName", "attention_option_problems"]
+if TYPE_CHECKING:
+    from .sections import ModelConfig
 
+__all__ = [
+    "SlidingWindowConfig",
+    "RopeScalingConfig",
+    "RopeScalingName",
+    "attention_option_problems",
+    "attention_mask_warnings",
+]
+
+MAX_WINDOW = 2**24
+"""The longest window accepted (the longest sequence validation accepts); -1 means full attention."""
 RopeScalingName = ("yarn", "llama3")
 """The RoPE scalings implemented, by ``model.rope_scaling.name``."""
 
@@ -98,11 +109,15 @@ def attention_option_problems(
                 "model.sliding_window.pattern is empty: give the window of each layer in the cycle, e.g. "
                 "[4096, 4096, 4096, -1] (-1 = full attention), or set model.sliding_window to null."
             )
-        bad = [w for w in pattern if isinstance(w, bool) or not isinstance(w, int) or (w != -1 and w < 1)]
+        bad = [
+            w
+            for w in pattern
+            if isinstance(w, bool) or not isinstance(w, int) or (w != -1 and not 1 <= w <= MAX_WINDOW)
+        ]
         if bad:
             out.append(
-                f"model.sliding_window.pattern={pattern} holds {bad}: each entry is a window of at least 1 token "
-                f"or -1 for full attention."
+                f"model.sliding_window.pattern={pattern} holds {bad}: each entry is a window of 1 to {MAX_WINDOW:,} "
+                f"tokens, or -1 for full attention."
             )
     if rope_scaling is not None:
         r = rope_scaling
@@ -131,3 +146,24 @@ def attention_option_problems(
                 f"llama3 scaling needs high_freq_factor > low_freq_factor > 0 (Llama 3.1: 4 and 1)."
             )
     return out
+
+
+MASK_WARNING_BYTES = 2**30
+"""An attention mask this large (per forward) is worth a warning: flash-attn would need none."""
+
+
+def attention_mask_warnings(model: ModelConfig, doc_masking: bool) -> list[str]:
+    """A warning when the windows or document masking (``data.generate_doc_lengths``) will be an SDPA mask of a
+    gigabyte or more per forward: (T, T) fp32, and a copy in the compute dtype on every layer that uses it. With
+    flash-attn (``model.flash_attention`` on CUDA in bf16) there is no mask at all."""
+    T = model.max_sequence_length
+    windowed = any(w is not None and w < T for w in model.layer_windows())
+    if not (windowed or doc_masking) or model.flash_attention or 4 * T * T < MASK_WARNING_BYTES:
+        return []
+    what = "model.sliding_window" if windowed else "data.generate_doc_lengths"
+    return [
+        f"{what} at model.max_sequence_length={T:,} without model.flash_attention: PyTorch SDPA then takes a "
+        f"{T:,} x {T:,} attention mask, {4 * T * T / 2**30:,.1f} GiB in fp32 per forward (per instance with document "
+        f"masking) plus a copy per layer in the compute dtype. Install flash-attn and set "
+        f"--model.flash_attention=true on CUDA (its kernels take the window and the documents without a mask)."
+    ]

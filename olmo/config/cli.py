@@ -344,13 +344,21 @@ def parse_override(arg: str, schema: Any) -> str:
 
 def config_error(e: OmegaConfBaseException, source: str) -> OLMoConfigurationError:
     """An OmegaConf error as one paragraph naming the key, where it came from (``source``) and the fix."""
-    key = getattr(e, "full_key", None) or "?"
+    key = getattr(e, "full_key", None)
+    if not key:  # a merge error at a section names no key; an override's own text does
+        given = re.match(r"from the command-line override '--([^=']+)", source)
+        key = given.group(1) if given else "?"
     msg = str(getattr(e, "msg", None) or e).splitlines()[0].rstrip(".")
     cause = e.__cause__ or e.__context__
     if cause is not None and not isinstance(cause, OmegaConfBaseException):
         msg = f"{msg} ({cause})"
     if isinstance(e, ConfigKeyError):
         fix = "Remove or rename that key (see olmo/config/train_config.py for every field and its meaning)."
+    elif "is not a subclass of" in msg:
+        fix = (
+            f"{key} is a section of several fields: set them one by one (--{key}.FIELD=VALUE; `train.py CONFIG "
+            f"--help` lists them), give a mapping (--{key}='{{FIELD: VALUE}}'), or null to leave it unset."
+        )
     else:
         fix = f"Fix the value in the YAML file or override it, e.g. --{key}=VALUE."
     stop = "" if msg.endswith(("?", "!")) else "."

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ..exceptions import OLMoConfigurationError
 from ..util import env_rank, missing_slash_problem, remote_save_folder_problems
 from ..util.tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
-from .attention import attention_option_problems
+from .attention import attention_mask_warnings, attention_option_problems
 from .bounds import MAX_TIMEOUT_SECONDS, non_finite_problems
 from .data_sections import EvaluatorConfig
 from .data_validation import MEMMAP_DTYPES, data_location_problems, data_problems
@@ -294,7 +294,7 @@ def _strategy_problems(cfg: TrainConfig, world_size: int) -> list[str]:
 
 def _warn_no_effect(cfg: TrainConfig) -> None:
     if env_rank() == 0:  # about the config, not this rank: once per launch
-        for line in warmup_warnings(cfg):
+        for line in warmup_warnings(cfg) + attention_mask_warnings(cfg.model, cfg.data.generate_doc_lengths):
             log.warning(line)
     if cfg.load_path is None and not cfg.try_load_latest_save:
         for flag in ("reset_optimizer_state", "reset_trainer_state"):

@@ -208,6 +208,7 @@ def test_flops_count_a_windowed_layer_s_keys_not_the_sequence():
     [
         (["model.sliding_window.pattern=[]"], "model.sliding_window.pattern is empty"),
         (["model.sliding_window.pattern=[4096,0,-2]"], "holds [0, -2]"),
+        (["model.sliding_window.pattern=[100000000000000000000]"], "window of 1 to 16,777,216 tokens, or -1"),
         (["model.rope_scaling.name=linear"], "model.rope_scaling.name='linear'"),
         (["model.rope_scaling.factor=0.5"], "model.rope_scaling.factor=0.5"),
         (["model.rope_scaling.beta_fast=1", "model.rope_scaling.beta_slow=32"], "beta_fast > beta_slow > 0"),
@@ -236,3 +237,31 @@ def test_a_model_without_the_new_options_keeps_its_checkpoint_fingerprint():
 
     assert model_config_fingerprint(ModelConfig()) == "298ec748e49dad20"  # the value before the options existed
     assert model_config_fingerprint(ModelConfig(sliding_window=SlidingWindowConfig())) != "298ec748e49dad20"
+
+
+@pytest.mark.parametrize("key, value", [("model.sliding_window", "4096"), ("model.rope_scaling", "yarn")])
+def test_a_section_given_one_value_is_named_with_how_to_set_it(tmp_path, key, value):
+    from olmo.exceptions import OLMoConfigurationError
+    from olmo.testing import run_main, tiny_config_dict, write_config
+
+    config = write_config(tmp_path / "c.yaml", tiny_config_dict(tmp_path / "run", [str(tmp_path / "a.npy")]))
+    with pytest.raises(OLMoConfigurationError) as e:
+        run_main("train.py", config, f"--{key}={value}")
+    assert f"Invalid config key '{key}'" in str(e.value) and f"--{key}.FIELD=VALUE" in str(e.value)
+
+
+def test_a_gigabyte_window_mask_warns_at_startup_unless_flash_attn_takes_the_window(tmp_path, caplog):
+    from olmo.config import TrainConfig
+    from olmo.config.validation import validate_train_config
+    from olmo.testing import tiny_config_dict, write_config
+
+    path = write_config(tmp_path / "c.yaml", tiny_config_dict(tmp_path / "run", [str(tmp_path / "a.npy")]))
+    long = ["model.max_sequence_length=16384", "model.sliding_window.pattern=[4096,-1]"]
+    for overrides, warned in (
+        (long, True),
+        ([*long, "model.flash_attention=true"], False),
+        (["model.sliding_window.pattern=[4096,-1]"], False),  # 32 tokens: a small mask
+    ):
+        caplog.clear()
+        validate_train_config(TrainConfig.load(path, overrides), world_size=1)
+        assert ("a 16,384 x 16,384 attention mask, 1.0 GiB" in caplog.text) == warned, caplog.text
