@@ -160,7 +160,9 @@ class RemoteFileAccess:
         pool = fetch_pool(self.remote.max_concurrency)
         for future in [pool.submit(probe, item) for item in todo]:
             future.result()
-        log.info("Found the sizes of %d remote files.", len(todo) - len(self._probe_errors))
+        found = sum(item in self._layouts for item in todo)  # not those skipped once a host proved unreachable
+        if found:
+            log.info("Found the sizes of %d of %d remote files.", found, len(todo))
 
     def remote_records(self) -> dict[str, CachedFile]:
         """What this dataset found out about its remote files (for :meth:`save_remote_records`)."""
