@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import pickle
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -46,7 +45,7 @@ from .dcp_reader import DirectFileSystemReader
 from .files import SafeLoadPlanner, _MetadataUnpickler, root_cause
 from .olmo_core_v3_config import train_config_from_olmo_core
 from .olmo_formats import convert_optim_state, describe_dir
-from .save import FULL_STATE, write_unsharded_checkpoint
+from .save import FULL_STATE, write_imported_checkpoint
 
 __all__ = ["is_olmo_core_checkpoint", "read_olmo_core_state", "convert_olmo_core_checkpoint"]
 
@@ -294,21 +293,7 @@ def convert_olmo_core_checkpoint(
         set_optimizer_state_dict(model, optimizer, converted, options=FULL_STATE)
     elif adamw and not model_only:
         log.warning("'%s' holds no optimizer state; converting the model only.", root / "model_and_optim")
-    train_state = {
-        "format_version": 1,
-        "global_step": 0,
-        "epoch": 0,
-        "global_train_examples_seen_this_epoch": 0,
-        "global_train_tokens_seen": 0,
-        "world_size": 1,
-        "rng": {},
-    }
-    with tempfile.TemporaryDirectory() as scratch:
-        config_file = Path(scratch) / "config.yaml"
-        cfg.save(config_file)
-        write_unsharded_checkpoint(
-            target, model, optimizer, train_state, config_file, step=0, safetensors=safetensors
-        )
+    write_imported_checkpoint(target, cfg, model, optimizer, safetensors)
     log.info(
         "Wrote %s from OLMo-core's %s (%d parameters%s) in %.1f s. Fine-tune or continue with the model section of "
         "its config.yaml and --load_path=%s --reset_trainer_state.",

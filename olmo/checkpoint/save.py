@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -39,6 +40,8 @@ __all__ = [
     "begin_checkpoint",
     "model_and_optim_state",
     "check_new_output_dir",
+    "write_unsharded_checkpoint",
+    "write_imported_checkpoint",
     "commit_checkpoint",
     "is_committed",
     "rank",
@@ -314,6 +317,31 @@ def write_unsharded_checkpoint(
             ) from None
         raise
     return target
+
+
+def write_imported_checkpoint(
+    target: Path,
+    cfg: TrainConfig,
+    model: nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    safetensors: bool = False,
+) -> Path:
+    """:func:`write_unsharded_checkpoint` of a model converted from another trainer's format (transformers,
+    OLMo-core): step 0, no data position or RNG state, and ``cfg`` as its ``config.yaml``; a run goes on from it
+    with ``--load_path=target --reset_trainer_state``."""
+    train_state = {
+        "format_version": 1,
+        "global_step": 0,
+        "epoch": 0,
+        "global_train_examples_seen_this_epoch": 0,
+        "global_train_tokens_seen": 0,
+        "world_size": 1,
+        "rng": {},
+    }
+    with tempfile.TemporaryDirectory() as scratch:
+        config_file = Path(scratch) / "config.yaml"
+        cfg.save(config_file)
+        return write_unsharded_checkpoint(target, model, optimizer, train_state, config_file, 0, safetensors)
 
 
 def _free_bytes(folder: Path) -> int:

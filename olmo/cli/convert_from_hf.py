@@ -22,12 +22,11 @@ import argparse
 import logging
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
 
-from olmo.checkpoint.save import check_new_output_dir, write_unsharded_checkpoint
+from olmo.checkpoint.save import check_new_output_dir, write_imported_checkpoint
 from olmo.config import TokenizerConfig, TrainConfig
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError
 from olmo.hf import from_hf_state, model_config_from_hf
@@ -110,19 +109,7 @@ def convert_from_hf(hf_dir: str, output_dir: str, safetensors: bool = False) -> 
         )
     identifier = str(tokenizer_file.resolve()) if tokenizer_vocab is not None else DEFAULT_TOKENIZER
     cfg = TrainConfig(run_name=target.name, model=model_cfg, tokenizer=TokenizerConfig(identifier=identifier))
-    train_state = {
-        "format_version": 1,
-        "global_step": 0,
-        "epoch": 0,
-        "global_train_examples_seen_this_epoch": 0,
-        "global_train_tokens_seen": 0,
-        "world_size": 1,
-        "rng": {},
-    }
-    with tempfile.TemporaryDirectory() as scratch:
-        config_file = Path(scratch) / "config.yaml"
-        cfg.save(config_file)
-        write_unsharded_checkpoint(target, model, None, train_state, config_file, step=0, safetensors=safetensors)
+    write_imported_checkpoint(target, cfg, model, None, safetensors)
     log.info(
         "Wrote %s (%s, %d parameters) in %.1f s. Fine-tune with the model section of its config.yaml and "
         "--load_path=%s --reset_trainer_state.",
