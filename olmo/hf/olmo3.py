@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..config import ModelConfig, RopeScalingConfig, SlidingWindowConfig
-from ..config.attention import RopeScalingName, attention_option_problems
+from ..config.attention import MAX_WINDOW, RopeScalingName, attention_option_problems
 
 __all__ = ["uses_olmo3", "olmo3_export_problems", "olmo3_config_kwargs", "HFRope", "read_rope", "read_windows"]
 
@@ -135,9 +135,10 @@ def read_windows(hf: Any) -> tuple[Optional[SlidingWindowConfig], list[str]]:
     if SLIDING not in layer_types:
         return None, []
     size = hf.sliding_window
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_WINDOW:
         return None, [
-            f"sliding_window={size!r} must be a positive whole number of tokens for the {SLIDING} layers."
+            f"sliding_window={size!r} must be a whole number of tokens from 1 to {MAX_WINDOW:,} for the {SLIDING} "
+            f"layers."
         ]
     return shortest_pattern([size if t == SLIDING else None for t in layer_types]), []
 

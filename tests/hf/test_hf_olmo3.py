@@ -243,6 +243,13 @@ def test_rope_our_model_cannot_hold_is_refused_naming_the_key(tmp_path, rope, ma
     assert "nothing was written" in message
 
 
+@pytest.mark.parametrize("window", [0, -8, 10**30, "8"])
+def test_a_window_our_config_cannot_hold_is_refused_naming_it(tmp_path, window):
+    _hf_model(layer_types=[S, S, S, F]).save_pretrained(tmp_path / "hf")
+    _edit_config(tmp_path / "hf", sliding_window=window)
+    _refused(tmp_path, tmp_path / "hf", OLMoConfigurationError, r"sliding_window.*(must be a whole number of tokens|expected int)")
+
+
 def test_yarn_truncate_is_what_transformers_reads(tmp_path, caplog):
     """olmo3: transformers reads ``truncate`` from the top of rope_parameters, so a false one in full_attention is
     ignored (the model runs truncated, as ours); olmo2 honours it, and our YaRN cannot hold an unrounded range."""
