@@ -247,7 +247,12 @@ def test_rope_our_model_cannot_hold_is_refused_naming_the_key(tmp_path, rope, ma
 def test_a_window_our_config_cannot_hold_is_refused_naming_it(tmp_path, window):
     _hf_model(layer_types=[S, S, S, F]).save_pretrained(tmp_path / "hf")
     _edit_config(tmp_path / "hf", sliding_window=window)
-    _refused(tmp_path, tmp_path / "hf", OLMoConfigurationError, r"sliding_window.*(must be a whole number of tokens|expected int)")
+    _refused(
+        tmp_path,
+        tmp_path / "hf",
+        OLMoConfigurationError,
+        r"sliding_window.*(must be a whole number of tokens|expected int)",
+    )
 
 
 def test_yarn_truncate_is_what_transformers_reads(tmp_path, caplog):
