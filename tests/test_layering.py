@@ -1,6 +1,7 @@
 """The package is a stack of layers, shown by its packages: a package imports only packages of layers below its
-own (DESIGN §2, the README's layout section), and there is no import cycle among ``olmo.*`` modules. ``scripts/``
-only calls the commands of ``olmo.cli``, and tests import them, never a script by its path.
+own, and there is no import cycle among ``olmo.*`` modules. The layers are the table of ``docs/architecture.md``,
+read from it here, so the page and this test cannot disagree. ``scripts/`` only calls the commands of ``olmo.cli``,
+and tests import them, never a script by its path.
 
 Imports are read with ``ast``, so an import inside a function counts as much as one at the top of a
 module. Imports under ``if TYPE_CHECKING:`` never run; they count for the layer rules (the config layer may
@@ -17,19 +18,34 @@ PACKAGE = REPO / "olmo"
 ORIGINAL_WORKER = "olmo_original_worker.py"
 """The one script that is not a command of ``olmo.cli``: it runs in the original OLMo's virtualenv."""
 
-LAYERS = [
-    {"olmo.exceptions"},
-    {"olmo.util"},
-    {"olmo.config"},
-    {"olmo.model", "olmo.tokenizer", "olmo.optim"},
-    {"olmo.distributed"},
-    {"olmo.data", "olmo.checkpoint", "olmo.torch_util"},
-    {"olmo.hf", "olmo.eval"},
-    {"olmo.train"},
-    {"olmo.ladder", "olmo.testing"},
-    {"olmo.bench"},
-    {"olmo.cli", "olmo", "olmo.beam_search"},
-]
+ARCHITECTURE = REPO / "docs/architecture.md"
+
+
+def read_layer_table(text: str) -> list[set[str]]:
+    """The layers of the table in ``docs/architecture.md``, bottom to top, as sets of module names.
+
+    A row is ``| N | `name/`, `name.py` | what it holds |``: ``name/`` is the package ``olmo.name``, ``name.py``
+    the module ``olmo.name``, and ``__init__.py`` the root package ``olmo``. Rows must count 0, 1, 2, ... .
+    """
+    layers: list[set[str]] = []
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[0].isdigit():
+            continue
+        assert int(cells[0]) == len(layers), (
+            f"{ARCHITECTURE.name}: layer {cells[0]} follows layer {len(layers) - 1}"
+        )
+        names = [name.strip().strip("`") for name in cells[1].split(",")]
+        layers.append(
+            {
+                "olmo" if name == "__init__.py" else "olmo." + name.removesuffix("/").removesuffix(".py")
+                for name in names
+            }
+        )
+    return layers
+
+
+LAYERS = read_layer_table(ARCHITECTURE.read_text())
 """Bottom to top. ``olmo`` is the root ``__init__`` (``from olmo import OLMo`` re-exports, loaded on first use)."""
 LAYER_OF = {package: i for i, layer in enumerate(LAYERS) for package in layer}
 
@@ -141,7 +157,8 @@ def test_every_package_imports_only_layers_below_its_own():
     graph = _graph()
     packages = {package_of(m) for m in graph}
     assert packages == set(LAYER_OF), (
-        f"packages without a layer: {packages - set(LAYER_OF)}; gone: {set(LAYER_OF) - packages}"
+        f"packages without a row in the layer table of docs/architecture.md: {packages - set(LAYER_OF)}; "
+        f"rows naming no package: {set(LAYER_OF) - packages}"
     )
     upward = sorted(
         f"{module} imports {dep} ({package_of(module)} is layer {LAYER_OF[package_of(module)]}, "
@@ -151,6 +168,21 @@ def test_every_package_imports_only_layers_below_its_own():
         if package_of(dep) != package_of(module) and LAYER_OF[package_of(dep)] >= LAYER_OF[package_of(module)]
     )
     assert not upward, "imports of a package at the same layer or above:\n" + "\n".join(upward)
+
+
+def test_the_layer_table_names_each_package_once_and_every_layer_in_order():
+    # Guards the parser: the page's table is what the layer rules above enforce.
+    names = [name for layer in LAYERS for name in layer]
+    assert len(LAYERS) > 5 and len(names) == len(set(names)), LAYERS
+    assert (
+        LAYER_OF["olmo.exceptions"] == 0 and LAYER_OF["olmo.optim"] < LAYER_OF["olmo.train"] < LAYER_OF["olmo.cli"]
+    )
+    assert read_layer_table(
+        "| layer | package |\n|---|---|\n| 0 | `a.py` | x |\n| 1 | `b/`, `__init__.py` | y |"
+    ) == [
+        {"olmo.a"},
+        {"olmo.b", "olmo"},
+    ]
 
 
 def test_every_package_says_what_it_is_for_and_what_it_may_import():

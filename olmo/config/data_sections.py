@@ -31,7 +31,7 @@ class InstanceFilterConfig:
 @dataclass
 class RemoteDataConfig:
     """How token files at URLs (``http(s)://``, ``s3://``, ``r2://``, ``weka://``, ``gs://``) are read: in place,
-    by byte range, fetched ahead of use (see the README's "Remote data"). Local files ignore it. Every loader
+    by byte range, fetched ahead of use (see docs/data.md, "Remote data"). Local files ignore it. Every loader
     process (the training process, or each DataLoader worker) has its own connections and budget."""
 
     max_concurrency: int = 64
@@ -163,7 +163,7 @@ class DataConfig(BaseConfig):
     remote: RemoteDataConfig = field(default_factory=RemoteDataConfig)
     """How files at URLs are read: concurrency, read-ahead memory, retries and timeouts (see ``RemoteDataConfig``)."""
     mixture: Optional[MixtureConfig] = None
-    """Sources mixed by target token ratios (see ``MixtureConfig`` and the README's "Data mixtures"); exclusive with
+    """Sources mixed by target token ratios (see ``MixtureConfig`` and docs/mixtures.md); exclusive with
     ``paths`` and ``datasets``. The realized mix is written to ``save_folder/train_data/mixture.json``."""
     custom_dataset: Optional[CustomDatasetConfig] = None
     """OLMo's hook for a dataset class imported from ``module`` by name. In Python it works as in OLMo

@@ -408,7 +408,7 @@ class FSDPConfig:
     use_orig_params: bool = True
     """Accepted for OLMo compatibility: FSDP2 always keeps the original parameters; ``false`` warns at startup."""
     sharding_strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD
-    """FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD, mapped onto FSDP2 (see the README)."""
+    """FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD, mapped onto FSDP2 (see docs/distributed.md)."""
     wrapping_strategy: Optional[FSDPWrapStrategy] = None
     """Which modules become their own FSDP unit: by_block (and null), by_block_and_size, one_in_N
     (by_block_group_and_size acts as by_block_and_size). ``size_based`` and ``by_block_group`` act as

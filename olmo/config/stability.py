@@ -1,4 +1,4 @@
-"""The ``stability:`` section: what keeps a long run alive without a person (README "Keeping long runs alive").
+"""The ``stability:`` section: what keeps a long run alive without a person (docs/stability.md).
 
 ``skip_spikes`` skips the optimizer update of a step whose loss or gradient norm is an outlier; ``rollback`` reloads
 the newest checkpoint from before a persistent spike (or a non-finite loss) and skips the batches that caused it;

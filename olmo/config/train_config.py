@@ -252,8 +252,8 @@ class TrainConfig(BaseConfig):
     hf_export: HFExportConfig = field(default_factory=HFExportConfig)
     """Export checkpoints for Hugging Face transformers (``stepN-hf/``)."""
     stability: StabilityConfig = field(default_factory=StabilityConfig)
-    """Spike skipping, rollback, the hang watchdog and straggler detection (all off by default; README "Keeping
-    long runs alive")."""
+    """Spike skipping, rollback, the hang watchdog and straggler detection (all off by default;
+    docs/stability.md)."""
     console_log_interval: int = 1
     """Steps between console metric lines."""
     metrics_collect_interval: Optional[int] = None

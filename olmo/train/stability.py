@@ -1,4 +1,4 @@
-"""Spike skipping and rollback (``stability.skip_spikes``, ``stability.rollback``; README "Keeping long runs alive").
+"""Spike skipping and rollback (``stability.skip_spikes``, ``stability.rollback``; docs/stability.md).
 
 :class:`SpikeDetector` decides on the device, from the step's global loss and gradient norm, whether the optimizer
 update is applied (a factor of 1) or skipped (0): a value more than ``z_threshold`` standard deviations above the

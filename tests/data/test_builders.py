@@ -25,7 +25,7 @@ def write_config(tmp_path, paths, **extra):
 
 
 def inspect_batch(train_config_path, data_order_file_path, s):
-    """The inspection snippet of DESIGN.md §3.2, verbatim, collecting each instance's token ids."""
+    """The inspection snippet of docs/mixtures.md, verbatim, collecting each instance's token ids."""
     cfg = TrainConfig.load(train_config_path)
     dataset = build_memmap_dataset(cfg, cfg.data)
     batch_size = cfg.global_train_batch_size

@@ -108,7 +108,7 @@ def test_inspection_snippet_returns_the_tokens_the_trainer_trained_on(tmp_path, 
     monkeypatch.setattr(TransformerTrainModule, "train_batch", spy)
     config_path = _setup(tmp_path, corpus, max_duration=5, **{"data.seed": 7})
     assert run_train(config_path) == 0
-    # The DESIGN/README snippet, verbatim apart from the two paths.
+    # The inspection snippet of docs/mixtures.md, verbatim apart from the two paths.
     train_config_path = tmp_path / "run/config.yaml"
     data_order_file_path = tmp_path / "run/train_data/global_indices.npy"
     cfg = TrainConfig.load(train_config_path)
