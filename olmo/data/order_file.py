@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..util import default_file_mode
+from ..util import default_file_mode, write_result_file
 
 __all__ = ["OrderSpec", "build_order", "order_in_memory", "read_order_record", "verify_order_file"]
 
@@ -90,9 +90,7 @@ def read_order_record(path: Path) -> Optional[dict]:
 
 def _write_record(path: Path, spec: OrderSpec, checksum: int) -> None:
     record = {**asdict(spec), "bytes": spec.num_instances * 4, "sample_crc32": checksum, "numpy": np.__version__}
-    tmp = _record_path(path).with_name(f".{_record_path(path).name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, _record_path(path))
+    write_result_file(_record_path(path), json.dumps(record, indent=1) + "\n")
 
 
 def verify_order_file(path: Path, spec: OrderSpec) -> bool:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from ..config.cli import load_yaml, parse_override
 from ..config.stages import MAX_STEPS
 from ..config.validation import parse_duration_steps
 from ..exceptions import OLMoCliError, OLMoConfigurationError
+from ..util import write_result_file
 from .config import LadderConfig, SizeSpec
 from .run_planner import DeviceSpec, ModelFacts, RunPlan, estimate_memory, model_facts, plan_run, resolve_device
 
@@ -480,8 +480,5 @@ def write_rung_config(ladder: LadderConfig, rung: Rung, branch: Optional[Branch]
     atomically, since every rank of a launch writes the same file, and return its path."""
     name = rung.name if branch is None else f"{rung.name}-{branch.name}"
     path = Path(ladder.dir) / "configs" / f"{name}.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(rung.config_yaml if branch is None else branch.config_yaml)
-    os.replace(tmp, path)
+    write_result_file(path, rung.config_yaml if branch is None else branch.config_yaml)
     return path

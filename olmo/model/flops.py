@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -14,7 +13,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..util import machine_info
+from ..util import machine_info, write_result_file
 
 __all__ = ["PeakFlops", "device_peak_flops", "gpu_peak_flops", "cpu_peak_flops", "model_flops_utilization"]
 
@@ -202,17 +201,10 @@ def _write_peak_cache(path: Optional[Path], cache: dict[str, Any]) -> None:
     machine, say) never sees half a file."""
     if path is None:
         return
-    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(cache, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        write_result_file(path, json.dumps(cache, indent=1, sort_keys=True))
     except OSError as e:
         log.info("Could not cache the CPU peak in %s (%s); later runs will measure it again.", path, e)
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
 
 
 def _measure_cpu_matmul_flops(

@@ -28,6 +28,7 @@ import torch
 from ..config import TrainConfig
 from ..config.stability import RollbackConfig, SkipSpikesConfig
 from ..exceptions import OLMoDataError, OLMoTrainingError
+from ..util import write_result_file
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -275,10 +276,8 @@ class StabilityMonitor:
         self.due, self.skipped_steps = None, deque()
         self._last_skipped_total = None
         if self.rank == 0:
-            path = self.save_folder / SKIPPED_BATCHES_FILE
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(json.dumps({"ranges": [r.as_json(self.batch_size) for r in self.ranges]}, indent=1))
-            os.replace(tmp, path)
+            ranges = {"ranges": [r.as_json(self.batch_size) for r in self.ranges]}
+            write_result_file(self.save_folder / SKIPPED_BATCHES_FILE, json.dumps(ranges, indent=1))
         return new
 
     def skip_target(self, order_dir: str, epoch: int, position: int) -> Optional[int]:

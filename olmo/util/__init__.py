@@ -273,11 +273,17 @@ def result_file_problem(path: Path, keys: tuple[str, ...]) -> Optional[str]:
 
 
 def write_result_file(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: a crash never leaves half a file."""
+    """Write ``text`` to ``path`` through a temporary file and a rename: a crash never leaves half a file, and a
+    reader (another process, another rank on this machine) sees the old file or the new one. The one atomic text
+    write of the package; a failed write removes its temporary file and raises the ``OSError``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def remove_path(path: Union[str, Path]) -> None:
