@@ -114,11 +114,24 @@ def olmo3_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
     theta = float(cfg.rope_theta)
     plain = {"rope_type": "default", "rope_theta": theta}
     full = dict(plain) if cfg.rope_scaling is None else _hf_scaling(cfg.rope_scaling, theta)
-    return dict(
+    layers = dict(
         layer_types=[FULL if w is None else SLIDING for w in windows],
         sliding_window=sizes.pop() if sizes else cfg.max_sequence_length,
-        rope_parameters={FULL: full, SLIDING: plain},
     )
+    if _transformers_4():
+        # transformers 4 (4.57: the first with Olmo3) has one top-level rope_theta, and rope_scaling, which its
+        # full-attention layers alone read; it has no rope_parameters (it would keep them unread).
+        scaling = None if cfg.rope_scaling is None else {k: v for k, v in full.items() if k != "rope_theta"}
+        return {**layers, "rope_theta": theta, "rope_scaling": scaling}
+    return {**layers, "rope_parameters": {FULL: full, SLIDING: plain}}
+
+
+def _transformers_4() -> bool:
+    """Whether the installed transformers is a 4.x release (its configs hold ``rope_theta`` and ``rope_scaling``,
+    not transformers 5's ``rope_parameters``)."""
+    import transformers
+
+    return int(transformers.__version__.split(".")[0]) < 5
 
 
 def read_windows(hf: Any) -> tuple[Optional[SlidingWindowConfig], list[str]]:
@@ -194,6 +207,14 @@ def read_rope(hf: Any) -> HFRope:
     present = [t for t in (FULL, SLIDING) if t in set(hf.layer_types or [])]
     if not present:
         return HFRope(math.nan, None, [])  # layer_types is damaged, which read_windows reports
+    if getattr(hf, "rope_parameters", None) is None:
+        # A transformers 4 config object: one rope_theta, and rope_scaling for the full-attention layers only.
+        base = getattr(hf, "rope_theta", None)
+        scaling_params = getattr(hf, "rope_scaling", None) or {"rope_type": "default"}
+        params = {
+            FULL: {**scaling_params, "rope_theta": base},
+            SLIDING: {"rope_type": "default", "rope_theta": base},
+        }
     missing = [t for t in present if not isinstance(params.get(t), Mapping)]
     if missing:
         return HFRope(math.nan, None, [f"rope_parameters has no entry for the {missing[0]} layers."])

@@ -387,3 +387,32 @@ def test_olmo3_7b_config_json_in_transformers_4_format_imports_as_olmo_core_conf
     exported = hf_config_kwargs(cfg)
     assert exported["layer_types"] == config["layer_types"] and exported["sliding_window"] == 4096
     assert exported["rope_parameters"][F] == {**config["rope_scaling"], "rope_theta": 500000.0}
+
+
+def test_transformers_4_configs_hold_the_rope_as_its_olmo3_reads_it(monkeypatch):
+    """transformers 4.57 (the oldest the hf extra admits) has no rope_parameters: its Olmo3 reads one top-level
+    rope_theta, and rope_scaling on the full-attention layers. Checked against 4.57.1 itself by hand (exported
+    logits equal ours, the released OLMo 3 7B config.json imports; RESEARCH_LOG 2026-11-27); here, the two branches."""
+    from types import SimpleNamespace
+
+    from olmo.hf.olmo3 import olmo3_config_kwargs, read_rope
+
+    yarn = {k: v for k, v in YARN.items()}
+    old = SimpleNamespace(
+        model_type="olmo3",
+        layer_types=[S, S, S, F],
+        rope_theta=500000.0,
+        rope_scaling=yarn,
+        max_position_embeddings=64,
+    )
+    rope = read_rope(old)
+    assert rope.problems == [] and rope.theta == 500000.0
+    assert (rope.scaling.name, rope.scaling.factor, rope.scaling.old_context_len) == ("yarn", 4.0, 16)
+    plain = read_rope(SimpleNamespace(**{**vars(old), "rope_scaling": None}))
+    assert plain.problems == [] and plain.scaling is None
+
+    cfg = model_config_from_hf(_hf_config(full=YARN))
+    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    kwargs = olmo3_config_kwargs(cfg)
+    assert "rope_parameters" not in kwargs and kwargs["rope_theta"] == 500.0
+    assert kwargs["rope_scaling"]["rope_type"] == "yarn" and "rope_theta" not in kwargs["rope_scaling"]
