@@ -412,7 +412,9 @@ def test_transformers_4_configs_hold_the_rope_as_its_olmo3_reads_it(monkeypatch)
     assert plain.problems == [] and plain.scaling is None
 
     cfg = model_config_from_hf(_hf_config(full=YARN))
-    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    import olmo.hf.olmo3
+
+    monkeypatch.setattr(olmo.hf.olmo3, "_transformers_4", lambda: True)
     kwargs = olmo3_config_kwargs(cfg)
     assert "rope_parameters" not in kwargs and kwargs["rope_theta"] == 500.0
     assert kwargs["rope_scaling"]["rope_type"] == "yarn" and "rope_theta" not in kwargs["rope_scaling"]
