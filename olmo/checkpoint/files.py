@@ -167,28 +167,34 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"global '{module}.{name}' is not part of checkpoint metadata")
 
 
-def read_dcp_metadata(folder: Union[str, Path]) -> Metadata:
+def read_dcp_metadata(
+    folder: Union[str, Path],
+    unpickler: type[pickle.Unpickler] = _MetadataUnpickler,
+    action: str = "load",
+    advice: str = "Load another checkpoint.",
+) -> Metadata:
     """The ``.metadata`` of a DCP checkpoint folder, unpickled with an allowlist of metadata types.
 
+    :param unpickler: the allowlist (a subclass of ours admits one more writer's classes, e.g. OLMo-core's).
+    :param action: what the caller does with the checkpoint, and ``advice`` what to do instead, for the messages.
     :raises OLMoCheckpointError: if the file is missing, damaged, or holds anything but DCP metadata.
     """
     path = Path(folder) / ".metadata"
     try:
         with open(path, "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
+            metadata = unpickler(f).load()
     except FileNotFoundError:
         raise OLMoCheckpointError(
-            f"Sharded checkpoint file '{path}' is missing; the checkpoint is incomplete. Load another one."
+            f"Sharded checkpoint file '{path}' is missing; the checkpoint is incomplete. {advice}"
         ) from None
-    except Exception as e:
+    except Exception as e:  # whatever a damaged or crafted pickle raises
         raise OLMoCheckpointError(
-            f"Refusing to load '{path}' ({type(e).__name__}: {e}). A sharded checkpoint's metadata may hold only "
-            f"torch.distributed.checkpoint's own metadata types; this file was damaged or crafted. Load "
-            f"another checkpoint."
+            f"Refusing to {action} '{path}' ({type(e).__name__}: {e}). A sharded checkpoint's metadata may hold only "
+            f"torch.distributed.checkpoint's own metadata types; this file was damaged or crafted. {advice}"
         ) from None
     if not isinstance(metadata, Metadata):
         raise OLMoCheckpointError(
-            f"Refusing to load '{path}': it holds a {type(metadata).__name__}, not checkpoint metadata."
+            f"Refusing to {action} '{path}': it holds a {type(metadata).__name__}, not checkpoint metadata."
         )
     return metadata
 

@@ -42,7 +42,7 @@ from ..exceptions import OLMoCheckpointError, OLMoError
 from ..model import OLMo
 from ..optim import build_optimizer
 from .dcp_reader import DirectFileSystemReader
-from .files import SafeLoadPlanner, _MetadataUnpickler, root_cause
+from .files import SafeLoadPlanner, _MetadataUnpickler, read_dcp_metadata, root_cause
 from .olmo_core_v3_config import train_config_from_olmo_core
 from .olmo_formats import convert_optim_state, describe_dir
 from .save import FULL_STATE, write_imported_checkpoint
@@ -103,25 +103,8 @@ def _read_metadata(folder: Path) -> Metadata:
 
     :raises OLMoCheckpointError: for a missing or damaged file, or one holding anything else.
     """
-    path = folder / ".metadata"
-    try:
-        with open(path, "rb") as f:
-            metadata = _OLMoCoreMetadataUnpickler(f).load()
-    except FileNotFoundError:
-        raise OLMoCheckpointError(
-            f"'{path}' is missing: OLMo-core's DCP save did not finish or the copy is incomplete. Copy the checkpoint "
-            f"again or convert an earlier step. Nothing was written."
-        ) from None
-    except Exception as e:  # whatever a damaged or crafted pickle raises
-        raise OLMoCheckpointError(
-            f"Refusing to read '{path}' ({type(e).__name__}: {e}): it is damaged, or holds more than DCP's metadata "
-            f"types. Copy the checkpoint again. Nothing was written."
-        ) from None
-    if not isinstance(metadata, Metadata):
-        raise OLMoCheckpointError(
-            f"Refusing to read '{path}': it holds a {type(metadata).__name__}, not DCP metadata."
-        )
-    return metadata
+    advice = "Copy OLMo-core's checkpoint again or convert an earlier step. Nothing was written."
+    return read_dcp_metadata(folder, _OLMoCoreMetadataUnpickler, "read", advice)
 
 
 class _Reader(DirectFileSystemReader):
