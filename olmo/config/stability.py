@@ -100,7 +100,8 @@ class StragglersConfig:
     """Steps between gatherings (one small all-gather each)."""
     threshold: float = 1.5
     """A rank whose time in the step's local work is more than this times the median of the other ranks' is
-    slow ... (two healthy gloo ranks pinned to their own cores differ by under 1.1x)."""
+    slow ... (healthy ranks differ by under 1.1x on most gatherings; on a busy CPU machine single gatherings reach
+    2-3x, which ``sustained`` absorbs)."""
     sustained: int = 3
     """... and is named in a warning once it has been slow at this many gatherings in a row."""
 

@@ -1,7 +1,7 @@
 """Straggler detection (``stability.stragglers``, issue 27) with two gloo ranks under torchrun, one of them really
 throttled: a ``sitecustomize`` on the workers' ``PYTHONPATH`` pins each rank to its own core and, in rank 1, starts
-a thread that spins forever, so rank 1 gets the interpreter (and its core) about half the time. The warning must
-name rank 1 within 50 steps, and the same run without the spinning thread must name nobody."""
+three threads that spin forever, so rank 1 gets the interpreter (and its core) about a quarter of the time. The
+warning must name rank 1 within 50 steps, and the same run without the spinning threads must name nobody."""
 
 import json
 from pathlib import Path
@@ -15,9 +15,13 @@ if rank >= 0 and hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank % 2]})
 if rank == 1 and os.environ.get("THROTTLE_RANK_1"):
     def _spin():
+        import sys, time
+        while "olmo.train.stragglers" not in sys.modules:  # throttle the training, not torch's import
+            time.sleep(0.05)
         while True:
             pass
-    threading.Thread(target=_spin, daemon=True, name="throttle").start()
+    for i in range(3):
+        threading.Thread(target=_spin, daemon=True, name=f"throttle-{i}").start()
 """
 
 
@@ -39,6 +43,9 @@ def _run(tmp_path: Path, throttle: bool, steps: int) -> tuple[str, list[dict]]:
             "model.max_sequence_length": 64,
             "stability.stragglers.enabled": True,
             "stability.stragglers.interval": 3,
+            # Healthy ranks on a busy 2-core machine (another test beside this one) reach 2.8x at single
+            # gatherings; a rank with three spinning threads is 9-33x. 4.0 keeps the two apart (CI flaked at 1.5).
+            "stability.stragglers.threshold": 4.0,
         },
     )
     hooks = tmp_path / "hooks"
@@ -59,7 +66,7 @@ def test_a_throttled_rank_is_named_within_50_steps_and_an_unthrottled_run_names_
     skews = [r["throughput/rank_skew"] for r in rows if "throughput/rank_skew" in r]
     assert len(skews) == 9 and all(s >= 1.0 for s in skews)  # every 3 steps of 27, on rank 0's lines
 
-    output, rows = _run(tmp_path / "throttled", throttle=True, steps=27)
+    output, rows = _run(tmp_path / "throttled", throttle=True, steps=15)
     named = [line for line in output.splitlines() if "Straggler: rank 1" in line]
     assert named, output[-3000:]
     assert int(named[0].split("steps up to ")[1].split(")")[0]) <= 50, named[0]
