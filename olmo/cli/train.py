@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -46,6 +46,7 @@ from olmo.model import describe_attention
 from olmo.optim import build_optimizer, build_scheduler
 from olmo.train import Trainer
 from olmo.train.build_module import build_train_module, train_module_class
+from olmo.train.callback import Callback
 from olmo.train.stability import read_skip_ranges
 from olmo.train.stages import (
     StagePlan,
@@ -64,7 +65,9 @@ from olmo.util.secrets import redact_text
 log = logging.getLogger("train")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None, callbacks: Sequence[Callback] = ()) -> int:
+    """Train as ``scripts/train.py ARGV`` does; ``callbacks``: the training loop's own callbacks, called after the
+    built-in ones (:mod:`olmo.train.callback`; README, "Your own callbacks")."""
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         if env_rank() == 0:  # under torchrun, once, not once per rank
@@ -119,7 +122,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     env = init_distributed(cfg.distributed_timeout_minutes)
     try:
-        return train(cfg, env, stages, launch, evaluators, dataset_of(stages.stages[0].data), mixes)
+        return train(cfg, env, stages, launch, evaluators, dataset_of(stages.stages[0].data), mixes, callbacks)
     finally:
         teardown_distributed()  # after train() returned: what it built is garbage now, and is collected
 
@@ -179,6 +182,7 @@ def train(
     evaluators: list[Evaluator],
     dataset: MemMapDataset,
     mixes: Optional[dict[str, MixturePlan]] = None,
+    callbacks: Sequence[Callback] = (),
 ) -> int:
     """Build the run on the initialized process group, restore what ``launch`` says and train on ``dataset`` (the first stage's
     data, checked already); ``mixes`` are recorded in ``train_data/`` once the save folder is this run's. Return the
@@ -206,7 +210,7 @@ def train(
     )
     optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
     train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), cfg.train_module)
-    trainer = Trainer(cfg, env, train_module, train_loader, evaluators, stages)
+    trainer = Trainer(cfg, env, train_module, train_loader, evaluators, stages, callbacks)
     log_speed_setup(cfg, trainer)
     plan = launch.restore
     if plan is not None:

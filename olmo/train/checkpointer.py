@@ -32,11 +32,12 @@ from ..checkpoint.upload import build_checkpoint_uploader
 from ..config import TrainConfig
 from ..distributed.collectives import DistEnv
 from ..hf.files import export_tokenizer, parse_size, write_hf_model
+from .callback import Callback, CheckpointContext, EndContext, RunContext, StepContext
 
 if TYPE_CHECKING:
     from .train_module import TrainModule
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "CheckpointCallback", "HFExportCallback"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class Checkpointer:
         ``train.pt`` (every rank's RNG when gathering, for an unsharded checkpoint) or ``train/rankN.pt``.
     :param before_save: called before anything is written (the trainer reads back pending metrics, so that a
         non-finite loss stops the run before a checkpoint of its weights exists).
+    :param notify: ``notify(hook, ctx)`` calls the loop's callbacks: ``pre_checkpoint`` before a checkpoint is
+        written, ``post_checkpoint`` once it is published.
     """
 
     def __init__(
@@ -57,9 +60,10 @@ class Checkpointer:
         train_module: TrainModule,
         trainer_state: Callable[[bool], dict[str, Any]],
         before_save: Callable[[], None] = lambda: None,
+        notify: Callable[[str, CheckpointContext], None] = lambda hook, ctx: None,
     ):
         self.cfg, self.env, self.train_module = cfg, env, train_module
-        self.trainer_state, self.before_save = trainer_state, before_save
+        self.trainer_state, self.before_save, self.notify = trainer_state, before_save, notify
         self.last_saved_step: dict[str, int] = {}  # by kind: sharded, unsharded, ephemeral
         self.pending: Optional[PendingCheckpoint] = None
         self.uploader = build_checkpoint_uploader(cfg.remote_save_folder, env.rank)  # rank 0 only, or None
@@ -152,6 +156,7 @@ class Checkpointer:
         # A regular sharded checkpoint replaces an ephemeral one of the same step (same directory name).
         replace = self.cfg.save_overwrite or (kind == "sharded" and self.last_saved_step.get("ephemeral") == step)
         start = time.perf_counter()
+        self.notify("pre_checkpoint", CheckpointContext(step, kind))
         train_state = self.trainer_state(not sharded)
         self.pending = begin_checkpoint(
             self.cfg.save_folder,
@@ -176,6 +181,7 @@ class Checkpointer:
         self.before_save()
         self.commit()
         start, sharded = time.perf_counter(), self.env.world_size > 1
+        self.notify("pre_checkpoint", CheckpointContext(step, "named"))
         pending = begin_checkpoint(
             self.cfg.save_folder,
             step,
@@ -190,6 +196,7 @@ class Checkpointer:
         if self.uploader is not None:
             self.uploader.submit(path)
         log.info("Saved checkpoint %s of step %d in %.2f s.", path, step, time.perf_counter() - start)
+        self.notify("post_checkpoint", CheckpointContext(step, "named", str(path)))
         return path
 
     def is_writing(self) -> bool:
@@ -214,9 +221,53 @@ class Checkpointer:
         else:
             prune_checkpoints(folder, False, self.cfg.save_num_unsharded_checkpoints_to_keep)
         log.info("Saved checkpoint %s", path)
+        meta = pending.meta
+        kind = ("ephemeral" if meta["ephemeral"] else "sharded") if meta["sharded"] else "unsharded"
+        self.notify("post_checkpoint", CheckpointContext(meta["step"], kind, str(path)))
 
     def close(self, timeout: Optional[float] = None) -> None:
         """Wait for the remote uploads (at most ``timeout`` seconds; the rest stay local-only, and the next launch
         into this save folder uploads them) and log how each ended."""
         if self.uploader is not None:
             self.uploader.close(timeout)
+
+
+class CheckpointCallback(Callback):
+    """Checkpointing as a loop callback: the step-0 checkpoint and unfinished uploads at the start, the checkpoints
+    due after each step, the final one (a finished or stopped run; an interrupted one with one process), the last
+    background commit, and the wait for the uploads at the very end (at most ``upload_wait`` seconds)."""
+
+    def __init__(self, checkpointer: Checkpointer, upload_wait: Optional[float] = None):
+        self.checkpointer, self.upload_wait = checkpointer, upload_wait
+
+    def pre_train(self, ctx: RunContext) -> None:
+        with ctx.loop.phase("checkpoint"):
+            self.checkpointer.start(ctx.step)
+
+    def post_step(self, ctx: StepContext) -> None:
+        with ctx.loop.phase("checkpoint"):
+            saved = self.checkpointer.maybe_save(ctx.step)
+        if saved:
+            ctx.loop.restart_clock()  # checkpoint time is not training throughput
+
+    def post_train(self, ctx: EndContext) -> None:
+        with ctx.loop.phase("checkpoint"):
+            if ctx.how != "interrupted" or ctx.world_size == 1:  # other ranks may be inside a collective
+                self.checkpointer.maybe_save(ctx.step, final=True)
+            self.checkpointer.commit()
+
+    def close(self) -> None:
+        self.checkpointer.close(self.upload_wait)  # logs how each upload ended
+
+
+class HFExportCallback(Callback):
+    """With ``hf_export.enabled``: ``save_folder/stepN-hf`` at the end of a finished run (``every_unsharded``
+    exports are written with each unsharded checkpoint, by the :class:`Checkpointer`)."""
+
+    def __init__(self, checkpointer: Checkpointer):
+        self.checkpointer = checkpointer
+
+    def post_train(self, ctx: EndContext) -> None:
+        if ctx.how == "finished":
+            with ctx.loop.phase("checkpoint"):
+                self.checkpointer.export_hf(ctx.step)

@@ -9,7 +9,7 @@ import math
 import resource
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional, TypeVar
@@ -21,6 +21,7 @@ from ..data import FetchStats
 from ..distributed import all_reduce
 from ..exceptions import OLMoTrainingError
 from ..model.flops import PeakFlops, cpu_peak_flops, device_peak_flops, gpu_peak_flops, model_flops_utilization
+from .callback import Callback, StepContext
 from .metrics_sinks import MetricsLogger
 
 T = TypeVar("T")
@@ -28,6 +29,7 @@ T = TypeVar("T")
 __all__ = [
     "SpeedMonitor",
     "ThroughputMonitor",
+    "ThroughputCallback",
     "fetch_metrics",
     "MetricsLogger",
     "StepMetrics",
@@ -293,3 +295,20 @@ class StepMetricsQueue:
             f"checkpoint with a lower optimizer.learning_rate, max_grad_norm set, or --fast_forward_batches "
             f"to skip the offending data."
         )
+
+
+class ThroughputCallback(Callback):
+    """Throughput and MFU as a loop callback: every step's ``throughput/...`` metrics (:class:`ThroughputMonitor`);
+    the window restarts when the time before a step was not training.
+
+    :param fetch_stats: what reading the current training data costs (None for local files).
+    """
+
+    def __init__(self, monitor: ThroughputMonitor, fetch_stats: Callable[[], Optional[FetchStats]]):
+        self.monitor, self.fetch_stats = monitor, fetch_stats
+
+    def post_step(self, ctx: StepContext) -> None:
+        if ctx.clock_restarted:
+            self.monitor.reset()
+        self.monitor.data_wait = ctx.data_wait
+        ctx.metrics.update(self.monitor.step_metrics(ctx.tokens_seen, self.fetch_stats()))

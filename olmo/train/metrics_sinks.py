@@ -20,8 +20,9 @@ from typing import Any, Optional, TextIO
 from ..config import TrainConfig
 from ..util.progress import estimate_left, format_duration
 from ..util.secrets import redact_text
+from .callback import Callback, EndContext, MetricsContext, StepContext
 
-__all__ = ["MetricsLogger", "ConsoleSink", "JsonlSink", "WandbSink"]
+__all__ = ["MetricsLogger", "MetricsCallback", "ConsoleSink", "JsonlSink", "WandbSink"]
 
 log = logging.getLogger(__name__)
 
@@ -226,3 +227,38 @@ class MetricsLogger:
         """Print the run summary and close the sinks."""
         for sink in reversed(self.sinks):  # the console first: the progress bar stops before the summary
             sink.close(summary, exit_code)
+
+
+class MetricsCallback(Callback):
+    """Metrics logging as a loop callback: the :class:`MetricsLogger` opens with the run (before the step-0
+    checkpoint), the read-back steps are flushed every ``collect_steps`` steps and at the end, each logged step
+    goes to the sinks, and the run summary closes the log.
+
+    :param summary: the run summary from the logger's first and last loss (the trainer's ``_summary``).
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        rank: int,
+        stop_at: int,
+        summary: Callable[[MetricsLogger], dict[str, Any]],
+        collect_steps: int,
+    ):
+        self.logger = MetricsLogger(cfg, rank, stop_at)
+        self.summary, self.collect_steps = summary, collect_steps
+        self.exit_code = 0
+
+    def post_step(self, ctx: StepContext) -> None:
+        if ctx.step % self.collect_steps == 0:
+            ctx.loop.flush_metrics()
+
+    def post_metrics(self, ctx: MetricsContext) -> None:
+        self.logger.log(ctx.step, ctx.values)
+
+    def post_train(self, ctx: EndContext) -> None:
+        if ctx.how != "interrupted":  # then other ranks may be inside a collective: only what was read back
+            ctx.loop.flush_metrics()
+
+    def close(self) -> None:
+        self.logger.close(self.summary(self.logger), self.exit_code)

@@ -18,10 +18,9 @@ import json
 import logging
 import os
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -29,9 +28,8 @@ from ..config import TrainConfig
 from ..config.stability import RollbackConfig, SkipSpikesConfig
 from ..exceptions import OLMoDataError, OLMoTrainingError
 from ..util import write_result_file
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
+from .callback import Callback, ErrorContext, MetricsContext, RewindContext, StepContext
+from .metrics import NonFiniteError
 
 __all__ = [
     "SpikeDetector",
@@ -39,7 +37,8 @@ __all__ = [
     "StabilityMonitor",
     "SKIPPED_BATCHES_FILE",
     "read_skip_ranges",
-    "roll_back",
+    "StabilityCallback",
+    "locate_batch",
 ]
 
 log = logging.getLogger(__name__)
@@ -316,61 +315,55 @@ def _ids(instances: list[int], shown: int = 8) -> str:
     return head + (f", ... ({len(instances)} in all)" if len(instances) > shown else "")
 
 
-def roll_back(trainer: Trainer, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Carry out the rollback that ``trainer.stability`` says is due: reload the newest committed checkpoint from
-    before the offending stretch, delete the checkpoints written since its first step, record the stretch's batches
-    as skipped, and return the batches to train on from the restored position (the old ones are closed).
+class StabilityCallback(Callback):
+    """Spike skipping and rollback as a loop callback: it counts the rollbacks in each step's metrics, reads every
+    logged step's skip decision (:meth:`StabilityMonitor.on_logged`), and asks the loop to rewind when a rollback is
+    due (persistent spikes, or a non-finite loss with ``on_non_finite``); when the loop rewinds, it records the
+    stretch's batches as skipped (``skipped_batches.json``), or stops the run after ``max_rollbacks``."""
 
-    :raises OLMoTrainingError: when ``max_rollbacks`` rollbacks were made already, or no checkpoint precedes the
-        stretch; the message sums up what happened.
-    """
-    from ..checkpoint import delete_checkpoint, inspect_checkpoint, list_checkpoints
-    from ..distributed import barrier
+    def __init__(self, monitor: StabilityMonitor, cfg: RollbackConfig):
+        self.monitor, self.cfg = monitor, cfg
 
-    monitor, cfg, s = trainer.stability, trainer.cfg, trainer.state
-    assert monitor.due is not None
-    first_step, reason = monitor.due
-    history = "; ".join(f"steps {r.first_step}-{r.last_step} ({r.reason})" for r in monitor.ranges) or "none"
-    if monitor.rollbacks >= cfg.stability.rollback.max_rollbacks:
-        raise OLMoTrainingError(
-            f"Step {s.global_step}: {reason}, and the run has rolled back {monitor.rollbacks} time(s) already "
-            f"(stability.rollback.max_rollbacks={cfg.stability.rollback.max_rollbacks}); stopping. Earlier rollbacks: "
-            f"{history}. Look at the data of those steps (inspect_batch.py RUN --step N) and at the learning rate; "
-            f"resume with --try_load_latest_save once fixed, or raise max_rollbacks."
+    def post_step(self, ctx: StepContext) -> None:
+        if self.cfg.enabled:
+            ctx.metrics["stability/rollbacks"] = self.monitor.rollbacks
+
+    def post_metrics(self, ctx: MetricsContext) -> None:
+        if self.monitor.enabled:
+            self.monitor.on_logged(ctx.step, ctx.values, ctx.instances())
+            if self.monitor.due is not None:
+                ctx.loop.rewind(*self.monitor.due)
+
+    def on_error(self, ctx: ErrorContext) -> None:
+        error = ctx.error
+        if isinstance(error, NonFiniteError) and self.cfg.enabled and self.cfg.on_non_finite:
+            self.monitor.due = (error.step, f"a non-finite loss or gradient norm at step {error.step}")
+            ctx.loop.rewind(*self.monitor.due)
+
+    def on_rewind(self, ctx: RewindContext) -> None:
+        """Record the offending stretch's batches as skipped (the rewind this callback asked for).
+
+        :raises OLMoTrainingError: when ``max_rollbacks`` rollbacks were made already; the message sums them up.
+        """
+        monitor = self.monitor
+        if monitor.due is None:
+            return  # another callback's rewind
+        reason = monitor.due[1]
+        history = "; ".join(f"steps {r.first_step}-{r.last_step} ({r.reason})" for r in monitor.ranges) or "none"
+        if monitor.rollbacks >= self.cfg.max_rollbacks:
+            raise OLMoTrainingError(
+                f"Step {ctx.from_step}: {reason}, and the run has rolled back {monitor.rollbacks} time(s) already "
+                f"(stability.rollback.max_rollbacks={self.cfg.max_rollbacks}); stopping. Earlier rollbacks: "
+                f"{history}. Look at the data of those steps (inspect_batch.py RUN --step N) and at the learning rate; "
+                f"resume with --try_load_latest_save once fixed, or raise max_rollbacks."
+            )
+        new = monitor.record_rollback(ctx.from_step, ctx.order_dir, ctx.epoch, ctx.position, ctx.to_step)
+        ctx.loop.log_event(
+            ctx.from_step,
+            f"Rolling back to step {ctx.to_step} ({reason}); instances {new.start}-{new.end - 1} of epoch {new.epoch} "
+            f"(steps {new.first_step}-{new.last_step}) are skipped from now on; rollback {monitor.rollbacks} of at most "
+            f"{self.cfg.max_rollbacks}.",
         )
-    trainer.checkpointer.commit()  # a background save finishes first: it may be the one to delete
-    checkpoints = [c for c in list_checkpoints(cfg.save_folder) if not c.ephemeral or c.step < first_step]
-    before = [c for c in checkpoints if c.step < first_step]
-    if not before:
-        raise OLMoTrainingError(
-            f"Step {s.global_step}: {reason}, but '{cfg.save_folder}' holds no committed checkpoint from before "
-            f"step {first_step} to roll back to. Resume from an earlier checkpoint (--load_path) with "
-            f"--fast_forward_batches past the offending data, or save checkpoints more often."
-        )
-    target = before[-1]
-    order_dir = trainer.stage_plan.at(s.global_step).order_dir
-    new = monitor.record_rollback(
-        s.global_step, order_dir, s.epoch, s.global_train_examples_seen_this_epoch, target.step
-    )
-    if trainer.env.rank == 0:
-        for c in list_checkpoints(cfg.save_folder):
-            if c.step >= first_step:
-                log.warning("Deleting checkpoint %s: it was written during the offending stretch.", c.path)
-                delete_checkpoint(c)
-    barrier()
-    trainer.metrics_logger.log_event(
-        s.global_step,
-        f"Rolling back to step {target.step} ({reason}); instances {new.start}-{new.end - 1} of epoch {new.epoch} "
-        f"(steps {new.first_step}-{new.last_step}) are skipped from now on; rollback {monitor.rollbacks} of at most "
-        f"{cfg.stability.rollback.max_rollbacks}.",
-    )
-    close = getattr(batches, "close", None)
-    if close is not None:
-        close()  # stops the loader's workers
-    trainer.step_metrics.records.clear()  # steps that are trained again
-    trainer.checkpointer.last_saved_step.clear()
-    trainer.restore(inspect_checkpoint(target.path), True, True, rollback=True)
-    return trainer._batches()
 
 
 def locate_batch(step: int, batches_per_epoch: int, ranges: list[SkipRange], batch_size: int) -> tuple[int, int]:

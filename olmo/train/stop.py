@@ -8,17 +8,21 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.distributed as dist
 
 from ..config import TrainConfig
 from ..distributed.collectives import all_reduce
+from .callback import Callback, EndContext, StepContext
 
-__all__ = ["EXIT_CODE_STOPPED", "StopNow", "StopRequest", "StopConditions"]
+if TYPE_CHECKING:
+    from .checkpointer import Checkpointer
+
+__all__ = ["EXIT_CODE_STOPPED", "StopNow", "StopRequest", "StopConditions", "StopCallback"]
 
 log = logging.getLogger(__name__)
 
@@ -113,3 +117,32 @@ class StopConditions:
             reason = "time_limit"
         flags = all_reduce(torch.tensor([float(reason is not None), float(writing)]), dist.ReduceOp.MAX).tolist()
         return reason or ("stop requested on another rank" if flags[0] > 0 else None), flags[1] == 0
+
+
+class StopCallback(Callback):
+    """The stop agreement as a loop callback: after each step (its metrics logged), one small collective tells every
+    rank whether any wants to stop and whether any is still writing a background checkpoint, which is committed once
+    none is; a stop is asked of the loop, and ``post_train`` says how the run stops (before the final checkpoint)."""
+
+    def __init__(self, conditions: StopConditions, checkpointer: Checkpointer, finish: Callable[[str], None]):
+        self.conditions, self.checkpointer, self.finish = conditions, checkpointer, finish
+
+    def post_step(self, ctx: StepContext) -> None:
+        ckpt = self.checkpointer
+        reason, all_written = self.conditions.agree(writing=ckpt.is_writing())
+        if all_written and ckpt.pending is not None:
+            ckpt.commit()
+        if reason is not None:
+            self.finish(reason)
+
+    def post_train(self, ctx: EndContext) -> None:
+        if ctx.how == "stopped":
+            ctx.loop.log_event(ctx.step, f"Stopping ({ctx.reason}); saving a checkpoint.")
+        elif ctx.how == "interrupted" and ctx.world_size > 1:
+            log.warning(
+                "Stopping (%s) while waiting for data at step %d, without a checkpoint of it.",
+                ctx.reason,
+                ctx.step,
+            )
+        elif ctx.how == "interrupted":
+            ctx.loop.log_event(ctx.step, f"Stopping ({ctx.reason}) while waiting; saving a checkpoint.")

@@ -24,8 +24,9 @@ import torch
 import torch.distributed as dist
 
 from ..config.stability import StragglersConfig
+from .callback import Callback, StepContext
 
-__all__ = ["StragglerMonitor"]
+__all__ = ["StragglerMonitor", "StragglerCallback"]
 
 log = logging.getLogger(__name__)
 
@@ -101,3 +102,16 @@ class StragglerMonitor:
                     self.cfg.interval,
                 )
         return {"throughput/slowest_rank": float(slowest), "throughput/rank_skew": skew}
+
+
+class StragglerCallback(Callback):
+    """Straggler detection as a loop callback: each step's data wait counts as local work; every ``interval`` steps
+    the ranks' times are gathered into the step's metrics (the optimizer step is timed by the train module, through
+    :meth:`StragglerMonitor.local`)."""
+
+    def __init__(self, monitor: StragglerMonitor):
+        self.monitor = monitor
+
+    def post_step(self, ctx: StepContext) -> None:
+        self.monitor.data_wait(ctx.data_wait)
+        ctx.metrics.update(self.monitor.maybe_gather(ctx.step))

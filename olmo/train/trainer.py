@@ -1,6 +1,9 @@
 """The training loop: :class:`Trainer` and its short :meth:`~Trainer.fit`.
 
-The loop owns the data position and drives its components, each of which owns its own schedule: the
+The loop owns the data position (stages, epochs, the ranges a rollback took out) and trains one step after another;
+everything around a step is a callback (:mod:`olmo.train.callback`): the watchdog, straggler detection, spike skipping
+and rollback, throughput and MFU, metrics logging, the stop agreement, checkpointing, evaluation and the Hugging Face
+export, then the user's own. The components those callbacks drive own their schedules: the
 :class:`~olmo.train.checkpointer.Checkpointer` (save cadence, background commit, ephemeral checkpoints, retention, the
 final save), the :class:`~olmo.eval.EvalRunner`, the :class:`~olmo.train.stop.StopConditions` (last step, signals,
 time limit) and the metrics sinks (:mod:`olmo.train.metrics_sinks`). What one step does (forward, loss, backward,
@@ -9,8 +12,11 @@ optimizer step) is the job of a :class:`~olmo.train.train_module.TrainModule`.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gc
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -21,21 +27,24 @@ import torch.distributed as dist
 from ..checkpoint import CheckpointInfo
 from ..config import TrainConfig
 from ..data import DataIndexLog, FetchStats, FilteredInstanceCounter, IterableDataset
-from ..distributed import DistEnv, autocast_dtype, model_config_fingerprint
+from ..distributed import DistEnv, autocast_dtype, barrier, model_config_fingerprint
 from ..eval import EvalRunner, Evaluator
+from ..exceptions import OLMoTrainingError
 from ..util.rng import get_rng_state, set_rng_state
-from .checkpointer import Checkpointer
+from .callback import Callback, EndContext, ErrorContext, MetricsContext, RewindContext, RunContext, StepContext
+from .checkpointer import CheckpointCallback, Checkpointer, HFExportCallback
+from .evaluation import EvaluationCallback
 from .metrics import (
-    MetricsLogger,
-    NonFiniteError,
     SpeedMonitor,
     StepMetrics,
     StepMetricsQueue,
+    ThroughputCallback,
     ThroughputMonitor,
     device_peak_flops,
     fetch_metrics,
 )
-from .stability import StabilityMonitor, roll_back
+from .metrics_sinks import MetricsCallback, MetricsLogger
+from .stability import StabilityCallback, StabilityMonitor
 from .stages import (
     Stage,
     StagePlan,
@@ -45,10 +54,10 @@ from .stages import (
     order_dir_of,
     plan_stages,
 )
-from .stop import EXIT_CODE_STOPPED, StopConditions, StopNow
-from .stragglers import StragglerMonitor
+from .stop import EXIT_CODE_STOPPED, StopCallback, StopConditions, StopNow
+from .stragglers import StragglerCallback, StragglerMonitor
 from .train_module import TrainModule
-from .watchdog import Watchdog
+from .watchdog import Watchdog, WatchdogCallback
 
 __all__ = ["Trainer", "TrainerState", "EXIT_CODE_STOPPED"]
 
@@ -81,6 +90,7 @@ class Trainer:
         train_loader: torch.utils.data.DataLoader,
         evaluators: Sequence[Evaluator] = (),
         stages: Optional[StagePlan] = None,
+        callbacks: Sequence[Callback] = (),
     ):
         self.cfg, self.env, self.train_module, self.train_loader = cfg, env, train_module, train_loader
         self.dataset: IterableDataset = train_loader.dataset  # type: ignore[assignment]
@@ -97,13 +107,27 @@ class Trainer:
         self.collect_steps = cfg.metrics_collect_steps(env.device)
         self.step_metrics = StepMetricsQueue(self.collect_steps, env.rank, bool(cfg.softmax_auxiliary_loss))
         self.filtered = FilteredInstanceCounter()
-        self.checkpointer = Checkpointer(cfg, env, train_module, self.trainer_state_dict, self.collect_metrics)
+        self.checkpointer = Checkpointer(
+            cfg,
+            env,
+            train_module,
+            self.trainer_state_dict,
+            self.collect_metrics,
+            lambda hook, ctx: self._call(hook, ctx),
+        )
         self.eval_runner = EvalRunner(evaluators, cfg.eval_interval)
         self.stability = StabilityMonitor(cfg, env.rank)
         self.stragglers = StragglerMonitor(cfg.stability.stragglers, env.rank, env.world_size, env.device)
         self.watchdog = Watchdog(cfg.stability.watchdog, cfg.save_folder, env.rank, env.world_size)
-        self.metrics_logger: MetricsLogger  # set by fit
+        self.user_callbacks: list[Callback] = list(callbacks)
+        self.callbacks: list[Callback] = []  # the built-in ones, then the user's (set by fit)
+        self.metrics: MetricsCallback  # set by fit
         self.index_log: Optional[DataIndexLog] = None  # set by fit
+        self._phase: tuple[Optional[str], int] = (None, 0)
+        self._rewind_request: Optional[tuple[int, str]] = None
+        self._stop_reason: Optional[str] = None
+        self._stage: Optional[Stage] = None  # the stage being trained (set by fit)
+        self._batch_iter: Iterator[dict[str, Any]] = iter(())
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
             log.warning("precision=%s has no effect on %s; training in fp32.", cfg.precision, env.device.type)
         train_module.on_attach(self)
@@ -123,7 +147,7 @@ class Trainer:
         self, info: CheckpointInfo, load_optimizer_state: bool, load_trainer_state: bool, rollback: bool = False
     ) -> None:
         """Load a checkpoint into the model (and optimizer, and trainer state, as asked). ``rollback``: the run goes
-        back to its own checkpoint (:func:`olmo.train.stability.roll_back`), so ``--fast_forward_batches`` and
+        back to its own checkpoint (:meth:`rewind`), so ``--fast_forward_batches`` and
         ``--epoch``, which apply to the launch's first restore, do not apply again."""
         log.info(
             "Restoring %s (optimizer: %s, trainer state: %s)", info.path, load_optimizer_state, load_trainer_state
@@ -203,116 +227,200 @@ class Trainer:
         }
 
     def fit(self) -> int:
-        """Train until ``stop_at``/max_duration, a stop signal or the time limit; return an exit code."""
-        cfg, s, ckpt = self.cfg, self.state, self.checkpointer
-        stop = StopConditions(cfg, s.global_step, self.max_steps)
-        self.metrics_logger = MetricsLogger(cfg, self.env.rank, stop.stop_at)
+        """Train until ``stop_at``/max_duration, a stop signal, the time limit or a callback's stop; return an exit
+        code. The loop itself: everything around a step is a callback (:mod:`olmo.train.callback`)."""
+        s, stop = self.state, StopConditions(self.cfg, self.state.global_step, self.max_steps)
+        self._begin(stop)
+        how, reason = "finished", None
+        try:
+            with stop:
+                self._call(
+                    "pre_train", RunContext(s.global_step, stop.stop_at, self.checkpointer.restored_step, self)
+                )
+                self.train_module.pre_train()
+                while s.global_step < stop.stop_at and self._stop_reason is None:
+                    self._enter_phase("forward_backward", s.global_step + 1)
+                    self._call("pre_step", StepContext(s.global_step, stop.stop_at, self))
+                    try:
+                        batch, waited = self._next_batch(stop)
+                        self._post_step(self.step(batch), waited)
+                    except StopNow as e:
+                        how, reason = "interrupted", e.reason
+                        break
+                    except Exception as e:
+                        self._call("on_error", ErrorContext(s.global_step, e, self))
+                        if self._rewind_request is None:  # no callback recovers from it
+                            raise
+                    if self._rewind_request is not None:
+                        self._rewind(*self._rewind_request)
+                if self._stop_reason is not None:
+                    how, reason = "stopped", self._stop_reason
+                self._call("post_train", EndContext(s.global_step, how, reason, self.env.world_size, self))
+                self._exit_code = 0 if how == "finished" else EXIT_CODE_STOPPED
+        finally:
+            self._end()
+        return self._exit_code
+
+    def _begin(self, stop: StopConditions) -> None:
+        """Set up one ``fit``: its stop conditions, the built-in callbacks (then the user's), the data index log."""
+        cfg, s = self.cfg, self.state
+        self._stop_at, self._start_step, self._exit_code = stop.stop_at, s.global_step, 0
+        self._stop, self._stop_reason, self._rewind_request = stop, None, None
+        self._batch_iter, self._stage, self._clock_restarted = self._batches(), None, False
+        self.metrics = MetricsCallback(cfg, self.env.rank, stop.stop_at, self._summary, self.collect_steps)
+        self.callbacks = [
+            WatchdogCallback(self.watchdog),
+            StragglerCallback(self.stragglers),
+            StabilityCallback(self.stability, cfg.stability.rollback),
+            ThroughputCallback(self._throughput_monitor(), self._fetch_stats),
+            self.metrics,
+            StopCallback(stop, self.checkpointer, self._finish),
+            CheckpointCallback(
+                self.checkpointer, cfg.stability.watchdog.upload_wait if self.watchdog.enabled else None
+            ),
+            EvaluationCallback(self.eval_runner, self.train_module, self.env, cfg.eval_on_load),
+            HFExportCallback(self.checkpointer),
+            *self.user_callbacks,
+        ]
         self.index_log = DataIndexLog(cfg.save_folder, self.env.rank, s.global_step, cfg.save_data_indices)
+        if cfg.gen1_gc_interval is not None:
+            gc.disable()
+
+    def _end(self) -> None:
+        """After ``fit``, also after an error: no phase, log what was read back already, close every callback."""
+        self._enter_phase(None, self.state.global_step)
+        self.log_metrics(collect=False)  # after an error, what was already read back
+        gc.enable()
+        if self.index_log is not None:
+            self.index_log.close()
+        self.metrics.exit_code = self._exit_code
+        for callback in reversed(self.callbacks):  # the summary after the uploads' outcomes; the watchdog last
+            callback.close()
+
+    def _throughput_monitor(self) -> ThroughputMonitor:
+        cfg = self.cfg
         speed = SpeedMonitor(
             cfg.speed_monitor.window_size,
             self.train_module.num_flops_per_token(cfg.model.max_sequence_length),
             device_peak_flops(self.env.device, cfg.speed_monitor.gpu_flops_available),
         )
-        throughput = ThroughputMonitor(
-            speed, self.device_batch_size * cfg.model.max_sequence_length, self.env.device
-        )
-        start_step, exit_code, self._stop_at = s.global_step, 0, stop.stop_at
-        if cfg.gen1_gc_interval is not None:
-            gc.disable()
-        wd = self.watchdog
-        wd.start()
-        try:
-            with stop:
-                with wd.phase("checkpoint", s.global_step):
-                    ckpt.start(s.global_step)
-                if cfg.eval_on_load and ckpt.restored_step:
-                    with wd.phase("evaluation", s.global_step):
-                        self.maybe_eval(stop.stop_at, force=True)
-                self.train_module.pre_train()
-                batches, stage = self._batches(), None
-                while s.global_step < stop.stop_at:
-                    wd.enter("forward_backward", s.global_step + 1)  # the step's phase, unless a finer one applies
-                    if self.stability.due is not None:  # persistent spikes or a non-finite loss
-                        with wd.phase("checkpoint", s.global_step):
-                            batches, stage = roll_back(self, batches), None
-                        throughput.reset()
-                        continue
-                    if stage is None or s.global_step == stage.end_step:
-                        stage = self.stage_plan.at(s.global_step + 1)
-                        batches = self._enter_stage(stage, batches)
-                        throughput.reset()
-                    try:
-                        with wd.phase("data_wait", s.global_step + 1), stop.waiting():
-                            batch = throughput.next_batch(batches)
-                        self.stragglers.data_wait(throughput.data_wait)
-                        metrics = self.step(batch).values
-                        metrics.update(self.stragglers.maybe_gather(s.global_step))
-                        if self.stage_plan.staged:
-                            metrics["train/stage"] = stage.index
-                        if cfg.stability.rollback.enabled:
-                            metrics["stability/rollbacks"] = self.stability.rollbacks
-                        metrics.update(throughput.step_metrics(s.global_train_tokens_seen, self._fetch_stats()))
-                        if s.global_step % self.collect_steps == 0:
-                            self.log_metrics()
-                        if self.stability.due is not None:
-                            continue
-                        reason, all_written = stop.agree(writing=ckpt.is_writing())
-                        if all_written and ckpt.pending is not None:
-                            ckpt.commit()
-                        if reason is not None:
-                            self.log_metrics()
-                            self.metrics_logger.log_event(
-                                s.global_step, f"Stopping ({reason}); saving a checkpoint."
-                            )
-                            with wd.phase("checkpoint", s.global_step):
-                                ckpt.maybe_save(s.global_step, final=True)
-                            exit_code = EXIT_CODE_STOPPED
-                            break
-                        with wd.phase("checkpoint", s.global_step):
-                            saved = ckpt.maybe_save(s.global_step)
-                        # With several processes, a signal is agreed on at the next step instead.
-                        with wd.phase("evaluation", s.global_step), stop.waiting(self.env.world_size == 1):
-                            evaluated = self.maybe_eval(stop.stop_at)
-                        if saved or evaluated:
-                            throughput.reset()  # checkpoint and eval time is not training throughput
-                    except StopNow as e:
-                        exit_code = self._stop_in_wait(e.reason)
-                        break
-                    except NonFiniteError as e:
-                        if not (cfg.stability.rollback.enabled and cfg.stability.rollback.on_non_finite):
-                            raise
-                        self.stability.due = (e.step, f"a non-finite loss or gradient norm at step {e.step}")
-                else:
-                    self.log_metrics()
-                    with wd.phase("checkpoint", s.global_step):
-                        ckpt.maybe_save(s.global_step, final=True)
-                        ckpt.export_hf(s.global_step)  # with hf_export.enabled
-                with wd.phase("checkpoint", s.global_step):
-                    ckpt.commit()
-        finally:
-            wd.leave()
-            self.log_metrics(collect=False)  # after an error, what was already read back
-            gc.enable()
-            self.index_log.close()
-            self.metrics_logger.close(self._summary(start_step, stop.elapsed()), exit_code)
-            wd.leave()  # the wait for the uploads is bounded by itself (watchdog.upload_wait), and ends cleanly
-            ckpt.close(cfg.stability.watchdog.upload_wait if wd.enabled else None)  # logs how each upload ended
-            wd.close()
-        return exit_code
+        return ThroughputMonitor(speed, self.device_batch_size * cfg.model.max_sequence_length, self.env.device)
 
-    def _stop_in_wait(self, reason: str) -> int:
-        """A signal ended a wait for data (or an evaluation): save the last step with one process; with several, the
-        other ranks may be inside a collective, so exit without one (the newest committed checkpoint stays)."""
-        step = self.state.global_step
-        if self.env.world_size > 1:
-            log.warning(
-                "Stopping (%s) while waiting for data at step %d, without a checkpoint of it.", reason, step
+    def _call(self, hook: str, ctx: Any) -> None:
+        """Call ``hook`` of every callback; a ``post_step`` ends early once a callback asks to rewind or stop."""
+        for callback in self.callbacks:
+            getattr(callback, hook)(ctx)
+            if hook == "post_step" and (self._rewind_request is not None or self._stop_reason is not None):
+                return
+
+    def _next_batch(self, stop: StopConditions) -> tuple[dict[str, Any], float]:
+        """Enter the next stage when the last one ended, then wait for the step's batch; also the seconds waited."""
+        s = self.state
+        if self._stage is None or s.global_step == self._stage.end_step:
+            self._stage = self.stage_plan.at(s.global_step + 1)
+            self._batch_iter = self._enter_stage(self._stage, self._batch_iter)
+            self._clock_restarted = True
+        with self.phase("data_wait", s.global_step + 1), stop.waiting():
+            start = time.perf_counter()
+            batch = next(self._batch_iter)
+        return batch, time.perf_counter() - start
+
+    def _post_step(self, record: StepMetrics, waited: float) -> None:
+        s = self.state
+        if self.stage_plan.staged and self._stage is not None:
+            record.values["train/stage"] = self._stage.index
+        ctx = StepContext(s.global_step, self._stop_at, self, record.values, waited, s.global_train_tokens_seen)
+        ctx.clock_restarted, self._clock_restarted = self._clock_restarted, False
+        self._call("post_step", ctx)
+
+    # The loop's side of the callback protocol (olmo.train.callback.Loop) ------------------------------------------
+    def rewind(self, before_step: int, reason: str) -> None:
+        if self._rewind_request is None:
+            self._rewind_request = (before_step, reason)
+
+    def stop(self, reason: str) -> None:
+        if self._stop.request.reason is None:  # agreed on by every rank, with signals and the time limit
+            self._stop.request.reason = reason
+
+    def _finish(self, reason: str) -> None:
+        """The ranks agreed to stop (the stop callback): the loop ends after the current hooks."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+
+    def restart_clock(self) -> None:
+        self._clock_restarted = True
+
+    def flush_metrics(self) -> None:
+        self.log_metrics()
+
+    def waiting(self, interruptible: bool = True) -> contextlib.AbstractContextManager[None]:
+        return self._stop.waiting(interruptible)
+
+    @contextlib.contextmanager
+    def phase(self, name: str, step: Optional[int] = None) -> Iterator[None]:
+        """The loop is in phase ``name`` of ``step`` (default: the last trained) for the block (``on_phase``)."""
+        previous = self._phase
+        self._enter_phase(name, self.state.global_step if step is None else step)
+        try:
+            yield
+        finally:
+            self._enter_phase(*previous)
+
+    def _enter_phase(self, name: Optional[str], step: int) -> None:
+        self._phase = (name, step)
+        for callback in self.callbacks:
+            callback.on_phase(name, step)
+
+    def log_results(self, step: int, metrics: dict[str, float], records: dict[str, Any]) -> None:
+        """Log an evaluation's metrics (in full on the console) and its non-numeric records (samples)."""
+        self.metrics.logger.log(step, metrics, console_keys=sorted(metrics))
+        if records:
+            self.metrics.logger.log_records(step, records)
+
+    def log_event(self, step: int, message: str) -> None:
+        """A line about the run (a stage begins, a rollback, a stop), on rank 0's console."""
+        if self.env.rank == 0:
+            log.info("[step=%d] %s", step, message)
+
+    def _rewind(self, before_step: int, reason: str) -> None:
+        """Go back to the newest committed checkpoint from before ``before_step`` (a callback asked, see
+        :meth:`rewind`): the checkpoints written since are deleted, ``on_rewind`` hooks run, and the model,
+        optimizer, trainer state and data are restored from it.
+
+        :raises OLMoTrainingError: when no committed checkpoint precedes ``before_step``.
+        """
+        from ..checkpoint import delete_checkpoint, inspect_checkpoint, list_checkpoints
+
+        s, folder = self.state, self.cfg.save_folder
+        self._rewind_request = None
+        with self.phase("checkpoint"):
+            self.checkpointer.commit()  # a background save finishes first: it may be the one to delete
+            before = [c for c in list_checkpoints(folder) if c.step < before_step]
+            if not before:
+                raise OLMoTrainingError(
+                    f"Step {s.global_step}: {reason}, but '{folder}' holds no committed checkpoint from before step "
+                    f"{before_step} to roll back to. Resume from an earlier checkpoint (--load_path) with "
+                    f"--fast_forward_batches past the offending data, or save checkpoints more often."
+                )
+            target = before[-1]
+            order_dir = self.stage_plan.at(s.global_step).order_dir
+            at = (s.global_step, target.step, before_step, reason, order_dir, s.epoch)
+            self._call(
+                "on_rewind", RewindContext(*at, s.global_train_examples_seen_this_epoch, self.env.rank, self)
             )
-            return EXIT_CODE_STOPPED
-        self.metrics_logger.log_event(step, f"Stopping ({reason}) while waiting; saving a checkpoint.")
-        with self.watchdog.phase("checkpoint", step):
-            self.checkpointer.maybe_save(step, final=True)
-        return EXIT_CODE_STOPPED
+            if self.env.rank == 0:
+                for c in list_checkpoints(folder):
+                    if c.step >= before_step:
+                        log.warning("Deleting checkpoint %s: it was written during the offending stretch.", c.path)
+                        delete_checkpoint(c)
+            barrier()
+            close = getattr(self._batch_iter, "close", None)
+            if close is not None:
+                close()  # stops the loader's workers
+            self.step_metrics.records.clear()  # steps that are trained again
+            self.checkpointer.last_saved_step.clear()
+            self.restore(inspect_checkpoint(target.path), True, True, rollback=True)
+            self._batch_iter, self._stage, self._clock_restarted = self._batches(), None, True
 
     def step(self, batch: dict[str, Any]) -> StepMetrics:
         """One training step as :meth:`fit` runs it (and ``scripts/benchmark.py`` times it): advance the data
@@ -320,11 +428,8 @@ class Trainer:
         metrics back every ``metrics_collect_interval`` steps, and collect gen-1 garbage on schedule. Returns the
         step's metrics record (its values are on the host once collected)."""
         cfg, s = self.cfg, self.state
-        if self.stability.enabled:
-            order_dir = self.stage_plan.at(s.global_step + 1).order_dir
-            self.stability.before_step(
-                s.global_step + 1, order_dir, s.epoch, s.global_train_examples_seen_this_epoch
-            )
+        order_dir = self.stage_plan.at(s.global_step + 1).order_dir  # where each recent batch came from
+        self.stability.before_step(s.global_step + 1, order_dir, s.epoch, s.global_train_examples_seen_this_epoch)
         s.global_step += 1
         s.global_train_examples_seen_this_epoch += cfg.global_train_batch_size
         s.global_train_tokens_seen += cfg.tokens_per_batch
@@ -337,19 +442,6 @@ class Trainer:
             gc.collect(1)
         return record
 
-    def maybe_eval(self, stop_at: int, force: bool = False) -> bool:
-        """Run every evaluator (on every rank: they reduce across ranks) when ``eval_interval`` says so or at the
-        last step, and log the results; return whether anything ran."""
-        step = self.state.global_step
-        if not self.eval_runner.due(step, stop_at, force):
-            return False
-        self.log_metrics()  # training steps first, so metrics.jsonl stays in step order
-        metrics = self.eval_runner.run(self.train_module, self.env.device)
-        self.metrics_logger.log(step, metrics, console_keys=sorted(metrics))
-        if self.eval_runner.records:
-            self.metrics_logger.log_records(step, self.eval_runner.records)
-        return True
-
     def _enter_stage(self, stage: Stage, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         """Before the first step this launch trains of ``stage``: at the stage's first step, write the checkpoint a
         KL stage's reference is rebuilt from and move to the stage's data if it has its own; then let the train
@@ -358,7 +450,7 @@ class Trainer:
         at_boundary = s.global_step == stage.start_step
         if self.stage_plan.staged:
             what = "begins" if at_boundary else f"continues (resumed at step {s.global_step})"
-            self.metrics_logger.log_event(
+            self.log_event(
                 s.global_step,
                 f"Stage {stage.index} ({stage.name}) {what}: steps {stage.start_step + 1}-{stage.end_step}, "
                 f"kl_beta {stage.kl_beta:g}" + (f" ({stage.kl_estimator})" if stage.kl_beta else "") + ".",
@@ -431,14 +523,15 @@ class Trainer:
         """What reading the current training data costs, when it is remote."""
         return getattr(self.dataset.dataset, "fetch_stats", None)
 
-    def _summary(self, start_step: int, seconds: float) -> dict[str, Any]:
-        last = self.metrics_logger.last
+    def _summary(self, logger: MetricsLogger) -> dict[str, Any]:
+        """The run summary that closes the log (and wandb's summary)."""
+        last, start_step, seconds = logger.last, self._start_step, self._stop.elapsed()
         fetched = fetch_metrics(self._fetch_stats())
         return {
             "steps this run": self.state.global_step - start_step,
             "global step": self.state.global_step,
             "tokens seen": self.state.global_train_tokens_seen,
-            "first loss": self.metrics_logger.first_loss,
+            "first loss": logger.first_loss,
             "last loss": last.get("train/CrossEntropyLoss"),
             "tokens/s/device": round(last.get("throughput/device/tokens_per_second", 0.0)),
             "wall time (s)": round(seconds, 1),
@@ -461,7 +554,7 @@ class Trainer:
         that drive steps themselves); returns the step's metrics record."""
         self.train_module.zero_grads()
         self.train_module.train_batch(batch)
-        with self.watchdog.phase("optimizer", self.state.global_step):
+        with self.phase("optimizer", self.state.global_step):
             self.train_module.optim_step()
         return self._step_record()
 
@@ -483,9 +576,8 @@ class Trainer:
             self.collect_metrics()
         for record in self.step_metrics.pop_ready():
             record.values.update(self.filtered.pop(record.step))
-            if self.stability.enabled:
-                self.stability.on_logged(record.step, record.values, self._instances_of(record.step))
-            self.metrics_logger.log(record.step, record.values)
+            instances = functools.partial(self._instances_of, record.step)
+            self._call("post_metrics", MetricsContext(record.step, record.values, self, instances))
 
     def _instances_of(self, step: int) -> Optional[list[int]]:
         """The instance indices of the global batch of a recent ``step`` (for logging a skipped step)."""

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Optional
 
 from ..config.stability import WATCHDOG_PHASES, WatchdogConfig
+from .callback import Callback
 
-__all__ = ["Watchdog", "EXIT_CODE_HANG", "HANG_FILE"]
+__all__ = ["Watchdog", "WatchdogCallback", "EXIT_CODE_HANG", "HANG_FILE"]
 
 log = logging.getLogger(__name__)
 
@@ -164,3 +165,20 @@ class Watchdog:
         while len(self._hang_files()) < self.world_size and time.monotonic() < deadline:
             time.sleep(0.1)  # the other ranks write theirs while they are still blocked
         os._exit(EXIT_CODE_HANG)
+
+
+class WatchdogCallback(Callback):
+    """The watchdog as a loop callback: it starts with the run, times each phase the loop enters, and stops last."""
+
+    def __init__(self, watchdog: Watchdog):
+        self.watchdog = watchdog
+        watchdog.start()  # before any other callback's pre_train: the step-0 checkpoint is timed too
+
+    def on_phase(self, phase: Optional[str], step: int) -> None:
+        if phase is None:
+            self.watchdog.leave()
+        else:
+            self.watchdog.enter(phase, step)
+
+    def close(self) -> None:
+        self.watchdog.close()

@@ -1,0 +1,231 @@
+"""The training loop's callback protocol: :class:`Callback` and the small context objects its hooks receive.
+
+:meth:`olmo.train.Trainer.fit` is the loop itself (fetch a batch, train a step); everything around it is a callback
+that the loop calls at fixed points, in list order:
+
+===================  ==================================================================================================
+hook                 when
+===================  ==================================================================================================
+``pre_train``        once, before the first step of this launch (after any restore)
+``pre_step``         before the loop waits for the next step's batch
+``post_step``        after each step; ``ctx.metrics`` is the step's record, which callbacks may add to before it is
+                     logged (it is logged when its values are read back from the device)
+``post_metrics``     when a step's metrics were read back, just before they are logged (``ctx.values``)
+``pre_checkpoint``   before a checkpoint is written (``ctx.step``, ``ctx.kind``)
+``post_checkpoint``  after a checkpoint is published (``ctx.path``)
+``on_phase``         the loop entered a phase (``data_wait``, ``forward_backward``, ``optimizer``, ``checkpoint``,
+                     ``evaluation``; None: no phase)
+``on_rewind``        the run goes back to an earlier checkpoint (``ctx.to_step``, the data position it leaves)
+``post_train``       once, after the last step of this launch (``ctx.how``: ``finished``, ``stopped`` or
+                     ``interrupted``, a stop that came while waiting for data)
+``on_error``         an exception left a step (``ctx.error``); a callback may recover by requesting a rewind
+===================  ==================================================================================================
+
+A hook gets a context, never the trainer: what it may do to the run goes through :class:`Loop` (``ctx.loop``), a
+narrow interface the trainer implements: ask to rewind to a checkpoint before some step, ask to stop, restart the
+throughput clock, flush the metrics read back so far, enter a phase, log. A rewind, and the stop the ranks agree on,
+end the current step's remaining ``post_step`` hooks; the loop then carries them out. Every rank runs every hook:
+a request must be made on every rank (base it on logged metrics, which every rank reads the same).
+
+Built in (in this order): the watchdog, straggler detection, spike skipping and rollback, throughput and MFU, metrics
+logging, the stop agreement, checkpointing, evaluation (in-loop samples are its ``generate`` evaluators) and the
+Hugging Face export. Add your own from Python with ``Trainer(..., callbacks=[...])`` or
+``olmo.cli.train.main(argv, callbacks=[...])``; configs never name code to import (README, "Your own callbacks").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol
+
+__all__ = [
+    "Callback",
+    "Loop",
+    "RunContext",
+    "StepContext",
+    "MetricsContext",
+    "CheckpointContext",
+    "RewindContext",
+    "EndContext",
+    "ErrorContext",
+]
+
+
+class Loop(Protocol):
+    """What a callback may ask of the training loop (the trainer implements it)."""
+
+    def rewind(self, before_step: int, reason: str) -> None:
+        """Go back to the newest committed checkpoint from before ``before_step`` once the current hooks return:
+        the checkpoints written since are deleted, ``on_rewind`` hooks run, the model, optimizer and data position
+        are restored from it, and training goes on from there."""
+
+    def stop(self, reason: str) -> None:
+        """Stop training, with a final checkpoint and exit code 75, as a signal would: every rank stops together at
+        the next stop agreement, which follows the metrics logged after a step (asked from ``post_metrics``, the
+        run stops after this step; from a later hook, after the next). ``post_train`` gets ``how="stopped"``."""
+
+    def restart_clock(self) -> None:
+        """The time since the last step was not training (a checkpoint, an evaluation): throughput restarts."""
+
+    def flush_metrics(self) -> None:
+        """Read back the steps' pending metrics and log the ready ones (``post_metrics`` hooks)."""
+
+    def log_event(self, step: int, message: str) -> None:
+        """A line about the run on rank 0's console (``[step=N] message``)."""
+
+    def log_results(self, step: int, metrics: dict[str, float], records: dict[str, Any]) -> None:
+        """Log an evaluation's metrics (in full on the console) and its records that are not numbers (samples)."""
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """A block of the loop in phase ``name`` (``on_phase`` hooks; the previous phase afterwards)."""
+
+    def waiting(self, interruptible: bool = True) -> contextlib.AbstractContextManager[None]:
+        """A block that only the outside world ends (reading remote data): a stop signal interrupts it."""
+
+
+@dataclass
+class RunContext:
+    """``pre_train``: where this launch starts."""
+
+    step: int
+    """Steps trained before this launch (0 for a fresh run)."""
+    stop_at: int
+    """The step this launch stops at."""
+    restored_step: Optional[int]
+    """The step of the checkpoint this launch restored, if any."""
+    loop: Loop
+
+
+@dataclass
+class StepContext:
+    """``pre_step`` (``step``: steps trained so far) and ``post_step`` (``step``: the step just trained)."""
+
+    step: int
+    stop_at: int
+    loop: Loop
+    metrics: dict[str, float] = field(default_factory=dict)
+    """``post_step``: the step's metrics record (device values until read back); add host values to it."""
+    data_wait: float = 0.0
+    """``post_step``: seconds the step waited for its batch."""
+    tokens_seen: int = 0
+    """``post_step``: tokens trained on so far in the run (all ranks)."""
+    clock_restarted: bool = False
+    """``post_step``: the time before this step was not all training (a checkpoint, an evaluation, a new stage, a
+    rewind: see :meth:`Loop.restart_clock`)."""
+
+
+@dataclass
+class MetricsContext:
+    """``post_metrics``: one step's metrics, read back from the device, about to be logged."""
+
+    step: int
+    values: dict[str, float]
+    loop: Loop
+    instances: Any = None
+    """``instances()``: the instance indices of that step's global batch, or None when no longer known."""
+
+
+@dataclass
+class CheckpointContext:
+    """``pre_checkpoint`` and ``post_checkpoint``."""
+
+    step: int
+    kind: str
+    """``sharded``, ``unsharded``, ``ephemeral`` or ``named``."""
+    path: Optional[str] = None
+    """``post_checkpoint``: where it was published."""
+
+
+@dataclass
+class RewindContext:
+    """``on_rewind``: the run goes back from ``from_step`` to the checkpoint of ``to_step``."""
+
+    from_step: int
+    to_step: int
+    before_step: int
+    """The first step of the stretch that is undone (the rewind's target precedes it)."""
+    reason: str
+    order_dir: str
+    """The data order the run was reading (``train_data`` or a stage's ``train_data/stageN``)."""
+    epoch: int
+    position: int
+    """Instances of ``epoch`` consumed when the rewind was asked for."""
+    rank: int
+    loop: Loop
+
+
+@dataclass
+class EndContext:
+    """``post_train``: how this launch ends."""
+
+    step: int
+    how: str
+    """``finished`` (the last step), ``stopped`` (a signal, ``time_limit`` or a callback's ``stop``) or
+    ``interrupted`` (a signal while waiting for data or an evaluation: other ranks may be inside a collective)."""
+    reason: Optional[str]
+    world_size: int
+    loop: Loop
+
+
+@dataclass
+class ErrorContext:
+    """``on_error``: ``error`` left the step after ``step``."""
+
+    step: int
+    error: BaseException
+    loop: Loop
+
+
+class Callback:
+    """A training-loop callback: override the hooks you need (every hook does nothing here)."""
+
+    def pre_train(self, ctx: RunContext) -> None:
+        pass
+
+    def pre_step(self, ctx: StepContext) -> None:
+        pass
+
+    def post_step(self, ctx: StepContext) -> None:
+        pass
+
+    def post_metrics(self, ctx: MetricsContext) -> None:
+        pass
+
+    def pre_checkpoint(self, ctx: CheckpointContext) -> None:
+        pass
+
+    def post_checkpoint(self, ctx: CheckpointContext) -> None:
+        pass
+
+    def on_phase(self, phase: Optional[str], step: int) -> None:
+        pass
+
+    def on_rewind(self, ctx: RewindContext) -> None:
+        pass
+
+    def post_train(self, ctx: EndContext) -> None:
+        pass
+
+    def on_error(self, ctx: ErrorContext) -> None:
+        pass
+
+    def close(self) -> None:
+        """Last of all, also after an error: release what the callback holds (threads, files)."""
+
+
+def call_each(callbacks: list[Callback], hook: str, *args: Any) -> None:
+    """Call ``hook`` of every callback, in order."""
+    for callback in callbacks:
+        getattr(callback, hook)(*args)
+
+
+@contextlib.contextmanager
+def closing_all(callbacks: list[Callback]) -> Iterator[None]:
+    """Close every callback at the end of the block, in reverse order, even after an error."""
+    try:
+        yield
+    finally:
+        for callback in reversed(callbacks):
+            callback.close()
