@@ -25,7 +25,7 @@ from .util.tokenizer_files import (
 )
 
 if TYPE_CHECKING:
-    from .config import TrainConfig
+    from .config import ModelConfig, TrainConfig
 
 __all__ = [
     "DEFAULT_TOKENIZER",
@@ -116,13 +116,18 @@ class Tokenizer:
 
     @classmethod
     def from_train_config(cls, cfg: TrainConfig) -> Tokenizer:
-        """Load ``cfg.tokenizer`` and check its vocabulary against ``cfg.model.vocab_size``."""
-        tok = cls.from_config(cfg.tokenizer, cfg.model.eos_token_id, cfg.model.pad_token_id)
-        tok.truncate_direction = TruncationDirection(cfg.tokenizer.truncate_direction)
-        if tok.vocab_size != cfg.model.vocab_size:
+        """Load ``cfg.tokenizer`` for ``cfg.model`` (:meth:`for_model`)."""
+        return cls.for_model(cfg.tokenizer, cfg.model)
+
+    @classmethod
+    def for_model(cls, cfg: TokenizerConfig, model: ModelConfig) -> Tokenizer:
+        """Load ``cfg`` with the model's EOS and pad ids and check its vocabulary against ``model.vocab_size``."""
+        tok = cls.from_config(cfg, model.eos_token_id, model.pad_token_id)
+        tok.truncate_direction = TruncationDirection(cfg.truncate_direction)
+        if tok.vocab_size != model.vocab_size:
             raise OLMoConfigurationError(
-                f"The tokenizer {cfg.tokenizer.identifier!r} has {tok.vocab_size} tokens but "
-                f"model.vocab_size={cfg.model.vocab_size}; they must match."
+                f"The tokenizer {cfg.identifier!r} has {tok.vocab_size} tokens but "
+                f"model.vocab_size={model.vocab_size}; they must match."
             )
         return tok
 

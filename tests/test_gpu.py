@@ -6,7 +6,7 @@ import torch
 
 from olmo.config import TrainConfig
 from olmo.data import build_train_dataloader
-from olmo.distributed import build_model, init_distributed
+from olmo.distributed import ParallelizeOptions, build_model, init_distributed
 from olmo.optim import build_optimizer, build_scheduler
 from olmo.testing import tiny_config_dict, write_byte_memmap
 from olmo.train import Trainer
@@ -32,7 +32,7 @@ def _trainer(tmp_path, corpus, **overrides):
     env = init_distributed()
     seed_all(cfg.seed)
     loader = build_train_dataloader(cfg, world_size=1, rank=0, work_dir=tmp_path)
-    model = build_model(cfg, env)
+    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
     optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
     trainer = Trainer(
         cfg, env, build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler)), loader

@@ -255,3 +255,227 @@ def test_tests_mirror_the_packages():
     }
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
     assert folders <= packages, f"tests/ folders that name no package of olmo: {sorted(folders - packages)}"
+
+
+RENAMES_ALLOWED = {
+    "olmo/util/atomic.py": "the one atomic file write (atomic_write, atomic_file)",
+    # Directory swaps, kept on purpose:
+    "olmo/checkpoint/save.py": "replace_dir: a staged checkpoint, local upload or HF export renamed into place",
+    "olmo/checkpoint/restore.py": "a damaged checkpoint moved aside at launch, so that it is never loaded",
+    # Finished files of a staging folder moved into the output, one by one (not a temporary-file write).
+    "olmo/data/memmap_writer.py": "publish(): the part-*.npy files of prepare_memmap_dataset's staging folder",
+    "olmo/data/sft.py": "the output files of prepare_sft_data's staging folder",
+}
+"""Modules that may rename files or folders into place, and why. ``Path.replace`` cannot be told from
+``str.replace`` without types, so it is not looked for: use ``os.replace``, as atomic.py does."""
+
+
+def _calls(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, dotted name)`` of every call of a plain name or attribute chain (``os.replace``, ``tmp.rename``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            parts, func = [], node.func
+            while isinstance(func, ast.Attribute):
+                parts.append(func.attr)
+                func = func.value
+            parts.append(func.id if isinstance(func, ast.Name) else "?")
+            found.append((node.lineno, ".".join(reversed(parts))))
+    return found
+
+
+def test_files_are_renamed_into_place_only_by_the_atomic_helpers_and_retries_are_not_hand_written():
+    renames, retry_loops = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel, tree = str(path.relative_to(REPO)), ast.parse(path.read_text())
+        if rel not in RENAMES_ALLOWED:
+            renames += [
+                f"{rel}:{line} {name}()"
+                for line, name in _calls(tree)
+                if name in ("os.replace", "os.rename", "os.renames", "shutil.move") or name.endswith(".rename")
+            ]
+        if rel != "olmo/util/retry.py":
+            # A wait (time.sleep, Event.wait) in an exception handler inside a loop is a retry loop written by hand.
+            for loop in (n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))):
+                for handler in (n for n in ast.walk(loop) if isinstance(n, ast.ExceptHandler)):
+                    retry_loops += [
+                        f"{rel}:{line} {name}()"
+                        for line, name in _calls(handler)
+                        if name in ("time.sleep", "sleep") or name.endswith(".wait")
+                    ]
+    assert not renames, (
+        "rename files into place with olmo.util.atomic_write/atomic_file (directories: "
+        f"olmo.checkpoint.save.replace_dir), or add the module to RENAMES_ALLOWED with the reason: {renames}"
+    )
+    assert not retry_loops, (
+        "retry with olmo.util.call_with_retries (its stop= ends a wait early) instead of waiting in an except clause: "
+        f"{sorted(set(retry_loops))}"
+    )
+
+
+def test_no_module_of_olmo_finds_the_source_checkout_from_its_own_path():
+    # The package works wherever it is installed: a benchmark finds the scripts it runs beside its own script
+    # (olmo.bench.scripts), configs are relative to the working directory, and only the tests know the checkout
+    # (olmo.testing finds it from pytest's working directory).
+    import re
+
+    from_own_path = re.compile(r"__file__\)(\.resolve\(\))?\.(parents\[|parent\.parent)")
+    assert from_own_path.search("REPO = Path(__file__).resolve().parents[2]")  # what olmo.util once held
+    offenders = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if from_own_path.search(line)
+    ]
+    assert not offenders, (
+        "modules of olmo/ that compute the source checkout from their own path; take the path from an argument, "
+        "the working directory or the running script (olmo.bench.scripts.sibling_script) instead:\n"
+        + "\n".join(offenders)
+    )
+
+
+TRAIN_CONFIG_ALLOWED = {
+    "olmo/checkpoint/checkpointers.py:build_sharded_checkpointer": (
+        "OLMo's build_sharded_checkpointer(cfg): the checkpointer writes the whole config into each checkpoint"
+    ),
+    "olmo/data/__init__.py:build_collator": "OLMo's build_collator(train_config); calls build_data_collator",
+    "olmo/data/__init__.py:build_memmap_dataset": (
+        "OLMo's build_memmap_dataset(cfg, cfg.data), DESIGN.md's inspection snippet; calls build_dataset"
+    ),
+    "olmo/data/__init__.py:build_eval_dataloader": (
+        "OLMo's build_eval_dataloader(cfg, data_cfg, batch_size); calls build_eval_loader"
+    ),
+    "olmo/data/__init__.py:build_train_dataloader": (
+        "OLMo's build_train_dataloader(cfg, world_size=..., rank=...); calls build_train_loader"
+    ),
+    "olmo/data/custom_datasets.py:build_custom_dataset": "OLMo's build_custom_dataset(cfg); also takes cfg.data",
+    "olmo/optim/__init__.py:build_optimizer": "OLMo's build_optimizer(cfg, model); also takes cfg.optimizer",
+    "olmo/optim/scheduler.py:build_scheduler": "OLMo's build_scheduler(cfg, sched_cfg=None); also takes cfg.scheduler",
+    "olmo/train/build_module.py:build_train_module": (
+        "the train module's own builder: a TrainModule subclass may read any section (issue 37 follow-up)"
+    ),
+    "olmo/train/stages.py:build_stage_dataloader": (
+        "a stage's loader, built with the train module from the whole config (issue 37 follow-up)"
+    ),
+    "olmo/train/train_module.py:from_config": (
+        "the train module's own builder: a TrainModule subclass may read any section (issue 37 follow-up)"
+    ),
+}
+"""``module:function`` builders below the commands that may take the whole ``TrainConfig``, and why: OLMo's own
+signatures, kept for scripts written against OLMo (each unpacks the sections and calls the section builder)."""
+
+
+def test_builders_take_their_own_config_section_not_the_whole_train_config():
+    import re
+
+    names_train_config = re.compile(r"\bTrainConfig\b")
+    takes_train_config = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel.startswith("olmo/cli/"):
+            continue  # the commands load the config and hand each builder its sections
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if not (node.name.startswith("build_") or node.name == "from_config"):
+                continue
+            args = node.args
+            params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+            annotations = [ast.unparse(p.annotation) for p in params if p is not None and p.annotation is not None]
+            if any(names_train_config.search(a) for a in annotations):
+                takes_train_config.add(f"{rel}:{node.name}")
+    offenders = sorted(takes_train_config - TRAIN_CONFIG_ALLOWED.keys())
+    assert not offenders, (
+        "builders that take the whole TrainConfig: give each its own section (cfg.data, cfg.optimizer, cfg.model, "
+        "an evaluator's config, ...) plus explicit arguments; only an OLMo-compatible entry may go in "
+        f"TRAIN_CONFIG_ALLOWED, with its reason: {offenders}"
+    )
+    stale = sorted(TRAIN_CONFIG_ALLOWED.keys() - takes_train_config)
+    assert not stale, f"TRAIN_CONFIG_ALLOWED names builders that are gone or no longer take a TrainConfig: {stale}"
+
+
+FIT_MAX_LINES = 40
+
+
+def test_trainer_fit_reads_as_the_loop_itself_in_40_lines_or_fewer():
+    tree = ast.parse((PACKAGE / "train/trainer.py").read_text())
+    trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Trainer")
+    fit = next(n for n in trainer.body if isinstance(n, ast.FunctionDef) and n.name == "fit")
+    assert fit.end_lineno is not None
+    lines = fit.end_lineno - fit.lineno + 1
+    assert lines <= FIT_MAX_LINES, (
+        f"Trainer.fit is {lines} lines (at most {FIT_MAX_LINES}): what happens around a step belongs in a callback "
+        "(olmo/train/callback.py, docs/architecture.md 'The training loop'), not in the loop."
+    )
+
+
+PRIVATE_NAMES_ALLOWED = {
+    "_HYBRID_SHARD_ZERO2": "a member of OLMo's ShardingStrategy enum, whose name starts with an underscore in OLMo",
+}
+"""Underscore names a module may read off objects it does not define, with the reason."""
+
+
+def _private_accesses(path: Path) -> list[str]:
+    """``x._name`` in ``path`` where ``x`` is not ``self``/``cls``, ``_name`` is defined nowhere in the module, and
+    ``x`` is not a module of another distribution (``os._exit``, torch's internals are their business)."""
+    tree = ast.parse(path.read_text())
+    defined, foreign = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            defined.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            defined.add(node.id)
+        elif isinstance(node, ast.Import):
+            foreign.update((a.asname or a.name).split(".")[0] for a in node.names if not a.name.startswith("olmo"))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and not (node.module or "").startswith("olmo"):
+            foreign.update(a.asname or a.name for a in node.names)
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+            continue
+        root = node.value
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if isinstance(root, ast.Name) and (root.id in ("self", "cls") or root.id in foreign):
+            continue
+        if node.attr in defined or node.attr in PRIVATE_NAMES_ALLOWED:
+            continue
+        out.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_no_module_reads_another_modules_underscore_attributes():
+    found = [hit for path in sorted(PACKAGE.rglob("*.py")) for hit in _private_accesses(path)]
+    assert not found, (
+        "these read an underscore attribute that their module does not define (another class's private state): "
+        "give the owner a public method or property instead, or, for a rewind, ask the loop (ctx.loop.rewind):\n"
+        + "\n".join(found)
+    )
+
+
+def test_the_private_access_check_sees_a_trainer_private_used_elsewhere(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("import os\n\ndef roll_back(trainer):\n    os._exit(0)\n    return trainer._batches()\n")
+    assert _private_accesses_at(sample) == ["sample.py:5: trainer._batches"]
+
+
+def _private_accesses_at(path: Path) -> list[str]:
+    global REPO
+    saved, REPO = REPO, path.parent
+    try:
+        return _private_accesses(path)
+    finally:
+        REPO = saved
+
+
+def test_no_two_library_modules_share_a_file_name():
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if path.name == "__init__.py" or rel.parts[0] in ("cli", "bench"):  # named after their command
+            continue
+        by_name.setdefault(path.name, []).append(str(rel))
+    shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert not shared, f"modules sharing a file name (rename one after what it holds): {shared}"

@@ -288,8 +288,7 @@ def test_generate_py_continues_an_original_olmo_checkpoint(tmp_path, capsys):
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers
 
-    from olmo.testing import run_main
-    from olmo.util import REPO
+    from olmo.testing import REPO, run_main
 
     checkpoint = REPO / "tests/fixtures/olmo_checkpoints/ddp/step2-unsharded"
     vocab = {f"t{i}": i for i in range(64)}

@@ -46,13 +46,14 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint, save_checkpoint
 from olmo.config import TrainConfig
-from olmo.distributed import DistEnv, build_model
+from olmo.distributed import DistEnv, ParallelizeOptions, build_model
 from olmo.optim import build_optimizer
-from olmo.util import REPO, machine_info
+from olmo.util import machine_info
 
 log = logging.getLogger("benchmark_checkpoint")
 
-DEFAULT_CONFIG = REPO / "configs/official/OLMo-300M.yaml"
+DEFAULT_CONFIG = "configs/official/OLMo-300M.yaml"
+"""Relative to the working directory, as every config path: run the benchmark from the checkout."""
 SMOKE_OVERRIDES = ["model.n_layers=1", "model.d_model=256"]
 PAGE_CACHE_NOTE = "The page cache is not dropped: loads right after a save read mostly from RAM."
 ASYNC_NOTE = (
@@ -64,7 +65,7 @@ RAW_WRITE_BYTES = 2**30
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="benchmark_checkpoint.py", description=__doc__.split("\n")[0])
-    parser.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG), help="model/optimizer config (YAML)")
+    parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="model/optimizer config (YAML)")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per kind; medians are reported")
     parser.add_argument(
         "--steps-between",
@@ -282,7 +283,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     overrides = [*(SMOKE_OVERRIDES if args.smoke else []), *args.override, "compile=null"]
     cfg = TrainConfig.load(args.config, overrides)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1))
+    model = build_model(
+        cfg.model,
+        DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1),
+        ParallelizeOptions.from_train_config(cfg),
+    )
     optimizer = build_optimizer(cfg.optimizer, model)
     optimizer_step(model, optimizer, cfg.model.vocab_size)
     state = sharded_state_dict(model, optimizer)

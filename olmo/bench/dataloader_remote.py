@@ -26,11 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from olmo.bench.scripts import sibling_script
 from olmo.config import TrainConfig
 from olmo.data import IterableDataset, build_train_dataloader
-from olmo.util import REPO
 
-QUICKSTART_CONFIG = REPO / "configs/tiny/OLMo-tiny.yaml"
+QUICKSTART_CONFIG = Path("configs/tiny/OLMo-tiny.yaml")
+"""The quickstart model's config, in the checkout the benchmark is run from."""
 
 
 def serve(folder: Path, latency: float) -> tuple[subprocess.Popen, str]:
@@ -107,7 +108,7 @@ def run_train(config: Path, *args: str) -> tuple[float, Path]:
     lines_before = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
     env = {**os.environ, "WANDB_MODE": "disabled"}
     start = time.perf_counter()
-    cmd = [sys.executable, str(REPO / "scripts/train.py"), str(config), *args]
+    cmd = [sys.executable, str(sibling_script("train.py")), str(config), *args]
     process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     first = None
     while process.poll() is None:

@@ -18,12 +18,12 @@ from typing import Optional
 import torch
 
 from olmo.config import TrainConfig
+from olmo.data import DataContext
 from olmo.eval import DownstreamEvaluator, build_evaluators
 from olmo.eval.downstream import build_task
 from olmo.model import OLMo
 from olmo.testing import tiny_config_dict, write_byte_memmap
 from olmo.tokenizer import Tokenizer
-from olmo.util import REPO
 
 CPU = torch.device("cpu")
 
@@ -49,7 +49,15 @@ def measure_lm(root: Path, seq_len: int, n_instances: int, batch_size: int = 16)
         )
     )
     torch.manual_seed(0)
-    seconds = _timed(build_evaluators(cfg)[0], OLMo(cfg.model))
+    evaluators = build_evaluators(
+        cfg.evaluators,
+        cfg.model,
+        DataContext.from_train_config(cfg),
+        tokenizer=cfg.tokenizer,
+        batch_size=cfg.device_eval_batch_size,
+        subset_num_batches=cfg.eval_subset_num_batches,
+    )
+    seconds = _timed(evaluators[0], OLMo(cfg.model))
     print(
         f"lm   T={seq_len:<4} bs={batch_size}: {n_instances / seconds:8.1f} instances/s, "
         f"{n_instances * seq_len / seconds:9.0f} tokens/s ({n_instances} instances in {seconds:.2f} s)"
@@ -85,7 +93,7 @@ def measure_generation(prompts: int = 4, new_tokens: int = 32, long_prompts: boo
     from olmo.eval.generation import GenerationEvaluator
     from olmo.model.generation import build_sampler
 
-    cfg = TrainConfig.load(REPO / "configs/tiny/OLMo-tiny.yaml", ["wandb=null"])
+    cfg = TrainConfig.load("configs/tiny/OLMo-tiny.yaml", ["wandb=null"])  # run from the checkout
     tokenizer = Tokenizer.from_train_config(cfg)
     texts = ["def main(", "import os", "class Config:", "# Licensed under"][:prompts]
     if long_prompts:  # ~200 tokens each: where the cache saves the most

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from olmo.util import REPO
+from olmo.bench.scripts import sibling_script
 
 RUNGS: dict[str, tuple[str, list[str]]] = {
     "eager": (
@@ -110,7 +110,7 @@ def pinned_peak(flags: list[str]) -> bool:
 
 
 def run_rung(config: str, flags: list[str], out: Path) -> tuple[Optional[dict[str, Any]], str]:
-    cmd = [sys.executable, str(REPO / "scripts/benchmark.py"), config, *flags, f"--out={out}"]
+    cmd = [sys.executable, str(sibling_script("benchmark.py")), config, *flags, f"--out={out}"]
     print(f"$ {' '.join(cmd[1:])}", flush=True)
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:

@@ -22,10 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from olmo.util import REPO
+from olmo.bench.scripts import sibling_script
 
-SCRIPT = REPO / "scripts/benchmark_loss.py"
-"""Each variant runs in a child process of this script."""
 VARIANTS = ("plain", "fused")
 
 
@@ -135,7 +133,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     results = {}
     for variant in VARIANTS:
         options = {k: v for k, v in vars(args).items() if k not in ("out", "variant") and v is not None}
-        cmd = [sys.executable, str(SCRIPT), *(f"--{k.replace('_', '-')}={v}" for k, v in options.items())]
+        # Each variant runs in a child process of this script.
+        script = sibling_script("benchmark_loss.py")
+        cmd = [sys.executable, str(script), *(f"--{k.replace('_', '-')}={v}" for k, v in options.items())]
         cmd.append(f"--variant={variant}")
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:

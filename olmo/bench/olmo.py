@@ -61,12 +61,15 @@ from typing import Any, Optional
 import torch
 
 from olmo.bench.olmo_worker import AUTOCAST_DTYPES, Side, serve
+from olmo.bench.scripts import sibling_script
 from olmo.exceptions import OLMoError
-from olmo.util import REPO, machine_info
+from olmo.util import machine_info
 
 log = logging.getLogger("benchmark_olmo")
 
-OLMO_PYTHON = REPO / ".venv-olmo/bin/python"
+OLMO_PYTHON = ".venv-olmo/bin/python"
+"""The original's python as ``make olmo-env`` installs it in the checkout, relative to the working directory: run the
+benchmark from the checkout, or pass ``--olmo-python``."""
 FLOAT32_MATMUL_PRECISION = "high"  # our TrainConfig's default; set on both sides
 SEED = 6198
 OPTIMIZER = {"name": "adamw", "learning_rate": 4.0e-4, "weight_decay": 0.1, "betas": [0.9, 0.95], "eps": 1.0e-5}
@@ -95,7 +98,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--dtype", choices=sorted(AUTOCAST_DTYPES), default="fp32", help="bf16: autocast (CUDA only)"
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads on each side")
-    parser.add_argument("--olmo-python", default=str(OLMO_PYTHON), help="python of the original's virtualenv")
+    parser.add_argument("--olmo-python", default=OLMO_PYTHON, help="python of the original's virtualenv")
     parser.add_argument("--ours-only", action="store_true", help="time ours alone (no original needed)")
     parser.add_argument("--profile", choices=["a", "b"], help="afterwards, profile this measurement on each side")
     parser.add_argument("--json", help="write the report as JSON to this file")
@@ -114,7 +117,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.olmo_python = os.path.abspath(args.olmo_python)  # the worker starts elsewhere; a venv's python is a link
     if not args.ours_only and not Path(args.olmo_python).is_file():
         parser.error(
-            f"{args.olmo_python} does not exist: run `make olmo-env`, pass --olmo-python, or use --ours-only"
+            f"{args.olmo_python} does not exist: run `make olmo-env` (the default is its .venv-olmo in the working "
+            f"directory), pass --olmo-python, or use --ours-only"
         )
     return args
 
@@ -158,7 +162,7 @@ class OursSide(Side):
         from olmo.bench.common import SyntheticBatches
         from olmo.bench.train_step import git_state
         from olmo.config import TrainConfig
-        from olmo.distributed import DistEnv, build_model
+        from olmo.distributed import DistEnv, ParallelizeOptions, build_model
         from olmo.optim import build_optimizer, build_scheduler
         from olmo.train import Trainer
         from olmo.train.build_module import build_train_module
@@ -184,7 +188,7 @@ class OursSide(Side):
         cfg.validate(1)
         env = DistEnv(self.device, rank=0, local_rank=0, world_size=1, local_world_size=1)
         seed_all(cfg.seed)
-        self.model = model = build_model(cfg, env)
+        self.model = model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
         optimizer = build_optimizer(cfg.optimizer, model)
         loader: Any = SyntheticBatches(cfg, env, n_steps=4)  # 4 batches, cycled
         train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
@@ -265,18 +269,11 @@ def start_workers(args: argparse.Namespace, work_dir: Path) -> list[Worker]:
     """Ours, then (unless ``--ours-only``) the original; both start importing at once."""
     threads = str(args.threads)
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    workers = [
-        Worker(
-            "ours",
-            [sys.executable, str(REPO / "scripts/benchmark_olmo.py"), "--worker"],
-            REPO,
-            env,
-            work_dir / "ours.log",
-        )
-    ]
+    ours = [sys.executable, str(sibling_script("benchmark_olmo.py")), "--worker"]
+    workers = [Worker("ours", ours, Path.cwd(), env, work_dir / "ours.log")]
     if not args.ours_only:
         # -I and a cwd outside the repository: `import olmo` must find the original, never ours.
-        cmd = [args.olmo_python, "-I", str(REPO / "scripts/olmo_original_worker.py")]
+        cmd = [args.olmo_python, "-I", str(sibling_script("olmo_original_worker.py"))]
         workers.append(Worker("original", cmd, work_dir, env, work_dir / "original.log"))
     return workers
 

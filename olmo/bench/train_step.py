@@ -69,6 +69,7 @@ from olmo.config import TrainConfig, clean_opt
 from olmo.data import build_train_dataloader
 from olmo.distributed import (
     DistEnv,
+    ParallelizeOptions,
     all_reduce,
     autocast_dtype,
     build_model,
@@ -81,7 +82,7 @@ from olmo.optim import build_optimizer, build_scheduler
 from olmo.train import Trainer
 from olmo.train.build_module import build_train_module
 from olmo.train.metrics import PeakFlops, StepMetrics, device_peak_flops, model_flops_utilization, peak_memory_mb
-from olmo.util import REPO, env_world_size, machine_info, result_file_problem, write_result_file
+from olmo.util import env_world_size, machine_info, result_file_problem, write_result_file
 from olmo.util.rng import seed_all
 
 log = logging.getLogger("benchmark")
@@ -205,8 +206,11 @@ def device_info(env: DistEnv, machine: dict[str, Any]) -> dict[str, Any]:
 
 
 def git_state() -> dict[str, Any]:
+    """The commit of the code that runs, and whether it has uncommitted changes: git's answer in this package's
+    folder (None for both when the package is not in a git checkout, as when installed from a wheel)."""
+
     def git(*cmd: str) -> Optional[str]:
-        result = subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True)
+        result = subprocess.run(["git", *cmd], cwd=Path(__file__).parent, capture_output=True, text=True)
         return result.stdout.strip() if result.returncode == 0 else None
 
     status = git("status", "--porcelain", "--untracked-files=no")
@@ -324,7 +328,7 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
             loader: Any = SyntheticBatches(cfg, env, args.warmup + args.steps)
         else:
             loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank, work_dir=work_dir)
-        model: OLMo = build_model(cfg, env)
+        model: OLMo = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
         optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
         trainer = Trainer(
             cfg, env, build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler)), loader

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..config import TrainConfig
-from ..distributed import DistEnv, build_model
+from ..distributed import DistEnv, ParallelizeOptions, build_model
 from ..exceptions import OLMoCheckpointError
 from ..optim import build_optimizer
 from .files import fetch, load_state_file
@@ -124,8 +124,9 @@ class Checkpointer:
             optim_state = load_state_file(info.path, "optim") if load_optimizer_state else None
         else:
             cfg = TrainConfig.load_saved(fetch(info.path, "config.yaml"), ["compile=null"])
-            model = build_model(cfg, DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1))
-            optimizer = build_optimizer(cfg, model) if load_optimizer_state else None
+            cpu = DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1)
+            model = build_model(cfg.model, cpu, ParallelizeOptions.from_train_config(cfg))
+            optimizer = build_optimizer(cfg.optimizer, model) if load_optimizer_state else None
             load_checkpoint(info, model, optimizer, load_trainer_state=False)
             full = model_and_optim_state(model, optimizer, full=True)
             model_state, optim_state = full["model"], full.get("optim")

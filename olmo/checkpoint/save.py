@@ -44,6 +44,7 @@ __all__ = [
     "write_imported_checkpoint",
     "commit_checkpoint",
     "is_committed",
+    "replace_dir",
     "rank",
     "barrier",
 ]
@@ -80,6 +81,23 @@ def fsync_tree(root: Path) -> dict[str, int]:
     for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
         fsync_dir(d)
     return sizes
+
+
+def replace_dir(staged: Path, target: Path) -> None:
+    """Rename the directory ``staged`` to its sibling ``target`` and fsync their folder: a reader finds the old
+    ``target`` or the whole new one. An existing ``target`` is first renamed aside (a hidden ``.NAME.old-*``) and
+    deleted after the rename (a symlink as a link: what it points to may belong to another run).
+
+    The one place where a directory is renamed into place: checkpoint commits, local uploads and HF exports.
+    """
+    if target.exists():
+        aside = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+        target.rename(aside)
+        staged.rename(target)
+        remove_path(aside)
+    else:
+        staged.rename(target)
+    fsync_dir(target.parent)
 
 
 def is_committed(path: Path) -> bool:
@@ -387,20 +405,13 @@ def commit_checkpoint(pending: PendingCheckpoint) -> Path:
 
 
 def _publish(pending: PendingCheckpoint) -> None:
-    root, tmp, target = pending.target.parent, pending.tmp, pending.target
+    tmp, target = pending.tmp, pending.target
     if pending.config is not None:
         pending.config.save(tmp / "config.yaml")
     meta = {**pending.meta, "files": fsync_tree(tmp)}
     (tmp / MARKER).write_text(json.dumps(meta, indent=1))
     fsync_tree(tmp)
-    if target.exists():
-        trash = root / f".{target.name}.old-{tmp.name.rsplit('-', 1)[-1]}"
-        target.rename(trash)
-        tmp.rename(target)
-        remove_path(trash)  # a link to another run's checkpoint goes as a link
-    else:
-        tmp.rename(target)
-    fsync_dir(root)
+    replace_dir(tmp, target)
 
 
 _SAVE_GROUP: list[Any] = []

@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Optional
 
 from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
-from ..util import local_path_of, remote_save_folder_problems, split_remote
+from ..util import Backoff, call_with_retries, local_path_of, remote_save_folder_problems, split_remote
 from ..util.object_store import gcs_client, s3_client
 from .files import MARKER, read_marker
-from .save import fsync_dir, fsync_tree
+from .save import fsync_tree, replace_dir
 from .storage import list_checkpoints
 
 __all__ = [
@@ -111,8 +111,7 @@ class _LocalFolder:
         self.root.mkdir(parents=True, exist_ok=True)
         for stale in self.root.glob(f".{name}.upload-*"):  # left by an interrupted attempt
             shutil.rmtree(stale, ignore_errors=True)
-        token = uuid.uuid4().hex[:8]
-        tmp = self.root / f".{name}.upload-{token}"
+        tmp = self.root / f".{name}.upload-{uuid.uuid4().hex[:8]}"
         try:
             for rel in _marker_last(job.files):
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -120,14 +119,8 @@ class _LocalFolder:
             sizes = fsync_tree(tmp)
             for rel, size in job.files.items():
                 _check_size(str(tmp / rel), sizes.get(rel), size)
-            if target.exists():  # an earlier upload of this step (a run relaunched with --save_overwrite)
-                old = self.root / f".{name}.old-{token}"
-                target.rename(old)
-                tmp.rename(target)
-                shutil.rmtree(old)
-            else:
-                tmp.rename(target)
-            fsync_dir(self.root)
+            # An existing target is an earlier upload of this step (a run relaunched with --save_overwrite).
+            replace_dir(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -378,40 +371,54 @@ class CheckpointUploader:
 
     def _upload(self, job: _Job) -> Optional[UploadOutcome]:
         """Upload one checkpoint, retrying after a failure; None if it was already there."""
-        name, url, start, attempt = job.checkpoint.name, self.url(job.checkpoint), time.monotonic(), 0
-        while True:
-            attempt += 1
-            try:
-                if (
-                    job.only_if_missing
-                    and self.destination.remote_marker(name) == (job.source / MARKER).read_bytes()
-                ):
-                    log.info(f"Checkpoint {name} is already at {url}.")
-                    return None
-                self.destination.upload(job)
-            except Exception as e:  # any failure of the store or the network: retried, never raised
-                error = f"{type(e).__name__}: {e}"
-                failed = (
-                    f"Uploading checkpoint {name} to {url} failed (attempt {attempt} of {self.attempts}): {error}."
-                )
-                if attempt < self.attempts and not self._abort.is_set():
-                    delay = self.backoff_s * 2 ** (attempt - 1)
-                    log.error(
-                        f"{failed} Retrying the whole checkpoint in {delay:.0f} s; until then the remote copy has "
-                        f"no marker and is never loaded."
-                    )
-                    if not self._abort.wait(delay):  # set when close() stops waiting
-                        continue
-                log.error(
-                    f"{failed} Giving up: the checkpoint exists only locally, in {job.checkpoint}. Training goes "
-                    f"on; copy it there yourself (every file, the {MARKER} marker last)."
-                )
-                return UploadOutcome(str(job.checkpoint), url, False, attempt, time.monotonic() - start, error)
-            seconds, megabytes = time.monotonic() - start, sum(job.files.values()) / 1e6
-            log.info(
-                f"Uploaded checkpoint {name} to {url} ({megabytes:.1f} MB in {seconds:.1f} s, attempt {attempt})."
+        name, url, start, tries = job.checkpoint.name, self.url(job.checkpoint), time.monotonic(), 0
+
+        def attempt() -> bool:
+            nonlocal tries
+            tries += 1
+            if job.only_if_missing and self.destination.remote_marker(name) == (job.source / MARKER).read_bytes():
+                return False
+            self.destination.upload(job)
+            return True
+
+        def failed(n: int, e: Exception) -> str:
+            return (
+                f"Uploading checkpoint {name} to {url} failed (attempt {n} of {self.attempts}): {_described(e)}."
             )
-            return UploadOutcome(str(job.checkpoint), url, True, attempt, seconds)
+
+        def before_retry(n: int, e: Exception, delay: float) -> None:
+            log.error(
+                f"{failed(n, e)} Retrying the whole checkpoint in {delay:.0f} s; until then the remote copy has "
+                f"no marker and is never loaded."
+            )
+
+        try:
+            # Any failure of the store or the network is retried, never raised. The wait ends when close() stops
+            # waiting (self._abort).
+            uploaded = call_with_retries(
+                attempt,
+                attempts=self.attempts,
+                backoff=Backoff(self.backoff_s),
+                retry_on=Exception,
+                on_retry=before_retry,
+                stop=self._abort,
+            )
+        except Exception as e:
+            log.error(
+                f"{failed(tries, e)} Giving up: the checkpoint exists only locally, in {job.checkpoint}. Training "
+                f"goes on; copy it there yourself (every file, the {MARKER} marker last)."
+            )
+            return UploadOutcome(str(job.checkpoint), url, False, tries, time.monotonic() - start, _described(e))
+        if not uploaded:
+            log.info(f"Checkpoint {name} is already at {url}.")
+            return None
+        seconds, megabytes = time.monotonic() - start, sum(job.files.values()) / 1e6
+        log.info(f"Uploaded checkpoint {name} to {url} ({megabytes:.1f} MB in {seconds:.1f} s, attempt {tries}).")
+        return UploadOutcome(str(job.checkpoint), url, True, tries, seconds)
+
+
+def _described(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 def build_checkpoint_uploader(remote_save_folder: Optional[str], rank: int) -> Optional[CheckpointUploader]:

@@ -16,7 +16,3 @@ virtualenv by ``scripts/olmo_original_worker.py``.
 The top layer: it may import any package of ``olmo``, and nothing else in ``olmo`` imports it
 (:func:`olmo.testing.run_main` looks a command up by its name when a test calls it).
 """
-
-from ..util import REPO
-
-__all__ = ["REPO"]

@@ -30,9 +30,10 @@ from typing import Any, Optional
 import numpy as np
 import yaml
 
+from olmo.bench.scripts import sibling_script
 from olmo.cli.inspect_batch import batch_rows
 from olmo.testing import tiny_config_dict
-from olmo.util import REPO, machine_info, result_file_problem, write_result_file
+from olmo.util import machine_info, result_file_problem, write_result_file
 
 log = logging.getLogger("benchmark_inspect")
 
@@ -113,7 +114,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         start = time.perf_counter()
         command = [
             sys.executable,
-            str(REPO / "scripts/inspect_batch.py"),
+            str(sibling_script("inspect_batch.py")),
             str(run),
             "--step",
             str(steps[-1]),

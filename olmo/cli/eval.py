@@ -27,7 +27,15 @@ from olmo.checkpoint import MARKER, CheckpointInfo, inspect_checkpoint, load_che
 from olmo.checkpoint.files import fetch
 from olmo.checkpoint.restore import RestorePlan, preflight_restore
 from olmo.config import TrainConfig
-from olmo.distributed import DistEnv, autocast_dtype, build_model, init_distributed, teardown_distributed
+from olmo.data import DataContext
+from olmo.distributed import (
+    DistEnv,
+    ParallelizeOptions,
+    autocast_dtype,
+    build_model,
+    init_distributed,
+    teardown_distributed,
+)
 from olmo.eval import Evaluator, build_evaluators
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError
 from olmo.util import env_rank, env_world_size, is_url, result_file_problem, write_result_file
@@ -55,7 +63,16 @@ def main(argv: Optional[list[str]] = None) -> int:
             '"--evaluators=[{label: piqa, type: downstream}]".'
         )
     preflight_restore(RestorePlan(info, load_optimizer_state=False, load_trainer_state=False), cfg.model)
-    evaluators = build_evaluators(cfg, world_size=env_world_size(), rank=env_rank())
+    evaluators = build_evaluators(
+        cfg.evaluators,
+        cfg.model,
+        DataContext.from_train_config(cfg),
+        tokenizer=cfg.tokenizer,
+        batch_size=cfg.device_eval_batch_size,
+        subset_num_batches=cfg.eval_subset_num_batches,
+        world_size=env_world_size(),
+        rank=env_rank(),
+    )
     env = init_distributed(cfg.distributed_timeout_minutes)
     try:
         start = time.perf_counter()
@@ -95,7 +112,7 @@ def evaluate(
     """Build the model, load ``info`` into it and run every evaluator (the model is garbage once this returns, so
     :func:`teardown_distributed` frees it with the process groups)."""
     seed_all(cfg.seed)
-    model = build_model(cfg, env)
+    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
     load_checkpoint(info, model, None, load_trainer_state=False)
     metrics: dict[str, float] = {}
     for evaluator in evaluators:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from typing import Optional
 
 from olmo.exceptions import OLMoCliError
 from olmo.tokenizer import tokenizer_cache_dir
+from olmo.util import atomic_write
 
 log = logging.getLogger("fetch_tokenizers")
 
@@ -65,14 +65,7 @@ def extract_tokenizers(wheel: Path, dest: Path) -> list[Path]:
     with archive:
         for name in names:
             target = dest / Path(name).name
-            fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{target.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    out.write(archive.read(name))
-                os.replace(tmp, target)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            atomic_write(target, archive.read(name))
             written.append(target)
     return written
 

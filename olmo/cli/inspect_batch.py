@@ -32,96 +32,23 @@ import argparse
 import json
 import logging
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from olmo.config import DataConfig, TrainConfig
 from olmo.config.stages import MAX_STEPS
-from olmo.data import (
-    IterableDataset,
-    MemMapDataset,
-    batches_per_epoch,
-    build_memmap_dataset,
-    data_order_seed,
-    order_file_name,
-    rank_slice,
-    read_instances,
-)
-from olmo.data.instance_filter import is_repetitive
-from olmo.data.provenance import instance_documents
+from olmo.data import MemMapDataset, batches_per_epoch, build_memmap_dataset, data_order_seed, order_file_name
+from olmo.data.inspect import BatchRow, launch_world_size, load_order, read_batch
 from olmo.exceptions import OLMoCliError, OLMoDataError
 from olmo.tokenizer import Tokenizer
 from olmo.train.stability import SKIPPED_BATCHES_FILE, locate_batch, read_skip_ranges
 from olmo.train.stages import check_recorded_data, plan_stages
 
 log = logging.getLogger("inspect_batch")
-
-
-@dataclass
-class Row:
-    position: int
-    """Position in the global batch; rank ``position % W`` of ``W`` trained on it."""
-    index: int
-    """Global instance index (an entry of the epoch's order file)."""
-    path: str
-    offset: int
-    """Token offset of the instance in ``path``."""
-    label_tokens: Optional[int] = None
-    text: Optional[str] = None
-    source: Optional[str] = None
-    """The mixture source or ``data.datasets`` label of the instance's file."""
-    documents: Optional[list[dict[str, object]]] = None
-    """The documents in the instance (``{id, start, end}``, token spans within it) from dolma's metadata beside
-    the token file; None when there is none."""
-    filtered: bool = False
-    """Dropped from the loss by ``data.instance_filter``."""
-
-    def as_json(self, world_size: Optional[int]) -> dict[str, object]:
-        return {
-            "position": self.position,
-            "rank": None if world_size is None else self.position % world_size,
-            "index": self.index,
-            "source": self.source,
-            "file": self.path,
-            "token_offset": self.offset,
-            "documents": self.documents or [],
-            "document_metadata": self.documents is not None,
-            "filtered": self.filtered,
-            "label_tokens": self.label_tokens,
-        }
-
-
-def load_order(
-    path: Path, explicit: bool, epoch: int, cfg: TrainConfig, dataset: MemMapDataset, seed: Optional[int] = None
-) -> np.ndarray:
-    """The order of ``epoch``: read from ``path`` or, if the trainer's file is absent, recomputed (with ``seed``,
-    by default the config's data-order seed)."""
-    n = len(dataset)
-    if not path.is_file():
-        if explicit:
-            raise OLMoCliError(
-                f"--order-file '{path}' does not exist. Pass the run's train_data/{order_file_name(epoch)}."
-            )
-        log.warning(
-            "'%s' does not exist; recomputing epoch %d's order from the seed as the trainer does.", path, epoch
-        )
-        seed = data_order_seed(cfg.data, cfg.seed) if seed is None else seed
-        return IterableDataset(dataset, cfg.global_train_batch_size, seed=seed, epoch=epoch).global_indices()
-    size = path.stat().st_size
-    if size != 4 * n:
-        raise OLMoDataError(
-            f"Order file '{path}' holds {size / 4:g} uint32 entries, but the config's data has {n} instances "
-            f"of {cfg.model.max_sequence_length} tokens. The config is not the one this order was made for: "
-            f"pass the run's config.yaml (and --data.paths=[...] if only the file locations changed)."
-        )
-    log.info("Reading the order of epoch %d from %s.", epoch, path)
-    return np.memmap(path, mode="r", dtype=np.uint32)
 
 
 def batch_rows(
@@ -134,10 +61,13 @@ def batch_rows(
     tokenizer: Optional[Tokenizer] = None,
     max_chars: int = 200,
     provenance: bool = False,
-) -> list[Row]:
+) -> list[BatchRow]:
     """The instances of the global batch of training step ``step`` (only rank ``rank``'s if given). In a staged
     run, a stage with its own data has its own order, in ``train_data/stage{i}/`` next to ``default_order_dir``,
-    counted from the stage's first step."""
+    counted from the stage's first step.
+
+    The step is located with the trainer's records (``olmo.train.stages``, ``olmo.train.stability``), which
+    :mod:`olmo.data.inspect`, below them, may not import; it reads the batch."""
     if not 1 <= step <= MAX_STEPS:
         raise OLMoCliError(
             f"--step {step} is not a training step: steps are counted from 1, and no run has more than "
@@ -190,67 +120,13 @@ def batch_rows(
     order_dir = default_order_dir.parent / stage.order_dir
     path = order_file if order_file is not None else order_dir / order_file_name(epoch)
     seed = data_order_seed(stage.data, cfg.seed)
-    global_indices = load_order(path, order_file is not None, epoch, cfg, dataset, seed)
-    positions = range(batch_size)
-    if rank is not None:
-        assert world_size is not None and batch_size % world_size == 0 and 0 <= rank < world_size
-        positions = positions[rank_slice(0, batch_size, world_size, rank)]
-    # Read exactly as users do (olmo/data/__init__.py): a slice of the order, uint32 indices as they are.
-    batch = global_indices[s * batch_size : (s + 1) * batch_size]
-    _check_indices(batch, len(dataset), path, s * batch_size, step)
-    rows = []
-    # Remote instances are fetched concurrently, and only those of the batch.
-    instance_filter = stage.data.instance_filter
-    masked = stage.data.label_mask_paths is not None or any(
-        s.label_mask_paths is not None for s in (stage.data.mixture.sources if stage.data.mixture else [])
-    )
-    wanted = tokenizer is not None or masked or (provenance and instance_filter is not None)
-    instances = read_instances(dataset, (int(batch[p]) for p in positions)) if wanted else iter(())
-    for position in positions:
-        index = batch[position]
-        path_of, offset = dataset.instance_location(index)
-        row = Row(position, int(index), path_of, offset, source=dataset.instance_source(index))
-        if provenance:
-            row.documents = instance_documents(path_of, offset, cfg.model.max_sequence_length)
-        if wanted:
-            instance = next(instances)
-            if "label_mask" in instance:
-                row.label_tokens = int(instance["label_mask"].sum())
-            if instance_filter is not None:
-                row.filtered = is_repetitive(instance["input_ids"].numpy(), instance_filter)
-            if tokenizer is not None:
-                text = tokenizer.decode(instance["input_ids"].tolist()).replace("\n", "\\n")
-                row.text = text if len(text) <= max_chars else text[:max_chars] + "…"
-        rows.append(row)
-    return rows
-
-
-def _check_indices(batch: np.ndarray, num_instances: int, path: Path, first: int, step: int) -> None:
-    """Refuse order entries that name no instance of the data (a damaged file, or one made for other data).
-
-    :raises OLMoDataError: naming the file, the first bad value and its position.
-    """
-    bad = np.flatnonzero(batch >= num_instances)
-    if bad.size == 0:
-        return
-    p = int(bad[0])
-    raise OLMoDataError(
-        f"Order file '{path}' holds {int(batch[p])} at entry {first + p:,} (position {p} of step {step}'s batch; "
-        f"{bad.size} of the batch's {len(batch)} entries are out of range), but the config's data has only "
-        f"{num_instances:,} instances (0 to {num_instances - 1:,}): the file is damaged. Restore an intact copy, or "
-        f"delete it (and its .json record beside it): a run folder's missing order is recomputed from the seed "
-        f"exactly as the trainer made it."
+    order = load_order(path, order_file is not None, epoch, cfg, dataset, seed)
+    return read_batch(
+        cfg, stage.data, dataset, order, path, s, step, rank, world_size, tokenizer, max_chars, provenance
     )
 
 
-def _launch_world_size(target: Path) -> Optional[int]:
-    """The ranks of a run's last launch, from its ``data-indices/rank{R}.tsv.gz`` files; None when unknown."""
-    folder = target / "data-indices" if target.is_dir() else None
-    ranks = len(list(folder.glob("rank*.tsv.gz"))) if folder is not None and folder.is_dir() else 0
-    return ranks or None
-
-
-def print_table(rows: list[Row], title: str, show_rank_of: Optional[int]) -> None:
+def print_table(rows: list[BatchRow], title: str, show_rank_of: Optional[int]) -> None:
     table = Table(title=title, show_lines=any(r.text is not None for r in rows))
     table.add_column("pos", justify="right")
     if show_rank_of is not None:
@@ -275,7 +151,7 @@ def print_table(rows: list[Row], title: str, show_rank_of: Optional[int]) -> Non
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
-def main(argv: Optional[list[str]] = None) -> list[Row]:
+def main(argv: Optional[list[str]] = None) -> list[BatchRow]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", type=Path, help="a run's save_folder, or a training config YAML")
     parser.add_argument("--step", type=int, required=True, help="training step, counted from 1")
@@ -335,7 +211,7 @@ def main(argv: Optional[list[str]] = None) -> list[Row]:
         provenance=args.json,
     )
     if args.json:
-        world = args.world_size or _launch_world_size(args.target)
+        world = args.world_size or launch_world_size(args.target)
         print(json.dumps([r.as_json(world) for r in rows], indent=1))
         return rows
     who = "all ranks" if args.rank is None else f"rank {args.rank} of {args.world_size}"

@@ -49,11 +49,10 @@ from typing import Any, Optional
 
 from olmo.bench.train_step import main as benchmark_main
 from olmo.cli.train import main as train_main
-from olmo.data import build_memmap_dataset
 from olmo.exceptions import OLMoCliError
 from olmo.ladder.config import LadderConfig, load_ladder
 from olmo.ladder.lock import run_lock
-from olmo.ladder.plan import Branch, Rung, plan_ladder, write_rung_config
+from olmo.ladder.plan import Rung, plan_ladder, write_rung_config
 from olmo.ladder.report import (
     format_results,
     format_status,
@@ -63,8 +62,16 @@ from olmo.ladder.report import (
     rung_status,
 )
 from olmo.ladder.run_planner import format_count, format_plan
+from olmo.ladder.runs import (
+    TrainRun,
+    benchmark_file,
+    benchmark_summary,
+    check_launch,
+    check_rung_data,
+    select_branches,
+    training_runs,
+)
 from olmo.util import env_rank, env_world_size, unwritable_reason
-from olmo.util.checkpoint_dirs import list_checkpoints
 
 log = logging.getLogger("ladder")
 
@@ -159,118 +166,37 @@ def run(ladder: LadderConfig, args: argparse.Namespace) -> int:
     if not args.size or len(args.size) != 1:
         raise OLMoCliError("run trains one size: give exactly one --size (see dry-run for the sizes).")
     (rung,) = plan_ladder(ladder, args.size)
-    world_size, devices = env_world_size(), rung.plan.num_devices
-    if world_size != devices:
-        raise OLMoCliError(
-            f"Size {rung.name!r} is planned for {devices} device(s) (global batch {rung.plan.global_batch_size_instances}"
-            f" = {devices} x micro-batch {rung.plan.rank_microbatch_instances} x {rung.plan.grad_accum_steps} "
-            f"accumulation steps), but this launch has {world_size} process(es). Launch it with "
-            f"torchrun --nproc_per_node={devices} (or --nnodes x --nproc_per_node = {devices}), or plan it for "
-            f"{world_size} with --max_devices={world_size} if its batch allows."
-        )
-    branches = _selected_branches(rung, args.budget)
-    # The training data is checked (its files, not their tokens) before anything is written, the lock included.
-    build_memmap_dataset(rung.cfg, rung.cfg.data, include_instance_metadata=False).validate(
-        rung.cfg.model.vocab_size, scan_max_tokens=0
-    )
+    check_launch(rung, env_world_size())
+    branches = select_branches(rung, args.budget)
+    check_rung_data(rung)  # before anything is written, the lock included
     with run_lock(Path(ladder.dir), rung.name, env_rank()):
-        return _run_locked(ladder, rung, branches, args)
-
-
-def _run_locked(ladder: LadderConfig, rung: Rung, branches: list[Branch], args: argparse.Namespace) -> int:
-    """``run``'s work, once this launch holds the size's lock."""
-    path = write_rung_config(ladder, rung)
-    log.info("Size %s: train config %s, save folder %s.", rung.name, path, rung.save_folder)
-    if branches and not args.benchmark:
-        return _run_branches(ladder, rung, branches, path, args.overwrite)
-    if not args.benchmark:
-        flags = ["--save_overwrite"] if args.overwrite else ["--try_load_latest_save"]
-        return train_main([str(path), *flags])
-    out = Path(ladder.dir) / "benchmarks" / f"{rung.name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    code = benchmark_main(
-        [
-            str(path),
-            "--steps",
-            str(args.steps),
-            "--warmup",
-            str(args.warmup),
-            "--data",
-            "config",
-            "--out",
-            str(out),
-        ]
-    )
-    if code == 0 and env_rank() == 0:
-        measured = json.loads(out.read_text())["results"]
-        mfu = "n/a" if measured["mfu"] is None else f"{100 * measured['mfu']:.1f}%"
-        log.info(
-            "Size %s: %s tokens/s per device, MFU %s (planned at %.0f%%); %s.",
-            rung.name,
-            f"{measured['tokens_per_second']:,.0f}",
-            mfu,
-            100 * rung.plan.assumed_mfu,
-            out,
-        )
-    return code
-
-
-def _selected_branches(rung: Rung, budgets: Optional[list[float]]) -> list[Branch]:
-    """The branches ``--budget`` names (all when None).
-
-    :raises OLMoCliError: for ``--budget`` on a size without budgets, or a budget it does not have.
-    """
-    if budgets is None:
-        return rung.branches
-    have = {b.multiple: b for b in rung.branches}
-    unknown = [m for m in budgets if m not in have]
-    if unknown:
-        listing = ", ".join(f"{m:g}" for m in have) or "none (the ladder has no budgets)"
-        raise OLMoCliError(
-            f"--budget {', '.join(f'{m:g}' for m in unknown)}: size {rung.name!r} has budgets {listing}. Pick one "
-            f"of them, or add it to the ladder's budgets."
-        )
-    return [have[m] for m in sorted(set(budgets))]
-
-
-def _run_branches(ladder: LadderConfig, rung: Rung, branches: list[Branch], stable: Path, overwrite: bool) -> int:
-    """Train the stable phase up to each branch point in turn (each stop writes its checkpoint), then each branch
-    from its checkpoint; what is already there is kept (``overwrite``: everything is started over)."""
-    flags = ["--save_overwrite"] if overwrite else ["--try_load_latest_save"]
-    for point in sorted({b.start_step for b in branches}):
-        saved = {c.step for c in list_checkpoints(rung.save_folder) if not c.ephemeral}
-        if point in saved and not overwrite:
-            log.info("Size %s: the stable run's checkpoint at step %d is there.", rung.name, point)
-            continue
-        if saved and max(saved) > point and not overwrite:
-            raise OLMoCliError(
-                f"Size {rung.name!r}: the stable run in {rung.save_folder} is past step {point} (at {max(saved)}) "
-                f"but has no checkpoint at it, which a budget branches from. Rerun with --overwrite to train the "
-                f"stable phase again, or drop that budget with --budget."
-            )
-        log.info("Size %s: training the stable phase to step %d.", rung.name, point)
-        code = train_main([str(stable), *flags, f"--stop_at={point}"])
-        if code:
-            return code
-        flags = ["--try_load_latest_save"]
-    for branch in branches:
-        path = write_rung_config(ladder, rung, branch)
-        done = {c.step for c in list_checkpoints(branch.save_folder) if not c.ephemeral}
-        if branch.steps in done and not overwrite:
-            log.info("Size %s, budget %gx: finished (%s).", rung.name, branch.multiple, branch.save_folder)
-            continue
-        log.info(
-            "Size %s, budget %gx: decaying from step %d to %d into %s.",
-            rung.name,
-            branch.multiple,
-            branch.start_step,
-            branch.steps,
-            branch.save_folder,
-        )
-        code = train_main([str(path), "--save_overwrite" if overwrite else "--try_load_latest_save"])
-        if code:
-            return code
+        config = write_rung_config(ladder, rung)
+        log.info("Size %s: train config %s, save folder %s.", rung.name, config, rung.save_folder)
+        if args.benchmark:
+            return benchmark(ladder, rung, config, args)
+        for train_run in training_runs(ladder, rung, config, branches, args.overwrite):
+            if train_run.description:
+                log.info(train_run.description)
+            code = train_main(train_argv(train_run))
+            if code:
+                return code
     return 0
+
+
+def train_argv(train_run: TrainRun) -> list[str]:
+    """``scripts/train.py``'s arguments for one run of a size."""
+    argv = [str(train_run.config), "--save_overwrite" if train_run.overwrite else "--try_load_latest_save"]
+    return argv if train_run.stop_at is None else [*argv, f"--stop_at={train_run.stop_at}"]
+
+
+def benchmark(ladder: LadderConfig, rung: Rung, config: Path, args: argparse.Namespace) -> int:
+    """``run --benchmark``: scripts/benchmark.py on the size's config, and its speed against the plan."""
+    out = benchmark_file(ladder, rung)
+    flags = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--data", "config", "--out", str(out)]
+    code = benchmark_main([str(config), *flags])
+    if code == 0 and env_rank() == 0:
+        log.info(benchmark_summary(rung, out))
+    return code
 
 
 def _output_folder(out: str) -> Path:

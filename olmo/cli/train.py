@@ -35,9 +35,16 @@ from olmo.checkpoint.restore import (
 )
 from olmo.config import DataConfig, TrainConfig
 from olmo.config.docs import describe_config
-from olmo.data import IterableDataset, MemMapDataset, build_memmap_dataset
+from olmo.data import DataContext, IterableDataset, MemMapDataset, build_dataset
 from olmo.data.mixture import MixturePlan
-from olmo.distributed import DistEnv, barrier, build_model, init_distributed, teardown_distributed
+from olmo.distributed import (
+    DistEnv,
+    ParallelizeOptions,
+    barrier,
+    build_model,
+    init_distributed,
+    teardown_distributed,
+)
 from olmo.eval import Evaluator, build_evaluators
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError, OLMoDataError
 from olmo.hf.files import check_hf_export
@@ -82,10 +89,11 @@ def main(argv: Optional[list[str]] = None, callbacks: Sequence[Callback] = ()) -
     if cfg.hf_export.enabled:
         check_hf_export(cfg.model, cfg.tokenizer.identifier)  # the export at the end must not fail
     opened: dict[int, MemMapDataset] = {}  # each data config's dataset, opened once (keyed by the config's id)
+    data_context = DataContext.from_train_config(cfg)
 
     def dataset_of(data: DataConfig) -> MemMapDataset:
         if id(data) not in opened:
-            opened[id(data)] = build_memmap_dataset(cfg, data, include_instance_metadata=False)
+            opened[id(data)] = build_dataset(data, cfg.model, data_context, include_instance_metadata=False)
         return opened[id(data)]
 
     # The stages' lengths (in epochs: of their data) must add up to max_duration.
@@ -108,7 +116,16 @@ def main(argv: Optional[list[str]] = None, callbacks: Sequence[Callback] = ()) -
             if stage.segment == stage.index:  # the first stage of its data
                 dataset_of(stage.data).validate(cfg.model.vocab_size, scan_tokens)
         check_data(cfg, stages, launch, dataset_of)
-        evaluators = build_evaluators(cfg, world_size=env_world_size(), rank=env_rank())
+        evaluators = build_evaluators(
+            cfg.evaluators,
+            cfg.model,
+            data_context,
+            tokenizer=cfg.tokenizer,
+            batch_size=cfg.device_eval_batch_size,
+            subset_num_batches=cfg.eval_subset_num_batches,
+            world_size=env_world_size(),
+            rank=env_rank(),
+        )
     except (OLMoDataError, OLMoConfigurationError):
         if cfg.dry_run and env_rank() == 0:  # the plan needs no data: show it, then what is wrong with the data
             print(format_plan(plan_run(cfg, env_world_size(), None)))
@@ -201,7 +218,7 @@ def train(
             mix.write(Path(cfg.save_folder) / "train_data", name)
     barrier()  # nobody writes into save_folder before rank 0 has made it this run's
     train_loader = build_stage_dataloader(cfg, stages.stages[0], env.world_size, env.rank, dataset)
-    model = build_model(cfg, env)
+    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
     log.info(
         "Model: %s parameters (%s without embeddings), %.2f GFLOPs/token.",
         f"{model.num_params():,}",

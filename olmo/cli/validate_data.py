@@ -37,7 +37,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from olmo.config import TrainConfig
-from olmo.config.data_validation import MEMMAP_DTYPES
+from olmo.config.data_sections import MEMMAP_DTYPES
 from olmo.data import MemMapDataset, build_memmap_dataset
 from olmo.exceptions import OLMoCliError, OLMoDataError, OLMoError
 

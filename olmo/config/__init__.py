@@ -1,11 +1,14 @@
 """The run configuration: :class:`TrainConfig` and its sections, loading from YAML with command-line overrides,
 resolvers, the ``--help`` listing and collect-all validation.
 
-Modules: ``train_config`` (``TrainConfig``, load/save), ``sections`` (the section dataclasses and enums), ``attention``
-(``model.sliding_window`` and ``model.rope_scaling``), ``cli``
-(override parsing), ``loading`` (unknown keys reported with the bad values), ``resolvers`` (``${path.*:...}``),
-``stages`` (``stages:``, ``kl_reference:``, durations), ``docs`` (``--help``), ``validation`` (collect-all checks
-and no-effect warnings), ``bounds`` (limits shared by the checks, and the non-finite check).
+Modules: ``train_config`` (``TrainConfig``, load/save), the sections, each with the checks of its own values
+(a ``problems`` method beside its fields): ``sections`` (the enums and the small sections), ``model_sections``
+(``model``), ``attention`` (``model.sliding_window`` and ``model.rope_scaling``), ``optim_sections``
+(``optimizer``, ``scheduler``), ``data_sections`` (``data``), ``eval_sections`` (``evaluators``), ``stages``
+(``stages:``, ``kl_reference:``, durations), ``stability``; ``validation`` (the run's own settings, the rules
+between sections, the one report of every problem, and no-effect warnings), ``bounds`` (limits shared by the checks,
+and the non-finite check), ``cli`` (override parsing), ``loading`` (unknown keys reported with the bad values),
+``resolvers`` (``${path.*:...}``), ``docs`` (``--help``).
 
 May import: ``olmo.util``, ``olmo.exceptions`` (the bottom of the stack: a config is read by every layer above,
 and loading one never imports torch).

@@ -1,5 +1,5 @@
 """The model's OLMo-3 attention options: sliding-window attention (``model.sliding_window``) and RoPE scaling
-(``model.rope_scaling``), named as in OLMo-core, with the checks of their values.
+(``model.rope_scaling``), named as in OLMo-core, each with the checks of its values (``problems``).
 
 Semantics (chosen to equal transformers' ``Olmo3ForCausalLM``, which OLMo 3's released checkpoints run in):
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Optional
 from .base import BaseConfig
 
 if TYPE_CHECKING:
-    from .sections import ModelConfig
+    from .model_sections import ModelConfig
 
 __all__ = [
     "SlidingWindowConfig",
@@ -64,6 +64,26 @@ class SlidingWindowConfig(BaseConfig):
             out[-1] = None
         return out
 
+    def problems(self) -> list[str]:
+        """One sentence per bad value of ``model.sliding_window``, each naming the key and the fix."""
+        pattern, out = list(self.pattern), list[str]()
+        if not pattern:
+            out.append(
+                "model.sliding_window.pattern is empty: give the window of each layer in the cycle, e.g. "
+                "[4096, 4096, 4096, -1] (-1 = full attention), or set model.sliding_window to null."
+            )
+        bad = [
+            w
+            for w in pattern
+            if isinstance(w, bool) or not isinstance(w, int) or (w != -1 and not 1 <= w <= MAX_WINDOW)
+        ]
+        if bad:
+            out.append(
+                f"model.sliding_window.pattern={pattern} holds {bad}: each entry is a window of 1 to {MAX_WINDOW:,} "
+                f"tokens, or -1 for full attention."
+            )
+        return out
+
 
 @dataclass
 class RopeScalingConfig(BaseConfig):
@@ -96,56 +116,47 @@ class RopeScalingConfig(BaseConfig):
             return self.attention_factor
         return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
 
+    def problems(self, rope: bool) -> list[str]:
+        """One sentence per bad value of ``model.rope_scaling``, each naming the key and the fix.
 
-def attention_option_problems(
-    sliding_window: Optional[SlidingWindowConfig], rope_scaling: Optional[RopeScalingConfig], rope: bool
-) -> list[str]:
-    """One sentence per bad value of ``model.sliding_window`` / ``model.rope_scaling``, each naming the key and fix."""
-    out: list[str] = []
-    if sliding_window is not None:
-        pattern = list(sliding_window.pattern)
-        if not pattern:
-            out.append(
-                "model.sliding_window.pattern is empty: give the window of each layer in the cycle, e.g. "
-                "[4096, 4096, 4096, -1] (-1 = full attention), or set model.sliding_window to null."
-            )
-        bad = [
-            w
-            for w in pattern
-            if isinstance(w, bool) or not isinstance(w, int) or (w != -1 and not 1 <= w <= MAX_WINDOW)
-        ]
-        if bad:
-            out.append(
-                f"model.sliding_window.pattern={pattern} holds {bad}: each entry is a window of 1 to {MAX_WINDOW:,} "
-                f"tokens, or -1 for full attention."
-            )
-    if rope_scaling is not None:
-        r = rope_scaling
+        :param rope: ``model.rope``; the scaling applies to RoPE, so it needs it.
+        """
+        out: list[str] = []
         if not rope:
             out.append(
                 "model.rope_scaling is set but model.rope=false: scaling applies to RoPE; set model.rope=true."
             )
-        if r.name not in RopeScalingName:
-            out.append(f"model.rope_scaling.name={r.name!r} is not one of {', '.join(RopeScalingName)}.")
-        if not r.factor >= 1.0:
+        if self.name not in RopeScalingName:
+            out.append(f"model.rope_scaling.name={self.name!r} is not one of {', '.join(RopeScalingName)}.")
+        if not self.factor >= 1.0:
             out.append(
-                f"model.rope_scaling.factor={r.factor} must be at least 1 (how many times longer the context is)."
+                f"model.rope_scaling.factor={self.factor} must be at least 1 (how many times longer the context is)."
             )
-        if r.old_context_len < 1:
-            out.append(f"model.rope_scaling.old_context_len={r.old_context_len} must be positive.")
-        if r.name == "yarn" and not r.beta_fast > r.beta_slow > 0:
+        if self.old_context_len < 1:
+            out.append(f"model.rope_scaling.old_context_len={self.old_context_len} must be positive.")
+        if self.name == "yarn" and not self.beta_fast > self.beta_slow > 0:
             out.append(
-                f"model.rope_scaling.beta_fast={r.beta_fast}, beta_slow={r.beta_slow}: YaRN needs "
+                f"model.rope_scaling.beta_fast={self.beta_fast}, beta_slow={self.beta_slow}: YaRN needs "
                 f"beta_fast > beta_slow > 0 (OLMo 3: 32 and 1)."
             )
-        if r.name == "yarn" and r.attention_factor is not None and not r.attention_factor > 0:
-            out.append(f"model.rope_scaling.attention_factor={r.attention_factor} must be positive (or null).")
-        if r.name == "llama3" and not r.high_freq_factor > r.low_freq_factor > 0:
+        if self.name == "yarn" and self.attention_factor is not None and not self.attention_factor > 0:
+            out.append(f"model.rope_scaling.attention_factor={self.attention_factor} must be positive (or null).")
+        if self.name == "llama3" and not self.high_freq_factor > self.low_freq_factor > 0:
             out.append(
-                f"model.rope_scaling.low_freq_factor={r.low_freq_factor}, high_freq_factor={r.high_freq_factor}: "
+                f"model.rope_scaling.low_freq_factor={self.low_freq_factor}, high_freq_factor={self.high_freq_factor}: "
                 f"llama3 scaling needs high_freq_factor > low_freq_factor > 0 (Llama 3.1: 4 and 1)."
             )
-    return out
+        return out
+
+
+def attention_option_problems(
+    sliding_window: Optional[SlidingWindowConfig], rope_scaling: Optional[RopeScalingConfig], rope: bool
+) -> list[str]:
+    """The problems of ``model.sliding_window`` and ``model.rope_scaling`` (either may be None), for a model with
+    ``model.rope`` as given: what :meth:`ModelConfig.problems` reports of them, for the converters that check these
+    options without a whole ``ModelConfig``."""
+    out = [] if sliding_window is None else sliding_window.problems()
+    return out if rope_scaling is None else out + rope_scaling.problems(rope)
 
 
 MASK_WARNING_BYTES = 2**30

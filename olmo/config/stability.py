@@ -4,19 +4,16 @@
 the newest checkpoint from before a persistent spike (or a non-finite loss) and skips the batches that caused it;
 ``watchdog`` ends a rank stuck in one phase of a step, writing every thread's stack first; ``stragglers`` names a
 rank that is slower than the others. Every detector is off by default: a run that does not turn one on trains
-exactly as before (bitwise). :mod:`olmo.train.stability` and :mod:`olmo.train.watchdog` implement them.
+exactly as before (bitwise). Each section checks its own values (``problems``), and what it needs of the rest of
+the run is passed in. :mod:`olmo.train.stability` and :mod:`olmo.train.watchdog` implement them.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
 
 from .bounds import MAX_TIMEOUT_SECONDS
-
-if TYPE_CHECKING:
-    from .train_config import TrainConfig
 
 __all__ = [
     "SkipSpikesConfig",
@@ -24,7 +21,6 @@ __all__ = [
     "WatchdogConfig",
     "StragglersConfig",
     "StabilityConfig",
-    "stability_problems",
     "WATCHDOG_PHASES",
 ]
 
@@ -45,6 +41,23 @@ class SkipSpikesConfig:
     """Steps at the start of the run that are never skipped (the early loss falls too fast to have outliers);
     also, no step is skipped before the window holds at least 8 values."""
 
+    def problems(self, optimizer_name: str) -> list[str]:
+        """One sentence per value of ``stability.skip_spikes`` that cannot work, for a run with the optimizer
+        ``optimizer_name`` (``optimizer.name``)."""
+        out: list[str] = []
+        if not (math.isfinite(self.z_threshold) and self.z_threshold > 0):
+            out.append(f"stability.skip_spikes.z_threshold={self.z_threshold} must be a positive number (e.g. 6).")
+        if not 8 <= self.window <= 100_000:
+            out.append(f"stability.skip_spikes.window={self.window} must be from 8 to 100,000 steps.")
+        if self.warmup_steps < 0:
+            out.append(f"stability.skip_spikes.warmup_steps={self.warmup_steps} must be >= 0.")
+        if self.enabled and optimizer_name not in ("adamw", "lionw"):
+            out.append(
+                f"stability.skip_spikes needs optimizer.name adamw or lionw (the skip-step versions exist for "
+                f"those); it is {optimizer_name!r}."
+            )
+        return out
+
 
 @dataclass
 class RollbackConfig:
@@ -60,6 +73,34 @@ class RollbackConfig:
     """... within this many consecutive steps."""
     on_non_finite: bool = True
     """Also roll back at a non-finite loss or gradient norm that was not skipped (instead of stopping the run)."""
+
+    def problems(self, skip_spikes: bool, has_checkpoints: bool) -> list[str]:
+        """One sentence per value of ``stability.rollback`` that cannot work.
+
+        :param skip_spikes: ``stability.skip_spikes.enabled``, which starts a rollback at a persistent spike.
+        :param has_checkpoints: whether the run saves checkpoints (of any kind) to roll back to.
+        """
+        out: list[str] = []
+        if self.max_rollbacks < 0 or self.max_rollbacks > 1000:
+            out.append(f"stability.rollback.max_rollbacks={self.max_rollbacks} must be from 0 to 1000.")
+        if self.skipped_steps < 1:
+            out.append(f"stability.rollback.skipped_steps={self.skipped_steps} must be >= 1.")
+        if self.within_steps < self.skipped_steps:
+            out.append(
+                f"stability.rollback.within_steps={self.within_steps} must be at least "
+                f"skipped_steps={self.skipped_steps}."
+            )
+        if self.enabled and not (skip_spikes or self.on_non_finite):
+            out.append(
+                "stability.rollback.enabled is true but nothing can start one: turn on stability.skip_spikes.enabled "
+                "(persistent spikes) or stability.rollback.on_non_finite (non-finite losses)."
+            )
+        if self.enabled and not has_checkpoints:
+            out.append(
+                "stability.rollback.enabled needs checkpoints to roll back to: set save_interval, "
+                "save_interval_unsharded or save_interval_ephemeral."
+            )
+        return out
 
 
 WATCHDOG_PHASES = ("data_wait", "forward_backward", "optimizer", "checkpoint", "evaluation", "upload_wait")
@@ -88,6 +129,21 @@ class WatchdogConfig:
     upload_wait: float = 3600.0
     """Seconds the end of the run may wait for the remote uploads of its checkpoints."""
 
+    def problems(self) -> list[str]:
+        """One sentence per limit of ``stability.watchdog`` that is not a positive number of seconds up to a day."""
+        out: list[str] = []
+        for f in fields(self):
+            if f.name == "enabled":
+                continue
+            value = getattr(self, f.name)
+            if not (isinstance(value, (int, float)) and 0 < value <= MAX_TIMEOUT_SECONDS):
+                out.append(
+                    f"stability.watchdog.{f.name}={value} must be a positive number of seconds, at most "
+                    f"{MAX_TIMEOUT_SECONDS:g} (a day: a phase that takes longer is hung); the default is "
+                    f"{f.default:g}."
+                )
+        return out
+
 
 @dataclass
 class StragglersConfig:
@@ -105,6 +161,17 @@ class StragglersConfig:
     sustained: int = 3
     """... and is named in a warning once it has been slow at this many gatherings in a row."""
 
+    def problems(self) -> list[str]:
+        """One sentence per value of ``stability.stragglers`` that cannot work."""
+        out: list[str] = []
+        if self.interval < 1:
+            out.append(f"stability.stragglers.interval={self.interval} must be >= 1.")
+        if not (math.isfinite(self.threshold) and self.threshold > 1):
+            out.append(f"stability.stragglers.threshold={self.threshold} must be a number above 1 (e.g. 1.5).")
+        if self.sustained < 1:
+            out.append(f"stability.stragglers.sustained={self.sustained} must be >= 1.")
+        return out
+
 
 @dataclass
 class StabilityConfig:
@@ -117,55 +184,15 @@ class StabilityConfig:
     stragglers: StragglersConfig = field(default_factory=StragglersConfig)
     """Name a rank that is slower than the others."""
 
+    def problems(self, optimizer_name: str, has_checkpoints: bool) -> list[str]:
+        """What is wrong with ``stability`` before any work: values out of range, and combinations that cannot work.
 
-def stability_problems(cfg: TrainConfig) -> list[str]:
-    """What is wrong with ``stability`` before any work: values out of range, and combinations that cannot work."""
-    s, out = cfg.stability, list[str]()
-    sk, rb, wd, st = s.skip_spikes, s.rollback, s.watchdog, s.stragglers
-    if not (math.isfinite(sk.z_threshold) and sk.z_threshold > 0):
-        out.append(f"stability.skip_spikes.z_threshold={sk.z_threshold} must be a positive number (e.g. 6).")
-    if not 8 <= sk.window <= 100_000:
-        out.append(f"stability.skip_spikes.window={sk.window} must be from 8 to 100,000 steps.")
-    if sk.warmup_steps < 0:
-        out.append(f"stability.skip_spikes.warmup_steps={sk.warmup_steps} must be >= 0.")
-    if sk.enabled and cfg.optimizer.name not in ("adamw", "lionw"):
-        out.append(
-            f"stability.skip_spikes needs optimizer.name adamw or lionw (the skip-step versions exist for those); "
-            f"it is {cfg.optimizer.name!r}."
+        :param optimizer_name: ``optimizer.name``: only adamw and lionw can skip a step.
+        :param has_checkpoints: whether the run saves checkpoints (of any kind) to roll back to.
+        """
+        return (
+            self.skip_spikes.problems(optimizer_name)
+            + self.rollback.problems(self.skip_spikes.enabled, has_checkpoints)
+            + self.watchdog.problems()
+            + self.stragglers.problems()
         )
-    if rb.max_rollbacks < 0 or rb.max_rollbacks > 1000:
-        out.append(f"stability.rollback.max_rollbacks={rb.max_rollbacks} must be from 0 to 1000.")
-    if rb.skipped_steps < 1:
-        out.append(f"stability.rollback.skipped_steps={rb.skipped_steps} must be >= 1.")
-    if rb.within_steps < rb.skipped_steps:
-        out.append(
-            f"stability.rollback.within_steps={rb.within_steps} must be at least skipped_steps={rb.skipped_steps}."
-        )
-    if rb.enabled and not (sk.enabled or rb.on_non_finite):
-        out.append(
-            "stability.rollback.enabled is true but nothing can start one: turn on stability.skip_spikes.enabled "
-            "(persistent spikes) or stability.rollback.on_non_finite (non-finite losses)."
-        )
-    if rb.enabled:
-        kinds = [cfg.save_interval, cfg.save_interval_unsharded, cfg.save_interval_ephemeral]
-        if all(k is None for k in kinds):
-            out.append(
-                "stability.rollback.enabled needs checkpoints to roll back to: set save_interval, "
-                "save_interval_unsharded or save_interval_ephemeral."
-            )
-    for f in fields(WatchdogConfig):
-        if f.name == "enabled":
-            continue
-        value = getattr(wd, f.name)
-        if not (isinstance(value, (int, float)) and 0 < value <= MAX_TIMEOUT_SECONDS):
-            out.append(
-                f"stability.watchdog.{f.name}={value} must be a positive number of seconds, at most "
-                f"{MAX_TIMEOUT_SECONDS:g} (a day: a phase that takes longer is hung); the default is {f.default:g}."
-            )
-    if st.interval < 1:
-        out.append(f"stability.stragglers.interval={st.interval} must be >= 1.")
-    if not (math.isfinite(st.threshold) and st.threshold > 1):
-        out.append(f"stability.stragglers.threshold={st.threshold} must be a number above 1 (e.g. 1.5).")
-    if st.sustained < 1:
-        out.append(f"stability.stragglers.sustained={st.sustained} must be >= 1.")
-    return out

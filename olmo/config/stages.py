@@ -1,4 +1,5 @@
-"""Config sections for staged training (``stages:``, ``kl_reference:``) and their checks.
+"""Config sections for staged training (``stages:``, ``kl_reference:``), each with the checks of its values, and
+durations (``max_duration``, a stage's length) with their parsing.
 
 A run with ``stages`` trains its stages one after another in one launch (and across resumes): each stage has
 its own length (``max_duration``), optionally its own data and learning-rate schedule, and a KL penalty to a
@@ -17,8 +18,10 @@ from omegaconf import OmegaConf as om
 from omegaconf.errors import OmegaConfBaseException
 
 from ..exceptions import OLMoConfigurationError
+from ..util import missing_slash_problem
 from .data_sections import DataConfig
-from .sections import SchedulerConfig, StrEnum
+from .optim_sections import SchedulerConfig
+from .sections import StrEnum
 
 if TYPE_CHECKING:
     from .train_config import TrainConfig
@@ -29,7 +32,9 @@ __all__ = [
     "KLReferenceConfig",
     "stage_data_config",
     "segment_lengths",
-    "stage_problems",
+    "stage_name_problems",
+    "stage_sum_problem",
+    "parse_duration_steps",
     "DATA_SOURCES",
     "DEFAULT_MAX_DURATION",
 ]
@@ -73,6 +78,43 @@ class StageConfig:
     """This stage's own learning-rate schedule over its own steps (warmup from its first step); null keeps the
     one schedule of the run, which spans every stage."""
 
+    def problems(self, index: int, global_batch: int, tokens_per_batch: int, run_data: DataConfig) -> list[str]:
+        """One sentence per value of ``stages[index]`` that cannot work (checks that need no data files; its
+        schedule is checked with the run's, and its name with the other stages').
+
+        :param global_batch: ``global_train_batch_size``.
+        :param tokens_per_batch: the tokens of one optimizer step, which turn a length in tokens into steps.
+        :param run_data: the run's ``data``, which the stage's ``data`` is applied over.
+        """
+        where = f"stages[{index}]" + (f" ({self.name})" if self.name else "")
+        out: list[str] = []
+        if self.max_duration is None:
+            out.append(
+                f"{where}.max_duration is missing: every stage needs a length, in steps (1000), tokens ('2e9T') "
+                f"or epochs of its data ('1ep')."
+            )
+        else:
+            try:
+                parse_duration_steps(self.max_duration, global_batch, tokens_per_batch, 0)
+            except OLMoConfigurationError as e:
+                out.append(f"{where}.{e}")
+        if not (math.isfinite(self.kl_beta) and self.kl_beta >= 0):
+            out.append(
+                f"{where}.kl_beta={self.kl_beta} must be a finite number >= 0 (0 turns the KL penalty off); "
+                f"e.g. --stages=[...] with kl_beta: 0.1."
+            )
+        if self.kl_estimator not in KLEstimator.__members__:
+            out.append(
+                f"{where}.kl_estimator={self.kl_estimator!r} is not an estimator; use nll_diff (the per-token "
+                f"difference of the two models' cross entropies) or full (the exact KL over the vocabulary)."
+            )
+        if self.data is not None:
+            try:
+                stage_data_config(run_data, self.data, f"{where}.data")
+            except OLMoConfigurationError as e:
+                out.append(str(e))
+        return out
+
 
 @dataclass
 class KLReferenceConfig:
@@ -82,6 +124,12 @@ class KLReferenceConfig:
     """A checkpoint whose model is the frozen reference of every stage with ``kl_beta > 0`` (e.g. to train only
     the KL stage, from an existing model). Null: a snapshot of the model at the first step of the stage, which
     is also saved as ``save_folder/stage{i}-step{N}`` so that a resume rebuilds the same reference."""
+
+    def problems(self) -> list[str]:
+        """A line when ``kl_reference.load_path`` is a URL with a slash missing (whether any stage uses the reference
+        is a check of the run's)."""
+        problem = missing_slash_problem(self.load_path, "kl_reference.load_path")
+        return [] if problem is None else [problem]
 
 
 DEFAULT_MAX_DURATION = 10000
@@ -162,66 +210,12 @@ def stage_data_config(run_data: DataConfig, stage_data: Optional[dict[str, Any]]
         ) from None
 
 
-def stage_problems(cfg: TrainConfig) -> list[str]:
-    """What is wrong with ``stages`` and ``kl_reference`` (checks that need no data files)."""
-    if not cfg.stages:
-        if cfg.stages is not None:
-            return ["stages=[] has no stage; give at least one, or remove the key."]
-        if cfg.kl_reference.load_path is not None:
-            return [
-                "kl_reference.load_path is set but the run has no stages: the reference is only used by a stage "
-                "with kl_beta > 0. Add stages (see configs/tiny/OLMo-tiny-two-stage.yaml) or remove the key."
-            ]
-        return []
-    out: list[str] = []
-    steps: list[Optional[int]] = []
-    for i, stage in enumerate(cfg.stages):
-        where = f"stages[{i}]" + (f" ({stage.name})" if stage.name else "")
-        if stage.max_duration is None:
-            out.append(
-                f"{where}.max_duration is missing: every stage needs a length, in steps (1000), tokens ('2e9T') "
-                f"or epochs of its data ('1ep')."
-            )
-            steps.append(None)
-        else:
-            try:
-                n = parse_duration_steps(stage.max_duration, cfg.global_train_batch_size, cfg.tokens_per_batch, 0)
-                steps.append(None if str(stage.max_duration).strip().endswith("ep") else n)
-            except OLMoConfigurationError as e:
-                out.append(f"{where}.{e}")
-                steps.append(None)
-        if not (math.isfinite(stage.kl_beta) and stage.kl_beta >= 0):
-            out.append(
-                f"{where}.kl_beta={stage.kl_beta} must be a finite number >= 0 (0 turns the KL penalty off); "
-                f"e.g. --stages=[...] with kl_beta: 0.1."
-            )
-        if stage.kl_estimator not in KLEstimator.__members__:
-            out.append(
-                f"{where}.kl_estimator={stage.kl_estimator!r} is not an estimator; use nll_diff (the per-token "
-                f"difference of the two models' cross entropies) or full (the exact KL over the vocabulary)."
-            )
-        if stage.data is not None:
-            try:
-                stage_data_config(cfg.data, stage.data, f"{where}.data")
-            except OLMoConfigurationError as e:
-                out.append(str(e))
-    out += _stage_name_problems(cfg.stages)
-    if cfg.max_duration is not None and all(n is not None for n in steps):
-        total = sum(n for n in steps if n is not None)
-        try:
-            given = parse_duration_steps(cfg.max_duration, cfg.global_train_batch_size, cfg.tokens_per_batch, 0)
-        except OLMoConfigurationError:
-            given = None  # reported by the batch checks
-        if given is not None and not str(cfg.max_duration).strip().endswith("ep") and given != total:
-            out.append(stage_sum_problem(cfg, total, given))
-    return out
-
-
 _STAGE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
 """A stage name becomes part of file names (``mixture-{name}.json``): one safe component, never ``.`` or ``..``."""
 
 
-def _stage_name_problems(stages: list[StageConfig]) -> list[str]:
+def stage_name_problems(stages: list[StageConfig]) -> list[str]:
+    """A line for each stage whose name (given, or ``stage{i}``) is not one safe file-name part, or is another's."""
     out, seen = list[str](), dict[str, int]()
     for i, stage in enumerate(stages):
         name = f"stage{i}" if stage.name is None else stage.name

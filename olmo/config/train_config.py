@@ -1,6 +1,7 @@
 """Typed run configuration: ``TrainConfig`` with YAML/CLI loading and validation. The sections (model,
-optimizer, data, ...) and enums live in :mod:`olmo.config.sections` and :mod:`olmo.config.data_sections`, and are
-re-exported here.
+optimizer, data, ...) and enums live in their own modules (:mod:`olmo.config.sections`, ``model_sections``,
+``optim_sections``, ``data_sections``, ``eval_sections``, ...), each with its checks, and are re-exported here;
+the checks of the run as a whole are in :mod:`olmo.config.validation`.
 
 Field names and defaults follow the original OLMo ``TrainConfig`` so that OLMo configs and habits
 carry over. A config is loaded once (:meth:`TrainConfig.load`), validated once
@@ -11,6 +12,7 @@ carry over. A config is loaded once (:meth:`TrainConfig.load`), validated once
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar, Union
@@ -27,13 +29,15 @@ from .data_sections import (
     CustomDatasetCollatorConfig,
     CustomDatasetConfig,
     DataConfig,
-    EvaluatorConfig,
     InstanceFilterConfig,
     MixtureConfig,
     MixtureSourceConfig,
     RemoteDataConfig,
 )
+from .eval_sections import EvaluatorConfig
 from .loading import load_reporting_all
+from .model_sections import ModelConfig
+from .optim_sections import OptimizerConfig, SchedulerConfig
 from .resolvers import register_resolvers
 from .sections import (
     ActivationCheckpointingStrategy,
@@ -51,11 +55,8 @@ from .sections import (
     FSDPWrapStrategy,
     InitFnType,
     LayerNormType,
-    ModelConfig,
-    OptimizerConfig,
     OptimizerType,
     PaddingDirection,
-    SchedulerConfig,
     SchedulerType,
     SchedulerUnits,
     ShardingStrategy,
@@ -67,8 +68,8 @@ from .sections import (
     WandbConfig,
 )
 from .stability import StabilityConfig
-from .stages import DEFAULT_MAX_DURATION, KLEstimator, KLReferenceConfig, StageConfig
-from .validation import config_problems, parse_duration_steps, validate_train_config
+from .stages import DEFAULT_MAX_DURATION, KLEstimator, KLReferenceConfig, StageConfig, parse_duration_steps
+from .validation import config_problems, validate_train_config
 
 __all__ = [
     "StrEnum",
@@ -134,6 +135,15 @@ class HFExportConfig:
     """Also export at every step that writes an unsharded checkpoint (``save_interval_unsharded``)."""
     max_shard_size: str = "5GB"
     """Largest ``model*.safetensors`` file; above it the weights are sharded with an index."""
+
+    def problems(self) -> list[str]:
+        """One sentence per value of ``hf_export`` that cannot work."""
+        out: list[str] = []
+        if self.dtype not in ("bfloat16", "float32"):
+            out.append(f"hf_export.dtype={self.dtype!r} must be bfloat16 or float32.")
+        if not re.fullmatch(r"\s*\d+(\.\d+)?\s*[KMGT]?i?B?\s*", self.max_shard_size, re.IGNORECASE):
+            out.append(f"hf_export.max_shard_size={self.max_shard_size!r} must be a size such as 5GB or 500MB.")
+        return out
 
 
 @dataclass

@@ -1,31 +1,38 @@
-"""Checks on a loaded :class:`~olmo.config.TrainConfig` that types alone cannot express.
+"""The checks of a :class:`~olmo.config.TrainConfig` as a whole, and the one report of every problem.
 
-Every problem is collected and reported together, so a user fixes a config in one pass. Settings
-that are accepted for OLMo compatibility but have no effect produce a warning, as does a warmup as long as the run. Besides the values
-themselves, this checks what the config names on this machine (the tokenizer, downstream task labels,
-the remote upload client) through low-level helpers only, so the config layer imports nothing above it.
+Each section checks its own values beside its fields (``cfg.model.problems()``, ``cfg.data.problems(...)``, ...),
+given what it needs of the rest of the run as arguments. This module holds what belongs to no one section: the run's
+own top-level settings (batch sizes against the world size, lengths, intervals, checkpoints, names and folders),
+the rules between sections (the optimizer's step and stability's spike skipping, evaluators and the tokenizer
+against the model, stages against ``max_duration``, a mixture's draw against the lengths that train on it), the
+order in which all problems are reported, and the warnings about settings that have no effect (or not the one
+meant), such as a warmup as long as the run. Besides the values themselves, the tokenizer, downstream task labels
+and the remote upload client are checked on this machine through low-level helpers only, so the config layer
+imports nothing above it.
 """
 
 from __future__ import annotations
 
-import difflib
 import logging
-import math
 import re
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..exceptions import OLMoConfigurationError
 from ..util import env_rank, missing_slash_problem, remote_save_folder_problems
-from ..util.tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
-from .attention import attention_mask_warnings, attention_option_problems
+from .attention import attention_mask_warnings
 from .bounds import MAX_TIMEOUT_SECONDS, non_finite_problems
-from .data_sections import EvaluatorConfig
-from .data_validation import MEMMAP_DTYPES, data_location_problems, data_problems
-from .optim_validation import optim_problems, warmup_warnings
-from .sections import EvaluatorType, FSDPWrapStrategy, TruncationDirection
-from .stability import stability_problems
-from .stages import parse_duration_steps, stage_problems
+from .data_sections import DataConfig
+from .eval_sections import EvaluatorConfig, task_labels, unknown_label_problems
+from .optim_sections import SchedulerConfig
+from .sections import EvaluatorType, FSDPWrapStrategy, OptimizerType, SchedulerUnits, TruncationDirection
+from .stages import (
+    DEFAULT_MAX_DURATION,
+    parse_duration_steps,
+    segment_lengths,
+    stage_data_config,
+    stage_name_problems,
+    stage_sum_problem,
+)
 
 if TYPE_CHECKING:
     from .train_config import TrainConfig
@@ -33,14 +40,11 @@ if TYPE_CHECKING:
 __all__ = [
     "validate_train_config",
     "config_problems",
-    "data_location_problems",
-    "parse_duration_steps",
     "evaluator_problems",
     "evaluator_batch_size",
     "tokenizer_problems",
-    "task_labels",
-    "unknown_label_problems",
-    "MEMMAP_DTYPES",
+    "warmup_warnings",
+    "task_labels",  # defined beside the evaluators' section; olmo.eval imports it from here
 ]
 
 log = logging.getLogger(__name__)
@@ -74,11 +78,14 @@ def _key_of(problem: str) -> str:
 
 
 def _value_problems(cfg: TrainConfig, world_size: int) -> list[str]:
+    """Every section's problems and the run's, in the order of the report."""
     problems: list[str] = []
-    problems += _model_problems(cfg)
+    problems += cfg.model.problems()
     problems += _batch_problems(cfg, world_size)
-    problems += data_problems(cfg)
-    problems += optim_problems(cfg)
+    problems += cfg.data.problems(
+        cfg.model.vocab_size, cfg.model.max_sequence_length, _segment_durations(cfg, None), _stage_mixtures(cfg)
+    )
+    problems += _optim_problems(cfg)
     problems += _checkpoint_problems(cfg)
     problems += _run_name_problems(cfg)
     problems += _location_problems(cfg)
@@ -87,90 +94,17 @@ def _value_problems(cfg: TrainConfig, world_size: int) -> list[str]:
         problems += evaluator_problems(cfg)
     problems += tokenizer_problems(cfg)
     problems += remote_save_folder_problems(cfg.remote_save_folder, cfg.save_folder)
-    problems += stage_problems(cfg)
-    problems += stability_problems(cfg)
+    problems += _stage_problems(cfg)
+    has_checkpoints = any(
+        interval is not None
+        for interval in (cfg.save_interval, cfg.save_interval_unsharded, cfg.save_interval_ephemeral)
+    )
+    problems += cfg.stability.problems(cfg.optimizer.name, has_checkpoints)
     return problems
 
 
-def _model_problems(cfg: TrainConfig) -> list[str]:
-    m = cfg.model
-    out: list[str] = []
-    if m.d_model % m.n_heads != 0:
-        out.append(f"model.d_model={m.d_model} must be divisible by model.n_heads={m.n_heads}.")
-    elif (m.d_model // m.n_heads) % 2 != 0 and m.rope:
-        out.append(f"model.rope needs an even head size; d_model/n_heads = {m.d_model // m.n_heads}.")
-    if m.n_kv_heads is not None and m.multi_query_attention and m.n_kv_heads != 1:
-        out.append(
-            f"model.multi_query_attention=true contradicts model.n_kv_heads={m.n_kv_heads}; "
-            f"remove multi_query_attention and keep n_kv_heads."
-        )
-    kv = m.effective_n_kv_heads
-    if kv <= 0 or m.n_heads % kv != 0:
-        out.append(f"model.n_kv_heads={kv} must be positive and divide model.n_heads={m.n_heads}.")
-    if m.alibi and m.rope:
-        out.append("model.alibi and model.rope are mutually exclusive; set one of them to false.")
-    if m.alibi and m.flash_attention:
-        out.append("model.alibi does not work with model.flash_attention; disable one of them.")
-    if m.effective_embedding_size < m.vocab_size:
-        out.append(f"model.embedding_size={m.embedding_size} must be at least model.vocab_size={m.vocab_size}.")
-    if m.clip_qkv is not None and m.clip_qkv <= 0:
-        out.append(f"model.clip_qkv={m.clip_qkv} must be positive (or null to disable).")
-    if m.block_group_size != 1:
-        out.append(
-            f"model.block_group_size={m.block_group_size} is not supported: in OLMo, block groups only change "
-            f"how FSDP wraps the blocks (parameters named transformer.block_groups.G.i...), not what the model "
-            f"computes. Set --model.block_group_size=1 (the same model; use fsdp.wrapping_strategy one_in_N for "
-            f"coarser FSDP units); checkpoints saved with block groups do not load yet."
-        )
-    if m.block_type != "sequential":
-        out.append(
-            f"model.block_type={m.block_type} is not supported: only OLMo's sequential block (fused att_proj, "
-            f"as in every released OLMo model) is implemented; OLMo's llama block (separate q_proj/k_proj/v_proj) "
-            f"is not. Set --model.block_type=sequential for a new model; a checkpoint of a llama-block model "
-            f"cannot be loaded yet."
-        )
-    for name in ("attention_dropout", "residual_dropout", "embedding_dropout"):
-        p = getattr(m, name)
-        if not 0.0 <= p < 1.0:
-            out.append(f"model.{name}={p} must be in [0, 1).")
-    for name in ("d_model", "n_heads", "n_layers", "max_sequence_length", "vocab_size"):
-        if getattr(m, name) <= 0:
-            out.append(f"model.{name} must be positive.")
-    for name in ("eos_token_id", "pad_token_id"):
-        token = getattr(m, name)
-        if not 0 <= token < m.effective_embedding_size:
-            out.append(f"model.{name}={token} is outside the embedding (size {m.effective_embedding_size}).")
-    out += attention_option_problems(m.sliding_window, m.rope_scaling, m.rope)
-    return out + _model_size_problems(cfg)
-
-
-MAX_LAYERS = 4096
-MAX_SEQUENCE_LENGTH = 2**24
-MAX_PARAMS = 10**13
-
-
-def _model_size_problems(cfg: TrainConfig) -> list[str]:
-    """Sizes no model has (a typo, an extra zero): refused before the model is built on the meta device, which for
-    a hundred million layers would take hours."""
-    m, out = cfg.model, list[str]()
-    if m.n_layers > MAX_LAYERS:
-        out.append(
-            f"model.n_layers={m.n_layers:,} is more than {MAX_LAYERS:,}; the deepest released models have ~130."
-        )
-    if m.max_sequence_length > MAX_SEQUENCE_LENGTH:
-        out.append(
-            f"model.max_sequence_length={m.max_sequence_length:,} is more than {MAX_SEQUENCE_LENGTH:,} tokens."
-        )
-    approx = 12 * m.n_layers * m.d_model**2 + 2 * max(m.effective_embedding_size, 0) * m.d_model
-    if not out and approx > MAX_PARAMS:
-        out.append(
-            f"model.d_model={m.d_model:,} with model.n_layers={m.n_layers:,} makes about {approx:.2g} parameters, "
-            f"more than {MAX_PARAMS:.0e} (a typo?); OLMo-2 32B has d_model 5120 and 64 layers."
-        )
-    return out
-
-
 def _batch_problems(cfg: TrainConfig, world_size: int) -> list[str]:
+    """The run's batch sizes against ``world_size``, and its other top-level settings of how it runs."""
     out: list[str] = []
     micro = cfg.device_train_microbatch_size
     if cfg.global_train_batch_size <= 0 or micro <= 0:
@@ -215,6 +149,28 @@ def _batch_problems(cfg: TrainConfig, world_size: int) -> list[str]:
 _OLMO_SHARDED_CHECKPOINTERS = ("torch_new", "torch_legacy", "local", "olmo_core")
 
 
+def _checkpoint_problems(cfg: TrainConfig) -> list[str]:
+    """The run's intervals, what it keeps, and how it saves and exports checkpoints."""
+    out: list[str] = []
+    for name in ("save_interval", "save_interval_unsharded", "save_interval_ephemeral", "eval_interval"):
+        value = getattr(cfg, name)
+        if value is not None and value <= 0:
+            out.append(f"{name}={value} must be a positive number of steps (or null to disable).")
+    if cfg.console_log_interval < 1:
+        out.append(f"console_log_interval={cfg.console_log_interval} must be a positive number of steps.")
+    for name in ("save_num_checkpoints_to_keep", "save_num_unsharded_checkpoints_to_keep"):
+        if getattr(cfg, name) < -1:
+            out.append(f"{name}={getattr(cfg, name)} must be -1 (keep all), 0 (no such checkpoints) or a count.")
+    for name in ("sharded_checkpointer", "load_path_sharded_checkpointer"):
+        value = getattr(cfg, name)
+        if value is not None and value not in _OLMO_SHARDED_CHECKPOINTERS:
+            out.append(
+                f"{name}={value!r} is not one of OLMo's sharded checkpointers "
+                f"({', '.join(_OLMO_SHARDED_CHECKPOINTERS)}); every one maps onto ours, so use torch_new or leave it out."
+            )
+    return out + cfg.hf_export.problems()
+
+
 MAX_RUN_NAME_BYTES = 128
 """A run name becomes a folder name (with suffixes such as ``-unsharded``); file systems hold 255 bytes a name."""
 
@@ -248,48 +204,138 @@ def _run_name_problems(cfg: TrainConfig) -> list[str]:
 
 def _location_problems(cfg: TrainConfig) -> list[str]:
     """Paths that are URLs with a slash missing (they would name a local folder such as ``s3:``)."""
-    values = {
-        "save_folder": cfg.save_folder,
-        "load_path": cfg.load_path,
-        "kl_reference.load_path": cfg.kl_reference.load_path,
-    }
-    return [p for key, value in values.items() if (p := missing_slash_problem(value, key)) is not None]
-
-
-def _checkpoint_problems(cfg: TrainConfig) -> list[str]:
-    out: list[str] = []
-    for name in ("save_interval", "save_interval_unsharded", "save_interval_ephemeral", "eval_interval"):
-        value = getattr(cfg, name)
-        if value is not None and value <= 0:
-            out.append(f"{name}={value} must be a positive number of steps (or null to disable).")
-    if cfg.console_log_interval < 1:
-        out.append(f"console_log_interval={cfg.console_log_interval} must be a positive number of steps.")
-    for name in ("save_num_checkpoints_to_keep", "save_num_unsharded_checkpoints_to_keep"):
-        if getattr(cfg, name) < -1:
-            out.append(f"{name}={getattr(cfg, name)} must be -1 (keep all), 0 (no such checkpoints) or a count.")
-    for name in ("sharded_checkpointer", "load_path_sharded_checkpointer"):
-        value = getattr(cfg, name)
-        if value is not None and value not in _OLMO_SHARDED_CHECKPOINTERS:
-            out.append(
-                f"{name}={value!r} is not one of OLMo's sharded checkpointers "
-                f"({', '.join(_OLMO_SHARDED_CHECKPOINTERS)}); every one maps onto ours, so use torch_new or leave it out."
-            )
-    if cfg.hf_export.dtype not in ("bfloat16", "float32"):
-        out.append(f"hf_export.dtype={cfg.hf_export.dtype!r} must be bfloat16 or float32.")
-    if not re.fullmatch(r"\s*\d+(\.\d+)?\s*[KMGT]?i?B?\s*", cfg.hf_export.max_shard_size, re.IGNORECASE):
-        out.append(
-            f"hf_export.max_shard_size={cfg.hf_export.max_shard_size!r} must be a size such as 5GB or 500MB."
-        )
-    return out
+    values = {"save_folder": cfg.save_folder, "load_path": cfg.load_path}
+    out = [p for key, value in values.items() if (p := missing_slash_problem(value, key)) is not None]
+    return out + cfg.kl_reference.problems()
 
 
 def _strategy_problems(cfg: TrainConfig, world_size: int) -> list[str]:
+    """``distributed_strategy`` against the processes launched."""
     if cfg.distributed_strategy == "single" and world_size > 1:
         return [
             f"distributed_strategy=single trains on one device, but {world_size} processes were launched. Use "
             f"--distributed_strategy=fsdp (or ddp) under torchrun, or launch one process."
         ]
     return []
+
+
+def _length_in_steps(cfg: TrainConfig, duration: Any) -> Optional[int]:
+    """``duration`` (``max_duration``, a stage's) in steps; None when it is null, in epochs (which need the data) or
+    not a duration (reported by the duration's own check)."""
+    if duration is None or str(duration).strip().endswith("ep"):
+        return None
+    try:
+        return parse_duration_steps(duration, cfg.global_train_batch_size, cfg.tokens_per_batch, 0)
+    except OLMoConfigurationError:
+        return None
+
+
+def _schedule_length(cfg: TrainConfig, duration: Any, s: SchedulerConfig) -> Optional[float]:
+    """``duration`` in the units of the schedule ``s`` (see :func:`_length_in_steps`), else None."""
+    steps = _length_in_steps(cfg, duration)
+    if steps is None:
+        return None
+    return steps * cfg.tokens_per_batch if s.units == SchedulerUnits.tokens else steps
+
+
+def _optim_problems(cfg: TrainConfig) -> list[str]:
+    """The optimizer's and every schedule's problems, with the settings of the run that go with them."""
+    o, s = cfg.optimizer, cfg.scheduler
+    out = o.problems()
+    if o.name == OptimizerType.muon and cfg.stability.skip_spikes.enabled:
+        out.append(
+            "stability.skip_spikes needs optimizer.name adamw or lionw; muon has no skip-step version yet. Turn "
+            "stability.skip_spikes.enabled off, or use adamw."
+        )
+    run_length = None if cfg.stages else _schedule_length(cfg, cfg.max_duration, s)
+    out += s.problems("scheduler", run_length)
+    for i, stage in enumerate(cfg.stages or []):
+        if stage.scheduler is not None:
+            length = _schedule_length(cfg, stage.max_duration, stage.scheduler)
+            out += stage.scheduler.problems(f"stages[{i}].scheduler", length)
+    if s.warmup_min_lr is not None and not 0 <= s.warmup_min_lr < o.learning_rate:
+        out.append(
+            f"scheduler.warmup_min_lr={s.warmup_min_lr} must be in [0, optimizer.learning_rate={o.learning_rate})."
+        )
+    if cfg.max_grad_norm is not None and cfg.max_grad_norm <= 0:
+        out.append(f"max_grad_norm={cfg.max_grad_norm} must be positive (or null to disable clipping).")
+    if cfg.max_grad_norm_ratio is not None and cfg.max_grad_norm_ratio <= 0:
+        out.append(f"max_grad_norm_ratio={cfg.max_grad_norm_ratio} must be positive (or null).")
+    return out
+
+
+def _segment_durations(cfg: TrainConfig, first: Optional[int]) -> list[str]:
+    """The lengths that decide the draw of a mixture with null ``tokens`` (see :func:`segment_lengths`), and for
+    the run's ``data`` in a staged run its ``max_duration`` too (the stages must add up to it)."""
+    out = [str(x) for x in segment_lengths(cfg, first)]
+    if cfg.stages and first is None and cfg.max_duration is not None:
+        out.append(str(cfg.max_duration))
+    return out
+
+
+def _stage_mixtures(cfg: TrainConfig) -> list[tuple[str, DataConfig, list[str]]]:
+    """``(key, data, durations)`` of each stage whose own data is a mixture, for the data checks."""
+    out = []
+    for i, stage in enumerate(cfg.stages or []):
+        if stage.data is not None:
+            try:
+                data = stage_data_config(cfg.data, stage.data, f"stages[{i}].data")
+            except OLMoConfigurationError:
+                continue  # reported by the stage checks
+            if data.mixture is not None:
+                out.append((f"stages[{i}].data", data, _segment_durations(cfg, i)))
+    return out
+
+
+def evaluator_problems(cfg: TrainConfig) -> list[str]:
+    """Every problem with ``cfg.evaluators``, one line each (empty when there is none): lm evaluators
+    without data, batch sizes below 1, unknown downstream labels. Builds nothing."""
+    problems: list[str] = []
+    downstream: dict[str, str] = {}
+    for i, ecfg in enumerate(cfg.evaluators):
+        key = f"evaluators[{i}]"
+        problems += ecfg.problems(key, cfg.device_eval_batch_size, cfg.model.vocab_size)
+        if ecfg.type == EvaluatorType.downstream:
+            downstream[f"{key}.label"] = ecfg.label
+    if downstream:
+        problems += unknown_label_problems(downstream)
+    return problems
+
+
+def evaluator_batch_size(cfg: TrainConfig, ecfg: EvaluatorConfig) -> int:
+    """Instances per forward pass of one evaluator: its own ``device_eval_batch_size``, else the run's."""
+    return ecfg.batch_size(cfg.device_eval_batch_size)
+
+
+def tokenizer_problems(cfg: TrainConfig) -> list[str]:
+    """What is wrong with ``cfg.tokenizer`` for this run (see :meth:`TokenizerConfig.problems`): the downstream
+    evaluators use it, with the model's vocabulary."""
+    used = any(e.type == EvaluatorType.downstream for e in cfg.evaluators)
+    return cfg.tokenizer.problems(cfg.model.vocab_size, used)
+
+
+def _stage_problems(cfg: TrainConfig) -> list[str]:
+    """What is wrong with ``stages`` and ``kl_reference`` (checks that need no data files)."""
+    if not cfg.stages:
+        if cfg.stages is not None:
+            return ["stages=[] has no stage; give at least one, or remove the key."]
+        if cfg.kl_reference.load_path is not None:
+            return [
+                "kl_reference.load_path is set but the run has no stages: the reference is only used by a stage "
+                "with kl_beta > 0. Add stages (see configs/tiny/OLMo-tiny-two-stage.yaml) or remove the key."
+            ]
+        return []
+    out: list[str] = []
+    for i, stage in enumerate(cfg.stages):
+        out += stage.problems(i, cfg.global_train_batch_size, cfg.tokens_per_batch, cfg.data)
+    out += stage_name_problems(cfg.stages)
+    steps = [_length_in_steps(cfg, stage.max_duration) for stage in cfg.stages]
+    given = _length_in_steps(cfg, cfg.max_duration)
+    if given is not None and None not in steps:
+        total = sum(n for n in steps if n is not None)
+        if given != total:
+            out.append(stage_sum_problem(cfg, total, given))
+    return out
 
 
 def _warn_no_effect(cfg: TrainConfig) -> None:
@@ -368,130 +414,23 @@ def _warn_ignored_options(cfg: TrainConfig) -> None:
         log.warning("%s=%s has no effect: %s.", key, value, instead)
 
 
-def evaluator_problems(cfg: TrainConfig) -> list[str]:
-    """Every problem with ``cfg.evaluators``, one line each (empty when there is none): lm evaluators
-    without data, batch sizes below 1, unknown downstream labels. Builds nothing."""
-    problems: list[str] = []
-    downstream: dict[str, str] = {}
-    for i, ecfg in enumerate(cfg.evaluators):
-        key = f"evaluators[{i}]"
-        if evaluator_batch_size(cfg, ecfg) < 1:
-            problems.append(f"{key}.device_eval_batch_size (or device_eval_batch_size) must be at least 1.")
-        if ecfg.definitions not in DOWNSTREAM_DEFINITIONS:
-            problems.append(
-                f"{key}.definitions={ecfg.definitions!r} is not a set of metric definitions; use "
-                f"{' or '.join(DOWNSTREAM_DEFINITIONS)}."
-            )
-        if ecfg.type == EvaluatorType.generate:
-            problems += generation_problems(ecfg, key, cfg.model.vocab_size)
-        elif ecfg.type == EvaluatorType.downstream:
-            downstream[f"{key}.label"] = ecfg.label
-        elif ecfg.data.mixture is not None:
-            problems.append(
-                f"{key}.data.mixture: an evaluator reads its files whole, not a mixture; list them in {key}.data.paths "
-                f"or, per label, in {key}.data.datasets."
-            )
-        elif not (ecfg.data.paths or ecfg.data.datasets):
-            problems.append(
-                f"{key} (label {ecfg.label!r}) is an lm evaluator without data: set {key}.data.paths to token "
-                f"files or {key}.data.datasets to label -> files, or set {key}.type=downstream."
-            )
-        else:
-            problems += data_location_problems(ecfg.data, f"{key}.data")
-    if downstream:
-        problems += unknown_label_problems(downstream)
-    return problems
-
-
-MAX_GENERATED_TOKENS = 4096
-DOWNSTREAM_DEFINITIONS = ("olmo_eval", "olmo-0.6")
-"""``EvaluatorConfig.definitions``: ai2-olmo-eval's metric definitions, or the original OLMo 0.6 trainer's."""
-
-
-def generation_problems(ecfg: EvaluatorConfig, key: str, vocab_size: int) -> list[str]:
-    """What is wrong with a ``generate`` evaluator's settings (``key``: ``evaluators[i]``), for a model of
-    ``vocab_size`` tokens."""
-    out: list[str] = []
-    if not ecfg.prompts or not all(isinstance(p, str) and p for p in ecfg.prompts):
-        out.append(
-            f"{key} (label {ecfg.label!r}) is a generate evaluator without prompts: set {key}.prompts to a list of "
-            f'texts, e.g. ["The capital of France is"].'
-        )
-    if not 1 <= ecfg.max_new_tokens <= MAX_GENERATED_TOKENS:
-        out.append(f"{key}.max_new_tokens={ecfg.max_new_tokens} must be between 1 and {MAX_GENERATED_TOKENS}.")
-    if not 0 <= ecfg.temperature < math.inf:
-        out.append(f"{key}.temperature={ecfg.temperature} must be a finite number >= 0 (0: greedy decoding).")
-    if ecfg.top_k is not None and ecfg.top_p is not None:
-        out.append(f"{key}: give top_k or top_p, not both.")
-    if ecfg.top_k is not None and not 1 <= ecfg.top_k <= vocab_size:
-        out.append(
-            f"{key}.top_k={ecfg.top_k} must be from 1 to model.vocab_size={vocab_size} (the tokens sampled from)."
-        )
-    if ecfg.top_p is not None and not 0 < ecfg.top_p <= 1:
-        out.append(f"{key}.top_p={ecfg.top_p} must be in (0, 1].")
-    if ecfg.temperature == 0 and (ecfg.top_k is not None or ecfg.top_p is not None):
-        out.append(f"{key}: top_k and top_p sample; set {key}.temperature above 0 (e.g. 0.8) with them.")
+def warmup_warnings(cfg: TrainConfig) -> list[str]:
+    """A line for each schedule whose warmup lasts as long as what it schedules (the run, or a stage with its own
+    schedule), which then trains at a fraction of ``optimizer.learning_rate`` throughout: what an official config
+    shortened with ``--max_duration`` does with its 2,000-step warmup. Lengths in epochs need the data and are
+    not checked."""
+    s, lr, out = cfg.scheduler, cfg.optimizer.learning_rate, list[str]()
+    if cfg.stages:
+        lengths = [_schedule_length(cfg, stage.max_duration, s) for stage in cfg.stages]
+        run = None if None in lengths else sum(n for n in lengths if n is not None)
+        out += s.warmup_warnings("scheduler", run, lr, "the run", "the stages' max_duration")
+    else:
+        duration = DEFAULT_MAX_DURATION if cfg.max_duration is None else cfg.max_duration
+        run = _schedule_length(cfg, duration, s)
+        out += s.warmup_warnings("scheduler", run, lr, "the run", f"max_duration={duration!r}", "--max_duration")
+    for i, stage in enumerate(cfg.stages or []):
+        if stage.scheduler is not None:
+            length = _schedule_length(cfg, stage.max_duration, stage.scheduler)
+            span = f"stages[{i}].max_duration={stage.max_duration!r}"
+            out += stage.scheduler.warmup_warnings(f"stages[{i}].scheduler", length, lr, f"stages[{i}]", span)
     return out
-
-
-def evaluator_batch_size(cfg: TrainConfig, ecfg: EvaluatorConfig) -> int:
-    """Instances per forward pass of one evaluator: its own ``device_eval_batch_size``, else the run's."""
-    return cfg.device_eval_batch_size if ecfg.device_eval_batch_size is None else ecfg.device_eval_batch_size
-
-
-def task_labels() -> list[str]:
-    """Every downstream label ``olmo_eval`` knows (``olmo_eval.tasks.LABEL_TO_TASK_MAP``), sorted."""
-    from olmo_eval.tasks import LABEL_TO_TASK_MAP
-
-    return sorted(LABEL_TO_TASK_MAP)
-
-
-def unknown_label_problems(labels: Mapping[str, str]) -> list[str]:
-    """Problems with downstream labels (``{config key: label}``): a line for each label that ``olmo_eval``
-    does not know, with close matches, then one listing every known label, closest first. Empty when
-    every label is known. Cheap (no task is built), so config validation can call it first.
-    """
-    known = task_labels()
-    unknown = {key: label for key, label in labels.items() if label not in known}
-    if not unknown:
-        return []
-    problems = []
-    for key, label in unknown.items():
-        close = difflib.get_close_matches(label, known, n=3, cutoff=0.6)
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        problems.append(f"{key}={label!r} is not a downstream task in ai2-olmo-eval.{hint}")
-    close_first = {
-        c: None for label in unknown.values() for c in difflib.get_close_matches(label, known, n=10, cutoff=0.4)
-    }
-    available = [*close_first, *(label for label in known if label not in close_first)]
-    problems.append(
-        f"Available downstream labels ({len(known)}, closest first): {', '.join(available)}. "
-        "Fix the label, or make the evaluator type: lm with data."
-    )
-    return problems
-
-
-def tokenizer_problems(cfg: TrainConfig) -> list[str]:
-    """What is wrong with ``cfg.tokenizer`` for this run, found during config validation.
-
-    When something uses the tokenizer (downstream evaluators) it must load and match
-    ``model.vocab_size``. When nothing does, it is only resolved (never fetched from the hub), and a
-    name this machine cannot resolve is a warning: pre-tokenized data trains without it.
-    """
-    identifier = cfg.tokenizer.identifier
-    if not any(e.type == EvaluatorType.downstream for e in cfg.evaluators):
-        try:
-            resolve_tokenizer_path(identifier)
-        except OLMoConfigurationError as e:
-            log.warning("%s (Nothing in this run uses the tokenizer, so training goes on.)", e)
-        return []
-    try:
-        vocab = load_base_tokenizer(identifier).get_vocab_size()
-    except OLMoConfigurationError as e:
-        return [str(e)]
-    if vocab != cfg.model.vocab_size:
-        return [
-            f"tokenizer.identifier={identifier!r} has {vocab} tokens but model.vocab_size={cfg.model.vocab_size}; "
-            f"the downstream evaluators need them to match: set the tokenizer the model was trained with."
-        ]
-    return []

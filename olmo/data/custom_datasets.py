@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Optional
 
-from ..config import TrainConfig
+from ..config import DataConfig, TrainConfig
 from ..exceptions import OLMoConfigurationError
 
 __all__ = ["extract_module_and_class", "import_by_name", "build_custom_dataset"]
@@ -44,12 +44,13 @@ def import_by_name(name: str, module: Optional[str] = None, key: str = "data.cus
         raise OLMoConfigurationError(f"{key}: cannot import {name!r} from {module!r} ({e}).") from None
 
 
-def build_custom_dataset(train_config: TrainConfig) -> Any:
+def build_custom_dataset(cfg: DataConfig | TrainConfig) -> Any:
     """The dataset ``data.custom_dataset`` names, called with its ``args`` as keyword arguments.
 
+    :param cfg: the data config, or (OLMo's signature) the whole config, whose ``data`` is used.
     :raises OLMoConfigurationError: when there is no custom dataset, or it cannot be imported.
     """
-    spec = train_config.data.custom_dataset
+    spec = (cfg.data if isinstance(cfg, TrainConfig) else cfg).custom_dataset
     if spec is None:
         raise OLMoConfigurationError("data.custom_dataset is not set: there is no custom dataset to build.")
     cls = import_by_name(spec.name, spec.module)

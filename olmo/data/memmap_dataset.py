@@ -33,8 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..config.data_sections import InstanceFilterConfig, RemoteDataConfig
-from ..config.data_validation import MEMMAP_DTYPES
+from ..config.data_sections import MEMMAP_DTYPES, InstanceFilterConfig, RemoteDataConfig
 from ..exceptions import OLMoConfigurationError, OLMoDataError
 from ..util import local_path_of, redact_url
 from .file_checks import FileChecks

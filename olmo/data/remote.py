@@ -31,10 +31,7 @@ import json
 import logging
 import multiprocessing
 import multiprocessing.context
-import os
-import random
 import re
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,7 +42,7 @@ import numpy as np
 
 from ..config.data_sections import RemoteDataConfig
 from ..exceptions import OLMoDataError
-from ..util import REMOTE_DATA_SCHEMES, redact_url, split_remote
+from ..util import REMOTE_DATA_SCHEMES, Backoff, atomic_write, call_with_retries, redact_url, split_remote
 from ..util.secrets import redact_text
 
 __all__ = [
@@ -240,42 +237,44 @@ class RemoteReader(abc.ABC):
     ) -> T:
         what = "the size of" if byte_range is None else f"bytes {byte_range[0]}-{byte_range[1] - 1} of"
         attempts, timeouts = self.options.max_attempts, 0
-        for n in range(1, attempts + 1):
-            try:
-                return attempt()
-            except FileChanged as e:
-                raise_changed(url, str(e))
-            except TransientFault as e:
-                timeouts = timeouts + 1 if e.timeout else 0
-                if timeouts >= TIMEOUTS_BEFORE_GIVING_UP and n < attempts:
-                    raise RemoteUnreachable(
-                        f"The server of '{redact_url(url)}' accepted the connection but did not answer {timeouts} "
-                        f"requests in a row within data.remote.timeout_seconds={self.options.timeout_seconds:g} s "
-                        f"({e}). Check that it is up and serving. If it is only slow, raise data.remote.timeout_seconds; "
-                        f"then relaunch (with --try_load_latest_save if the run has checkpoints)."
-                    ) from None
-                if n == attempts:
-                    raise RemoteUnreachable(
-                        f"Could not read {what} '{redact_url(url)}' after {attempts} attempts; the last one failed "
-                        f"with: {e}. Check that the server is up and reachable from this machine. For a flaky "
-                        f"connection, raise data.remote.max_attempts or data.remote.timeout_seconds; then resume "
-                        f"with --try_load_latest_save (the last committed checkpoint is intact)."
-                    ) from None
-                delay = min(self.options.max_backoff_seconds, self.options.backoff_seconds * 2 ** (n - 1))
-                delay = delay / 2 + random.uniform(0, delay / 2)  # jitter: ranks that failed together spread out
-                log.warning(
-                    "Reading %s '%s' failed (attempt %d of %d: %s); retrying in %.1f s.",
-                    what,
-                    redact_url(url),
-                    n,
-                    attempts,
-                    e,
-                    delay,
-                )
-                if stats is not None:
-                    stats.add(retries=1)
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+
+        def before_retry(n: int, e: TransientFault, delay: float) -> None:
+            nonlocal timeouts
+            timeouts = timeouts + 1 if e.timeout else 0
+            if timeouts >= TIMEOUTS_BEFORE_GIVING_UP:
+                raise RemoteUnreachable(
+                    f"The server of '{redact_url(url)}' accepted the connection but did not answer {timeouts} "
+                    f"requests in a row within data.remote.timeout_seconds={self.options.timeout_seconds:g} s "
+                    f"({e}). Check that it is up and serving. If it is only slow, raise data.remote.timeout_seconds; "
+                    f"then relaunch (with --try_load_latest_save if the run has checkpoints)."
+                ) from None
+            log.warning(
+                "Reading %s '%s' failed (attempt %d of %d: %s); retrying in %.1f s.",
+                what,
+                redact_url(url),
+                n,
+                attempts,
+                e,
+                delay,
+            )
+            if stats is not None:
+                stats.add(retries=1)
+
+        # Jitter: ranks that failed together spread out.
+        backoff = Backoff(self.options.backoff_seconds, max_s=self.options.max_backoff_seconds, jitter=True)
+        try:
+            return call_with_retries(
+                attempt, attempts=attempts, backoff=backoff, retry_on=TransientFault, on_retry=before_retry
+            )
+        except FileChanged as e:
+            raise_changed(url, str(e))
+        except TransientFault as e:  # the last try's
+            raise RemoteUnreachable(
+                f"Could not read {what} '{redact_url(url)}' after {attempts} attempts; the last one failed "
+                f"with: {e}. Check that the server is up and reachable from this machine. For a flaky "
+                f"connection, raise data.remote.max_attempts or data.remote.timeout_seconds; then resume "
+                f"with --try_load_latest_save (the last committed checkpoint is intact)."
+            ) from None
 
 
 def raise_changed(url: str, detail: str) -> NoReturn:
@@ -357,11 +356,8 @@ class MetadataCache:
         self.files.update((redact_text(url), entry) for url, entry in files)
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         payload = {
             "format": CACHE_FORMAT,
             "files": {url: asdict(entry) for url, entry in sorted(self.files.items())},
         }
-        tmp.write_text(json.dumps(payload, indent=1) + "\n")
-        os.replace(tmp, self.path)
+        atomic_write(self.path, json.dumps(payload, indent=1) + "\n")

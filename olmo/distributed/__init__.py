@@ -16,6 +16,7 @@ from .collectives import DistEnv, all_reduce, barrier, init_distributed, teardow
 
 if TYPE_CHECKING:
     from .parallelize import (
+        ParallelizeOptions,
         apply_activation_checkpointing,
         autocast_dtype,
         build_model,
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     )
 
 _LAZY = {
+    "ParallelizeOptions",
     "build_model",
     "apply_activation_checkpointing",
     "defer_replica_all_reduce",
@@ -37,6 +39,7 @@ __all__ = [
     "teardown_distributed",
     "all_reduce",
     "barrier",
+    "ParallelizeOptions",
     "build_model",
     "apply_activation_checkpointing",
     "defer_replica_all_reduce",

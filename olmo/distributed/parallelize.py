@@ -8,8 +8,8 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict
-from typing import Any, Optional
+from dataclasses import asdict, dataclass
+from typing import Any, Optional, Union
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -31,6 +31,7 @@ from ..model import OLMo
 from .collectives import DistEnv
 
 __all__ = [
+    "ParallelizeOptions",
     "build_model",
     "apply_activation_checkpointing",
     "defer_replica_all_reduce",
@@ -39,25 +40,57 @@ __all__ = [
 ]
 
 
-def build_model(cfg: TrainConfig, env: DistEnv, init_params: bool = True) -> OLMo:
-    """Build ``OLMo(cfg.model)`` on the meta device, apply activation checkpointing, compile and (with
-    several ranks) FSDP2 from the outside, then materialize and initialize the parameters directly on the
+@dataclass(frozen=True, kw_only=True)
+class ParallelizeOptions:
+    """What :func:`build_model` applies to the model from the outside: top-level keys of OLMo's config, taken from a
+    config by :meth:`from_train_config`."""
+
+    distributed_strategy: Optional[DistributedStrategy]
+    """``distributed_strategy``: ``ddp`` replicates the parameters; ``fsdp`` shards them as ``fsdp`` says."""
+    fsdp: Optional[FSDPConfig]
+    """``fsdp``: sharding and wrapping strategies, precision (null: the defaults)."""
+    activation_checkpointing: Optional[ActivationCheckpointingStrategy]
+    """``activation_checkpointing``: which blocks recompute their activations in the backward pass."""
+    compile: Optional[CompilerConfig]
+    """``compile``: compile each block (null: eager)."""
+    autocast_precision: Optional[str]
+    """The autocast dtype's name on GPU (``TrainConfig.autocast_precision``; None: fp32)."""
+    float32_matmul_precision: str
+    """``float32_matmul_precision``, set for the process on GPU."""
+
+    @classmethod
+    def from_train_config(cls, cfg: TrainConfig) -> ParallelizeOptions:
+        """The options of ``cfg``."""
+        return cls(
+            distributed_strategy=cfg.distributed_strategy,
+            fsdp=cfg.fsdp,
+            activation_checkpointing=cfg.activation_checkpointing,
+            compile=cfg.compile,
+            autocast_precision=cfg.autocast_precision,
+            float32_matmul_precision=cfg.float32_matmul_precision,
+        )
+
+
+def build_model(cfg: ModelConfig, env: DistEnv, options: ParallelizeOptions, init_params: bool = True) -> OLMo:
+    """Build ``OLMo(cfg)`` on the meta device, apply activation checkpointing, compile and (with several ranks)
+    FSDP2 from the outside as ``options`` say, then materialize and initialize the parameters directly on the
     training device, so no rank ever holds a full copy it does not need.
 
+    :param options: ``ParallelizeOptions.from_train_config(train_config)``.
     :param init_params: initialize the parameters; without it they are left uninitialized (for weights about to
         be loaded or copied in) and no random numbers are drawn.
     """
     if env.device.type == "cuda":
         # Process-wide, so set before the first matmul; "high" lets fp32 matmuls use TF32.
-        torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
+        torch.set_float32_matmul_precision(options.float32_matmul_precision)
     with torch.device("meta"):
-        model = OLMo(cfg.model)
-    if cfg.activation_checkpointing is not None:
-        apply_activation_checkpointing(model, cfg.activation_checkpointing)
-    if cfg.compile is not None:
-        _compile_blocks(model, cfg.compile)
+        model = OLMo(cfg)
+    if options.activation_checkpointing is not None:
+        apply_activation_checkpointing(model, options.activation_checkpointing)
+    if options.compile is not None:
+        _compile_blocks(model, options.compile)
     if env.world_size > 1:
-        _shard(model, cfg, env)
+        _shard(model, options, env)
     model.to_empty(device=env.device)
     if init_params:
         model.reset_parameters()
@@ -118,7 +151,7 @@ def defer_replica_all_reduce(cfg: TrainConfig, env: DistEnv) -> bool:
     return env.world_size > 1 and replicated and not per_micro_batch and not low_precision_reduce
 
 
-def _mesh(cfg: TrainConfig, env: DistEnv) -> DeviceMesh:
+def _mesh(cfg: ParallelizeOptions, env: DistEnv) -> DeviceMesh:
     """A 1-D mesh for full/grad-op sharding; 2-D (replicate, shard) for hybrid sharding and DDP."""
     fsdp = cfg.fsdp or FSDPConfig()
     device_type = env.device.type
@@ -138,7 +171,7 @@ def _mesh(cfg: TrainConfig, env: DistEnv) -> DeviceMesh:
     )
 
 
-def _shard(model: OLMo, cfg: TrainConfig, env: DistEnv) -> None:
+def _shard(model: OLMo, cfg: ParallelizeOptions, env: DistEnv) -> None:
     """Apply FSDP2 per the OLMo options.
 
     * ``fsdp.sharding_strategy``: FULL_SHARD and HYBRID_SHARD reshard parameters after the forward pass;
@@ -197,7 +230,7 @@ def model_config_fingerprint(cfg: ModelConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def autocast_dtype(cfg: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
+def autocast_dtype(cfg: Union[TrainConfig, ParallelizeOptions], device: torch.device) -> Optional[torch.dtype]:
     """The autocast dtype for this device, or None for fp32. CPUs always train in fp32."""
     name = cfg.autocast_precision
     if name is None or device.type != "cuda":

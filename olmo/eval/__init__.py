@@ -4,7 +4,16 @@
 Build the evaluators once, then call ``evaluate`` on every rank at each evaluation, with the train module (the
 trainer does this through :class:`EvalRunner`) or a bare model::
 
-    evaluators = build_evaluators(cfg, world_size=env.world_size, rank=env.rank)
+    evaluators = build_evaluators(
+        cfg.evaluators,
+        cfg.model,
+        DataContext.from_train_config(cfg),
+        tokenizer=cfg.tokenizer,
+        batch_size=cfg.device_eval_batch_size,
+        subset_num_batches=cfg.eval_subset_num_batches,
+        world_size=env.world_size,
+        rank=env.rank,
+    )
     for evaluator in evaluators:
         metrics.update(evaluator.evaluate(train_module, env.device))
         # or: evaluator.evaluate(model, env.device, autocast_dtype=autocast_dtype(cfg, env.device))
@@ -20,12 +29,12 @@ Metric names follow OLMo: ``eval/{label}/CrossEntropyLoss``, ``eval/{label}/Perp
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from collections.abc import Sequence
+from typing import Union
 
-from ..config import EvaluatorType, TrainConfig
-from ..config.validation import evaluator_batch_size, evaluator_problems, task_labels
-from ..data import DataCollator, build_memmap_dataset, data_order_seed
-from ..exceptions import OLMoConfigurationError
+from ..config import EvaluatorConfig, EvaluatorType, ModelConfig, TokenizerConfig
+from ..config.validation import evaluator_problems, task_labels
+from ..data import DataCollator, DataContext, build_dataset, data_order_seed
 from ..model.generation import build_sampler
 from ..tokenizer import Tokenizer
 from .downstream import OLMO_06_CONTEXT, DownstreamEvaluator, build_task
@@ -50,34 +59,39 @@ log = logging.getLogger(__name__)
 
 
 def build_evaluators(
-    cfg: TrainConfig, *, world_size: int = 1, rank: int = 0, tokenizer: Optional[Tokenizer] = None
+    evaluators: Sequence[EvaluatorConfig],
+    model: ModelConfig,
+    context: DataContext,
+    *,
+    tokenizer: Union[TokenizerConfig, Tokenizer],
+    batch_size: int,
+    subset_num_batches: int,
+    world_size: int = 1,
+    rank: int = 0,
 ) -> list[Evaluator]:
-    """One evaluator per ``cfg.evaluators`` entry, in order, scoring this rank's share of the data.
+    """One evaluator per entry of ``evaluators`` (the config's ``evaluators``, validated with it: see
+    :func:`evaluator_problems`), in order, scoring this rank's share of the data.
 
-    Batch size and subset fall back to ``device_eval_batch_size`` and ``eval_subset_num_batches``; the
-    order instances are dealt to ranks is seeded by ``data.seed`` of the evaluator, else ``seed``.
-    Downstream tasks are tokenized with ``tokenizer`` (default: ``Tokenizer.from_train_config(cfg)``,
-    loaded only when there is a downstream evaluator) and truncated to ``model.max_sequence_length``.
+    The order instances are dealt to ranks is seeded by ``data.seed`` of the evaluator, else ``context.seed``.
+    Downstream tasks are tokenized with ``tokenizer`` (a ``tokenizer`` config is loaded for ``model`` only when an
+    evaluator needs it) and truncated to ``model.max_sequence_length``.
 
     Every LM evaluator's files are validated as training data is (:meth:`MemMapDataset.validate`) and the
     tokenizer is loaded here, so a bad evaluator stops a launch before training, not at the first evaluation.
 
-    :raises OLMoConfigurationError: listing every problem :func:`evaluator_problems` finds.
+    :param context: the run's data settings; an LM evaluator's files are opened as the training data's are.
+    :param batch_size: instances per forward pass of an evaluator without its own (``device_eval_batch_size``).
+    :param subset_num_batches: batches an evaluator without its own scores (``eval_subset_num_batches``; -1: all).
     :raises OLMoDataError: for a missing or malformed evaluation data file.
     """
-    problems = evaluator_problems(cfg)
-    if problems:
-        raise OLMoConfigurationError("Invalid evaluators:\n  " + "\n  ".join(problems))
-    evaluators: list[Evaluator] = []
-    for i, ecfg in enumerate(cfg.evaluators):
+    built: list[Evaluator] = []
+    for i, ecfg in enumerate(evaluators):
         common = dict(
-            batch_size=evaluator_batch_size(cfg, ecfg),
-            subset_num_batches=(
-                cfg.eval_subset_num_batches if ecfg.subset_num_batches is None else ecfg.subset_num_batches
-            ),
+            batch_size=batch_size if ecfg.device_eval_batch_size is None else ecfg.device_eval_batch_size,
+            subset_num_batches=subset_num_batches if ecfg.subset_num_batches is None else ecfg.subset_num_batches,
             world_size=world_size,
             rank=rank,
-            seed=data_order_seed(ecfg.data, cfg.seed),
+            seed=data_order_seed(ecfg.data, context.seed),
         )
         if ecfg.type != EvaluatorType.downstream and ecfg.definitions != "olmo_eval":
             log.warning("evaluators[%d].definitions has no effect on a %s evaluator.", i, ecfg.type)
@@ -88,17 +102,17 @@ def build_evaluators(
         if ecfg.type == EvaluatorType.generate:
             if ecfg.data.paths or ecfg.data.datasets:
                 log.warning("evaluators[%d].data has no effect on a generate evaluator.", i)
-            if tokenizer is None:
-                tokenizer = Tokenizer.from_train_config(cfg)
-            evaluators.append(
+            if isinstance(tokenizer, TokenizerConfig):
+                tokenizer = Tokenizer.for_model(tokenizer, model)
+            built.append(
                 GenerationEvaluator(
                     ecfg.label,
                     ecfg.prompts,
                     tokenizer,
                     max_new_tokens=ecfg.max_new_tokens,
                     sampler=build_sampler(ecfg.temperature, ecfg.top_k, ecfg.top_p),
-                    end_index=cfg.model.eos_token_id,
-                    max_sequence_length=cfg.model.max_sequence_length,
+                    end_index=model.eos_token_id,
+                    max_sequence_length=model.max_sequence_length,
                     seed=common["seed"],  # type: ignore[arg-type]
                     world_size=world_size,
                     rank=rank,
@@ -107,27 +121,25 @@ def build_evaluators(
         elif ecfg.type == EvaluatorType.downstream:
             if ecfg.data.paths or ecfg.data.datasets:
                 log.warning("evaluators[%d].data has no effect on a downstream evaluator.", i)
-            if tokenizer is None:
-                tokenizer = Tokenizer.from_train_config(cfg)
+            if isinstance(tokenizer, TokenizerConfig):
+                tokenizer = Tokenizer.for_model(tokenizer, model)
             legacy = ecfg.definitions == "olmo-0.6"
-            task = build_task(ecfg.label, tokenizer, OLMO_06_CONTEXT if legacy else cfg.model.max_sequence_length)
-            evaluators.append(DownstreamEvaluator(ecfg.label, task, definitions=ecfg.definitions, **common))
+            task = build_task(ecfg.label, tokenizer, OLMO_06_CONTEXT if legacy else model.max_sequence_length)
+            built.append(DownstreamEvaluator(ecfg.label, task, definitions=ecfg.definitions, **common))
         else:
-            dataset = build_memmap_dataset(
-                cfg, ecfg.data, include_instance_metadata=True, key=f"evaluators[{i}].data"
+            dataset = build_dataset(
+                ecfg.data, model, context, include_instance_metadata=True, key=f"evaluators[{i}].data"
             )
             # Checked now, before training starts, not when the first evaluation runs; rank 0 scans the ids.
-            dataset.validate(cfg.model.vocab_size, 2**31 if rank == 0 else 0)
-            evaluators.append(
+            dataset.validate(model.vocab_size, 2**31 if rank == 0 else 0)
+            built.append(
                 LMEvaluator(
                     ecfg.label,
                     dataset,
                     dataset_labels=sorted(ecfg.data.datasets) if ecfg.data.datasets else None,
                     num_workers=ecfg.data.num_workers,
-                    collator=DataCollator(
-                        pad_direction=ecfg.data.pad_direction, pad_token_id=cfg.model.pad_token_id
-                    ),
+                    collator=DataCollator(pad_direction=ecfg.data.pad_direction, pad_token_id=model.pad_token_id),
                     **common,
                 )
             )
-    return evaluators
+    return built

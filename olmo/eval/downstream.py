@@ -17,7 +17,7 @@ from typing import Any, Union
 import torch
 import torch.nn as nn
 
-from ..config.validation import task_labels, unknown_label_problems
+from ..config.eval_sections import task_labels, unknown_label_problems
 from ..distributed.collectives import all_reduce
 from ..exceptions import OLMoConfigurationError
 from ..tokenizer import Tokenizer

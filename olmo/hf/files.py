@@ -23,6 +23,7 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..checkpoint.files import safe_torch_load
+from ..checkpoint.save import replace_dir
 from ..config import ModelConfig
 from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
 from ..util import default_file_mode
@@ -164,7 +165,7 @@ def staging_dir(target: Path) -> Iterator[Path]:
                 default_file_mode(file)  # safetensors writes its files for their owner only
         if target.exists():
             raise OLMoCheckpointError(f"'{target}' appeared while it was being written; nothing was written.")
-        tmp.rename(target)
+        replace_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -34,7 +34,7 @@ from typing import Any, Optional
 import torch
 
 from ..config import ActivationType, LayerNormType, ModelConfig
-from ..config.validation import MAX_LAYERS
+from ..config.model_sections import MAX_LAYERS
 from ..exceptions import OLMoConfigurationError, OLMoError
 from ..model import OLMo
 from .olmo3 import olmo3_config_kwargs, olmo3_export_problems, read_rope, read_windows, uses_olmo3

@@ -5,6 +5,8 @@
 * :mod:`olmo.ladder.fit`: scaling-law fits (loss against compute; the Chinchilla form).
 * :mod:`olmo.ladder.report`: checkpoint status, results, predictions and plots.
 * :mod:`olmo.ladder.lock`: one ``ladder.py run`` launch at a time per size (:func:`~olmo.ladder.lock.run_lock`).
+* :mod:`olmo.ladder.runs`: what ``ladder.py run`` trains for a size (the stable phase, then each budget's branch),
+  and its checks before anything is written.
 
 * :mod:`olmo.ladder.run_planner`: what one run will do (parameters, batch, steps, FLOPs, memory, time), for the
   ladder and ``scripts/train.py --dry_run``.

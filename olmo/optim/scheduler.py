@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import SchedulerConfig, SchedulerType, TrainConfig
-from ..config.optim_validation import WSD_NEEDS_T_DECAY
+from ..config.optim_sections import WSD_NEEDS_T_DECAY
 from ..exceptions import OLMoConfigurationError
 
 __all__ = [

@@ -5,6 +5,9 @@ standard library's own source, always present offline) as byte-level tokens: ids
 :data:`BYTE_EOS` ends each document. A model with ``vocab_size=257`` learns it quickly on CPU.
 :mod:`olmo.testing.http` is a real HTTP file server (Range, latency, faults) for tests of remote data.
 
+:func:`run_script` and :func:`run_torchrun` run the ``scripts/`` of the source checkout the tests run in
+(:data:`REPO`): the nearest folder at or above pytest's working directory that holds ``scripts/train.py``.
+
 May import every package below ``olmo.bench`` (``run_train`` records the metrics ``olmo.train`` logs).
 """
 
@@ -18,9 +21,10 @@ from typing import Any, Optional, Union
 import numpy as np
 import yaml
 
-from ..util import REPO
+from ..exceptions import OLMoError
 
 __all__ = [
+    "REPO",
     "BYTE_EOS",
     "BYTE_VOCAB",
     "write_byte_tokenizer",
@@ -40,8 +44,36 @@ __all__ = [
 
 BYTE_EOS = 256
 BYTE_VOCAB = 257
-_SCRIPTS = REPO / "scripts"
-"""The repository's ``scripts/``, which :func:`run_script` and :func:`run_torchrun` run as a user does."""
+
+
+def _find_checkout() -> Optional[Path]:
+    here = Path.cwd().resolve()
+    return next((folder for folder in (here, *here.parents) if (folder / "scripts/train.py").is_file()), None)
+
+
+_CHECKOUT = _find_checkout()
+"""Found when the tests import this module (their conftest.py does, as the session starts), before any test changes
+the working directory."""
+
+
+def __getattr__(name: str) -> Any:
+    # REPO is looked up on use, so that tests outside a checkout fail only where they need one.
+    if name == "REPO":
+        return _scripts().parent
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _scripts() -> Path:
+    """The checkout's ``scripts/``, which :func:`run_script` and :func:`run_torchrun` run as a user does.
+
+    :raises OLMoError: when the tests were not started in a checkout.
+    """
+    if _CHECKOUT is None:
+        raise OLMoError(
+            f"No source checkout holds the working directory {Path.cwd()}, so there is no scripts/ to run: start "
+            f"pytest from the checkout, as make test does."
+        )
+    return _CHECKOUT / "scripts"
 
 
 def stdlib_documents(max_bytes: int, skip_bytes: int = 0) -> list[bytes]:
@@ -227,7 +259,7 @@ def run_script(
     import os
     import sys
 
-    path = _SCRIPTS / script
+    path = _scripts() / script
     env = {**os.environ, "WANDB_MODE": "disabled"}
     cmd = [sys.executable, str(path), *map(str, args)]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -254,7 +286,7 @@ def torchrun_command(nproc: int, config_path: Union[str, Path], *args: str) -> t
         "torch.distributed.run",
         f"--nproc_per_node={nproc}",
         f"--master_port={free_port()}",
-        str(_SCRIPTS / "train.py"),
+        str(_scripts() / "train.py"),
         str(config_path),
         *args,
     ]

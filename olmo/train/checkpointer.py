@@ -24,13 +24,17 @@ from ..checkpoint import (
     PendingCheckpoint,
     begin_checkpoint,
     commit_checkpoint,
+    delete_checkpoint,
+    inspect_checkpoint,
+    list_checkpoints,
     load_checkpoint,
     prune_checkpoints,
     remove_ephemeral_checkpoints,
 )
 from ..checkpoint.upload import build_checkpoint_uploader
 from ..config import TrainConfig
-from ..distributed.collectives import DistEnv
+from ..distributed.collectives import DistEnv, barrier
+from ..exceptions import OLMoTrainingError
 from ..hf.files import export_tokenizer, parse_size, write_hf_model
 from .callback import Callback, CheckpointContext, EndContext, RunContext, StepContext
 
@@ -198,6 +202,34 @@ class Checkpointer:
         log.info("Saved checkpoint %s of step %d in %.2f s.", path, step, time.perf_counter() - start)
         self.notify("post_checkpoint", CheckpointContext(step, "named", str(path)))
         return path
+
+    def newest_before(self, step: int, why: str) -> CheckpointInfo:
+        """The newest committed checkpoint from before ``step`` (a background save is committed first: it may be
+        the one), for a rewind.
+
+        :raises OLMoTrainingError: when there is none; ``why`` starts the message.
+        """
+        self.commit()
+        folder = self.cfg.save_folder
+        before = [c for c in list_checkpoints(folder) if c.step < step]
+        if not before:
+            raise OLMoTrainingError(
+                f"{why}, but '{folder}' holds no committed checkpoint from before step {step} to roll back to. "
+                f"Resume from an earlier checkpoint (--load_path) with --fast_forward_batches past the offending "
+                f"data, or save checkpoints more often."
+            )
+        return inspect_checkpoint(before[-1].path)
+
+    def delete_from(self, step: int) -> None:
+        """Delete the checkpoints of ``step`` and later (rank 0; every rank waits), which a rewind makes stale;
+        the next saves of any kind are due again."""
+        if self.env.rank == 0:
+            for c in list_checkpoints(self.cfg.save_folder):
+                if c.step >= step:
+                    log.warning("Deleting checkpoint %s: it was written during the offending stretch.", c.path)
+                    delete_checkpoint(c)
+        barrier()
+        self.last_saved_step.clear()
 
     def is_writing(self) -> bool:
         """Whether this rank is still writing a background checkpoint."""

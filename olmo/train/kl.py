@@ -34,7 +34,7 @@ from torch import nn
 
 from ..checkpoint import inspect_checkpoint, load_checkpoint
 from ..config import KLEstimator
-from ..distributed.parallelize import build_model
+from ..distributed.parallelize import ParallelizeOptions, build_model
 from ..exceptions import OLMoCheckpointError
 from ..model.layers import output_head_loss
 from ..model.loss import LossSums, OutputHead
@@ -78,7 +78,9 @@ class KLTrainModule(TransformerTrainModule):
         if source == self._reference_source:
             return
         if self.reference is None:
-            self.reference = build_model(self.cfg, self.env, init_params=False)
+            self.reference = build_model(
+                self.cfg.model, self.env, ParallelizeOptions.from_train_config(self.cfg), init_params=False
+            )
             self.reference.eval()
             self.reference.requires_grad_(False)
         if source == f"stage{stage.index}":

@@ -30,7 +30,7 @@ from ..config import (
     SchedulerUnits,
     TrainConfig,
 )
-from ..config.optim_validation import schedule_problems
+from ..config.optim_sections import schedule_problems
 from ..config.stages import parse_duration_steps, stage_data_config, stage_sum_problem
 from ..exceptions import OLMoConfigurationError
 
@@ -151,9 +151,11 @@ def plan_stages(cfg: TrainConfig, num_instances: Optional[Callable[[DataConfig],
     def count(data: DataConfig) -> int:
         if num_instances is not None:
             return num_instances(data)
-        from ..data import build_memmap_dataset
+        from ..data import DataContext, build_dataset
 
-        return len(build_memmap_dataset(cfg, data, include_instance_metadata=False))
+        return len(
+            build_dataset(data, cfg.model, DataContext.from_train_config(cfg), include_instance_metadata=False)
+        )
 
     def steps(duration: object, data: DataConfig) -> int:
         text = str(duration).strip()

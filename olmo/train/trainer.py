@@ -12,7 +12,6 @@ optimizer step) is the job of a :class:`~olmo.train.train_module.TrainModule`.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import logging
@@ -26,14 +25,15 @@ import torch.distributed as dist
 
 from ..checkpoint import CheckpointInfo
 from ..config import TrainConfig
-from ..data import DataIndexLog, FetchStats, FilteredInstanceCounter, IterableDataset
-from ..distributed import DistEnv, autocast_dtype, barrier, model_config_fingerprint
+from ..data import DataIndexLog, FilteredInstanceCounter, IterableDataset
+from ..distributed import DistEnv, autocast_dtype, model_config_fingerprint
 from ..eval import EvalRunner, Evaluator
-from ..exceptions import OLMoTrainingError
 from ..util.rng import get_rng_state, set_rng_state
 from .callback import Callback, EndContext, ErrorContext, MetricsContext, RewindContext, RunContext, StepContext
 from .checkpointer import CheckpointCallback, Checkpointer, HFExportCallback
+from .data_feed import DataFeed
 from .evaluation import EvaluationCallback
+from .loop_control import LoopControl
 from .metrics import (
     SpeedMonitor,
     StepMetrics,
@@ -49,9 +49,7 @@ from .stages import (
     Stage,
     StagePlan,
     boundary_checkpoint_name,
-    build_stage_dataloader,
     check_schedule_lengths,
-    order_dir_of,
     plan_stages,
 )
 from .stop import EXIT_CODE_STOPPED, StopCallback, StopConditions, StopNow
@@ -75,7 +73,7 @@ class TrainerState:
     epoch: int = 0
 
 
-class Trainer:
+class Trainer(LoopControl):
     """Runs training for one config on one process (and, through FSDP, on many).
 
     :param train_module: what one step does (see :func:`olmo.train.build_module.build_train_module`).
@@ -92,13 +90,14 @@ class Trainer:
         stages: Optional[StagePlan] = None,
         callbacks: Sequence[Callback] = (),
     ):
-        self.cfg, self.env, self.train_module, self.train_loader = cfg, env, train_module, train_loader
-        self.dataset: IterableDataset = train_loader.dataset  # type: ignore[assignment]
-        self.state = TrainerState(epoch=self.dataset.epoch)  # --epoch starts a fresh run at that epoch
+        self.cfg, self.env, self.train_module = cfg, env, train_module
+        dataset: IterableDataset = train_loader.dataset  # type: ignore[assignment]
+        self.state = TrainerState(epoch=dataset.epoch)  # --epoch starts a fresh run at that epoch
         if stages is None:
-            stages = plan_stages(cfg, None if cfg.stages else lambda _: self.dataset.num_instances)
+            stages = plan_stages(cfg, None if cfg.stages else lambda _: dataset.num_instances)
         self.stage_plan = stages
-        self._segment = stages.stages[0].segment  # train_loader is the first stage's data
+        self.stability = StabilityMonitor(cfg, env.rank)
+        self.data = DataFeed(cfg, env, self.state, stages, self.stability, train_loader)
         self.max_steps = stages.total_steps
         self._stop_at = self.max_steps  # the step fit() stops at (set when it starts)
         check_schedule_lengths(cfg, stages)
@@ -116,16 +115,10 @@ class Trainer:
             lambda hook, ctx: self._call(hook, ctx),
         )
         self.eval_runner = EvalRunner(evaluators, cfg.eval_interval)
-        self.stability = StabilityMonitor(cfg, env.rank)
         self.stragglers = StragglerMonitor(cfg.stability.stragglers, env.rank, env.world_size, env.device)
         self.watchdog = Watchdog(cfg.stability.watchdog, cfg.save_folder, env.rank, env.world_size)
-        self.user_callbacks: list[Callback] = list(callbacks)
-        self.callbacks: list[Callback] = []  # the built-in ones, then the user's (set by fit)
-        self.metrics: MetricsCallback  # set by fit
+        LoopControl.__init__(self, list(callbacks))
         self.index_log: Optional[DataIndexLog] = None  # set by fit
-        self._phase: tuple[Optional[str], int] = (None, 0)
-        self._rewind_request: Optional[tuple[int, str]] = None
-        self._stop_reason: Optional[str] = None
         self._stage: Optional[Stage] = None  # the stage being trained (set by fit)
         self._batch_iter: Iterator[dict[str, Any]] = iter(())
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
@@ -137,6 +130,15 @@ class Trainer:
     def model(self) -> torch.nn.Module:
         """The train module's model (what checkpoints and evaluators use)."""
         return self.train_module.model
+
+    @property
+    def dataset(self) -> IterableDataset:
+        """The training data being read (the current stage's)."""
+        return self.data.dataset
+
+    @property
+    def train_loader(self) -> torch.utils.data.DataLoader:
+        return self.data.loader
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -179,7 +181,7 @@ class Trainer:
         s.global_train_tokens_seen = int(state["global_train_tokens_seen"])
         s.global_train_examples_seen_this_epoch = int(state["global_train_examples_seen_this_epoch"])
         s.epoch = int(state.get("epoch") or 0)
-        self._use_segment(self.stage_plan.after(s.global_step))  # the data the position counts in
+        self.data.use_segment(self.stage_plan.after(s.global_step))  # the data the position counts in
         if self.cfg.epoch is not None and self.cfg.epoch != s.epoch and not rollback:
             s.epoch, s.global_train_examples_seen_this_epoch = self.cfg.epoch, 0
         if self.cfg.fast_forward_batches and not rollback:
@@ -266,13 +268,13 @@ class Trainer:
         cfg, s = self.cfg, self.state
         self._stop_at, self._start_step, self._exit_code = stop.stop_at, s.global_step, 0
         self._stop, self._stop_reason, self._rewind_request = stop, None, None
-        self._batch_iter, self._stage, self._clock_restarted = self._batches(), None, False
+        self._batch_iter, self._stage, self._clock_restarted = self.data.batches(stop.stop_at), None, False
         self.metrics = MetricsCallback(cfg, self.env.rank, stop.stop_at, self._summary, self.collect_steps)
         self.callbacks = [
             WatchdogCallback(self.watchdog),
             StragglerCallback(self.stragglers),
             StabilityCallback(self.stability, cfg.stability.rollback),
-            ThroughputCallback(self._throughput_monitor(), self._fetch_stats),
+            ThroughputCallback(self._throughput_monitor(), self.data.fetch_stats),
             self.metrics,
             StopCallback(stop, self.checkpointer, self._finish),
             CheckpointCallback(
@@ -306,13 +308,6 @@ class Trainer:
         )
         return ThroughputMonitor(speed, self.device_batch_size * cfg.model.max_sequence_length, self.env.device)
 
-    def _call(self, hook: str, ctx: Any) -> None:
-        """Call ``hook`` of every callback; a ``post_step`` ends early once a callback asks to rewind or stop."""
-        for callback in self.callbacks:
-            getattr(callback, hook)(ctx)
-            if hook == "post_step" and (self._rewind_request is not None or self._stop_reason is not None):
-                return
-
     def _next_batch(self, stop: StopConditions) -> tuple[dict[str, Any], float]:
         """Enter the next stage when the last one ended, then wait for the step's batch; also the seconds waited."""
         s = self.state
@@ -333,55 +328,6 @@ class Trainer:
         ctx.clock_restarted, self._clock_restarted = self._clock_restarted, False
         self._call("post_step", ctx)
 
-    # The loop's side of the callback protocol (olmo.train.callback.Loop) ------------------------------------------
-    def rewind(self, before_step: int, reason: str) -> None:
-        if self._rewind_request is None:
-            self._rewind_request = (before_step, reason)
-
-    def stop(self, reason: str) -> None:
-        if self._stop.request.reason is None:  # agreed on by every rank, with signals and the time limit
-            self._stop.request.reason = reason
-
-    def _finish(self, reason: str) -> None:
-        """The ranks agreed to stop (the stop callback): the loop ends after the current hooks."""
-        if self._stop_reason is None:
-            self._stop_reason = reason
-
-    def restart_clock(self) -> None:
-        self._clock_restarted = True
-
-    def flush_metrics(self) -> None:
-        self.log_metrics()
-
-    def waiting(self, interruptible: bool = True) -> contextlib.AbstractContextManager[None]:
-        return self._stop.waiting(interruptible)
-
-    @contextlib.contextmanager
-    def phase(self, name: str, step: Optional[int] = None) -> Iterator[None]:
-        """The loop is in phase ``name`` of ``step`` (default: the last trained) for the block (``on_phase``)."""
-        previous = self._phase
-        self._enter_phase(name, self.state.global_step if step is None else step)
-        try:
-            yield
-        finally:
-            self._enter_phase(*previous)
-
-    def _enter_phase(self, name: Optional[str], step: int) -> None:
-        self._phase = (name, step)
-        for callback in self.callbacks:
-            callback.on_phase(name, step)
-
-    def log_results(self, step: int, metrics: dict[str, float], records: dict[str, Any]) -> None:
-        """Log an evaluation's metrics (in full on the console) and its non-numeric records (samples)."""
-        self.metrics.logger.log(step, metrics, console_keys=sorted(metrics))
-        if records:
-            self.metrics.logger.log_records(step, records)
-
-    def log_event(self, step: int, message: str) -> None:
-        """A line about the run (a stage begins, a rollback, a stop), on rank 0's console."""
-        if self.env.rank == 0:
-            log.info("[step=%d] %s", step, message)
-
     def _rewind(self, before_step: int, reason: str) -> None:
         """Go back to the newest committed checkpoint from before ``before_step`` (a callback asked, see
         :meth:`rewind`): the checkpoints written since are deleted, ``on_rewind`` hooks run, and the model,
@@ -389,38 +335,22 @@ class Trainer:
 
         :raises OLMoTrainingError: when no committed checkpoint precedes ``before_step``.
         """
-        from ..checkpoint import delete_checkpoint, inspect_checkpoint, list_checkpoints
-
-        s, folder = self.state, self.cfg.save_folder
+        s = self.state
         self._rewind_request = None
         with self.phase("checkpoint"):
-            self.checkpointer.commit()  # a background save finishes first: it may be the one to delete
-            before = [c for c in list_checkpoints(folder) if c.step < before_step]
-            if not before:
-                raise OLMoTrainingError(
-                    f"Step {s.global_step}: {reason}, but '{folder}' holds no committed checkpoint from before step "
-                    f"{before_step} to roll back to. Resume from an earlier checkpoint (--load_path) with "
-                    f"--fast_forward_batches past the offending data, or save checkpoints more often."
-                )
-            target = before[-1]
+            target = self.checkpointer.newest_before(before_step, f"Step {s.global_step}: {reason}")
             order_dir = self.stage_plan.at(s.global_step).order_dir
             at = (s.global_step, target.step, before_step, reason, order_dir, s.epoch)
             self._call(
                 "on_rewind", RewindContext(*at, s.global_train_examples_seen_this_epoch, self.env.rank, self)
             )
-            if self.env.rank == 0:
-                for c in list_checkpoints(folder):
-                    if c.step >= before_step:
-                        log.warning("Deleting checkpoint %s: it was written during the offending stretch.", c.path)
-                        delete_checkpoint(c)
-            barrier()
+            self.checkpointer.delete_from(before_step)
             close = getattr(self._batch_iter, "close", None)
             if close is not None:
                 close()  # stops the loader's workers
             self.step_metrics.records.clear()  # steps that are trained again
-            self.checkpointer.last_saved_step.clear()
-            self.restore(inspect_checkpoint(target.path), True, True, rollback=True)
-            self._batch_iter, self._stage, self._clock_restarted = self._batches(), None, True
+            self.restore(target, True, True, rollback=True)
+            self._batch_iter, self._stage, self._clock_restarted = self.data.batches(self._stop_at), None, True
 
     def step(self, batch: dict[str, Any]) -> StepMetrics:
         """One training step as :meth:`fit` runs it (and ``scripts/benchmark.py`` times it): advance the data
@@ -459,74 +389,21 @@ class Trainer:
             # Before the data moves on: the checkpoint's position is the end of the previous stage's data.
             self.log_metrics()
             self.checkpointer.save_named(s.global_step, boundary_checkpoint_name(stage))
-        if stage.segment != self._segment:
+        if stage.segment != self.data.segment:
             assert at_boundary, "a resume restores the data of its stage"
             close = getattr(batches, "close", None)
             if close is not None:
                 close()  # stops the old loader's workers
             s.epoch, s.global_train_examples_seen_this_epoch = 0, 0
-            self._use_segment(stage)
-            batches = self._batches()
+            self.data.use_segment(stage)
+            batches = self.data.batches(self._stop_at)
         self.train_module.enter_stage(stage, at_boundary)
         return batches
-
-    def _use_segment(self, stage: Stage) -> None:
-        """Train on the data of ``stage``'s segment (a new loader, at the start of its epoch 0)."""
-        if stage.segment == self._segment:
-            return
-        log.info("Stage %d trains on its own data (order in %s).", stage.index, order_dir_of(self.cfg, stage))
-        self.train_loader = build_stage_dataloader(self.cfg, stage, self.env.world_size, self.env.rank)
-        self.dataset = self.train_loader.dataset  # type: ignore[assignment]
-        self._segment = stage.segment
-
-    def _batches(self) -> Iterator[dict[str, Any]]:
-        """Device batches forever, moving to the next epoch (reshuffled) when one runs out, and over the ranges of
-        batches a rollback took out (``skipped_batches.json``)."""
-        while True:
-            # Remote instances are fetched ahead only as far as this launch will train.
-            s = self.state
-            if self._jump_skipped_range():
-                self.dataset.start_index = s.global_train_examples_seen_this_epoch
-            remaining = (self._stop_at - s.global_step) * self.cfg.global_train_batch_size
-            self.dataset.stop_index = s.global_train_examples_seen_this_epoch + remaining
-            jumped = False
-            for batch in self.train_loader:
-                yield batch
-                if self.stability.ranges and self._jump_skipped_range():
-                    self.dataset.start_index, jumped = s.global_train_examples_seen_this_epoch, True
-                    break  # the loader restarts after the range
-            if jumped:
-                continue
-            self.state.epoch += 1
-            self.state.global_train_examples_seen_this_epoch = 0
-            log.info("Epoch %d complete; starting epoch %d.", self.state.epoch - 1, self.state.epoch)
-            self.dataset.reshuffle(self.state.epoch)
-
-    def _jump_skipped_range(self) -> bool:
-        """Move the data position past a skipped range that starts here; return whether it moved."""
-        s = self.state
-        order_dir = self.stage_plan.at(s.global_step + 1).order_dir
-        target = self.stability.skip_target(order_dir, s.epoch, s.global_train_examples_seen_this_epoch)
-        if target is None:
-            return False
-        log.info(
-            "Skipping instances %d-%d of epoch %d (a range a rollback took out; %s).",
-            s.global_train_examples_seen_this_epoch,
-            target - 1,
-            s.epoch,
-            "skipped_batches.json",
-        )
-        s.global_train_examples_seen_this_epoch = target
-        return True
-
-    def _fetch_stats(self) -> Optional[FetchStats]:
-        """What reading the current training data costs, when it is remote."""
-        return getattr(self.dataset.dataset, "fetch_stats", None)
 
     def _summary(self, logger: MetricsLogger) -> dict[str, Any]:
         """The run summary that closes the log (and wandb's summary)."""
         last, start_step, seconds = logger.last, self._start_step, self._stop.elapsed()
-        fetched = fetch_metrics(self._fetch_stats())
+        fetched = fetch_metrics(self.data.fetch_stats())
         return {
             "steps this run": self.state.global_step - start_step,
             "global step": self.state.global_step,
@@ -576,15 +453,5 @@ class Trainer:
             self.collect_metrics()
         for record in self.step_metrics.pop_ready():
             record.values.update(self.filtered.pop(record.step))
-            instances = functools.partial(self._instances_of, record.step)
+            instances = functools.partial(self.data.instances_of, record.step)
             self._call("post_metrics", MetricsContext(record.step, record.values, self, instances))
-
-    def _instances_of(self, step: int) -> Optional[list[int]]:
-        """The instance indices of the global batch of a recent ``step`` (for logging a skipped step)."""
-        found = self.stability.position_of(step)
-        if found is None or found[1] != self.dataset.epoch:
-            return None
-        position = found[2]
-        return [
-            int(i) for i in self.dataset.global_indices()[position : position + self.cfg.global_train_batch_size]
-        ]

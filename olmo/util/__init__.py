@@ -4,8 +4,10 @@ This module: logging (rank-aware), the CLI environment, path and URL helpers, ma
 ``launch`` (rank and world size from torchrun's or Slurm's variables, before any process group), ``rng`` (capture
 and restore every RNG), ``json_lines`` (JSON-lines files), ``object_store`` (S3-API and GCS clients),
 ``checkpoint_dirs`` (the commit marker and checkpoint discovery without torch, for the config resolver
-``${path.last_checkpoint:...}``), ``tokenizer_files`` (where a tokenizer identifier's file comes from) and
-``olmo_helpers`` (``clean_opt``, ``dir_is_empty``, ``flatten_dict``: names the original OLMo's scripts import).
+``${path.last_checkpoint:...}``), ``tokenizer_files`` (where a tokenizer identifier's file comes from),
+``olmo_helpers`` (``clean_opt``, ``dir_is_empty``, ``flatten_dict``: names the original OLMo's scripts import),
+``atomic`` (the one atomic file write: ``atomic_write``, ``atomic_file``) and ``retry`` (the one retry loop with
+backoff: ``call_with_retries``, ``Backoff``), both re-exported here.
 ``env_rank``/``env_world_size``/``launch_env`` are re-exported here.
 
 May import: ``olmo.exceptions`` only.
@@ -25,12 +27,13 @@ from types import TracebackType
 from typing import Any, Optional, Union
 
 from ..exceptions import OLMoCliError, OLMoError
+from .atomic import atomic_file, atomic_write
 from .launch import LaunchEnv, env_rank, env_world_size, expand_hostlist, launch_env
 from .olmo_helpers import clean_opt, dir_is_empty, flatten_dict
+from .retry import Backoff, call_with_retries
 from .secrets import RedactingFilter, redact_text, redact_url
 
 __all__ = [
-    "REPO",
     "prepare_cli_environment",
     "install_excepthook",
     "setup_logging",
@@ -49,6 +52,10 @@ __all__ = [
     "remove_path",
     "result_file_problem",
     "write_result_file",
+    "atomic_file",
+    "atomic_write",
+    "Backoff",
+    "call_with_retries",
     "default_file_mode",
     "unwritable_reason",
     "REMOTE_SDKS",
@@ -64,9 +71,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
-"""The repository root (``configs/``, ``scripts/``): commands, benchmarks and tests run from a checkout installed
-in place."""
 _URL = re.compile(r"^[A-Za-z0-9]+://")
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
 _LOST_PEER_SIGNS = (
@@ -273,17 +277,10 @@ def result_file_problem(path: Path, keys: tuple[str, ...]) -> Optional[str]:
 
 
 def write_result_file(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: a crash never leaves half a file, and a
-    reader (another process, another rank on this machine) sees the old file or the new one. The one atomic text
-    write of the package; a failed write removes its temporary file and raises the ``OSError``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write ``text`` to ``path`` through a temporary file and a rename (:func:`~olmo.util.atomic.atomic_write`): a
+    crash never leaves half a file, and a reader (another process, another rank on this machine) sees the old file
+    or the new one. A failed write removes its temporary file and raises the ``OSError``."""
+    atomic_write(path, text)
 
 
 def remove_path(path: Union[str, Path]) -> None:

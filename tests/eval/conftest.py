@@ -79,3 +79,25 @@ def first_docs():
         return small
 
     return make
+
+
+@pytest.fixture(scope="session")
+def evaluators_of():
+    """``evaluators_of(cfg, world_size=1, rank=0)``: :func:`olmo.eval.build_evaluators` of ``cfg``'s sections, as
+    ``scripts/train.py`` calls it."""
+    from olmo.data import DataContext
+    from olmo.eval import build_evaluators
+
+    def build(cfg: TrainConfig, world_size: int = 1, rank: int = 0):
+        return build_evaluators(
+            cfg.evaluators,
+            cfg.model,
+            DataContext.from_train_config(cfg),
+            tokenizer=cfg.tokenizer,
+            batch_size=cfg.device_eval_batch_size,
+            subset_num_batches=cfg.eval_subset_num_batches,
+            world_size=world_size,
+            rank=rank,
+        )
+
+    return build

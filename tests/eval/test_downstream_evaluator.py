@@ -7,7 +7,7 @@ import torch
 from olmo_eval import ICLMetric
 
 from olmo.config import TrainConfig
-from olmo.eval import DownstreamEvaluator, LMEvaluator, build_evaluators, evaluator_problems, task_labels
+from olmo.eval import DownstreamEvaluator, LMEvaluator, evaluator_problems, task_labels
 from olmo.exceptions import OLMoConfigurationError
 from olmo.testing import write_byte_memmap
 
@@ -118,7 +118,9 @@ def test_subset_stops_at_a_question_boundary(load_task, first_docs):
     assert len({s["doc_id"] for s in samples}) == 2
 
 
-def test_build_evaluators_wires_config_tokenizer_and_lengths(tmp_path, downstream_config, task_model):
+def test_build_evaluators_wires_config_tokenizer_and_lengths(
+    tmp_path, downstream_config, task_model, evaluators_of
+):
     write_byte_memmap(tmp_path / "val.npy", 3 * task_model.config.max_sequence_length)
     cfg = downstream_config(
         evaluators=[
@@ -126,7 +128,7 @@ def test_build_evaluators_wires_config_tokenizer_and_lengths(tmp_path, downstrea
             {"label": "val", "data": {"paths": [str(tmp_path / "val.npy")]}},
         ]
     )
-    downstream, lm = build_evaluators(cfg)  # the tokenizer comes from cfg.tokenizer
+    downstream, lm = evaluators_of(cfg)  # the tokenizer comes from cfg.tokenizer
     assert isinstance(downstream, DownstreamEvaluator) and isinstance(lm, LMEvaluator)
     assert downstream.task.model_ctx_len == cfg.model.max_sequence_length
     assert downstream.batch_size == cfg.device_eval_batch_size
@@ -143,7 +145,7 @@ def test_unknown_labels_and_missing_data_are_reported_together_with_the_availabl
         ]
     )
     with pytest.raises(OLMoConfigurationError) as error:
-        build_evaluators(cfg)
+        cfg.validate()
     message = str(error.value)
     assert "evaluators[1].label='helaswag' is not a downstream task" in message
     assert "Did you mean 'hellaswag'" in message

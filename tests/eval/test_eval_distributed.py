@@ -14,8 +14,8 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from olmo.config import TrainConfig
-from olmo.distributed import DistEnv, build_model
-from olmo.eval import DownstreamEvaluator, LMEvaluator, build_evaluators
+from olmo.distributed import DistEnv, ParallelizeOptions, build_model
+from olmo.eval import DownstreamEvaluator, LMEvaluator
 from olmo.model import OLMo
 from olmo.testing import free_port, tiny_config_dict, write_byte_memmap
 
@@ -30,7 +30,8 @@ def _rank_main(rank, port, jobs, out_dir):
         env = DistEnv(device=CPU, rank=rank, local_rank=rank, world_size=WORLD_SIZE)
         results = {}
         for name, (cfg, state_dict, make_evaluator) in jobs.items():
-            model = build_model(cfg, env)  # FSDP2, one unit per block plus the root
+            # FSDP2, one unit per block plus the root
+            model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
             set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True))
             results[name] = make_evaluator(rank).evaluate(model, CPU)
         (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
@@ -53,7 +54,7 @@ def _run_ranks(jobs, out_dir, timeout: float = 30.0) -> list[dict]:
 
 
 def test_fsdp_two_ranks_with_uneven_batches_match_one_process(
-    tmp_path, load_task, task_model, first_docs, downstream_config
+    tmp_path, load_task, task_model, first_docs, downstream_config, evaluators_of
 ):
     # LM: 5 instances in batches of 2 -> rank 0 makes 2 forward passes, rank 1 only 1.
     write_byte_memmap(tmp_path / "val.npy", 5 * 32)
@@ -67,7 +68,7 @@ def test_fsdp_two_ranks_with_uneven_batches_match_one_process(
     )
     torch.manual_seed(0)
     lm_model = OLMo(lm_cfg.model)
-    lm_evaluator = build_evaluators(lm_cfg)[0]
+    lm_evaluator = evaluators_of(lm_cfg)[0]
     assert isinstance(lm_evaluator, LMEvaluator)
 
     # Downstream: 5 two-choice questions in batches of 4 samples -> 2 passes on rank 0, 1 on rank 1.
@@ -76,7 +77,7 @@ def test_fsdp_two_ranks_with_uneven_batches_match_one_process(
         "lm": (
             lm_cfg,
             lm_model.state_dict(),
-            lambda rank: build_evaluators(lm_cfg, world_size=WORLD_SIZE, rank=rank)[0],
+            lambda rank: evaluators_of(lm_cfg, world_size=WORLD_SIZE, rank=rank)[0],
         ),
         "copa": (
             downstream_config(),

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from olmo.config import TrainConfig
-from olmo.eval import LMEvaluator, build_evaluators
+from olmo.eval import LMEvaluator
 from olmo.model import OLMo
 from olmo.testing import tiny_config_dict, write_byte_memmap
 
@@ -45,9 +45,9 @@ def _token_losses(model: OLMo, ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:-1], ids[1:], reduction="none")  # (T-1,)
 
 
-def test_perplexity_is_exp_of_the_token_weighted_cross_entropy_per_label(lm_setup):
+def test_perplexity_is_exp_of_the_token_weighted_cross_entropy_per_label(lm_setup, evaluators_of):
     cfg, model, files = lm_setup
-    [evaluator] = build_evaluators(cfg)
+    [evaluator] = evaluators_of(cfg)
     metrics = evaluator.evaluate(model, CPU)
 
     assert set(metrics) == {f"eval/{label}/{m}" for label in files for m in ("CrossEntropyLoss", "Perplexity")}
@@ -61,7 +61,7 @@ def test_perplexity_is_exp_of_the_token_weighted_cross_entropy_per_label(lm_setu
         assert metrics[f"eval/{label}/Perplexity"] == pytest.approx(math.exp(total / count), rel=1e-6)
 
 
-def test_masked_targets_are_skipped_and_instances_weigh_by_their_scored_tokens(tmp_path):
+def test_masked_targets_are_skipped_and_instances_weigh_by_their_scored_tokens(tmp_path, evaluators_of):
     path = str(tmp_path / "tokens.npy")
     write_byte_memmap(path, 6 * T)
     mask = np.zeros(6 * T, dtype=np.bool_)
@@ -73,7 +73,7 @@ def test_masked_targets_are_skipped_and_instances_weigh_by_their_scored_tokens(t
     torch.manual_seed(0)
     model = OLMo(cfg.model)
 
-    ce = build_evaluators(cfg)[0].evaluate(model, CPU)["eval/masked/CrossEntropyLoss"]
+    ce = evaluators_of(cfg)[0].evaluate(model, CPU)["eval/masked/CrossEntropyLoss"]
 
     per_instance = []
     for i, ids in enumerate(_instances(path)):
@@ -85,11 +85,11 @@ def test_masked_targets_are_skipped_and_instances_weigh_by_their_scored_tokens(t
     assert ce != pytest.approx(mean_of_means, rel=1e-4)  # OLMo's MeanMetric would give this
 
 
-def test_two_rank_shares_are_disjoint_and_combine_to_the_single_rank_result(lm_setup):
+def test_two_rank_shares_are_disjoint_and_combine_to_the_single_rank_result(lm_setup, evaluators_of):
     cfg, model, files = lm_setup
     n_alpha = len(_instances(files["alpha"]))  # instances are numbered over the files in label order
-    full = build_evaluators(cfg)[0].evaluate(model, CPU)
-    shares = [build_evaluators(cfg, world_size=2, rank=rank)[0] for rank in (0, 1)]
+    full = evaluators_of(cfg)[0].evaluate(model, CPU)
+    shares = [evaluators_of(cfg, world_size=2, rank=rank)[0] for rank in (0, 1)]
     indices = [share.instance_indices() for share in shares]
     assert sorted(indices[0] + indices[1]) == list(range(n_alpha + len(_instances(files["beta"]))))
     assert len(indices[0]) == len(indices[1]) + 1
@@ -105,14 +105,14 @@ def test_two_rank_shares_are_disjoint_and_combine_to_the_single_rank_result(lm_s
         assert loss_sum / tokens == pytest.approx(full[f"eval/{label}/CrossEntropyLoss"], rel=1e-6)
 
 
-def test_subset_num_batches_limits_the_forward_passes_of_each_rank(lm_setup):
+def test_subset_num_batches_limits_the_forward_passes_of_each_rank(lm_setup, evaluators_of):
     cfg, model, _ = lm_setup
     calls = []
     hook = model.register_forward_hook(lambda module, args, out: calls.append(args[0].shape))
     try:
         evaluator = LMEvaluator(
             "ppl",
-            build_evaluators(cfg)[0].dataset,
+            evaluators_of(cfg)[0].dataset,
             dataset_labels=["alpha", "beta"],
             batch_size=2,
             subset_num_batches=2,
@@ -127,9 +127,9 @@ def test_subset_num_batches_limits_the_forward_passes_of_each_rank(lm_setup):
     assert metrics  # the seeded order mixes labels, so a subset still scores something
 
 
-def test_runs_in_eval_mode_without_grad_restores_the_mode_and_autocasts_when_asked(lm_setup):
+def test_runs_in_eval_mode_without_grad_restores_the_mode_and_autocasts_when_asked(lm_setup, evaluators_of):
     cfg, model, _ = lm_setup
-    [evaluator] = build_evaluators(cfg)
+    [evaluator] = evaluators_of(cfg)
     seen = []
 
     def record(module, args, out):

@@ -11,8 +11,7 @@ import torch
 
 from olmo.checkpoint import MARKER
 from olmo.exceptions import OLMoCheckpointError, OLMoDataError
-from olmo.testing import run_main, run_train, tiny_config_dict, write_byte_corpus, write_config
-from olmo.util import REPO
+from olmo.testing import REPO, run_main, run_train, tiny_config_dict, write_byte_corpus, write_config
 
 
 @pytest.fixture(scope="module")

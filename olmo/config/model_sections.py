@@ -1,0 +1,232 @@
+"""The ``model:`` section: the transformer's shape and options (:class:`ModelConfig`), with the checks of its values.
+Its attention options (``model.sliding_window``, ``model.rope_scaling``) are sections of their own, in
+:mod:`olmo.config.attention`.
+
+Field names and defaults follow the original OLMo's; every field has a docstring (``train.py CONFIG --help`` prints
+them). Import it from :mod:`olmo.config`, which re-exports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .attention import RopeScalingConfig, SlidingWindowConfig, attention_option_problems
+from .base import BaseConfig
+from .sections import ActivationType, BlockType, InitFnType, LayerNormType
+
+__all__ = ["ModelConfig", "MAX_LAYERS", "MAX_SEQUENCE_LENGTH", "MAX_PARAMS"]
+
+MAX_LAYERS = 4096
+MAX_SEQUENCE_LENGTH = 2**24
+MAX_PARAMS = 10**13
+"""Sizes no model has (a typo, an extra zero), refused before the model is built on the meta device, which for a
+hundred million layers would take hours."""
+
+
+@dataclass
+class ModelConfig(BaseConfig):
+    """The transformer's shape and options. Parameter names follow the original OLMo."""
+
+    d_model: int = 768
+    """Hidden size."""
+    n_heads: int = 12
+    """Number of attention (query) heads; must divide ``d_model``."""
+    n_kv_heads: Optional[int] = None
+    """Key/value heads for GQA (1 = multi-query). None means ``n_heads`` (plain multi-head)."""
+    clip_qkv: Optional[float] = None
+    """Clamp the fused q/k/v projection output to [-clip_qkv, clip_qkv]. None disables."""
+    n_layers: int = 12
+    """Number of transformer blocks."""
+    mlp_ratio: int = 4
+    """MLP hidden size as a multiple of ``d_model`` (ignored when ``mlp_hidden_size`` is set)."""
+    mlp_hidden_size: Optional[int] = None
+    """Explicit MLP hidden size (before SwiGLU halves it)."""
+    activation_type: ActivationType = ActivationType.swiglu
+    """MLP activation: ``swiglu``, ``gelu`` or ``relu``."""
+    block_type: BlockType = BlockType.sequential
+    """Transformer block layout. Only OLMo's ``sequential`` block is implemented; ``llama`` is refused by
+    validation with the reason."""
+    block_group_size: int = 1
+    """Accepted for OLMo compatibility; only 1 is supported."""
+    alibi: bool = False
+    """ALiBi attention biases instead of positional embeddings (exclusive with ``rope``)."""
+    alibi_bias_max: float = 8.0
+    """Largest ALiBi slope exponent."""
+    rope: bool = False
+    """Rotary position embeddings (NeoX layout)."""
+    rope_full_precision: bool = True
+    """Apply RoPE in fp32 even under autocast."""
+    rope_theta: int = 10000
+    """RoPE base frequency."""
+    flash_attention: bool = False
+    """Use the flash-attn package when installed; otherwise warn once and use SDPA."""
+    attention_dropout: float = 0.1
+    """Dropout on attention probabilities (training only)."""
+    multi_query_attention: Optional[bool] = None
+    """Deprecated spelling of ``n_kv_heads: 1``; False or None means multi-head."""
+    attention_layer_norm: bool = False
+    """Layer norm on queries and keys (QK-norm)."""
+    residual_dropout: float = 0.1
+    """Dropout on each block's attention and MLP outputs."""
+    embedding_dropout: float = 0.1
+    """Dropout on the token embeddings."""
+    embedding_layer_norm: bool = False
+    """Layer norm right after the token embedding."""
+    layer_norm_type: LayerNormType = LayerNormType.default
+    """``default``, ``low_precision`` or ``rms``."""
+    layer_norm_with_affine: bool = True
+    """Learnable scale (and bias, see ``bias_for_layer_norm``) in the block and final norms."""
+    layer_norm_eps: float = 1e-5
+    """Epsilon of every norm."""
+    attention_layer_norm_with_affine: bool = True
+    """Learnable scale/bias in the QK norms."""
+    max_sequence_length: int = 1024
+    """Training context length T; every instance is exactly T tokens."""
+    include_bias: bool = True
+    """Biases in the linear layers."""
+    bias_for_layer_norm: Optional[bool] = None
+    """Biases in the norms; None means ``include_bias``."""
+    scale_logits: bool = False
+    """Multiply the logits by ``1/sqrt(d_model)``."""
+    vocab_size: int = 50257
+    """Number of real tokens; every token id must be below this."""
+    embedding_size: Optional[int] = 50304
+    """Rows of the embedding matrix (>= vocab_size; a multiple of 128 is fastest). None = vocab_size."""
+    weight_tying: bool = True
+    """Share the input embedding and the output projection."""
+    eos_token_id: int = 50256
+    """End-of-document token id."""
+    pad_token_id: int = 50256
+    """Padding token id."""
+    init_device: Optional[str] = None
+    """Accepted for OLMo compatibility. The trainer always builds on ``meta`` and materializes the
+    parameters directly on the training device, so this has no effect."""
+    init_fn: InitFnType = InitFnType.normal
+    """Weight initialization scheme: ``normal``, ``mitchell`` or ``full_megatron``."""
+    init_std: float = 0.02
+    """Standard deviation for the ``normal`` and ``full_megatron`` schemes."""
+    init_cutoff_factor: Optional[float] = None
+    """Truncate init draws at this many standard deviations (mitchell/megatron default: 3)."""
+    precision: Optional[str] = None
+    """Accepted for OLMo compatibility (OLMo copied ``TrainConfig.precision`` here); unused."""
+    scale_emb_init: bool = False
+    """``full_megatron`` only: scale the embedding init std by ``sqrt(d_model)``."""
+    emb_init_std: Optional[float] = None
+    """Override the embedding init std."""
+    norm_after: bool = False
+    """OLMo-2 ordering: normalize each sub-layer's output instead of its input."""
+    sliding_window: Optional[SlidingWindowConfig] = None
+    """OLMo 3's sliding-window attention: ``{pattern: [4096, 4096, 4096, -1], force_full_attention_on_last_layer:
+    true}`` (the window of each layer, cycled, from layer 1 when the first is forced full; -1 = full attention). None:
+    every layer attends to everything."""
+    rope_scaling: Optional[RopeScalingConfig] = None
+    """RoPE scaling of the full-attention layers for a longer context: ``{name: yarn, factor: 8, beta_fast: 32,
+    beta_slow: 1, old_context_len: 8192}`` (OLMo 3's long-context stage) or ``name: llama3``. None: plain RoPE."""
+
+    def layer_windows(self) -> list[Optional[int]]:
+        """Each layer's attention window in keys (itself included), None for full attention."""
+        if self.sliding_window is None:
+            return [None] * self.n_layers
+        return self.sliding_window.windows(self.n_layers)
+
+    @property
+    def effective_n_kv_heads(self) -> int:
+        """Key/value heads after reconciling ``n_kv_heads`` with the deprecated ``multi_query_attention``."""
+        if self.n_kv_heads is None:
+            return 1 if self.multi_query_attention else self.n_heads
+        return self.n_kv_heads
+
+    @property
+    def effective_embedding_size(self) -> int:
+        return self.embedding_size if self.embedding_size is not None else self.vocab_size
+
+    @property
+    def effective_mlp_hidden_size(self) -> int:
+        return self.mlp_hidden_size if self.mlp_hidden_size is not None else self.mlp_ratio * self.d_model
+
+    @property
+    def effective_bias_for_layer_norm(self) -> bool:
+        return self.include_bias if self.bias_for_layer_norm is None else self.bias_for_layer_norm
+
+    def problems(self) -> list[str]:
+        """One sentence per value of this section that cannot work (empty when there is none), each naming the key
+        and the fix; its attention options' included."""
+        out: list[str] = []
+        if self.d_model % self.n_heads != 0:
+            out.append(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}.")
+        elif (self.d_model // self.n_heads) % 2 != 0 and self.rope:
+            out.append(f"model.rope needs an even head size; d_model/n_heads = {self.d_model // self.n_heads}.")
+        if self.n_kv_heads is not None and self.multi_query_attention and self.n_kv_heads != 1:
+            out.append(
+                f"model.multi_query_attention=true contradicts model.n_kv_heads={self.n_kv_heads}; "
+                f"remove multi_query_attention and keep n_kv_heads."
+            )
+        kv = self.effective_n_kv_heads
+        if kv <= 0 or self.n_heads % kv != 0:
+            out.append(f"model.n_kv_heads={kv} must be positive and divide model.n_heads={self.n_heads}.")
+        if self.alibi and self.rope:
+            out.append("model.alibi and model.rope are mutually exclusive; set one of them to false.")
+        if self.alibi and self.flash_attention:
+            out.append("model.alibi does not work with model.flash_attention; disable one of them.")
+        if self.effective_embedding_size < self.vocab_size:
+            out.append(
+                f"model.embedding_size={self.embedding_size} must be at least model.vocab_size={self.vocab_size}."
+            )
+        if self.clip_qkv is not None and self.clip_qkv <= 0:
+            out.append(f"model.clip_qkv={self.clip_qkv} must be positive (or null to disable).")
+        out += self._unsupported_block_problems()
+        for name in ("attention_dropout", "residual_dropout", "embedding_dropout"):
+            p = getattr(self, name)
+            if not 0.0 <= p < 1.0:
+                out.append(f"model.{name}={p} must be in [0, 1).")
+        for name in ("d_model", "n_heads", "n_layers", "max_sequence_length", "vocab_size"):
+            if getattr(self, name) <= 0:
+                out.append(f"model.{name} must be positive.")
+        for name in ("eos_token_id", "pad_token_id"):
+            token = getattr(self, name)
+            if not 0 <= token < self.effective_embedding_size:
+                out.append(
+                    f"model.{name}={token} is outside the embedding (size {self.effective_embedding_size})."
+                )
+        out += attention_option_problems(self.sliding_window, self.rope_scaling, self.rope)
+        return out + self._size_problems()
+
+    def _unsupported_block_problems(self) -> list[str]:
+        """OLMo's block options that only OLMo implements."""
+        out: list[str] = []
+        if self.block_group_size != 1:
+            out.append(
+                f"model.block_group_size={self.block_group_size} is not supported: in OLMo, block groups only "
+                f"change how FSDP wraps the blocks (parameters named transformer.block_groups.G.i...), not what the "
+                f"model computes. Set --model.block_group_size=1 (the same model; use fsdp.wrapping_strategy "
+                f"one_in_N for coarser FSDP units); checkpoints saved with block groups do not load yet."
+            )
+        if self.block_type != "sequential":
+            out.append(
+                f"model.block_type={self.block_type} is not supported: only OLMo's sequential block (fused "
+                f"att_proj, as in every released OLMo model) is implemented; OLMo's llama block (separate "
+                f"q_proj/k_proj/v_proj) is not. Set --model.block_type=sequential for a new model; a checkpoint of a "
+                f"llama-block model cannot be loaded yet."
+            )
+        return out
+
+    def _size_problems(self) -> list[str]:
+        """Sizes past :data:`MAX_LAYERS`, :data:`MAX_SEQUENCE_LENGTH` and :data:`MAX_PARAMS`."""
+        out: list[str] = []
+        if self.n_layers > MAX_LAYERS:
+            out.append(
+                f"model.n_layers={self.n_layers:,} is more than {MAX_LAYERS:,}; the deepest released models have "
+                f"~130."
+            )
+        if self.max_sequence_length > MAX_SEQUENCE_LENGTH:
+            out.append(
+                f"model.max_sequence_length={self.max_sequence_length:,} is more than {MAX_SEQUENCE_LENGTH:,} tokens."
+            )
+        approx = 12 * self.n_layers * self.d_model**2 + 2 * max(self.effective_embedding_size, 0) * self.d_model
+        if not out and approx > MAX_PARAMS:
+            out.append(
+                f"model.d_model={self.d_model:,} with model.n_layers={self.n_layers:,} makes about {approx:.2g} "
+                f"parameters, more than {MAX_PARAMS:.0e} (a typo?); OLMo-2 32B has d_model 5120 and 64 layers."
+            )
+        return out

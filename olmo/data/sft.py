@@ -1,0 +1,237 @@
+"""Chat conversations as fixed-length SFT instances with a label mask, in OLMo's Tulu format (the code of
+``scripts/prepare_sft_data.py``, whose docstring describes the format).
+
+:func:`write_sft_dataset` reads the conversations of a JSON-lines file (:func:`read_conversations`), formats them
+(:class:`Formatter`) and writes ``input_ids.npy`` and ``label_mask.npy`` into a hidden folder that is moved into
+place once every example is written, so a failed run leaves the output folder as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+from tqdm import tqdm
+
+from ..exceptions import OLMoCliError, OLMoDataError
+from ..util import nearest_existing, unwritable_reason
+from ..util.json_lines import json_type, read_json_lines
+
+if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
+
+__all__ = [
+    "OUTPUT_FILES",
+    "Formatter",
+    "SFTSummary",
+    "check_sft_output",
+    "check_sft_tokenizer",
+    "read_conversations",
+    "write_sft_dataset",
+]
+
+log = logging.getLogger(__name__)
+
+BATCH_EXAMPLES = 256
+"""Examples whose messages are tokenized in one ``encode_batch`` call."""
+
+ROLES = ("system", "user", "assistant")
+OUTPUT_FILES = ("input_ids.npy", "label_mask.npy")
+EXAMPLE = '{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}'
+
+
+def message_problem(message: object) -> Optional[str]:
+    """What is wrong with one element of a ``messages`` list, or None."""
+    if not isinstance(message, dict):
+        return f"is {json_type(message)}, not an object"
+    for key in ("role", "content"):
+        if key not in message:
+            return f"has no '{key}' (its keys: {', '.join(repr(k) for k in message) or 'none'})"
+        if not isinstance(message[key], str):
+            return f"has a '{key}' that is {json_type(message[key])}, not a string"
+    if message["role"] not in ROLES:
+        return f"has the role {message['role']!r}, not one of {', '.join(ROLES)}"
+    return None
+
+
+def read_conversations(path: Path) -> Iterator[tuple[int, list[dict[str, str]]]]:
+    """(line number, messages) for every non-blank line, checking the shape of each message.
+
+    :raises OLMoDataError: naming the file and line of the first line that is not a conversation.
+    """
+    for line_no, line in read_json_lines(path):
+        where = f"'{path}' line {line_no}"
+        if "messages" not in line:
+            raise OLMoDataError(
+                f"{where} has no 'messages' key (its keys: {', '.join(repr(k) for k in line) or 'none'}). Every "
+                f"line must look like {EXAMPLE}."
+            )
+        messages = line["messages"]
+        if not isinstance(messages, list):
+            raise OLMoDataError(
+                f"{where}: 'messages' is {json_type(messages)}, not a list. Every line must look like {EXAMPLE}."
+            )
+        for i, message in enumerate(messages):
+            problem = message_problem(message)
+            if problem is not None:
+                raise OLMoDataError(f"{where}: messages[{i}] {problem}. Every line must look like {EXAMPLE}.")
+        yield line_no, messages
+
+
+class Formatter:
+    """Builds the token ids and label mask of one conversation, as OLMo's ``prepare_tulu_data.py`` does."""
+
+    def __init__(self, tokenizer: Tokenizer, seq_len: int, eos: int, pad: int):
+        self.tokenizer, self.seq_len, self.eos, self.pad = tokenizer, seq_len, eos, pad
+        self.newline = tokenizer.encode("\n", add_special_tokens=False)
+        self._role_tokens: dict[str, list[int]] = {}
+
+    def role_tokens(self, role: str) -> list[int]:
+        if role not in self._role_tokens:
+            self._role_tokens[role] = self.tokenizer.encode(f"<|{role}|>\n", add_special_tokens=False)
+        return self._role_tokens[role]
+
+    def batch(self, conversations: list[list[dict[str, str]]]) -> list[tuple[list[int], list[bool], int]]:
+        """(ids, mask, untruncated length) of each conversation; ids and mask are seq_len long."""
+        texts = [
+            m["content"].strip() + ("" if m["role"] == "assistant" else "\n") for c in conversations for m in c
+        ]
+        encoded = iter(self.tokenizer.encode_batch(texts, add_special_tokens=False))
+        out = []
+        for messages in conversations:
+            ids, mask = [self.eos], [False]
+            for message in messages:
+                role = self.role_tokens(message["role"])
+                ids += role
+                mask += [False] * len(role)
+                content = next(encoded)
+                if message["role"] == "assistant":
+                    # The model learns to answer and then to stop; the newline after eos is formatting.
+                    ids += content + [self.eos] + self.newline
+                    mask += [True] * (len(content) + 1) + [False] * len(self.newline)
+                else:
+                    ids += content
+                    mask += [False] * len(content)
+            length = len(ids)
+            ids, mask = ids[: self.seq_len], mask[: self.seq_len]
+            padding = self.seq_len - len(ids)
+            out.append((ids + [self.pad] * padding, mask + [False] * padding, length))
+        return out
+
+
+@dataclass
+class SFTSummary:
+    """What a run kept and dropped: examples, and the tokens of the kept ones."""
+
+    kept: int = 0
+    no_assistant: int = 0
+    truncated_away: int = 0
+    truncated: int = 0
+    tokens: int = 0
+    label_tokens: int = 0
+    pad_tokens: int = 0
+
+
+def check_sft_output(out: Path, overwrite: bool) -> Path:
+    """The existing folder to write the run in before it is moved to ``out``, checking that the output files
+    of an earlier run are only replaced with ``--overwrite``.
+
+    :raises OLMoCliError: for an output that cannot be written, or that holds an earlier run's files.
+    """
+    reason = unwritable_reason(out)
+    if reason is not None:
+        raise OLMoCliError(f"-o/--output '{out}' cannot be written: {reason}. Pass a folder you can write to.")
+    anchor = nearest_existing(out)
+    existing = [name for name in OUTPUT_FILES if (out / name).exists()]
+    if existing and not overwrite:
+        raise OLMoCliError(
+            f"-o/--output '{out}' already holds {' and '.join(existing)} of an earlier run. Pass --overwrite to "
+            f"replace them, or choose a new output folder."
+        )
+    return anchor
+
+
+def check_sft_tokenizer(tokenizer: Tokenizer, name: str, eos: int, pad: int, dtype: str) -> None:
+    """Check ``tokenizer`` (``--tokenizer name``) against ``--eos``, ``--pad`` and ``--dtype``; warn when ``eos`` is
+    not ``<|endoftext|>``.
+
+    :raises OLMoCliError: for an id the tokenizer does not have, or a dtype too small for its ids.
+    """
+    for flag, value in (("--eos", eos), ("--pad", pad)):
+        if value >= tokenizer.vocab_size:
+            raise OLMoCliError(
+                f"{flag} {value} is not a token id of {name} ({tokenizer.vocab_size} tokens); pass "
+                f"the id of that token in this tokenizer."
+            )
+    if tokenizer.vocab_size - 1 > np.iinfo(np.dtype(dtype)).max:
+        raise OLMoCliError(f"--dtype {dtype} cannot hold ids up to {tokenizer.vocab_size - 1}; use uint32.")
+    if tokenizer.base.id_to_token(eos) != "<|endoftext|>":
+        log.warning("--eos %d is %r in this tokenizer, not <|endoftext|>.", eos, tokenizer.base.id_to_token(eos))
+
+
+def write_examples(source: Path, formatter: Formatter, folder: Path, dtype: str) -> SFTSummary:
+    """Write the examples of ``source`` as ``OUTPUT_FILES`` in ``folder``; return what was kept and dropped."""
+    summary, token_dtype, seq_len = SFTSummary(), np.dtype(dtype), formatter.seq_len
+
+    def write(batch: list[list[dict[str, str]]], ids_file: Any, mask_file: Any) -> None:
+        for messages, (ids, mask, length) in zip(batch, formatter.batch(batch)):
+            n_labels = sum(mask)
+            if n_labels == 0:
+                if any(m["role"] == "assistant" for m in messages):
+                    summary.truncated_away += 1
+                else:
+                    summary.no_assistant += 1
+                continue
+            np.asarray(ids, dtype=token_dtype).tofile(ids_file)
+            np.asarray(mask, dtype=np.bool_).tofile(mask_file)
+            summary.kept += 1
+            summary.truncated += length > seq_len
+            summary.tokens += min(length, seq_len)
+            summary.pad_tokens += max(0, seq_len - length)
+            summary.label_tokens += n_labels
+
+    ids_path, mask_path = (folder / name for name in OUTPUT_FILES)
+    with open(ids_path, "wb") as ids_file, open(mask_path, "wb") as mask_file:
+        pending: list[list[dict[str, str]]] = []
+        for _, messages in tqdm(read_conversations(source), desc="tokenizing", unit=" examples"):
+            pending.append(messages)
+            if len(pending) >= BATCH_EXAMPLES:
+                write(pending, ids_file, mask_file)
+                pending = []
+        write(pending, ids_file, mask_file)
+    return summary
+
+
+def write_sft_dataset(source: Path, out: Path, formatter: Formatter, dtype: str, anchor: Path) -> SFTSummary:
+    """Write the examples of ``source`` as ``out/input_ids.npy`` and ``out/label_mask.npy``: into a hidden folder in
+    ``anchor`` (:func:`check_sft_output`'s), moved into place only once every example is written.
+
+    :raises OLMoDataError: for a source without a conversation, or without any label token within the length.
+    """
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.resolve().name}.partial-", dir=anchor))
+    try:
+        summary = write_examples(source, formatter, staging, dtype)
+        if summary.kept + summary.no_assistant + summary.truncated_away == 0:
+            raise OLMoDataError(
+                f"'{source}' holds no conversation (it is empty or blank), so nothing was written to "
+                f"'{out}'. Write one conversation per line: {EXAMPLE}."
+            )
+        if summary.kept == 0:
+            raise OLMoDataError(
+                f"No example of '{source}' has an assistant token within --seq-len {formatter.seq_len}, so "
+                f"nothing would be trained on. Check that conversations have 'assistant' messages, or raise "
+                f"--seq-len."
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        for name in OUTPUT_FILES:
+            os.replace(staging / name, out / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return summary

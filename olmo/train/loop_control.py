@@ -1,0 +1,98 @@
+"""The trainer's side of the callback protocol (:class:`olmo.train.callback.Loop`): :class:`LoopControl` holds the
+callbacks, calls their hooks, keeps the phase the loop is in, and records what callbacks ask of the loop (a rewind,
+a stop, a restart of the throughput clock) for :meth:`olmo.train.Trainer.fit` to carry out."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Optional
+
+from .callback import Callback
+
+if TYPE_CHECKING:
+    from ..distributed import DistEnv
+    from .metrics_sinks import MetricsCallback
+    from .stop import StopConditions
+
+__all__ = ["LoopControl"]
+
+log = logging.getLogger(__name__)
+
+
+class LoopControl:
+    """What a callback may ask of the loop, and the dispatch of the hooks (a base of the trainer, which provides
+    ``state``, ``env`` and ``log_metrics``)."""
+
+    state: Any
+    env: DistEnv
+    metrics: MetricsCallback
+    """The metrics-logging callback (set by ``fit``)."""
+    _stop: StopConditions
+
+    def __init__(self, callbacks: list[Callback]):
+        self.user_callbacks = callbacks
+        self.callbacks: list[Callback] = []  # the built-in ones, then the user's (set by fit)
+        self._phase: tuple[Optional[str], int] = (None, 0)
+        self._rewind_request: Optional[tuple[int, str]] = None
+        self._stop_reason: Optional[str] = None
+        self._clock_restarted = False
+
+    def log_metrics(self, collect: bool = True) -> None:
+        raise NotImplementedError
+
+    def _call(self, hook: str, ctx: Any) -> None:
+        """Call ``hook`` of every callback; a ``post_step`` ends early once a callback asks to rewind or stop."""
+        for callback in self.callbacks:
+            getattr(callback, hook)(ctx)
+            if hook == "post_step" and (self._rewind_request is not None or self._stop_reason is not None):
+                return
+
+    def rewind(self, before_step: int, reason: str) -> None:
+        if self._rewind_request is None:
+            self._rewind_request = (before_step, reason)
+
+    def stop(self, reason: str) -> None:
+        if self._stop.request.reason is None:  # agreed on by every rank, with signals and the time limit
+            self._stop.request.reason = reason
+
+    def _finish(self, reason: str) -> None:
+        """The ranks agreed to stop (the stop callback): the loop ends after the current hooks."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+
+    def restart_clock(self) -> None:
+        self._clock_restarted = True
+
+    def flush_metrics(self) -> None:
+        self.log_metrics()
+
+    def waiting(self, interruptible: bool = True) -> contextlib.AbstractContextManager[None]:
+        return self._stop.waiting(interruptible)
+
+    @contextlib.contextmanager
+    def phase(self, name: str, step: Optional[int] = None) -> Iterator[None]:
+        """The loop is in phase ``name`` of ``step`` (default: the last trained) for the block (``on_phase``)."""
+        previous = self._phase
+        self._enter_phase(name, self.state.global_step if step is None else step)
+        try:
+            yield
+        finally:
+            self._enter_phase(*previous)
+
+    def _enter_phase(self, name: Optional[str], step: int) -> None:
+        self._phase = (name, step)
+        for callback in self.callbacks:
+            callback.on_phase(name, step)
+
+    def log_results(self, step: int, metrics: dict[str, float], records: dict[str, Any]) -> None:
+        """Log an evaluation's metrics (in full on the console) and its non-numeric records (samples)."""
+        self.metrics.logger.log(step, metrics, console_keys=sorted(metrics))
+        if records:
+            self.metrics.logger.log_records(step, records)
+
+    def log_event(self, step: int, message: str) -> None:
+        """A line about the run (a stage begins, a rollback, a stop), on rank 0's console."""
+        if self.env.rank == 0:
+            log.info("[step=%d] %s", step, message)
