@@ -1,7 +1,7 @@
 """OLMo's import path for beam search: ``from olmo.beam_search import BeamSearch, TopPSampler, ...``. The code is
-:mod:`olmo.model.beam_search`."""
+:mod:`olmo.model.beams`."""
 
-from .model.beam_search import (
+from .model.beams import (
     BeamSearch,
     Constraint,
     ConstraintStateType,

@@ -90,7 +90,7 @@ def measure_downstream(label: str = "piqa", batch_size: int = 16, num_batches: i
 
 
 def measure_generation(prompts: int = 4, new_tokens: int = 32, long_prompts: bool = False) -> None:
-    from olmo.eval.generation import GenerationEvaluator
+    from olmo.eval.samples import GenerationEvaluator
     from olmo.model.generation import build_sampler
 
     cfg = TrainConfig.load("configs/tiny/OLMo-tiny.yaml", ["wandb=null"])  # run from the checkout

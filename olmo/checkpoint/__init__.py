@@ -17,10 +17,10 @@ from .checkpointers import (
     TorchNewStyleShardedCheckpointer,
     build_sharded_checkpointer,
 )
-from .files import (
+from .model_loading import load_model
+from .safe_reads import (
     safe_torch_load,
 )
-from .model_loading import load_model
 from .storage import (
     FORMAT_VERSION,
     MARKER,

@@ -29,7 +29,7 @@ from ..config import TrainConfig
 from ..distributed import DistEnv, ParallelizeOptions, build_model
 from ..exceptions import OLMoCheckpointError
 from ..optim import build_optimizer
-from .files import fetch, load_state_file
+from .safe_reads import fetch, load_state_file
 from .save import begin_checkpoint, commit_checkpoint, model_and_optim_state
 from .storage import inspect_checkpoint, load_checkpoint, trainer_state
 

@@ -27,7 +27,7 @@ import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from .files import SafeFileSystemReader
+from .safe_reads import SafeFileSystemReader
 
 __all__ = ["DirectFileSystemReader"]
 
@@ -76,7 +76,7 @@ def _read_exactly(file: BinaryIO, view: memoryview) -> int:
 
 
 class DirectFileSystemReader(SafeFileSystemReader):
-    """DCP's file reader (with :class:`~olmo.checkpoint.files.SafeFileSystemReader`'s safe metadata load) that
+    """DCP's file reader (with :class:`~olmo.checkpoint.safe_reads.SafeFileSystemReader`'s safe metadata load) that
     reads a tensor's bytes directly into its target where they form one contiguous range (module docstring)."""
 
     def __init__(self, path: Union[str, os.PathLike[str]]):

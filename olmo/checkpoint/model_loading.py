@@ -10,8 +10,8 @@ import torch
 from ..config import TrainConfig
 from ..model import OLMo
 from ..model.transformer import register_checkpoint_loader
-from .files import fetch
 from .restore import RestorePlan, preflight_restore
+from .safe_reads import fetch
 from .storage import inspect_checkpoint, load_checkpoint
 
 __all__ = ["load_model"]

@@ -42,9 +42,9 @@ from ..exceptions import OLMoCheckpointError, OLMoError
 from ..model import OLMo
 from ..optim import build_optimizer
 from .dcp_reader import DirectFileSystemReader
-from .files import SafeLoadPlanner, _MetadataUnpickler, read_dcp_metadata, root_cause
 from .olmo_core_v3_config import train_config_from_olmo_core
 from .olmo_formats import convert_optim_state, describe_dir
+from .safe_reads import SafeLoadPlanner, _MetadataUnpickler, read_dcp_metadata, root_cause
 from .save import FULL_STATE, write_imported_checkpoint
 
 __all__ = ["is_olmo_core_checkpoint", "read_olmo_core_state", "convert_olmo_core_checkpoint"]

@@ -44,7 +44,7 @@ from ..config import (
     TokenizerConfig,
     TrainConfig,
 )
-from ..config.attention import attention_option_problems
+from ..config.attention_sections import attention_option_problems
 from ..exceptions import OLMoConfigurationError
 from ..util.tokenizer_files import DEFAULT_TOKENIZER
 

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from ..exceptions import OLMoCheckpointError
-from .files import check_shapes, safe_torch_load
+from .safe_reads import check_shapes, safe_torch_load
 
 __all__ = [
     "detect_layout",

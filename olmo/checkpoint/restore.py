@@ -21,7 +21,8 @@ from ..config import TrainConfig
 from ..exceptions import OLMoCheckpointError
 from ..util import is_url, remove_path, unwritable_reason
 from ..util.checkpoint_dirs import STEP_DIR, read_marker, unreadable_checkpoints
-from .files import (
+from .olmo_formats import clean_model_state, load_train_state
+from .safe_reads import (
     MARKER,
     check_optimizer_kind,
     check_trainer_state,
@@ -31,7 +32,6 @@ from .files import (
     read_dcp_metadata,
     safe_torch_load,
 )
-from .olmo_formats import clean_model_state, load_train_state
 from .storage import (
     CheckpointInfo,
     ModelMismatchError,

@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 from ..config import TrainConfig
 from ..exceptions import OLMoCheckpointError
 from ..util import lost_peer, remove_path, unwritable_reason
-from .files import MARKER, describe_os_error, read_marker, root_cause
+from .safe_reads import MARKER, describe_os_error, read_marker, root_cause
 
 __all__ = [
     "FORMAT_VERSION",

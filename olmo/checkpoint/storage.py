@@ -42,7 +42,16 @@ from ..util import is_url, redact_url
 from ..util.checkpoint_dirs import STEP_DIR, CheckpointInfo, find_latest_checkpoint, list_checkpoints
 from ..util.remote_files import RemoteAccessDenied, RemoteTimeoutError
 from .dcp_reader import DirectFileSystemReader
-from .files import (
+from .olmo_formats import (
+    CONVERT_COMMAND,
+    clean_model_state,
+    convert_optim_state,
+    convert_trainer_state,
+    describe_dir,
+    detect_layout,
+    load_train_state,
+)
+from .safe_reads import (
     MARKER,
     ModelMismatchError,
     SafeLoadPlanner,
@@ -54,15 +63,6 @@ from .files import (
     read_marker,
     root_cause,
     safe_torch_load,
-)
-from .olmo_formats import (
-    CONVERT_COMMAND,
-    clean_model_state,
-    convert_optim_state,
-    convert_trainer_state,
-    describe_dir,
-    detect_layout,
-    load_train_state,
 )
 from .save import (
     FORMAT_VERSION,
@@ -240,7 +240,7 @@ def load_checkpoint(
 ) -> Optional[dict[str, Any]]:
     """Restore model (and optimizer unless None) in place; return this rank's trainer state or None.
 
-    Every file is read without executing code from it (see :mod:`olmo.checkpoint.files`).
+    Every file is read without executing code from it (see :mod:`olmo.checkpoint.safe_reads`).
 
     :raises OLMoCheckpointError: if a file is refused or the tensors do not match the model's shapes.
     """

@@ -41,7 +41,7 @@ from typing import Optional
 from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
 from ..util import Backoff, call_with_retries, local_path_of, remote_save_folder_problems, split_remote
 from ..util.object_store import gcs_client, s3_client
-from .files import MARKER, read_marker
+from .safe_reads import MARKER, read_marker
 from .save import fsync_tree, replace_dir
 from .storage import list_checkpoints
 

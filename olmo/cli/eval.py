@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from olmo.checkpoint import MARKER, CheckpointInfo, inspect_checkpoint, load_checkpoint
-from olmo.checkpoint.files import fetch
 from olmo.checkpoint.restore import RestorePlan, preflight_restore
+from olmo.checkpoint.safe_reads import fetch
 from olmo.config import TrainConfig
 from olmo.data import DataContext
 from olmo.distributed import (

@@ -40,7 +40,7 @@ from rich.table import Table
 from rich.text import Text
 
 from olmo.config import DataConfig, TrainConfig
-from olmo.config.stages import MAX_STEPS
+from olmo.config.stage_sections import MAX_STEPS
 from olmo.data import MemMapDataset, batches_per_epoch, build_memmap_dataset, data_order_seed, order_file_name
 from olmo.data.inspect import BatchRow, launch_world_size, load_order, read_batch
 from olmo.exceptions import OLMoCliError, OLMoDataError

@@ -14,9 +14,9 @@ May import: ``olmo.util``, ``olmo.exceptions`` (the bottom of the stack: a confi
 and loading one never imports torch).
 """
 
-from .attention import RopeScalingConfig, SlidingWindowConfig
+from .attention_sections import RopeScalingConfig, SlidingWindowConfig
 from .base import BaseConfig
-from .stability import RollbackConfig, SkipSpikesConfig, StragglersConfig, WatchdogConfig
+from .stability_sections import RollbackConfig, SkipSpikesConfig, StragglersConfig, WatchdogConfig
 from .train_config import (
     DEFAULT_MAX_DURATION,
     ActivationCheckpointingStrategy,

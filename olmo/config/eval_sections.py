@@ -34,7 +34,7 @@ class EvaluatorConfig:
     """Name of the evaluator: the metric prefix, and for ``downstream`` the ai2-olmo-eval task label."""
     type: EvaluatorType = EvaluatorType.lm
     """``lm`` (cross entropy and perplexity over token files), ``downstream`` (multiple-choice task) or
-    ``generate`` (text sampled from ``prompts``, logged; see :mod:`olmo.eval.generation`)."""
+    ``generate`` (text sampled from ``prompts``, logged; see :mod:`olmo.eval.samples`)."""
     data: DataConfig = field(default_factory=DataConfig)
     """The token files an ``lm`` evaluator scores (``paths``, or ``datasets``: label -> files)."""
     device_eval_batch_size: Optional[int] = None

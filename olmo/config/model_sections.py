@@ -1,6 +1,6 @@
 """The ``model:`` section: the transformer's shape and options (:class:`ModelConfig`), with the checks of its values.
 Its attention options (``model.sliding_window``, ``model.rope_scaling``) are sections of their own, in
-:mod:`olmo.config.attention`.
+:mod:`olmo.config.attention_sections`.
 
 Field names and defaults follow the original OLMo's; every field has a docstring (``train.py CONFIG --help`` prints
 them). Import it from :mod:`olmo.config`, which re-exports it.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .attention import RopeScalingConfig, SlidingWindowConfig, attention_option_problems
+from .attention_sections import RopeScalingConfig, SlidingWindowConfig, attention_option_problems
 from .base import BaseConfig
 from .sections import ActivationType, BlockType, InitFnType, LayerNormType
 

@@ -1,9 +1,9 @@
 """The enums of a run's configuration and its small sections (tokenizer, wandb, speed monitor, compile, FSDP, DDP,
 single device); of these only the tokenizer has values to check, beside its fields. The larger sections have modules
-of their own, each with its checks: :mod:`~olmo.config.model_sections` (``model``), :mod:`~olmo.config.attention`
+of their own, each with its checks: :mod:`~olmo.config.model_sections` (``model``), :mod:`~olmo.config.attention_sections`
 (its attention options), :mod:`~olmo.config.optim_sections` (``optimizer``, ``scheduler``),
 :mod:`~olmo.config.data_sections` (``data``, its mixture, instance filter and remote reads),
-:mod:`~olmo.config.eval_sections` (``evaluators``), :mod:`~olmo.config.stages` and :mod:`~olmo.config.stability`.
+:mod:`~olmo.config.eval_sections` (``evaluators``), :mod:`~olmo.config.stage_sections` and :mod:`~olmo.config.stability_sections`.
 
 Field names and defaults follow the original OLMo's; every field has a docstring (``train.py CONFIG
 --help`` prints them). Import them from :mod:`olmo.config`, which re-exports all of them.

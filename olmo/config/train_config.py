@@ -67,8 +67,8 @@ from .sections import (
     TruncationDirection,
     WandbConfig,
 )
-from .stability import StabilityConfig
-from .stages import DEFAULT_MAX_DURATION, KLEstimator, KLReferenceConfig, StageConfig, parse_duration_steps
+from .stability_sections import StabilityConfig
+from .stage_sections import DEFAULT_MAX_DURATION, KLEstimator, KLReferenceConfig, StageConfig, parse_duration_steps
 from .validation import config_problems, validate_train_config
 
 __all__ = [
@@ -226,7 +226,7 @@ class TrainConfig(BaseConfig):
     """Training length: an int (steps), ``"2e12T"`` (tokens) or ``"3ep"`` (epochs). Null: 10000 steps, as in
     OLMo, or with ``stages`` the sum of the stages (given as well, it must equal that sum)."""
     stages: Optional[list[StageConfig]] = None
-    """Train in stages, one after the other, in one run (see :class:`olmo.config.stages.StageConfig`): each with
+    """Train in stages, one after the other, in one run (see :class:`olmo.config.stage_sections.StageConfig`): each with
     its length, optionally its own data and schedule, and a KL penalty to a frozen reference (``kl_beta``).
     Null: one stage of ``max_duration``."""
     kl_reference: KLReferenceConfig = field(default_factory=KLReferenceConfig)

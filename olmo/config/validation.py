@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..exceptions import OLMoConfigurationError
 from ..util import env_rank, missing_slash_problem, remote_save_folder_problems
-from .attention import attention_mask_warnings
+from .attention_sections import attention_mask_warnings
 from .bounds import MAX_TIMEOUT_SECONDS, non_finite_problems
 from .data_sections import DataConfig
 from .eval_sections import EvaluatorConfig, task_labels, unknown_label_problems
 from .optim_sections import SchedulerConfig
 from .sections import EvaluatorType, FSDPWrapStrategy, OptimizerType, SchedulerUnits, TruncationDirection
-from .stages import (
+from .stage_sections import (
     DEFAULT_MAX_DURATION,
     parse_duration_steps,
     segment_lengths,

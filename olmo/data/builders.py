@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from ..config import DEFAULT_MAX_DURATION, DataConfig, ModelConfig, TrainConfig
-from ..config.stages import parse_duration_steps, segment_lengths
+from ..config.stage_sections import parse_duration_steps, segment_lengths
 from ..exceptions import OLMoConfigurationError, OLMoDataError
 from ..util import env_rank, env_world_size, is_url
 from .collator import CustomDatasetDataCollator, DataCollator

@@ -39,8 +39,8 @@ from ..model.generation import build_sampler
 from ..tokenizer import Tokenizer
 from .downstream import OLMO_06_CONTEXT, DownstreamEvaluator, build_task
 from .evaluator import EvalRunner, EvalTarget, Evaluator, ModelEval
-from .generation import GenerationEvaluator
 from .lm import LMEvaluator
+from .samples import GenerationEvaluator
 
 __all__ = [
     "Evaluator",

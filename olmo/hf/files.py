@@ -22,7 +22,7 @@ from typing import Any, Optional
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
-from ..checkpoint.files import safe_torch_load
+from ..checkpoint.safe_reads import safe_torch_load
 from ..checkpoint.save import replace_dir
 from ..config import ModelConfig
 from ..exceptions import OLMoCheckpointError, OLMoConfigurationError

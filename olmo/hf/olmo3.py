@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..config import ModelConfig, RopeScalingConfig, SlidingWindowConfig
-from ..config.attention import MAX_WINDOW, RopeScalingName, attention_option_problems
+from ..config.attention_sections import MAX_WINDOW, RopeScalingName, attention_option_problems
 
 __all__ = ["uses_olmo3", "olmo3_export_problems", "olmo3_config_kwargs", "HFRope", "read_rope", "read_windows"]
 

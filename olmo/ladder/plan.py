@@ -39,7 +39,7 @@ from omegaconf import OmegaConf as om
 
 from ..config import TrainConfig
 from ..config.cli import load_yaml, parse_override
-from ..config.stages import MAX_STEPS, parse_duration_steps
+from ..config.stage_sections import MAX_STEPS, parse_duration_steps
 from ..exceptions import OLMoCliError, OLMoConfigurationError
 from ..util import write_result_file
 from .config import LadderConfig, SizeSpec

@@ -114,7 +114,7 @@ def attention_bias(
     :param bias: OLMo's ``attention_bias``, (B or 1, 1 or H, >= L, >= L) for L = past_length + T, which replaces
         the causal mask: bool or int8 (true: may attend) or an additive float bias.
     :param window: A sliding window: the query at position ``i`` sees only the keys at ``i - window + 1 .. i``
-        (``window`` keys, itself included; :mod:`olmo.config.attention`).
+        (``window`` keys, itself included; :mod:`olmo.config.attention_sections`).
     """
     total = past_length + seq_len
     plain = attention_mask is None and doc_ids is None and bias is None and not config.alibi and window is None

@@ -2,7 +2,7 @@
 the command line's ``--temperature``, ``--top_k`` and ``--top_p`` choose.
 
 The prompt runs once (``use_cache=True``, last logits only); every later step feeds the beams' last tokens with the
-cached keys and values, which :class:`~olmo.model.beam_search.BeamSearch` reorders with the beams. Prompts of
+cached keys and values, which :class:`~olmo.model.beams.BeamSearch` reorders with the beams. Prompts of
 different lengths are padded on the left with an ``attention_mask``: padding keys are hidden from every query, and
 with RoPE or ALiBi (relative positions) a padded prompt continues exactly as it would alone; with learned absolute
 positions (``wpe``) the padding shifts its positions, as in the original OLMo. Blocks compiled with
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from .beam_search import (
+from .beams import (
     BeamSearch,
     Constraint,
     DeterministicSampler,

@@ -1,4 +1,4 @@
-"""The samplers of beam search (:mod:`olmo.model.beam_search`, OLMo's ``olmo.beam_search`` names): how each
+"""The samplers of beam search (:mod:`olmo.model.beams`, OLMo's ``olmo.beam_search`` names): how each
 hypothesis' proposals and the surviving hypotheses are chosen. :class:`DeterministicSampler` takes the top ones
 (beam search; greedy decoding with one beam); :class:`MultinomialSampler`, :class:`TopKSampler` and
 :class:`TopPSampler` sample at a temperature; :class:`GumbelSampler` is stochastic beam search."""

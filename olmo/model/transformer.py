@@ -26,7 +26,7 @@ from .attention import (
     document_spans,
 )
 from .attention import attention_bias as build_attention_bias
-from .beam_search import Constraint, FinalSequenceScorer, Sampler
+from .beams import Constraint, FinalSequenceScorer, Sampler
 from .block import (
     BufferCache,
     OLMoBlock,
@@ -323,7 +323,7 @@ class OLMo(nn.Module):
         :param attention_mask: (B, T), 0 for padding; pad prompts of different lengths on the left.
         :param attention_bias: (B, 1, T + max_steps, T + max_steps), as for :meth:`forward`.
 
-        The search options are :class:`~olmo.model.beam_search.BeamSearch`'s; the sequences end at
+        The search options are :class:`~olmo.model.beams.BeamSearch`'s; the sequences end at
         ``config.eos_token_id``. Returns the (B, beam_size, steps) generated token ids and the beams' scores,
         best first.
         """

@@ -25,7 +25,7 @@ from typing import Any, Optional
 import torch
 
 from ..config import TrainConfig
-from ..config.stability import RollbackConfig, SkipSpikesConfig
+from ..config.stability_sections import RollbackConfig, SkipSpikesConfig
 from ..exceptions import OLMoDataError, OLMoTrainingError
 from ..util import write_result_file
 from .callback import Callback, ErrorContext, MetricsContext, RewindContext, StepContext

@@ -31,7 +31,7 @@ from ..config import (
     TrainConfig,
 )
 from ..config.optim_sections import schedule_problems
-from ..config.stages import parse_duration_steps, stage_data_config, stage_sum_problem
+from ..config.stage_sections import parse_duration_steps, stage_data_config, stage_sum_problem
 from ..exceptions import OLMoConfigurationError
 
 if TYPE_CHECKING:
@@ -409,7 +409,7 @@ def _saved_config(checkpoint: str) -> Optional[dict]:
     """The ``config.yaml`` saved with ``checkpoint`` as plain data (never resolved), or None when it has none."""
     import yaml
 
-    from ..checkpoint.files import fetch
+    from ..checkpoint.safe_reads import fetch
     from ..exceptions import OLMoError
 
     try:

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..config.stability import StragglersConfig
+from ..config.stability_sections import StragglersConfig
 from .callback import Callback, StepContext
 
 __all__ = ["StragglerMonitor", "StragglerCallback"]

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
-from ..config.stability import WATCHDOG_PHASES, WatchdogConfig
+from ..config.stability_sections import WATCHDOG_PHASES, WatchdogConfig
 from .callback import Callback
 
 __all__ = ["Watchdog", "WatchdogCallback", "EXIT_CODE_HANG", "HANG_FILE"]

@@ -12,7 +12,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
 from olmo.checkpoint.dcp_reader import DirectFileSystemReader
-from olmo.checkpoint.files import SafeLoadPlanner, root_cause
+from olmo.checkpoint.safe_reads import SafeLoadPlanner, root_cause
 
 
 def _saved(tmp_path):

@@ -284,7 +284,7 @@ class _ShellPayload:
 
 
 def test_the_refusal_names_the_function_a_file_asks_for(tmp_path):
-    from olmo.checkpoint.files import safe_torch_load
+    from olmo.checkpoint.safe_reads import safe_torch_load
 
     torch.save({"weight": torch.zeros(2), "x": _ShellPayload()}, tmp_path / "model.pt")
     with pytest.raises(OLMoCheckpointError, match=r"it asks to run or build posix\.system, which is not a tensor"):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from olmo.config import TrainConfig
-from olmo.config.stages import MAX_STEPS
+from olmo.config.stage_sections import MAX_STEPS
 from olmo.data import IterableDataset, batches_per_epoch, build_memmap_dataset, data_order_seed
 from olmo.exceptions import OLMoCliError, OLMoDataError
 from olmo.ladder.lock import run_lock

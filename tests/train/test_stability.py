@@ -107,7 +107,7 @@ def test_the_skip_step_optimizers_follow_the_plain_ones_and_a_skipped_step_chang
 
 
 def test_the_detector_skips_outliers_of_its_window_by_the_numpy_z_score():
-    from olmo.config.stability import SkipSpikesConfig
+    from olmo.config.stability_sections import SkipSpikesConfig
     from olmo.train.stability import SpikeDetector
 
     cfg = SkipSpikesConfig(enabled=True, z_threshold=4.0, window=10, warmup_steps=3)

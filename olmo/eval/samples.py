@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..model.beam_search import Sampler
+from ..model.beams import Sampler
 from ..model.generation import generate, left_padded, until_end
 from ..tokenizer import Tokenizer
 from .evaluator import EvalTarget, Evaluator
