@@ -18,8 +18,7 @@ from typing import Optional
 import torch
 
 from olmo.config import TrainConfig
-from olmo.data import DataContext
-from olmo.eval import DownstreamEvaluator, build_evaluators
+from olmo.eval import DownstreamEvaluator, evaluators_of_run
 from olmo.eval.downstream import build_task
 from olmo.model import OLMo
 from olmo.testing import tiny_config_dict, write_byte_memmap
@@ -49,14 +48,7 @@ def measure_lm(root: Path, seq_len: int, n_instances: int, batch_size: int = 16)
         )
     )
     torch.manual_seed(0)
-    evaluators = build_evaluators(
-        cfg.evaluators,
-        cfg.model,
-        DataContext.from_train_config(cfg),
-        tokenizer=cfg.tokenizer,
-        batch_size=cfg.device_eval_batch_size,
-        subset_num_batches=cfg.eval_subset_num_batches,
-    )
+    evaluators = evaluators_of_run(cfg)
     seconds = _timed(evaluators[0], OLMo(cfg.model))
     print(
         f"lm   T={seq_len:<4} bs={batch_size}: {n_instances / seconds:8.1f} instances/s, "

@@ -27,7 +27,6 @@ from olmo.checkpoint import MARKER, CheckpointInfo, inspect_checkpoint, load_che
 from olmo.checkpoint.restore import RestorePlan, preflight_restore
 from olmo.checkpoint.safe_reads import fetch
 from olmo.config import TrainConfig
-from olmo.data import DataContext
 from olmo.distributed import (
     DistEnv,
     ParallelizeOptions,
@@ -36,7 +35,7 @@ from olmo.distributed import (
     init_distributed,
     teardown_distributed,
 )
-from olmo.eval import Evaluator, build_evaluators
+from olmo.eval import Evaluator, evaluators_of_run
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError
 from olmo.util import env_rank, env_world_size, is_url, result_file_problem, write_result_file
 from olmo.util.rng import seed_all
@@ -63,16 +62,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             '"--evaluators=[{label: piqa, type: downstream}]".'
         )
     preflight_restore(RestorePlan(info, load_optimizer_state=False, load_trainer_state=False), cfg.model)
-    evaluators = build_evaluators(
-        cfg.evaluators,
-        cfg.model,
-        DataContext.from_train_config(cfg),
-        tokenizer=cfg.tokenizer,
-        batch_size=cfg.device_eval_batch_size,
-        subset_num_batches=cfg.eval_subset_num_batches,
-        world_size=env_world_size(),
-        rank=env_rank(),
-    )
+    evaluators = evaluators_of_run(cfg, env_world_size(), env_rank())
     env = init_distributed(cfg.distributed_timeout_minutes)
     try:
         start = time.perf_counter()

@@ -45,7 +45,7 @@ from olmo.distributed import (
     init_distributed,
     teardown_distributed,
 )
-from olmo.eval import Evaluator, build_evaluators
+from olmo.eval import Evaluator, evaluators_of_run
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError, OLMoDataError
 from olmo.hf.files import check_hf_export
 from olmo.ladder.run_planner import format_plan, plan_run
@@ -116,16 +116,7 @@ def main(argv: Optional[list[str]] = None, callbacks: Sequence[Callback] = ()) -
             if stage.segment == stage.index:  # the first stage of its data
                 dataset_of(stage.data).validate(cfg.model.vocab_size, scan_tokens)
         check_data(cfg, stages, launch, dataset_of)
-        evaluators = build_evaluators(
-            cfg.evaluators,
-            cfg.model,
-            data_context,
-            tokenizer=cfg.tokenizer,
-            batch_size=cfg.device_eval_batch_size,
-            subset_num_batches=cfg.eval_subset_num_batches,
-            world_size=env_world_size(),
-            rank=env_rank(),
-        )
+        evaluators = evaluators_of_run(cfg, env_world_size(), env_rank())
     except (OLMoDataError, OLMoConfigurationError):
         if cfg.dry_run and env_rank() == 0:  # the plan needs no data: show it, then what is wrong with the data
             print(format_plan(plan_run(cfg, env_world_size(), None)))

@@ -4,16 +4,7 @@
 Build the evaluators once, then call ``evaluate`` on every rank at each evaluation, with the train module (the
 trainer does this through :class:`EvalRunner`) or a bare model::
 
-    evaluators = build_evaluators(
-        cfg.evaluators,
-        cfg.model,
-        DataContext.from_train_config(cfg),
-        tokenizer=cfg.tokenizer,
-        batch_size=cfg.device_eval_batch_size,
-        subset_num_batches=cfg.eval_subset_num_batches,
-        world_size=env.world_size,
-        rank=env.rank,
-    )
+    evaluators = evaluators_of_run(cfg, env.world_size, env.rank)  # build_evaluators with cfg's sections
     for evaluator in evaluators:
         metrics.update(evaluator.evaluate(train_module, env.device))
         # or: evaluator.evaluate(model, env.device, autocast_dtype=autocast_dtype(cfg, env.device))
@@ -32,7 +23,7 @@ import logging
 from collections.abc import Sequence
 from typing import Union
 
-from ..config import EvaluatorConfig, EvaluatorType, ModelConfig, TokenizerConfig
+from ..config import EvaluatorConfig, EvaluatorType, ModelConfig, TokenizerConfig, TrainConfig
 from ..config.validation import evaluator_problems, task_labels
 from ..data import DataCollator, DataContext, build_dataset, data_order_seed
 from ..model.generation import build_sampler
@@ -51,6 +42,7 @@ __all__ = [
     "DownstreamEvaluator",
     "GenerationEvaluator",
     "build_evaluators",
+    "evaluators_of_run",
     "evaluator_problems",
     "task_labels",
 ]
@@ -143,3 +135,17 @@ def build_evaluators(
                 )
             )
     return built
+
+
+def evaluators_of_run(cfg: TrainConfig, world_size: int = 1, rank: int = 0) -> list[Evaluator]:
+    """:func:`build_evaluators` with the sections of a run's config, as ``train.py`` and ``eval.py`` build them."""
+    return build_evaluators(
+        cfg.evaluators,
+        cfg.model,
+        DataContext.from_train_config(cfg),
+        tokenizer=cfg.tokenizer,
+        batch_size=cfg.device_eval_batch_size,
+        subset_num_batches=cfg.eval_subset_num_batches,
+        world_size=world_size,
+        rank=rank,
+    )

@@ -83,21 +83,8 @@ def first_docs():
 
 @pytest.fixture(scope="session")
 def evaluators_of():
-    """``evaluators_of(cfg, world_size=1, rank=0)``: :func:`olmo.eval.build_evaluators` of ``cfg``'s sections, as
-    ``scripts/train.py`` calls it."""
-    from olmo.data import DataContext
-    from olmo.eval import build_evaluators
+    """``evaluators_of(cfg, world_size=1, rank=0)``: the evaluators of ``cfg`` as ``scripts/train.py`` builds them
+    (:func:`olmo.eval.evaluators_of_run`)."""
+    from olmo.eval import evaluators_of_run
 
-    def build(cfg: TrainConfig, world_size: int = 1, rank: int = 0):
-        return build_evaluators(
-            cfg.evaluators,
-            cfg.model,
-            DataContext.from_train_config(cfg),
-            tokenizer=cfg.tokenizer,
-            batch_size=cfg.device_eval_batch_size,
-            subset_num_batches=cfg.eval_subset_num_batches,
-            world_size=world_size,
-            rank=rank,
-        )
-
-    return build
+    return evaluators_of_run
