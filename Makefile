@@ -28,7 +28,8 @@ checks: install
 test: install tokenizers
 	WANDB_MODE=disabled $(PY) -m pytest tests -q -n auto --dist worksteal
 
-# The inner loop: every test but those marked slow (multi-process and long end-to-end runs).
+# The inner loop: every test but those marked slow (tests/conftest.py marks every test that trains a model or
+# starts processes, itself, through a helper of its module or through a fixture).
 test-quick: install tokenizers
 	WANDB_MODE=disabled $(PY) -m pytest tests -q -n auto --dist worksteal -m "not slow"
 

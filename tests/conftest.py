@@ -47,3 +47,45 @@ def gcs_server():
         mp.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
         yield
     server.stop()
+
+
+SLOW_SIGNS = ("run_torchrun(", "run_train(", "run_script(", "run_main(", "subprocess.", "main([", "fit()")
+"""Calls that train a model or start processes: a test that makes one (itself, through a helper of its module or
+through a fixture) is left out of ``make test-quick``."""
+
+
+def _makes_slow_calls(func, module, seen: set) -> bool:
+    """Whether ``func``'s source, or that of a function of ``module`` it names (two levels down), makes one of the
+    :data:`SLOW_SIGNS` calls."""
+    import inspect
+    import re
+
+    if func in seen or len(seen) > 50:
+        return False
+    seen.add(func)
+    try:
+        source = inspect.getsource(func)
+    except (OSError, TypeError):
+        return False
+    if any(sign in source for sign in SLOW_SIGNS):
+        return True
+    helpers = (getattr(module, name, None) for name in set(re.findall(r"\b(_?[a-z]\w*)\(", source)))
+    return any(
+        inspect.isfunction(h) and h.__module__ == module.__name__ and _makes_slow_calls(h, module, seen)
+        for h in helpers
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``slow`` (left out of ``make test-quick``, the inner loop) every test that trains or starts processes;
+    ``make test`` and CI run everything."""
+    for item in items:
+        function = getattr(item, "function", None)
+        if function is None or item.get_closest_marker("slow") is not None:
+            continue
+        funcs = [function]
+        for defs in item._fixtureinfo.name2fixturedefs.values():
+            funcs.extend(d.func for d in defs)
+        seen: set = set()
+        if any(_makes_slow_calls(f, item.module, seen) for f in funcs):
+            item.add_marker(pytest.mark.slow)
