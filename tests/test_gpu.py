@@ -171,3 +171,73 @@ def test_windowed_attention_is_the_same_on_flash_attn_and_the_sdpa_mask(document
         expected = sdpa(ids, doc_lens=doc_lens).logits.float()
         actual = flash(ids, doc_lens=doc_lens).logits.float()
     torch.testing.assert_close(actual, expected, rtol=2e-2, atol=2e-2)
+
+
+def test_the_whole_loop_syncs_only_to_collect_metrics(tmp_path, corpus):
+    """``Trainer.fit`` with every built-in callback (watchdog, stragglers, spike detector, throughput, metrics, stop
+    agreement, checkpointer): a step between metric collections, with its callbacks, never waits for the GPU. A
+    callback of our own, called last, arms ``set_sync_debug_mode("error")`` for such steps."""
+    from olmo.train.callback import Callback
+
+    interval, steps = 4, 11
+
+    class NoSyncBetweenCollections(Callback):
+        def __init__(self):
+            self.checked = []
+
+        def pre_step(self, ctx):
+            step = ctx.step + 1
+            if step > 2 and step % interval != 0 and step < steps:  # the first steps create optimizer state
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+                self.checked.append(step)
+
+        def post_step(self, ctx):
+            torch.cuda.set_sync_debug_mode("default")
+
+    settings = {
+        "metrics_collect_interval": interval,
+        "console_log_interval": interval,
+        "max_duration": steps,
+        "save_interval_unsharded": None,
+        "stability.skip_spikes.enabled": True,
+        "stability.skip_spikes.warmup_steps": 0,
+        "stability.skip_spikes.window": 4,
+    }
+    cfg = TrainConfig.from_dict(tiny_config_dict(tmp_path, corpus, precision="amp_bf16", **settings))
+    env = init_distributed()
+    seed_all(cfg.seed)
+    loader = build_train_dataloader(cfg, world_size=1, rank=0, work_dir=tmp_path)
+    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
+    optimizer = build_optimizer(cfg.optimizer, model, skip_steps=True)
+    module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
+    check = NoSyncBetweenCollections()
+    try:
+        assert Trainer(cfg, env, module, loader, callbacks=[check]).fit() == 0
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert check.checked == [3, 5, 6, 7, 9, 10]
+
+
+def test_windows_without_flash_attn_warn_once_on_a_gpu(caplog):
+    """Without flash-attn a window is an SDPA mask on the GPU too, 30-44 % slower than full attention (RESEARCH_LOG):
+    building such a model says so, once, with the fix."""
+    import importlib.util
+    import logging
+
+    import olmo.model.block as block
+    from olmo.config import SlidingWindowConfig
+    from olmo.model import OLMo
+    from olmo.testing import tiny_model_config
+
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash-attn is installed: the window goes to its kernel")
+    block._warn_once.cache_clear()
+    windows = SlidingWindowConfig(pattern=[16, 16, 16, -1])
+    with caplog.at_level(logging.WARNING):
+        OLMo(tiny_model_config(n_layers=4, max_sequence_length=128, sliding_window=windows))
+        OLMo(tiny_model_config(n_layers=4, max_sequence_length=128))  # no windows: nothing to say
+    warnings = [
+        r.getMessage() for r in caplog.records if "model.sliding_window without flash-attn" in r.getMessage()
+    ]
+    assert len(warnings) == 1 and "pip install -e '.[flash]'" in warnings[0]

@@ -83,8 +83,15 @@ class SpeedMonitor:
         """Forget the window (after a checkpoint or eval, whose time is not training time)."""
         self.window.clear()
 
-    def step(self, device_tokens: int) -> dict[str, float]:
-        """Record that a step that processed ``device_tokens`` on this device just finished."""
+    def step(self, device_tokens: int, settled: bool = True) -> dict[str, float]:
+        """Record that a step that processed ``device_tokens`` on this device just finished.
+
+        :param settled: the device had finished the step's work when the clock was read (always on a CPU; on a GPU
+            only at a step whose metrics were read back). The host runs ahead of a GPU by the steps it has queued, so
+            an unsettled window can look faster than the device is; its MFU above 1 is dropped without a warning
+            (the first steps of every GPU run looked 3-6 times faster than the H200's peak). A settled window's
+            time covers at least its own steps' work, so an MFU above 1 there proves the peak or the FLOPs wrong.
+        """
         self.window.append((time.perf_counter(), device_tokens))
         if len(self.window) < 2:
             return {}
@@ -92,11 +99,12 @@ class SpeedMonitor:
         tokens = sum(t for _, t in list(self.window)[1:])
         tps = tokens / max(elapsed, 1e-9)
         out = {"throughput/device/tokens_per_second": tps}
-        # A window whose MFU would exceed 1 reports none; the warning comes once a run.
-        mfu = model_flops_utilization(tps * self.flops_per_token, self.peak_flops, warn=not self.warned)
+        # A window whose MFU would exceed 1 reports none; the warning comes once a run, from a settled window.
+        warn = settled and not self.warned
+        mfu = model_flops_utilization(tps * self.flops_per_token, self.peak_flops, warn=warn)
         if mfu is not None:
             out["throughput/mfu"] = mfu
-        elif self.peak_flops is not None:
+        elif self.peak_flops is not None and warn:
             self.warned = True
         return out
 
@@ -126,9 +134,12 @@ class ThroughputMonitor:
         """Forget the window of step times (after a checkpoint, an evaluation or a new stage)."""
         self.speed.reset()
 
-    def step_metrics(self, tokens_seen: int, fetch_stats: Optional[FetchStats]) -> dict[str, float]:
-        """The metrics of the step that just finished (call once per step)."""
-        metrics = self.speed.step(self.device_tokens)
+    def step_metrics(
+        self, tokens_seen: int, fetch_stats: Optional[FetchStats], read_back: bool = True
+    ) -> dict[str, float]:
+        """The metrics of the step that just finished (call once per step); ``read_back``: its metrics were read
+        back from the device, so a GPU had finished its work (see :meth:`SpeedMonitor.step`)."""
+        metrics = self.speed.step(self.device_tokens, settled=read_back or self.device.type != "cuda")
         metrics["throughput/data_wait_seconds"] = self.data_wait
         metrics.update(fetch_metrics(fetch_stats))
         metrics["throughput/total_tokens"] = tokens_seen
@@ -302,13 +313,17 @@ class ThroughputCallback(Callback):
     the window restarts when the time before a step was not training.
 
     :param fetch_stats: what reading the current training data costs (None for local files).
+    :param collect_steps: metrics are read back from the device every this many steps.
     """
 
-    def __init__(self, monitor: ThroughputMonitor, fetch_stats: Callable[[], Optional[FetchStats]]):
-        self.monitor, self.fetch_stats = monitor, fetch_stats
+    def __init__(
+        self, monitor: ThroughputMonitor, fetch_stats: Callable[[], Optional[FetchStats]], collect_steps: int = 1
+    ):
+        self.monitor, self.fetch_stats, self.collect_steps = monitor, fetch_stats, collect_steps
 
     def post_step(self, ctx: StepContext) -> None:
         if ctx.clock_restarted:
             self.monitor.reset()
         self.monitor.data_wait = ctx.data_wait
-        ctx.metrics.update(self.monitor.step_metrics(ctx.tokens_seen, self.fetch_stats()))
+        read_back = ctx.step % self.collect_steps == 0
+        ctx.metrics.update(self.monitor.step_metrics(ctx.tokens_seen, self.fetch_stats(), read_back))

@@ -274,7 +274,7 @@ class Trainer(LoopControl):
             WatchdogCallback(self.watchdog),
             StragglerCallback(self.stragglers),
             StabilityCallback(self.stability, cfg.stability.rollback),
-            ThroughputCallback(self._throughput_monitor(), self.data.fetch_stats),
+            ThroughputCallback(self._throughput_monitor(), self.data.fetch_stats, self.collect_steps),
             self.metrics,
             StopCallback(stop, self.checkpointer, self._finish),
             CheckpointCallback(

@@ -181,11 +181,13 @@ def test_a_replaced_object_is_an_error_on_s3(corpus, s3_server):
 
 def test_transient_faults_are_retried_and_never_give_wrong_bytes(corpus):
     faults = ["500", "503", "429", "reset", "short", "stall"]
-    with FileServer(corpus, stall_seconds=1.0) as server:
+    # The read timeout is generous (a busy CI machine once timed out healthy reads at 0.5 s, so the retry count
+    # was off); the stall outlasts it.
+    with FileServer(corpus, stall_seconds=6.0) as server:
         remote = dataset(
             server.url().rstrip("/"),
             # Enough tries even for a request whose retries meet every other fault too.
-            RemoteDataConfig(max_attempts=len(faults) + 1, backoff_seconds=0.01, timeout_seconds=0.5),
+            RemoteDataConfig(max_attempts=len(faults) + 1, backoff_seconds=0.01, timeout_seconds=2.0),
         )
         assert len(remote) == len(dataset(str(corpus)))
         for fault in faults:  # each suffered by one of the next requests, one after the other

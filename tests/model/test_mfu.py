@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from olmo.testing import run_main, run_train, tiny_config_dict, write_byte_memmap, write_config
-from olmo.train.metrics import PeakFlops, cpu_peak_flops, device_peak_flops, model_flops_utilization
+from olmo.train.metrics import PeakFlops, SpeedMonitor, cpu_peak_flops, device_peak_flops, model_flops_utilization
 
 REPO = Path(__file__).resolve().parents[2]
 OTHER_MACHINE = "Some Other CPU | 64 CPUs | 64 threads | torch 2.0.0"
@@ -65,6 +65,22 @@ def test_mfu_above_one_is_never_reported():
     assert model_flops_utilization(494.5e12, table_peak) == pytest.approx(0.5)
     assert model_flops_utilization(1e15, table_peak) is None
     assert model_flops_utilization(1e15, None) is None
+
+
+def test_only_a_settled_window_proves_the_peak_wrong(caplog):
+    """On a GPU the host's clock runs ahead of the device until metrics are read back: a window ending at a step
+    the device had not finished may look faster than the peak. Its MFU is dropped without a warning; a settled one
+    (a CPU step, or a GPU step whose metrics were read back) warns, once."""
+    peak = PeakFlops(1.0, "a peak far too low", "Set speed_monitor.gpu_flops_available.")
+    monitor = SpeedMonitor(window_size=20, flops_per_token=10**6, peak_flops=peak)
+    with caplog.at_level(logging.WARNING):
+        unsettled = [monitor.step(1024, settled=False) for _ in range(4)]
+        assert _mfu_warnings(caplog) == []
+        settled = [monitor.step(1024, settled=True) for _ in range(3)]
+    assert all(r["throughput/device/tokens_per_second"] > 0 for r in unsettled[1:] + settled)
+    assert not any("throughput/mfu" in r for r in unsettled + settled)
+    (warning,) = _mfu_warnings(caplog)
+    assert "a peak far too low" in warning and "speed_monitor.gpu_flops_available" in warning
 
 
 @pytest.fixture(scope="module")
