@@ -479,3 +479,37 @@ def test_no_two_library_modules_share_a_file_name():
         by_name.setdefault(path.name, []).append(str(rel))
     shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
     assert not shared, f"modules sharing a file name (rename one after what it holds): {shared}"
+
+
+def _trainer_uses(path: Path) -> set[str]:
+    """The names read off ``self.trainer`` in ``path`` (``self.trainer.x``, and ``host.x`` after ``host =
+    self.trainer``)."""
+    tree = ast.parse(path.read_text())
+    aliases = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and ast.unparse(node.value) == "self.trainer"
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and (ast.unparse(node.value) == "self.trainer" or ast.unparse(node.value) in aliases)
+    }
+
+
+def test_train_modules_use_only_what_the_step_host_offers():
+    """A train module reads the trainer through :class:`olmo.train.train_module.StepHost` only (config, process
+    group, where the run is, three ways to report back), never its state, monitors or checkpointer."""
+    from olmo.train.train_module import StepHost
+
+    offered = {name for name in dir(StepHost) if not name.startswith("_")} | set(StepHost.__annotations__)
+    for path in sorted((PACKAGE / "train").glob("*.py")) + sorted((PACKAGE / "eval").glob("*.py")):
+        extra = _trainer_uses(path) - offered
+        assert not extra, (
+            f"{path.relative_to(REPO)} reads self.trainer.{sorted(extra)}: add it to StepHost or pass it"
+        )
+    uses = _trainer_uses(PACKAGE / "train/train_module.py")
+    assert {"global_step", "add_step_metrics", "local_work", "count_filtered", "tokens_seen"} <= uses

@@ -99,10 +99,9 @@ def plan_restore(cfg: TrainConfig) -> LaunchPlan:
     with a warning, for the newest one that opens (a checkpoint of another model shape is an error, not
     damage). Otherwise ``load_path``.
 
-    :raises OLMoCheckpointError: if ``load_path`` (or ``kl_reference.load_path``) cannot be restored.
+    :raises OLMoCheckpointError: if ``load_path`` cannot be restored (``kl_reference.load_path``:
+        :func:`olmo.train.stages.preflight_kl_reference`).
     """
-    if cfg.kl_reference.load_path is not None and any(stage.kl_beta > 0 for stage in cfg.stages or []):
-        _preflight_kl_reference(cfg)
     unusable: list[str] = []
     if cfg.try_load_latest_save:
         for path in unreadable_checkpoints(cfg.save_folder):
@@ -137,18 +136,6 @@ def plan_restore(cfg: TrainConfig) -> LaunchPlan:
     plan = RestorePlan(info, load_optimizer_state, not cfg.reset_trainer_state)
     preflight_restore(plan, cfg.model, cfg.optimizer)
     return LaunchPlan(plan, tuple(unusable))
-
-
-def _preflight_kl_reference(cfg: TrainConfig) -> None:
-    """Open the model of ``kl_reference.load_path`` and check its shapes, as for ``load_path``."""
-    path = str(cfg.kl_reference.load_path)
-    try:
-        preflight_restore(RestorePlan(inspect_checkpoint(path, "kl_reference.load_path"), False, False), cfg.model)
-    except OLMoCheckpointError as e:
-        raise type(e)(
-            f"kl_reference.load_path '{path}' cannot be the KL reference: {e} The reference must be a checkpoint "
-            f"of this run's model shape."
-        ) from None
 
 
 def holds_model_only(info: CheckpointInfo) -> bool:

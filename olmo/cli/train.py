@@ -64,6 +64,7 @@ from olmo.train.stages import (
     check_schedule_lengths,
     mixture_file,
     plan_stages,
+    preflight_kl_reference,
 )
 from olmo.util import env_rank, env_world_size
 from olmo.util.rng import seed_all
@@ -105,6 +106,7 @@ def main(argv: Optional[list[str]] = None, callbacks: Sequence[Callback] = ()) -
         if cfg.dry_run and env_rank() == 0:
             print(format_plan(plan_run(cfg, env_world_size(), None)))
         raise
+    preflight_kl_reference(cfg)
     launch = plan_restore(cfg)  # opens every checkpoint file it will read
     check_resume(cfg, stages, launch)
     prepare_save_folder(cfg, launch)

@@ -15,6 +15,9 @@ hook                 when
 ``post_checkpoint``  after a checkpoint is published (``ctx.path``)
 ``on_phase``         the loop entered a phase (``data_wait``, ``forward_backward``, ``optimizer``, ``checkpoint``,
                      ``evaluation``; None: no phase)
+``on_stage``         a stage begins in this launch (``ctx.stage``; ``ctx.at_boundary`` at its first step, else a
+                     resume within it), before the data moves to the stage's own; a run without ``stages`` is
+                     one stage, so it is called once per launch
 ``on_rewind``        the run goes back to an earlier checkpoint (``ctx.to_step``, the data position it leaves)
 ``post_train``       once, after the last step of this launch (``ctx.how``: ``finished``, ``stopped`` or
                      ``interrupted``, a stop that came while waiting for data)
@@ -28,8 +31,8 @@ end the current step's remaining ``post_step`` hooks; the loop then carries them
 a request must be made on every rank (base it on logged metrics, which every rank reads the same).
 
 Built in (in this order): the watchdog, straggler detection, spike skipping and rollback, throughput and MFU, metrics
-logging, the stop agreement, checkpointing, evaluation (in-loop samples are its ``generate`` evaluators) and the
-Hugging Face export. Add your own from Python with ``Trainer(..., callbacks=[...])`` or
+logging, the stop agreement, checkpointing, stage entry (its event and a KL stage's boundary checkpoint), evaluation
+(in-loop samples are its ``generate`` evaluators) and the Hugging Face export. Add your own from Python with ``Trainer(..., callbacks=[...])`` or
 ``olmo.cli.train.main(argv, callbacks=[...])``; configs never name code to import (README, "Your own callbacks").
 """
 
@@ -47,6 +50,7 @@ __all__ = [
     "StepContext",
     "MetricsContext",
     "CheckpointContext",
+    "StageContext",
     "RewindContext",
     "EndContext",
     "ErrorContext",
@@ -139,6 +143,19 @@ class CheckpointContext:
 
 
 @dataclass
+class StageContext:
+    """``on_stage``: ``stage`` (a :class:`olmo.train.stages.Stage`) begins in this launch at ``step`` + 1."""
+
+    step: int
+    stage: Any
+    at_boundary: bool
+    """``step`` is the stage's start (its first step is next); False when the launch resumed within the stage."""
+    staged: bool
+    """The run has ``stages`` (otherwise its one stage is the whole run)."""
+    loop: Loop
+
+
+@dataclass
 class RewindContext:
     """``on_rewind``: the run goes back from ``from_step`` to the checkpoint of ``to_step``."""
 
@@ -200,6 +217,9 @@ class Callback:
         pass
 
     def on_phase(self, phase: Optional[str], step: int) -> None:
+        pass
+
+    def on_stage(self, ctx: StageContext) -> None:
         pass
 
     def on_rewind(self, ctx: RewindContext) -> None:

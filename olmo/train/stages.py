@@ -33,10 +33,12 @@ from ..config import (
 from ..config.optim_sections import schedule_problems
 from ..config.stage_sections import parse_duration_steps, stage_data_config, stage_sum_problem
 from ..exceptions import OLMoConfigurationError
+from .callback import Callback, StageContext
 
 if TYPE_CHECKING:
     from ..checkpoint import CheckpointInfo
     from ..data import MemMapDataset
+    from .checkpointer import Checkpointer
 
 __all__ = [
     "Stage",
@@ -51,6 +53,8 @@ __all__ = [
     "build_stage_dataloader",
     "find_boundary_checkpoint",
     "order_dir_of",
+    "StageCallback",
+    "preflight_kl_reference",
 ]
 
 
@@ -117,6 +121,51 @@ class StagePlan:
 def boundary_checkpoint_name(stage: Stage) -> str:
     """The directory (in ``save_folder``) of the checkpoint written at the first step of a KL stage."""
     return f"stage{stage.index}-step{stage.start_step}"
+
+
+class StageCallback(Callback):
+    """Stage entry as a loop callback: a staged run logs each stage it enters (or resumes within); at the first
+    step of a KL stage whose reference is the run itself (no ``kl_reference.load_path``), the checkpoint the
+    reference is rebuilt from (``boundary_checkpoint_name``), written before the data moves on, so that its data
+    position is the end of the previous stage's. The data switch and the train module's set-up stay with the loop."""
+
+    def __init__(self, checkpointer: Checkpointer, reference_given: bool):
+        self.checkpointer, self.reference_given = checkpointer, reference_given
+
+    def on_stage(self, ctx: StageContext) -> None:
+        stage = ctx.stage
+        if ctx.staged:
+            what = "begins" if ctx.at_boundary else f"continues (resumed at step {ctx.step})"
+            estimator = f" ({stage.kl_estimator})" if stage.kl_beta else ""
+            ctx.loop.log_event(
+                ctx.step,
+                f"Stage {stage.index} ({stage.name}) {what}: steps {stage.start_step + 1}-{stage.end_step}, "
+                f"kl_beta {stage.kl_beta:g}{estimator}.",
+            )
+        if ctx.at_boundary and stage.kl_beta > 0 and not self.reference_given:
+            ctx.loop.flush_metrics()
+            self.checkpointer.save_named(ctx.step, boundary_checkpoint_name(stage))
+
+
+def preflight_kl_reference(cfg: TrainConfig) -> None:
+    """Before anything is written: open the model of ``kl_reference.load_path`` (when a stage has a KL penalty)
+    and check its shapes, as a restore of ``load_path`` is checked.
+
+    :raises OLMoCheckpointError: naming the key when it cannot be this run's reference."""
+    if cfg.kl_reference.load_path is None or not any(stage.kl_beta > 0 for stage in cfg.stages or []):
+        return
+    from ..checkpoint import inspect_checkpoint
+    from ..checkpoint.restore import RestorePlan, preflight_restore
+    from ..exceptions import OLMoCheckpointError
+
+    path = str(cfg.kl_reference.load_path)
+    try:
+        preflight_restore(RestorePlan(inspect_checkpoint(path, "kl_reference.load_path"), False, False), cfg.model)
+    except OLMoCheckpointError as e:
+        raise type(e)(
+            f"kl_reference.load_path '{path}' cannot be the KL reference: {e} The reference must be a checkpoint "
+            f"of this run's model shape."
+        ) from None
 
 
 def check_schedule_lengths(cfg: TrainConfig, plan: StagePlan) -> None:

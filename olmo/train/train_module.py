@@ -14,11 +14,12 @@ B*T instead, which under-weights label-masked fine-tuning batches.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import torch
 from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
@@ -32,11 +33,7 @@ from ..eval.evaluator import ModelEval
 from ..exceptions import OLMoConfigurationError
 from ..model import OLMo
 from ..model.layers import output_head_loss
-from ..model.loss import (
-    LossSums,
-    next_token_labels,
-    per_token_cross_entropy,
-)
+from ..model.loss import LossSums, next_token_labels, per_token_cross_entropy
 from ..optim import BoltOnWarmupScheduler, build_scheduler, clip_grads, set_learning_rate
 from ..optim.skip_step import StepFactorMixin
 from .metrics import ReduceType
@@ -44,9 +41,9 @@ from .stability import SpikeDetector
 
 if TYPE_CHECKING:
     from .stages import Stage
-    from .trainer import Trainer
 
 __all__ = [
+    "StepHost",
     "TrainModule",
     "TransformerTrainModule",
     "BasicTrainModule",
@@ -67,6 +64,47 @@ class EvalBatchSpec:
     """Tokens per instance, at most (None: no limit of the module's own)."""
 
 
+class StepHost(Protocol):
+    """What a train module may read of, and hand to, the trainer that drives it (:class:`olmo.train.Trainer`
+    implements it): the run's config and process group, where the run is, and three ways to report back. Nothing
+    else of the trainer is the module's business."""
+
+    cfg: TrainConfig
+    env: DistEnv
+    max_steps: int
+    """The run's length in optimizer steps (all stages)."""
+
+    @property
+    def global_step(self) -> int:
+        """The step being trained, counted from 1 (between steps: the last one trained)."""
+
+    @property
+    def tokens_seen(self) -> int:
+        """Tokens trained on in the run, all ranks, including the step being trained."""
+
+    @property
+    def restored_path(self) -> Optional[str]:
+        """The checkpoint this launch restored, if any."""
+
+    def add_step_metrics(
+        self,
+        learning_rate: float,
+        ce_sum: torch.Tensor,
+        z_sum: torch.Tensor,
+        n_labels: torch.Tensor,
+        grad_norm: torch.Tensor,
+        extra: dict[str, tuple[torch.Tensor, ReduceType]],
+        applied: Optional[torch.Tensor],
+    ) -> None:
+        """Queue the step's metrics (device values), read back at the next collection."""
+
+    def count_filtered(self, step: int, count: torch.Tensor) -> None:
+        """Instances of the global batch of ``step`` that the instance filter dropped (a device count)."""
+
+    def local_work(self) -> contextlib.AbstractContextManager[None]:
+        """A block of this rank's own work, timed to find a slow rank (``stability.stragglers``)."""
+
+
 class TrainModule(ABC):
     """One training step and the state a checkpoint holds. Subclass it for a new training paradigm.
 
@@ -82,18 +120,16 @@ class TrainModule(ABC):
     """Whether :meth:`enter_stage` sets up a stage's ``kl_beta`` (as :class:`olmo.train.kl.KLTrainModule` does)."""
 
     def __init__(self) -> None:
-        self._trainer: Optional[Trainer] = None
+        self._trainer: Optional[StepHost] = None
         self.stage: Optional[Stage] = None
         """The stage being trained (set by :meth:`enter_stage`)."""
         self._loss: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
         self._extra: dict[str, tuple[torch.Tensor, ReduceType]] = {}
-        self._applied: Optional[torch.Tensor] = (
-            None  # 1.0 or 0.0: whether the step's update is applied (spike skipping)
-        )
+        self._applied: Optional[torch.Tensor] = None  # 1.0 or 0.0: the step's update is applied (spike skipping)
 
     @property
-    def trainer(self) -> Trainer:
-        """The trainer this module is attached to (see :meth:`on_attach`)."""
+    def trainer(self) -> StepHost:
+        """The trainer this module is attached to (see :meth:`on_attach`), as far as a module may use it."""
         assert self._trainer is not None, "the train module is not attached to a Trainer yet"
         return self._trainer
 
@@ -105,7 +141,7 @@ class TrainModule(ABC):
         ``cls(cfg, env, model, optimizer, scheduler)``."""
         return cls(cfg, env, model, optimizer, scheduler)  # type: ignore[call-arg]
 
-    def on_attach(self, trainer: Trainer) -> None:
+    def on_attach(self, trainer: StepHost) -> None:
         """Called once by the :class:`~olmo.train.Trainer` that will drive this module."""
         self._trainer = trainer
 
@@ -198,20 +234,10 @@ class TrainModule(ABC):
         now, so a non-finite loss or gradient norm stops the run before ``optimizer.step()`` touches the weights."""
         assert self._loss is not None, "record_ce_loss was not called in this step"
         ce_sum, z_sum, n_labels = self._loss
-        trainer = self.trainer
-        trainer.step_metrics.add(
-            trainer.state.global_step,
-            learning_rate,
-            ce_sum,
-            z_sum,
-            n_labels,
-            grad_norm,
-            self._extra,
-            self._applied,
+        self.trainer.add_step_metrics(
+            learning_rate, ce_sum, z_sum, n_labels, grad_norm, self._extra, self._applied
         )
         self._loss, self._extra, self._applied = None, {}, None
-        if trainer.collect_steps == 1:
-            trainer.collect_metrics()
 
 
 class TransformerTrainModule(TrainModule):
@@ -269,7 +295,7 @@ class TransformerTrainModule(TrainModule):
         self.scheduler = BoltOnWarmupScheduler(self.scheduler, step, step + int(self.cfg.scheduler.t_warmup))
 
     def train_batch(self, batch: dict[str, Any], dry_run: bool = False) -> None:
-        step = self.trainer.state.global_step
+        step = self.trainer.global_step
         check_token_ids(batch, self.cfg.model.vocab_size, step)
         device, W = self.env.device, self.env.world_size
         max_doc_lens = batch.get("max_doc_lens")  # a list, which stays on the host
@@ -280,7 +306,7 @@ class TransformerTrainModule(TrainModule):
             counts.append((~batch["instance_mask"]).sum().float())
         n_labels, *n_filtered = all_reduce(torch.stack(counts)).unbind()
         if n_filtered and not dry_run:
-            self.trainer.filtered.add(step, n_filtered[0])
+            self.trainer.count_filtered(step, n_filtered[0])
         loss_scale = W / n_labels.clamp(min=1.0)
         sums = self._forward_backward(batch, labels, loss_scale, max_doc_lens)
         if self.spike_detector is not None:
@@ -375,7 +401,7 @@ class TransformerTrainModule(TrainModule):
         ).loss
 
     def optim_step(self) -> None:
-        step = self.trainer.state.global_step
+        step = self.trainer.global_step
         max_norm = self.scheduler.get_max_grad_norm(self.cfg.max_grad_norm, step)
         grad_norm = clip_grads(self.optimizer, max_norm, self.cfg.max_grad_norm_ratio, step)
         lr = self._learning_rate()
@@ -389,13 +415,14 @@ class TransformerTrainModule(TrainModule):
             self._global_ce = None
         self.queue_step_metrics(lr, grad_norm)
         set_learning_rate(self.optimizer, lr)
-        with self.trainer.stragglers.local():  # local work: timed to find a slow rank (stability.stragglers)
+        with self.trainer.local_work():  # local work: timed to find a slow rank (stability.stragglers)
             self.optimizer.step()
 
     def _learning_rate(self) -> float:
         """The scheduled LR for the current step (the first update uses step 1, as in OLMo). A stage with its own
         ``scheduler`` restarts that schedule at its first step and spans the stage."""
-        state, max_steps = self.trainer.state, self.trainer.max_steps
+        host = self.trainer
+        max_steps = host.max_steps
         scheduler, units, start = self.scheduler, self.cfg.scheduler.units, 0
         stage = self.stage
         if stage is not None and stage.scheduler is not None:
@@ -405,9 +432,9 @@ class TransformerTrainModule(TrainModule):
             start, max_steps = stage.start_step, stage.num_steps
         if units == SchedulerUnits.tokens:
             tokens = self.cfg.tokens_per_batch
-            current, t_max = state.global_train_tokens_seen - start * tokens, max_steps * tokens
+            current, t_max = host.tokens_seen - start * tokens, max_steps * tokens
         else:
-            current, t_max = state.global_step - start, max_steps
+            current, t_max = host.global_step - start, max_steps
         return scheduler.get_lr(self.cfg.optimizer.learning_rate, current, t_max)
 
     def eval_batch(self, batch: dict[str, Any], labels: Optional[torch.Tensor] = None) -> torch.Tensor:

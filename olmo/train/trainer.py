@@ -12,6 +12,7 @@ optimizer step) is the job of a :class:`~olmo.train.train_module.TrainModule`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import logging
@@ -29,7 +30,16 @@ from ..data import DataIndexLog, FilteredInstanceCounter, IterableDataset
 from ..distributed import DistEnv, autocast_dtype, model_config_fingerprint
 from ..eval import EvalRunner, Evaluator
 from ..util.rng import get_rng_state, set_rng_state
-from .callback import Callback, EndContext, ErrorContext, MetricsContext, RewindContext, RunContext, StepContext
+from .callback import (
+    Callback,
+    EndContext,
+    ErrorContext,
+    MetricsContext,
+    RewindContext,
+    RunContext,
+    StageContext,
+    StepContext,
+)
 from .checkpointer import CheckpointCallback, Checkpointer, HFExportCallback
 from .data_feed import DataFeed
 from .evaluation import EvaluationCallback
@@ -47,8 +57,8 @@ from .metrics_sinks import MetricsCallback, MetricsLogger
 from .stability import StabilityCallback, StabilityMonitor
 from .stages import (
     Stage,
+    StageCallback,
     StagePlan,
-    boundary_checkpoint_name,
     check_schedule_lengths,
     plan_stages,
 )
@@ -280,6 +290,7 @@ class Trainer(LoopControl):
             CheckpointCallback(
                 self.checkpointer, cfg.stability.watchdog.upload_wait if self.watchdog.enabled else None
             ),
+            StageCallback(self.checkpointer, cfg.kl_reference.load_path is not None),
             EvaluationCallback(self.eval_runner, self.train_module, self.env, cfg.eval_on_load),
             HFExportCallback(self.checkpointer),
             *self.user_callbacks,
@@ -373,22 +384,12 @@ class Trainer(LoopControl):
         return record
 
     def _enter_stage(self, stage: Stage, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        """Before the first step this launch trains of ``stage``: at the stage's first step, write the checkpoint a
-        KL stage's reference is rebuilt from and move to the stage's data if it has its own; then let the train
-        module set up the stage. Returns the batches to train on."""
+        """Before the first step this launch trains of ``stage``: the ``on_stage`` hooks (the stage callback writes
+        a KL stage's boundary checkpoint there, before the data moves on), then the stage's own data if it has
+        any, then the train module's set-up of the stage. Returns the batches to train on."""
         s = self.state
         at_boundary = s.global_step == stage.start_step
-        if self.stage_plan.staged:
-            what = "begins" if at_boundary else f"continues (resumed at step {s.global_step})"
-            self.log_event(
-                s.global_step,
-                f"Stage {stage.index} ({stage.name}) {what}: steps {stage.start_step + 1}-{stage.end_step}, "
-                f"kl_beta {stage.kl_beta:g}" + (f" ({stage.kl_estimator})" if stage.kl_beta else "") + ".",
-            )
-        if at_boundary and stage.kl_beta > 0 and self.cfg.kl_reference.load_path is None:
-            # Before the data moves on: the checkpoint's position is the end of the previous stage's data.
-            self.log_metrics()
-            self.checkpointer.save_named(s.global_step, boundary_checkpoint_name(stage))
+        self._call("on_stage", StageContext(s.global_step, stage, at_boundary, self.stage_plan.staged, self))
         if stage.segment != self.data.segment:
             assert at_boundary, "a resume restores the data of its stage"
             close = getattr(batches, "close", None)
@@ -425,6 +426,30 @@ class Trainer(LoopControl):
                 else {}
             ),
         }
+
+    # What the train module may read of and hand to the trainer (olmo.train.train_module.StepHost).
+    @property
+    def global_step(self) -> int:
+        return self.state.global_step
+
+    @property
+    def tokens_seen(self) -> int:
+        return self.state.global_train_tokens_seen
+
+    @property
+    def restored_path(self) -> Optional[str]:
+        return self.checkpointer.restored_path
+
+    def add_step_metrics(self, *values: Any) -> None:
+        self.step_metrics.add(self.state.global_step, *values)
+        if self.collect_steps == 1:  # read back now: a non-finite loss stops the run before the update
+            self.collect_metrics()
+
+    def count_filtered(self, step: int, count: torch.Tensor) -> None:
+        self.filtered.add(step, count)
+
+    def local_work(self) -> contextlib.AbstractContextManager[None]:
+        return self.stragglers.local()
 
     def train_step(self, batch: dict[str, Any]) -> StepMetrics:
         """One step of the train module on this device batch, as :meth:`fit` runs it (for benchmarks and tests

@@ -67,6 +67,9 @@ class Recorder(Callback):
     def post_checkpoint(self, ctx):
         self.calls.append(("post_checkpoint", ctx.step, ctx.kind, Path(ctx.path).name))
 
+    def on_stage(self, ctx):
+        self.calls.append(("on_stage", ctx.step, ctx.stage.name, ctx.at_boundary, ctx.staged))
+
     def on_phase(self, phase, step):
         self.calls.append(("on_phase", phase, step))
 
@@ -103,6 +106,10 @@ def test_hooks_run_in_order_with_their_contexts(tmp_path, corpus):
     assert names[0] == "pre_train" and ("pre_train", 0, 6) in calls  # after the built-in ones' (their phases)
     assert names[-2:] == ["post_train", "close"] and ("post_train", 6, "finished") in calls
     assert [c[1] for c in calls if c[0] == "pre_step"] == [0, 1, 2, 3, 4, 5]
+    assert [c for c in calls if c[0] == "on_stage"] == [
+        ("on_stage", 0, "stage0", True, False)
+    ]  # the run is one stage
+    assert names.index("on_stage") == names.index("pre_step") + 1  # the first step's, before its batch
     assert [c[1:] for c in calls if c[0] == "post_step"] == [(s, True, True) for s in range(1, 7)]
     logged = {c[1]: c[2] for c in calls if c[0] == "post_metrics"}
     jsonl = {r["step"]: r["train/CrossEntropyLoss"] for r in _metrics(tmp_path)}
@@ -123,6 +130,31 @@ def test_hooks_run_in_order_with_their_contexts(tmp_path, corpus):
     # A checkpoint is written inside the checkpoint phase.
     at = calls.index(("pre_checkpoint", 3, "unsharded"))
     assert [c for c in calls[:at] if c[0] == "on_phase"][-1] == ("on_phase", "checkpoint", 3)
+
+
+def test_a_staged_run_calls_on_stage_as_each_stage_begins_and_a_kl_stage_checkpoints_there(tmp_path, corpus):
+    stages = [
+        {"name": "pretrain", "max_duration": 4},
+        {"name": "anneal-kl", "max_duration": 3, "kl_beta": 0.1, "data": {"seed": 77}},
+    ]
+    recorder = Recorder()
+    config = _config(tmp_path, corpus, max_duration=None, save_interval_unsharded=100, stages=stages)
+    assert main([config, "--stop_at=6"], callbacks=[recorder]) == 0
+    calls = [c for c in recorder.calls if c[0] in ("on_stage", "pre_checkpoint", "pre_step")]
+    at = calls.index(("on_stage", 4, "anneal-kl", True, True))
+    assert [c for c in calls if c[0] == "on_stage"] == [("on_stage", 0, "pretrain", True, True), calls[at]]
+    # The stage callback (built in, so before ours) wrote the boundary checkpoint the reference is rebuilt from.
+    assert calls[at - 2 : at + 2] == [
+        ("pre_step", 4),
+        ("pre_checkpoint", 4, "named"),
+        ("on_stage", 4, "anneal-kl", True, True),
+        ("pre_step", 5),
+    ]
+    assert (tmp_path / "run" / "stage1-step4").is_dir()
+    resumed = Recorder()  # within the KL stage: its reference is rebuilt, no checkpoint is written
+    assert main([config, "--try_load_latest_save"], callbacks=[resumed]) == 0
+    calls = [c for c in resumed.calls if c[0] in ("on_stage", "pre_checkpoint")]
+    assert calls == [("on_stage", 6, "anneal-kl", False, True), ("pre_checkpoint", 7, "unsharded")]
 
 
 class RewindOnce(Callback):
