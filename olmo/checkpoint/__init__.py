@@ -5,19 +5,19 @@ rename), ``restore`` (what a launch restores and where it saves, checked before 
 (:func:`load_model`, and ``OLMo.from_checkpoint``, which importing this package provides). The commit marker
 and discovery without torch are :mod:`olmo.util.checkpoint_dirs`, so that config resolvers can use them.
 
-``checkpointers`` holds OLMo's checkpointer objects (``FullCheckpointer``, ``build_sharded_checkpointer``).
+``olmo_checkpointers`` holds OLMo's checkpointer objects (``FullCheckpointer``, ``build_sharded_checkpointer``).
 
 May import: ``olmo.distributed``, ``olmo.optim``, ``olmo.model``, ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
 """
 
-from .checkpointers import (
+from .model_loading import load_model
+from .olmo_checkpointers import (
     Checkpointer,
     FullCheckpointer,
     LocalShardedCheckpointer,
     TorchNewStyleShardedCheckpointer,
     build_sharded_checkpointer,
 )
-from .model_loading import load_model
 from .safe_reads import (
     safe_torch_load,
 )

@@ -24,36 +24,75 @@ May import: ``olmo.distributed`` (collectives only), ``olmo.config``, ``olmo.tok
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import DataLoader
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
-from ..config import DataConfig, TrainConfig
-from .builders import (
-    DataContext,
-    build_data_collator,
-    build_dataset,
-    build_eval_loader,
-    build_train_loader,
-)
-from .collator import CustomDatasetDataCollator, DataCollator, check_token_ids
-from .custom_datasets import build_custom_dataset
-from .data_indices import DataIndexLog, read_data_indices
-from .instance_filter import FilteredInstanceCounter, is_repetitive
-from .iterable_dataset import (
-    InstanceStream,
-    IterableDataset,
-    batches_per_epoch,
-    data_order_seed,
-    order_file_name,
-    rank_slice,
-    read_instances,
-    worker_share,
-)
-from .memmap_dataset import MemMapDataset
-from .remote import FetchStats
+    from ..config import DataConfig, TrainConfig
+    from .builders import (
+        DataContext,
+        build_data_collator,
+        build_dataset,
+        build_eval_loader,
+        build_train_loader,
+    )
+    from .collator import CustomDatasetDataCollator, DataCollator, check_token_ids
+    from .custom_datasets import build_custom_dataset
+    from .data_indices import DataIndexLog, read_data_indices
+    from .instance_filter import FilteredInstanceCounter, is_repetitive
+    from .iterable_dataset import (
+        InstanceStream,
+        IterableDataset,
+        batches_per_epoch,
+        data_order_seed,
+        order_file_name,
+        rank_slice,
+        read_instances,
+        worker_share,
+    )
+    from .memmap_dataset import MemMapDataset
+    from .remote import FetchStats
+
+_LAZY = {
+    **dict.fromkeys(
+        ["DataContext", "build_data_collator", "build_dataset", "build_eval_loader", "build_train_loader"],
+        "builders",
+    ),
+    **dict.fromkeys(["CustomDatasetDataCollator", "DataCollator", "check_token_ids"], "collator"),
+    "build_custom_dataset": "custom_datasets",
+    **dict.fromkeys(["DataIndexLog", "read_data_indices"], "data_indices"),
+    **dict.fromkeys(["FilteredInstanceCounter", "is_repetitive"], "instance_filter"),
+    **dict.fromkeys(
+        [
+            "InstanceStream",
+            "IterableDataset",
+            "batches_per_epoch",
+            "data_order_seed",
+            "order_file_name",
+            "rank_slice",
+            "read_instances",
+            "worker_share",
+        ],
+        "iterable_dataset",
+    ),
+    "MemMapDataset": "memmap_dataset",
+    "FetchStats": "remote",
+}
+"""Where each name of the package lives. They are imported on first use, so that the data preparation commands
+(``memmap_writer``, ``sft``: numpy and tokenizers only) start without torch (3 s of a 4 s ``--help``)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DataCollator",
@@ -91,6 +130,8 @@ log = logging.getLogger(__name__)
 def build_collator(train_config: TrainConfig) -> Any:
     """OLMo's ``build_collator(train_config)``: :func:`build_data_collator` of its ``data`` and
     ``model.pad_token_id``."""
+    from .builders import build_data_collator
+
     return build_data_collator(train_config.data, train_config.model.pad_token_id)
 
 
@@ -102,6 +143,8 @@ def build_memmap_dataset(
 
     :param key: where the section is in the config (``evaluators[0].data``), for errors.
     """
+    from .builders import DataContext, build_dataset
+
     context = DataContext.from_train_config(train_config)
     return build_dataset(data_config, train_config.model, context, include_instance_metadata, key)
 
@@ -111,6 +154,8 @@ def build_eval_dataloader(
 ) -> DataLoader:
     """OLMo's ``build_eval_dataloader(train_config, data_config, batch_size)``: :func:`build_eval_loader` of
     ``data_config`` with ``train_config``'s model and :class:`DataContext`."""
+    from .builders import DataContext, build_eval_loader
+
     context = DataContext.from_train_config(train_config)
     return build_eval_loader(data_config, train_config.model, context, batch_size, shuffle)
 
@@ -131,6 +176,8 @@ def build_train_dataloader(
     :param fs_local_rank: accepted for OLMo's API and ignored: only rank 0 writes the order file (the other ranks
         wait for it), and a rank on a file system that does not see it computes the order in its own memory.
     """
+    from .builders import DataContext, build_train_loader
+
     if fs_local_rank is not None:
         log.warning(
             "build_train_dataloader(fs_local_rank=%d) has no effect: only rank 0 writes the data order.",
