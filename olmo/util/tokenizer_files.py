@@ -120,8 +120,23 @@ def load_base_tokenizer(identifier: str) -> HFTokenizer:
         ) from None
 
 
+def _hub_offline() -> bool:
+    """``HF_HUB_OFFLINE`` is set (as Hugging Face's libraries read it): the hub is not to be asked."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
 def _load_from_hub(identifier: str) -> HFTokenizer:
     try:
+        if _hub_offline():
+            # tokenizers' own from_pretrained would still try the network (seconds of retries): the cache only.
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(identifier, "tokenizer.json", cache_dir=os.environ.get("HF_HUB_CACHE"))
+            if not isinstance(cached, str):
+                raise FileNotFoundError(
+                    "HF_HUB_OFFLINE is set and the Hugging Face cache has no tokenizer.json of it"
+                )
+            return _load_file(cached, Path(cached).stat().st_mtime)
         return HFTokenizer.from_pretrained(identifier)
     except Exception as e:
         offline = ", ".join(sorted(_known_files())) or "none"
