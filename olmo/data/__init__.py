@@ -86,6 +86,10 @@ _LAZY = {
 (``memmap_writer``, ``sft``: numpy and tokenizers only) start without torch (3 s of a 4 s ``--help``)."""
 
 
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
