@@ -1,8 +1,10 @@
 """The OLMo transformer as plain ``nn.Module`` code, and what is computed from it: ``transformer`` (``OLMo``),
 ``block`` (``OLMoBlock``, the KV cache's attention, parameter init), ``blocks_api`` (OLMo's building-block names),
 ``layers`` (norms, RoPE, MLP), ``attention`` (SDPA, flash-attn, document masking), ``loss`` (cross
-entropy, z-loss, the fused output loss), ``flops`` (parameter and FLOP counts, peak device FLOP/s), ``beam_search``
-(OLMo's beam search; its samplers in ``sampling``) and ``generation`` (``OLMo.generate`` over the KV cache).
+entropy, z-loss, the fused output loss), ``flops`` (parameter and FLOP counts, peak device FLOP/s), ``beams``
+(OLMo's beam search; its samplers in ``sampling``), ``generation`` (``OLMo.generate`` over the KV cache) and ``moe``
+(the mixture-of-experts layer: dropless top-k routing, grouped expert multiplies, auxiliary losses; not yet built into
+a model by any config key).
 
 No distributed code: FSDP, activation checkpointing and compile are applied from outside
 (:mod:`olmo.distributed.parallelize`). May import: ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.

@@ -1,0 +1,136 @@
+"""A mixture-of-experts feed-forward layer (OLMoE's): dropless token-choice top-k routing over SwiGLU experts.
+
+This is the layer alone (issue 38's first part); no config key builds it into a model yet.
+
+- **Router**: a bias-free linear map to one logit per expert, computed in float32 whatever the autocast dtype
+  (``router_logits``). Each token goes to its ``top_k`` most probable experts (softmax over all experts, then the
+  top ``k``); with ``norm_topk_prob`` (not OLMoE's default) the ``k`` weights are rescaled to sum to 1.
+- **Dropless**: every (token, expert) assignment is computed, whatever the imbalance; there is no capacity factor
+  and no token is dropped. The assignments are sorted by expert and each expert's contiguous run goes through its
+  weights in one grouped matrix multiply (``torch._grouped_mm``: no host synchronization, since the group sizes stay
+  on the device); where that kernel cannot run (fp32 on CUDA, or rows that are not 16-byte multiples), a loop over
+  the experts touches each expert's tokens once, reading the group sizes on the host.
+- **Auxiliary losses** (per layer, from the same router output): the load-balancing loss of Switch/OLMoE as
+  transformers computes it, ``E * sum_e f_e * P_e`` with ``f_e`` the assignments to expert ``e`` per token and
+  ``P_e`` its mean router probability (1 for a perfectly balanced router with ``top_k = 1``, ``top_k`` in general),
+  and the router z-loss of ST-MoE, the mean over tokens of ``logsumexp(logits)^2``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["MoEFeedForward", "RouterOutput", "route", "load_balancing_loss", "router_z_loss", "grouped_mm_runs"]
+
+
+class RouterOutput(NamedTuple):
+    """Where each of N tokens goes: ``experts`` (N, k) expert indices and ``weights`` (N, k) float32 combine weights;
+    ``probs`` (N, E) and ``logits`` (N, E) float32, for the auxiliary losses."""
+
+    experts: torch.Tensor
+    weights: torch.Tensor
+    probs: torch.Tensor
+    logits: torch.Tensor
+
+
+def route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool = False) -> RouterOutput:
+    """Token-choice top-k routing of (N, E) router logits (computed in float32)."""
+    logits = logits.float()
+    probs = logits.softmax(dim=-1)
+    weights, experts = probs.topk(top_k, dim=-1)
+    if norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return RouterOutput(experts, weights, probs, logits)
+
+
+def load_balancing_loss(routing: RouterOutput) -> torch.Tensor:
+    """``E * sum_e (assignments to e / N) * mean_n probs[n, e]`` (transformers' OLMoE ``load_balancing_loss_func``
+    for one layer): its minimum, ``top_k``, is reached when the router spreads both evenly."""
+    n_tokens, n_experts = routing.probs.shape
+    counts = torch.bincount(routing.experts.flatten(), minlength=n_experts).float()
+    return n_experts * torch.sum(counts / n_tokens * routing.probs.mean(dim=0))
+
+
+def router_z_loss(routing: RouterOutput) -> torch.Tensor:
+    """The mean over tokens of ``logsumexp(logits)^2`` (ST-MoE): keeps the router's logits small."""
+    return torch.logsumexp(routing.logits, dim=-1).square().mean()
+
+
+def grouped_mm_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` takes (M, K) ``x`` against (E, K, N) ``weight`` here: rows of 16-byte multiples
+    (K and N), as the kernel asks; on a CPU in any float dtype, on CUDA in bf16."""
+    if not hasattr(torch, "_grouped_mm") or x.device.type not in ("cpu", "cuda"):
+        return False
+    if x.device.type == "cuda" and not x.dtype == weight.dtype == torch.bfloat16:
+        return False
+    return (x.shape[-1] * x.element_size()) % 16 == 0 and (weight.shape[-1] * weight.element_size()) % 16 == 0
+
+
+def _expert_matmul(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor, grouped: bool) -> torch.Tensor:
+    """Rows of ``x`` sorted by expert, expert ``e`` owning rows ``ends[e-1]:ends[e]``, each times ``weight[e]``."""
+    if grouped:
+        return torch._grouped_mm(x, weight, offs=ends)
+    out, start = [], 0
+    for e, end in enumerate(ends.tolist()):  # the group sizes on the host: one synchronization per call on a GPU
+        out.append(x[start:end] @ weight[e])
+        start = end
+    return torch.cat(out)
+
+
+class MoEFeedForward(nn.Module):
+    """``num_experts`` SwiGLU experts of hidden size ``hidden_size`` behind a top-``top_k`` router, (B, T, C) ->
+    (B, T, C). After each forward, :attr:`routing` holds that forward's router output (for the auxiliary losses
+    and the expert load).
+
+    Weights: ``router`` (E, C); ``w1`` (E, C, H) gate and ``w3`` (E, C, H) up projections, ``w2`` (E, H, C) down
+    projection, stacked over the experts so that one grouped multiply serves them all.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        norm_topk_prob: bool = False,
+        device: torch.device | str | None = None,
+    ):
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k={top_k} must be between 1 and num_experts={num_experts}")
+        self.num_experts, self.top_k, self.norm_topk_prob = num_experts, top_k, norm_topk_prob
+        self.router = nn.Linear(d_model, num_experts, bias=False, device=device)
+        self.w1 = nn.Parameter(torch.empty(num_experts, d_model, hidden_size, device=device))
+        self.w3 = nn.Parameter(torch.empty(num_experts, d_model, hidden_size, device=device))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, d_model, device=device))
+        self.use_grouped_mm = True
+        """False: always the loop over experts (to compare the two paths)."""
+        self.routing: RouterOutput | None = None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02) -> None:
+        for weight in (self.router.weight, self.w1, self.w3, self.w2):
+            nn.init.trunc_normal_(weight, std=std, a=-3 * std, b=3 * std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # (N, C)
+        with torch.autocast(flat.device.type, enabled=False):  # the router in float32, also under autocast
+            logits = F.linear(flat.float(), self.router.weight.float())  # (N, E)
+        self.routing = routing = route(logits, self.top_k, self.norm_topk_prob)
+        assignments = routing.experts.flatten()  # (N * k,), token n's k experts at n*k .. n*k+k-1
+        order = torch.argsort(assignments, stable=True)
+        token_of = order // self.top_k
+        ends = torch.cumsum(torch.bincount(assignments, minlength=self.num_experts), dim=0).to(torch.int32)
+        w1, w3, w2 = (w.to(flat.dtype) for w in (self.w1, self.w3, self.w2))  # autocast leaves 3-D weights alone
+        grouped = self.use_grouped_mm and grouped_mm_runs(flat, w1) and grouped_mm_runs(flat, w2)
+        rows = flat[token_of]  # (N * k, C), sorted by expert
+        hidden = F.silu(_expert_matmul(rows, w1, ends, grouped)) * _expert_matmul(rows, w3, ends, grouped)
+        out = _expert_matmul(hidden, w2, ends, grouped)  # (N * k, C)
+        out = out * routing.weights.flatten()[order].unsqueeze(-1).to(out.dtype)
+        return torch.zeros_like(flat).index_add_(0, token_of, out).reshape(shape)
