@@ -3,7 +3,7 @@ resolvers, the ``--help`` listing and collect-all validation.
 
 Modules: ``train_config`` (``TrainConfig``, load/save), the sections, each with the checks of its own values
 (a ``problems`` method beside its fields): ``sections`` (the enums and the small sections), ``model_sections``
-(``model``), ``attention`` (``model.sliding_window`` and ``model.rope_scaling``), ``optim_sections``
+(``model``), ``attention`` (``model.sliding_window`` and ``model.rope_scaling``), ``moe`` (``model.moe``), ``optim_sections``
 (``optimizer``, ``scheduler``), ``data_sections`` (``data``), ``eval_sections`` (``evaluators``), ``stages``
 (``stages:``, ``kl_reference:``, durations), ``stability``; ``validation`` (the run's own settings, the rules
 between sections, the one report of every problem, and no-effect warnings), ``bounds`` (limits shared by the checks,
@@ -16,6 +16,7 @@ and loading one never imports torch).
 
 from .attention_sections import RopeScalingConfig, SlidingWindowConfig
 from .base import BaseConfig
+from .moe_sections import MoEConfig
 from .stability_sections import RollbackConfig, SkipSpikesConfig, StragglersConfig, WatchdogConfig
 from .train_config import (
     DEFAULT_MAX_DURATION,
@@ -89,6 +90,7 @@ __all__ = [
     "ModelConfig",
     "SlidingWindowConfig",
     "RopeScalingConfig",
+    "MoEConfig",
     "OptimizerConfig",
     "SchedulerConfig",
     "InstanceFilterConfig",

@@ -1,6 +1,6 @@
 """The ``model:`` section: the transformer's shape and options (:class:`ModelConfig`), with the checks of its values.
 Its attention options (``model.sliding_window``, ``model.rope_scaling``) are sections of their own, in
-:mod:`olmo.config.attention_sections`.
+:mod:`olmo.config.attention_sections`, and so is its mixture of experts (``model.moe``, :mod:`olmo.config.moe_sections`).
 
 Field names and defaults follow the original OLMo's; every field has a docstring (``train.py CONFIG --help`` prints
 them). Import it from :mod:`olmo.config`, which re-exports it.
@@ -13,6 +13,7 @@ from typing import Optional
 
 from .attention_sections import RopeScalingConfig, SlidingWindowConfig, attention_option_problems
 from .base import BaseConfig
+from .moe_sections import MoEConfig
 from .sections import ActivationType, BlockType, InitFnType, LayerNormType
 
 __all__ = ["ModelConfig", "MAX_LAYERS", "MAX_SEQUENCE_LENGTH", "MAX_PARAMS"]
@@ -123,6 +124,14 @@ class ModelConfig(BaseConfig):
     rope_scaling: Optional[RopeScalingConfig] = None
     """RoPE scaling of the full-attention layers for a longer context: ``{name: yarn, factor: 8, beta_fast: 32,
     beta_slow: 1, old_context_len: 8192}`` (OLMo 3's long-context stage) or ``name: llama3``. None: plain RoPE."""
+    moe: Optional[MoEConfig] = None
+    """A mixture of experts in place of every block's MLP (OLMoE, FlexOlmo): ``{num_experts: 64, top_k: 8,
+    hidden_size: 1024}``. None (or ``num_experts: 0``): dense blocks."""
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the blocks hold a mixture of experts (``model.moe`` with ``num_experts > 0``)."""
+        return self.moe is not None and self.moe.enabled
 
     def layer_windows(self) -> list[Optional[int]]:
         """Each layer's attention window in keys (itself included), None for full attention."""
@@ -190,6 +199,8 @@ class ModelConfig(BaseConfig):
                     f"model.{name}={token} is outside the embedding (size {self.effective_embedding_size})."
                 )
         out += attention_option_problems(self.sliding_window, self.rope_scaling, self.rope)
+        if self.moe is not None:
+            out += self.moe.problems(self)
         return out + self._size_problems()
 
     def _unsupported_block_problems(self) -> list[str]:

@@ -216,7 +216,7 @@ def _compile_blocks(model: OLMo, cfg: CompilerConfig) -> None:
         block.compile(mode=cfg.mode, fullgraph=cfg.fullgraph, backend=cfg.backend, dynamic=cfg.dynamic)
 
 
-_NEWER_MODEL_OPTIONS = ("sliding_window", "rope_scaling")
+_NEWER_MODEL_OPTIONS = ("sliding_window", "rope_scaling", "moe")
 
 
 def model_config_fingerprint(cfg: ModelConfig) -> str:
@@ -224,7 +224,7 @@ def model_config_fingerprint(cfg: ModelConfig) -> str:
     the hash was introduced are left out while unset, so a model without them keeps the hash it always had."""
     fields = asdict(cfg)
     for name in _NEWER_MODEL_OPTIONS:
-        if fields[name] is None:
+        if fields[name] is None or (name == "moe" and not cfg.is_moe):
             del fields[name]
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

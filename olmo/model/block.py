@@ -18,8 +18,17 @@ from ..config import ActivationType, InitFnType, ModelConfig
 from ..exceptions import OLMoConfigurationError
 from .attention import DocumentSpans, flash_varlen_attention
 from .layers import LayerNorm, RotaryTables, apply_rotary, make_dropout
+from .moe import MoEFeedForward
 
-__all__ = ["OLMoBlock", "OLMoSequentialBlock", "OLMoLlamaBlock", "BufferCache", "init_scales", "init_normal"]
+__all__ = [
+    "OLMoBlock",
+    "OLMoSequentialBlock",
+    "OLMoLlamaBlock",
+    "BufferCache",
+    "init_scales",
+    "init_normal",
+    "init_tensor",
+]
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +96,29 @@ class OLMoBlock(nn.Module):
             self.k_norm = LayerNorm.build(config, size=kv_dim, elementwise_affine=affine)
             self.q_norm = LayerNorm.build(config, elementwise_affine=affine)
         self.attn_out = nn.Linear(config.d_model, config.d_model, bias=bias)
+        # The dense MLP (ff_proj, ff_out); in a mixture-of-experts block only as its shared expert, if any.
+        moe = config.moe if config.is_moe else None
+        if moe is not None:
+            hidden = 0 if moe.shared_expert_hidden_size is None else 2 * moe.shared_expert_hidden_size
         ff_in = hidden // 2 if config.activation_type == ActivationType.swiglu else hidden
-        self.ff_out = nn.Linear(ff_in, config.d_model, bias=bias)
+        self.ff_out: nn.Linear | None = nn.Linear(ff_in, config.d_model, bias=bias) if hidden else None
         self.attn_norm = LayerNorm.build(config)
         self.ff_norm = LayerNorm.build(config)
         self.att_proj = nn.Linear(config.d_model, config.d_model + 2 * kv_dim, bias=bias)
-        self.ff_proj = nn.Linear(config.d_model, hidden, bias=bias)
+        self.ff_proj: nn.Linear | None = nn.Linear(config.d_model, hidden, bias=bias) if hidden else None
+        self.moe: MoEFeedForward | None = None
+        """The mixture of experts (``model.moe``), None in a dense block."""
+        if moe is not None:
+            self.moe = MoEFeedForward(
+                config.d_model,
+                moe.num_experts,
+                moe.top_k,
+                moe.expert_hidden_size(config),
+                moe.norm_topk_prob,
+                lb_weight=moe.lb_loss_weight / config.n_layers,
+                z_weight=moe.z_loss_weight / config.n_layers,
+                lb_per_instance=moe.lb_loss_granularity == "instance",
+            )
         self._flash_attn = _load_flash_attn() if config.flash_attention else None
         self.window: int | None = config.layer_windows()[layer_id]
         """Keys each query sees (itself included) on this layer, None for full attention (``model.sliding_window``):
@@ -115,16 +141,22 @@ class OLMoBlock(nn.Module):
             if isinstance(module, LayerNorm):
                 module.reset_parameters()
         init_normal(self.att_proj, std, cutoff)
-        init_normal(self.ff_proj, std, cutoff)
-        if cfg.init_fn == InitFnType.mitchell:
-            attn_out_std = 1 / math.sqrt(2 * cfg.d_model * (self.layer_id + 1))
-            ff_out_std = 1 / math.sqrt(2 * self.ff_out.in_features * (self.layer_id + 1))
-        elif cfg.init_fn == InitFnType.full_megatron:
-            attn_out_std = ff_out_std = std / math.sqrt(2 * cfg.n_layers)
-        else:
-            attn_out_std = ff_out_std = std
-        init_normal(self.attn_out, attn_out_std, cutoff)
-        init_normal(self.ff_out, ff_out_std, cutoff)
+        if self.moe is not None:  # router, gate and up projections as ff_proj; the down projections as ff_out
+            for weight in (self.moe.router.weight, self.moe.w1, self.moe.w3):
+                init_tensor(weight, std, cutoff)
+        if self.ff_proj is not None:
+            init_normal(self.ff_proj, std, cutoff)
+
+        def out_std(fan_in: int) -> float:
+            if cfg.init_fn == InitFnType.mitchell:
+                return 1 / math.sqrt(2 * fan_in * (self.layer_id + 1))
+            return std / math.sqrt(2 * cfg.n_layers) if cfg.init_fn == InitFnType.full_megatron else std
+
+        init_normal(self.attn_out, out_std(cfg.d_model), cutoff)
+        if self.moe is not None:
+            init_tensor(self.moe.w2, out_std(self.moe.w2.shape[1]), cutoff)
+        if self.ff_out is not None:
+            init_normal(self.ff_out, out_std(self.ff_out.in_features), cutoff)
 
     def forward(
         self,
@@ -163,7 +195,15 @@ class OLMoBlock(nn.Module):
         return (x, present) if use_cache else x
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The MLP: ``ff_out(act(ff_proj(x)))``, (B, T, C) -> (B, T, C)."""
+        """The MLP: ``ff_out(act(ff_proj(x)))``, or the mixture of experts (plus its shared expert, if any),
+        (B, T, C) -> (B, T, C)."""
+        if self.moe is None:
+            return self._dense_mlp(x)
+        y = self.moe(x)
+        return y if self.ff_proj is None else y + self._dense_mlp(x)
+
+    def _dense_mlp(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.ff_proj is not None and self.ff_out is not None
         h = self.ff_proj(x)  # (B, T, hidden)
         act = self.config.activation_type
         if act == ActivationType.swiglu:
@@ -296,22 +336,27 @@ def init_scales(cfg: ModelConfig) -> tuple[float | None, float, float]:
 
 
 def init_normal(module: nn.Linear | nn.Embedding, std: float, cutoff: float | None) -> None:
-    """Draw ``module.weight`` from N(0, std), truncated at ``cutoff`` stds when given; zero ``module.bias``.
+    """Draw ``module.weight`` from N(0, std), truncated at ``cutoff`` stds when given (:func:`init_tensor`); zero
+    ``module.bias``."""
+    init_tensor(module.weight, std, cutoff)
+    bias = getattr(module, "bias", None)
+    if bias is not None:
+        nn.init.zeros_(bias)
+
+
+def init_tensor(weight: torch.Tensor, std: float, cutoff: float | None) -> None:
+    """Draw ``weight`` from N(0, std), truncated at ``cutoff`` stds when given.
 
     The full tensor is always drawn from the CPU generator and then copied into the parameter (for a sharded
     parameter, each rank keeps its own slice). So a seed gives the same initial weights on CPU or GPU, with one
     process or many, which is what lets a sharded run reproduce a single-process run.
     """
-    weight = module.weight
     full = torch.empty(weight.shape, dtype=torch.float32)
     if cutoff is None:
         nn.init.normal_(full, mean=0.0, std=std)
     else:
         nn.init.trunc_normal_(full, mean=0.0, std=std, a=-cutoff * std, b=cutoff * std)
     _assign(weight, full)
-    bias = getattr(module, "bias", None)
-    if bias is not None:
-        nn.init.zeros_(bias)
 
 
 def _assign(param: torch.Tensor, full: torch.Tensor) -> None:

@@ -1,6 +1,6 @@
 """A mixture-of-experts feed-forward layer (OLMoE's): dropless token-choice top-k routing over SwiGLU experts.
 
-This is the layer alone (issue 38's first part); no config key builds it into a model yet.
+Built into every block by ``model.moe`` (:class:`~olmo.config.MoEConfig`).
 
 - **Router**: a bias-free linear map to one logit per expert, computed in float32 whatever the autocast dtype
   (``router_logits``). Each token goes to its ``top_k`` most probable experts (softmax over all experts, then the
@@ -13,18 +13,31 @@ This is the layer alone (issue 38's first part); no config key builds it into a 
 - **Auxiliary losses** (per layer, from the same router output): the load-balancing loss of Switch/OLMoE as
   transformers computes it, ``E * sum_e f_e * P_e`` with ``f_e`` the assignments to expert ``e`` per token and
   ``P_e`` its mean router probability (1 for a perfectly balanced router with ``top_k = 1``, ``top_k`` in general),
-  and the router z-loss of ST-MoE, the mean over tokens of ``logsumexp(logits)^2``.
+  and the router z-loss of ST-MoE, the mean over tokens of ``logsumexp(logits)^2``. In training, each layer's
+  ``lb_weight * load_balancing_loss / top_k + z_weight * router_z_loss`` (the weights already divided by the number of
+  layers: a mean over layers, MegaBlocks' normalization, which OLMoE's published weights refer to) enters the
+  backward pass through the layer's own output (:class:`_AttachAuxLoss`, scaled by :attr:`MoEFeedForward.aux_scale`),
+  so that the gradient reaches the router while FSDP holds the layer's weights gathered, also under activation
+  checkpointing; the training loss the trainer reports stays the cross entropy.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MoEFeedForward", "RouterOutput", "route", "load_balancing_loss", "router_z_loss", "grouped_mm_runs"]
+__all__ = [
+    "MoEFeedForward",
+    "MoELayerStats",
+    "RouterOutput",
+    "route",
+    "load_balancing_loss",
+    "router_z_loss",
+    "grouped_mm_runs",
+]
 
 
 class RouterOutput(NamedTuple):
@@ -47,12 +60,18 @@ def route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool = False) -> Rou
     return RouterOutput(experts, weights, probs, logits)
 
 
-def load_balancing_loss(routing: RouterOutput) -> torch.Tensor:
+def load_balancing_loss(routing: RouterOutput, groups: int = 1) -> torch.Tensor:
     """``E * sum_e (assignments to e / N) * mean_n probs[n, e]`` (transformers' OLMoE ``load_balancing_loss_func``
-    for one layer): its minimum, ``top_k``, is reached when the router spreads both evenly."""
+    for one layer): its minimum, ``top_k``, is reached when the router spreads both evenly. With ``groups`` > 1,
+    the N tokens are that many equal consecutive groups (the instances of a batch), each balanced on its own, and
+    the loss is the mean over the groups."""
     n_tokens, n_experts = routing.probs.shape
-    counts = torch.bincount(routing.experts.flatten(), minlength=n_experts).float()
-    return n_experts * torch.sum(counts / n_tokens * routing.probs.mean(dim=0))
+    per_group = n_tokens // groups
+    group_of = torch.arange(n_tokens, device=routing.experts.device).div(per_group, rounding_mode="floor")
+    slots = (group_of.unsqueeze(-1) * n_experts + routing.experts).flatten()
+    counts = torch.bincount(slots, minlength=groups * n_experts).view(groups, n_experts).float()  # (G, E)
+    probs = routing.probs.view(groups, per_group, n_experts).mean(dim=1)  # (G, E)
+    return n_experts * torch.sum(counts / per_group * probs, dim=-1).mean()
 
 
 def router_z_loss(routing: RouterOutput) -> torch.Tensor:
@@ -81,14 +100,40 @@ def _expert_matmul(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor, gr
     return torch.cat(out)
 
 
+class MoELayerStats(NamedTuple):
+    """What one training forward of a layer measured, detached: its load-balancing loss (normalized, 1 at best),
+    router z-loss, and the (E,) float count of assignments per expert."""
+
+    lb_loss: torch.Tensor
+    z_loss: torch.Tensor
+    counts: torch.Tensor
+
+
+class _AttachAuxLoss(torch.autograd.Function):
+    """Identity on ``out`` whose backward also sends ``scale`` as the gradient of the scalar ``aux``: the auxiliary
+    loss is differentiated when the layer's output gradient arrives, inside FSDP's window for the layer."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        ctx.aux_dtype = aux.dtype
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        return grad, torch.full((), ctx.scale, dtype=ctx.aux_dtype, device=grad.device), None
+
+
 class MoEFeedForward(nn.Module):
     """``num_experts`` SwiGLU experts of hidden size ``hidden_size`` behind a top-``top_k`` router, (B, T, C) ->
-    (B, T, C). After each forward, :attr:`routing` holds that forward's router output (for the auxiliary losses
-    and the expert load).
+    (B, T, C). After each forward, :attr:`routing` holds that forward's router output, detached (to inspect it).
 
     Weights: ``router`` (E, C); ``w1`` (E, C, H) gate and ``w3`` (E, C, H) up projections, ``w2`` (E, H, C) down
     projection, stacked over the experts so that one grouped multiply serves them all.
     """
+
+    matrix_params = ("w1", "w3", "w2")
+    """The stacked expert matrices: weight-decayed like linear weights (``olmo.optim.get_param_groups``)."""
 
     def __init__(
         self,
@@ -98,6 +143,9 @@ class MoEFeedForward(nn.Module):
         hidden_size: int,
         norm_topk_prob: bool = False,
         device: torch.device | str | None = None,
+        lb_weight: float = 0.0,
+        z_weight: float = 0.0,
+        lb_per_instance: bool = True,
     ):
         super().__init__()
         if not 1 <= top_k <= num_experts:
@@ -110,6 +158,16 @@ class MoEFeedForward(nn.Module):
         self.use_grouped_mm = True
         """False: always the loop over experts (to compare the two paths)."""
         self.routing: RouterOutput | None = None
+        self.lb_weight, self.z_weight = lb_weight, z_weight
+        """The auxiliary losses' weights in the training loss (a layer's share: divided by the number of layers)."""
+        self.lb_per_instance = lb_per_instance
+        """Balance each instance of a (B, T, C) input on its own (a mean over instances: the same whatever the
+        micro-batches and ranks), or else the whole input at once."""
+        self.aux_scale = 1.0
+        """The gradient of this layer's weighted auxiliary loss in the next backward: the micro-batch's share of the
+        step (set by the train module before each micro-batch)."""
+        self.stats: MoELayerStats | None = None
+        """The last training forward's measurements (None before one, or after :meth:`take_stats`)."""
         self.reset_parameters()
 
     @torch.no_grad()
@@ -122,15 +180,31 @@ class MoEFeedForward(nn.Module):
         flat = x.reshape(-1, shape[-1])  # (N, C)
         with torch.autocast(flat.device.type, enabled=False):  # the router in float32, also under autocast
             logits = F.linear(flat.float(), self.router.weight.float())  # (N, E)
-        self.routing = routing = route(logits, self.top_k, self.norm_topk_prob)
+        routing = route(logits, self.top_k, self.norm_topk_prob)
+        self.routing = RouterOutput(*(t.detach() for t in routing))  # detached: the module stays copyable
         assignments = routing.experts.flatten()  # (N * k,), token n's k experts at n*k .. n*k+k-1
         order = torch.argsort(assignments, stable=True)
         token_of = order // self.top_k
-        ends = torch.cumsum(torch.bincount(assignments, minlength=self.num_experts), dim=0).to(torch.int32)
+        counts = torch.bincount(assignments, minlength=self.num_experts)  # (E,)
+        ends = torch.cumsum(counts, dim=0).to(torch.int32)
         w1, w3, w2 = (w.to(flat.dtype) for w in (self.w1, self.w3, self.w2))  # autocast leaves 3-D weights alone
         grouped = self.use_grouped_mm and grouped_mm_runs(flat, w1) and grouped_mm_runs(flat, w2)
         rows = flat[token_of]  # (N * k, C), sorted by expert
         hidden = F.silu(_expert_matmul(rows, w1, ends, grouped)) * _expert_matmul(rows, w3, ends, grouped)
         out = _expert_matmul(hidden, w2, ends, grouped)  # (N * k, C)
         out = out * routing.weights.flatten()[order].unsqueeze(-1).to(out.dtype)
-        return torch.zeros_like(flat).index_add_(0, token_of, out).reshape(shape)
+        y = torch.zeros_like(flat).index_add_(0, token_of, out).reshape(shape)
+        if not (self.training and torch.is_grad_enabled()):
+            return y
+        groups = shape[0] if self.lb_per_instance and len(shape) == 3 else 1
+        lb = load_balancing_loss(routing, groups) / self.top_k
+        z = router_z_loss(routing)
+        self.stats = MoELayerStats(lb.detach(), z.detach(), counts.float())
+        if self.lb_weight == 0 and self.z_weight == 0:
+            return y
+        return _AttachAuxLoss.apply(y, self.lb_weight * lb + self.z_weight * z, self.aux_scale)
+
+    def take_stats(self) -> MoELayerStats | None:
+        """The last training forward's measurements, once (cleared, so a later eval cannot report stale ones)."""
+        stats, self.stats = self.stats, None
+        return stats

@@ -436,6 +436,17 @@ class OLMo(nn.Module):
             if include_embedding or not name.startswith(("transformer.wte.", "transformer.wpe."))
         )
 
+    def num_active_params(self, include_embedding: bool = True) -> int:
+        """Parameters that compute on each token: :meth:`num_params` with each mixture-of-experts layer's expert
+        weights counted ``top_k / num_experts`` times (OLMoE-1B-7B: 1.3B of 6.9B); equal to it for a dense model."""
+        total = self.num_params(include_embedding)
+        for block in self.transformer.typed_blocks():
+            moe = block.moe
+            if moe is not None:
+                experts = sum(getattr(moe, name).numel() for name in moe.matrix_params)
+                total -= experts - experts * moe.top_k // moe.num_experts
+        return total
+
     def num_flops_per_token(self, seq_len: int | None = None) -> int:
         """Training (forward + backward) FLOPs per token, the nanoGPT / OLMo-core MFU convention.
 
@@ -445,12 +456,14 @@ class OLMo(nn.Module):
         ``2 * T * d`` FLOPs per token forward, times 3 for forward + backward). A layer with a sliding window
         (``model.sliding_window``) counts ``min(window, T)`` keys instead of ``T``: with the same convention (the
         causal half is not subtracted) that is the work a windowed kernel does. This is not OLMo's
-        ``num_fwd_flops + num_bck_flops``, which counts embedding lookups in the backward pass.
+        ``num_fwd_flops + num_bck_flops``, which counts embedding lookups in the backward pass. In a mixture of
+        experts, ``N_matmul`` counts the active parameters (:meth:`num_active_params`): the router and ``top_k``
+        experts per token.
 
         :param seq_len: Context length; defaults to ``max_sequence_length``.
         """
         cfg = self.config
-        n_matmul = self.num_params(include_embedding=False)
+        n_matmul = self.num_active_params(include_embedding=False)
         if cfg.weight_tying:
             n_matmul += cfg.effective_embedding_size * cfg.d_model
         seq_len = cfg.max_sequence_length if seq_len is None else seq_len

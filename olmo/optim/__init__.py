@@ -62,7 +62,10 @@ Optimizer = torch.optim.Optimizer
 
 
 def _decay_rule(module: nn.Module, param_name: str) -> int:
-    """0 for biases, norm weights and the rest; 1 for a Linear weight; 2 for an Embedding weight."""
+    """0 for biases, norm weights and the rest; 1 for a Linear weight (or a module's stacked matrices, such as the
+    experts' ``w1``/``w2``/``w3``, which it names in ``matrix_params``); 2 for an Embedding weight."""
+    if param_name in getattr(module, "matrix_params", ()):
+        return 1
     if param_name != "weight":
         return 0
     return 2 if isinstance(module, nn.Embedding) else 1 if isinstance(module, nn.Linear) else 0
@@ -71,8 +74,9 @@ def _decay_rule(module: nn.Module, param_name: str) -> int:
 def get_param_groups(cfg: OptimizerConfig, model: nn.Module) -> list[dict[str, Any]]:
     """Split the trainable parameters of ``model`` into a decay and a no-decay group.
 
-    The ``weight`` of an ``nn.Linear`` decays; the ``weight`` of an ``nn.Embedding`` decays only if
-    ``cfg.decay_embeddings``; everything else (biases, norm weights, bare parameters) decays only if
+    The ``weight`` of an ``nn.Linear`` (and the experts' stacked matrices) decays; the ``weight`` of an
+    ``nn.Embedding`` decays only if ``cfg.decay_embeddings``; everything else (biases, norm weights, other bare
+    parameters) decays only if
     ``cfg.decay_norm_and_bias`` (or ``not cfg.no_decay_norm_and_bias`` when that deprecated flag is set).
     A parameter shared by several modules appears once, under the first name ``named_modules`` gives
     it; if one of its owners is an ``nn.Embedding`` (a tied output matrix), the embedding rule applies.

@@ -12,7 +12,8 @@ from ..distributed.collectives import DistEnv
 from ..exceptions import OLMoConfigurationError
 from ..model import OLMo
 from . import train_module as _train_module
-from .train_module import TrainModule, TransformerTrainModule, no_kl_penalty_error
+from .stages import no_kl_penalty_error
+from .train_module import TrainModule, TransformerTrainModule
 
 __all__ = ["build_train_module", "train_module_class", "resolve_train_module_class", "STAGED_TRAIN_MODULE"]
 

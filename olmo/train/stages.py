@@ -487,3 +487,10 @@ def find_boundary_checkpoint(cfg: TrainConfig, stage: Stage, restored: Optional[
     if restored is not None and not is_url(restored):
         candidates.append(Path(restored).parent / name)
     return next((c for c in candidates if c.is_dir()), None)
+
+
+def no_kl_penalty_error(module: str, stage_index: int) -> OLMoConfigurationError:
+    return OLMoConfigurationError(
+        f"train_module={module} does not train a KL penalty, but stages[{stage_index}].kl_beta > 0. Leave "
+        f"train_module unset (staged runs use olmo.train.kl.KLTrainModule), or give a subclass of olmo.train.kl.KLTrainModule."
+    )

@@ -36,8 +36,10 @@ from ..model.layers import output_head_loss
 from ..model.loss import LossSums, next_token_labels, per_token_cross_entropy
 from ..optim import BoltOnWarmupScheduler, build_scheduler, clip_grads, set_learning_rate
 from ..optim.skip_step import StepFactorMixin
+from .expert_load import ExpertLoadMeter
 from .metrics import ReduceType
 from .stability import SpikeDetector
+from .stages import no_kl_penalty_error
 
 if TYPE_CHECKING:
     from .stages import Stage
@@ -274,6 +276,7 @@ class TransformerTrainModule(TrainModule):
                 )
             self.spike_detector = SpikeDetector(cfg.stability.skip_spikes, env.device)
         self._global_ce: Optional[torch.Tensor] = None  # the step's mean loss over ranks, for the spike detector
+        self.expert_load = ExpertLoadMeter(model)  # model.moe: the auxiliary losses' shares, the routers' metrics
 
     @property
     def per_row(self) -> bool:
@@ -315,6 +318,7 @@ class TransformerTrainModule(TrainModule):
         if not dry_run:
             self.record_ce_loss(sums.ce, n_labels, sums.z)
             self.record_step_sums(sums, loss_scale / W)
+            self.expert_load.record(self.record_metric)
             if self._source_sums is not None and self.source_names is not None:
                 for name, pair in zip(self.source_names, self._source_sums.unbind()):
                     self.record_metric(f"train/{name}/CrossEntropyLoss", pair, ReduceType.ratio)
@@ -336,9 +340,7 @@ class TransformerTrainModule(TrainModule):
         micro-batches report one). With ``doc_lens`` in the batch (``data.generate_doc_lengths``) the model
         masks attention between the documents of an instance."""
         device = self.env.device
-        ce_sum = torch.zeros((), device=device)
-        z_sum = torch.zeros((), device=device)
-        total_sum = torch.zeros((), device=device)
+        ce_sum, z_sum, total_sum = (torch.zeros((), device=device) for _ in range(3))
         kl_sum: Optional[torch.Tensor] = None
         micro, n_rows = self.cfg.device_train_microbatch_size, batch["input_ids"].size(0)
         sources = batch.get("source_id") if self.source_names is not None else None  # (B,)
@@ -355,11 +357,14 @@ class TransformerTrainModule(TrainModule):
                     self.model.set_requires_all_reduce(start + micro >= n_rows)  # type: ignore[operator]
                 if "attention_mask" in batch:
                     documents["attention_mask"] = batch["attention_mask"][rows]
+                share = min(micro, n_rows - start) / n_rows
+                self.expert_load.start_micro_batch(share)
                 with torch.autocast(
                     device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
                 ):
                     loss = self.micro_batch_loss(batch["input_ids"][rows], labels[rows], documents)
                 (loss.total * loss_scale).backward()
+                self.expert_load.end_micro_batch(share)
                 ce_sum += loss.ce
                 total_sum += loss.total.detach()
                 if loss.z is not None:
@@ -491,10 +496,3 @@ class BasicTrainModule(TrainModule):
         with torch.no_grad():
             logits = self.model(batch["input_ids"].to(device)).logits
         return logits if labels is None else per_token_cross_entropy(logits, labels.to(device))
-
-
-def no_kl_penalty_error(module: str, stage_index: int) -> OLMoConfigurationError:
-    return OLMoConfigurationError(
-        f"train_module={module} does not train a KL penalty, but stages[{stage_index}].kl_beta > 0. Leave "
-        f"train_module unset (staged runs use olmo.train.kl.KLTrainModule), or give a subclass of olmo.train.kl.KLTrainModule."
-    )

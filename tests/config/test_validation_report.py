@@ -366,7 +366,7 @@ REPORTS_AT_LOAD = [
         {},
         ["--model.d_modle=64"],
         (
-            "Invalid config key 'model.d_modle' (from the command-line override '--model.d_modle=64'): Key 'd_modle' not in 'ModelConfig'. Did you mean: 'd_model'? Remove or rename that key (see olmo/config/train_config.py for every field and its meaning)."
+            "Invalid config key 'model.d_modle' (from the command-line override '--model.d_modle=64'): Key 'd_modle' not in 'ModelConfig'. Did you mean one of: 'd_model', 'moe'? Remove or rename that key (see olmo/config/train_config.py for every field and its meaning)."
         ),
         id="one_unknown_key",
     ),
