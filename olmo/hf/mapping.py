@@ -38,6 +38,16 @@ from ..config.model_sections import MAX_LAYERS
 from ..exceptions import OLMoConfigurationError, OLMoError
 from ..model import OLMo
 from .olmo3 import olmo3_config_kwargs, olmo3_export_problems, read_rope, read_windows, uses_olmo3
+from .olmoe import (
+    MOE_MODEL_TYPES,
+    experts_from_hf,
+    experts_to_hf,
+    hf_expert_names,
+    moe_config_from_hf,
+    moe_config_kwargs,
+    moe_export_problems,
+    moe_model_type,
+)
 
 __all__ = [
     "HF_MODEL_TYPES",
@@ -51,10 +61,15 @@ __all__ = [
     "from_hf_state",
 ]
 
-HF_MODEL_TYPES = {"olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM"}
+HF_MODEL_TYPES = {
+    "olmo": "OlmoForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "olmo3": "Olmo3ForCausalLM",
+    **MOE_MODEL_TYPES,
+}
 """The transformers ``model_type`` values we convert, and their model class."""
 
-_NORM_AFTER_TYPES = ("olmo2", "olmo3")
+_NORM_AFTER_TYPES = ("olmo2", "olmo3", "flex_olmo")
 """The model types with the OLMo-2 blocks (norm after, RMSNorm with weights, QK-norm)."""
 
 _OLMO1_NORM_EPS = 1e-5
@@ -83,7 +98,7 @@ def hf_config_class(model_type: str) -> Any:
 
 def _export_problems(cfg: ModelConfig) -> list[str]:
     """Every option of ``cfg`` that the transformers class for it cannot represent, each with its fix."""
-    out = olmo3_export_problems(cfg)
+    out = moe_export_problems(cfg) if cfg.is_moe else olmo3_export_problems(cfg)
     if not cfg.rope or cfg.alibi:
         out.append(
             f"model.rope={cfg.rope}, model.alibi={cfg.alibi}: transformers' OLMo models use rotary position "
@@ -104,10 +119,8 @@ def _export_problems(cfg: ModelConfig) -> list[str]:
     for name in ("embedding_layer_norm", "scale_logits"):
         if getattr(cfg, name):
             out.append(f"model.{name}=true has no counterpart in transformers' OLMo models; train with it false.")
-    if cfg.norm_after:
-        out += _olmo2_problems(cfg)
-    else:
-        out += _olmo1_problems(cfg)
+    if not cfg.is_moe:
+        out += _olmo2_problems(cfg) if cfg.norm_after else _olmo1_problems(cfg)
     return out
 
 
@@ -161,6 +174,8 @@ def hf_model_type(cfg: ModelConfig) -> str:
             f"This model cannot be converted to Hugging Face transformers exactly ({len(problems)} problem(s) in "
             f"its config.yaml); nothing was written:{listing}"
         )
+    if cfg.is_moe:
+        return moe_model_type(cfg)
     if uses_olmo3(cfg):
         return "olmo3"
     return "olmo2" if cfg.norm_after else "olmo"
@@ -192,6 +207,8 @@ def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
         kwargs["clip_qkv"] = cfg.clip_qkv
     else:
         kwargs["rms_norm_eps"] = cfg.layer_norm_eps
+    if model_type in MOE_MODEL_TYPES:
+        kwargs.update(moe_config_kwargs(cfg))
     if model_type == "olmo3":
         del kwargs["rope_theta"]  # in rope_parameters, one entry per layer type
         kwargs.update(olmo3_config_kwargs(cfg))
@@ -271,12 +288,13 @@ def model_config_from_hf(hf: Any, vocab_size: Optional[int] = None) -> ModelConf
             + " ".join(problems)
         )
     norm_after = hf.model_type in _NORM_AFTER_TYPES
+    moe = moe_config_from_hf(hf) if hf.model_type in MOE_MODEL_TYPES else {}
     hidden = 2 * hf.intermediate_size
     eos = hf.eos_token_id[0] if isinstance(hf.eos_token_id, (list, tuple)) else hf.eos_token_id
     pad = hf.pad_token_id if hf.pad_token_id is not None else eos
     embedding_size = hf.vocab_size
     kv_heads = hf.num_key_value_heads or hf.num_attention_heads
-    return ModelConfig(
+    fields: dict[str, Any] = dict(
         d_model=hf.hidden_size,
         n_heads=hf.num_attention_heads,
         n_kv_heads=None if kv_heads == hf.num_attention_heads else kv_heads,
@@ -307,6 +325,7 @@ def model_config_from_hf(hf: Any, vocab_size: Optional[int] = None) -> ModelConf
         pad_token_id=pad if pad is not None else embedding_size - 1,
         init_std=float(getattr(hf, "initializer_range", 0.02)),
     )
+    return ModelConfig(**{**fields, **moe})
 
 
 @dataclass(frozen=True)
@@ -323,6 +342,9 @@ def _param_map(cfg: ModelConfig) -> list[_Param]:
     for i in range(cfg.n_layers):
         ours, hf = f"transformer.blocks.{i}.", f"model.layers.{i}."
         attn = hf + "self_attn."
+        if cfg.is_moe:  # the experts themselves are olmo.hf.olmoe's
+            params += _moe_block_params(cfg, ours, hf)
+            continue
         if cfg.norm_after:
             params += [
                 _Param(ours + "k_norm.weight", (attn + "k_norm.weight",)),
@@ -341,11 +363,29 @@ def _param_map(cfg: ModelConfig) -> list[_Param]:
             _Param(ours + "att_proj.weight", tuple(attn + f"{p}_proj.weight" for p in "qkv")),
             _Param(ours + "ff_proj.weight", (hf + "mlp.up_proj.weight", hf + "mlp.gate_proj.weight")),
         ]
-    if cfg.norm_after:
+    if cfg.norm_after or cfg.is_moe:
         params.append(_Param("transformer.ln_f.weight", ("model.norm.weight",)))
     if not cfg.weight_tying:
         params.append(_Param("transformer.ff_out.weight", ("lm_head.weight",)))
     return params
+
+
+def _moe_block_params(cfg: ModelConfig, ours: str, hf: str) -> list[_Param]:
+    """A mixture-of-experts block's parameters but the experts: OLMoE's pre-norm names its norms after what they
+    precede, FlexOlmo's (OLMo-2's) after what they follow."""
+    attn = hf + "self_attn."
+    norms = ("input_layernorm", "post_attention_layernorm")
+    if cfg.norm_after:
+        norms = ("post_attention_layernorm", "post_feedforward_layernorm")
+    return [
+        _Param(ours + "k_norm.weight", (attn + "k_norm.weight",)),
+        _Param(ours + "q_norm.weight", (attn + "q_norm.weight",)),
+        _Param(ours + "attn_out.weight", (attn + "o_proj.weight",)),
+        _Param(ours + "attn_norm.weight", (hf + norms[0] + ".weight",)),
+        _Param(ours + "ff_norm.weight", (hf + norms[1] + ".weight",)),
+        _Param(ours + "att_proj.weight", tuple(attn + f"{p}_proj.weight" for p in "qkv")),
+        _Param(ours + "moe.router.weight", (hf + "mlp.gate.weight",)),
+    ]
 
 
 def _split_sizes(cfg: ModelConfig, param: _Param) -> list[int]:
@@ -365,6 +405,8 @@ def to_hf_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict[str
     """
     hf_model_type(cfg)
     expected = {p.ours for p in _param_map(cfg)}
+    if cfg.is_moe:
+        expected |= {f"transformer.blocks.{i}.moe.{m}" for i in range(cfg.n_layers) for m in ("w1", "w2", "w3")}
     assert set(state) == expected, f"state dict does not match the config: {sorted(set(state) ^ expected)}"
     out: dict[str, torch.Tensor] = {}
     for param in _param_map(cfg):
@@ -372,7 +414,7 @@ def to_hf_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict[str
         sizes = _split_sizes(cfg, param)
         parts = tensor.split(sizes, dim=0) if sizes else (tensor,)
         out.update(zip(param.hf, parts))
-    return out
+    return {**out, **experts_to_hf(state, cfg)} if cfg.is_moe else out
 
 
 def from_hf_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str) -> dict[str, torch.Tensor]:
@@ -382,7 +424,7 @@ def from_hf_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: s
     :raises OLMoConfigurationError: if ``state`` lacks a parameter or holds one our model has no place for.
     """
     params = _param_map(cfg)
-    wanted = {name for p in params for name in p.hf}
+    wanted = {name for p in params for name in p.hf} | (hf_expert_names(state, cfg) if cfg.is_moe else set())
     present = {k for k in state if not k.endswith(_IGNORED_HF_KEYS)}
     if cfg.weight_tying:
         present.discard("lm_head.weight")  # some writers save the tied copy too
@@ -417,4 +459,4 @@ def from_hf_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: s
                 f"config.json makes it {list(expected[param.ours])}: the weights and config.json come from different "
                 f"models, or a file is damaged. Nothing was written."
             )
-    return out
+    return {**out, **experts_from_hf(state, cfg, source)} if cfg.is_moe else out
