@@ -212,10 +212,12 @@ def train(
     barrier()  # nobody writes into save_folder before rank 0 has made it this run's
     train_loader = build_stage_dataloader(cfg, stages.stages[0], env.world_size, env.rank, dataset)
     model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
+    active = model.num_active_params()
     log.info(
-        "Model: %s parameters (%s without embeddings), %.2f GFLOPs/token.",
+        "Model: %s parameters (%s without embeddings%s), %.2f GFLOPs/token.",
         f"{model.num_params():,}",
         f"{model.num_params(include_embedding=False):,}",
+        f"; {active:,} active per token" if active != model.num_params() else "",
         model.num_flops_per_token() / 1e9,
     )
     optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)

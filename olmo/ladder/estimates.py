@@ -109,6 +109,10 @@ class ModelFacts:
 
     num_params: int
     num_non_embedding_params: int
+    num_active_params: int
+    """Parameters that compute on each token (:meth:`OLMo.num_active_params`): ``num_params`` for a dense model."""
+    expert_params: int
+    """Parameters of the mixture-of-experts layers' experts, all blocks (0 for a dense model)."""
     block_params: int
     """Parameters of one transformer block (every block has the same)."""
     flops_per_token: int
@@ -131,6 +135,10 @@ def model_facts(cfg: TrainConfig) -> ModelFacts:
     return ModelFacts(
         num_params=model.num_params(),
         num_non_embedding_params=model.num_params(include_embedding=False),
+        num_active_params=model.num_active_params(),
+        expert_params=sum(
+            p.numel() for n, p in model.named_parameters() if n.endswith((".moe.w1", ".moe.w2", ".moe.w3"))
+        ),
         block_params=sum(p.numel() for p in blocks[0].parameters()) if blocks else 0,
         flops_per_token=model.num_flops_per_token(cfg.model.max_sequence_length),
         checkpointed_blocks=checkpointed,
@@ -200,6 +208,13 @@ def _block_activation_bytes(cfg: TrainConfig, compute: int, residual: int) -> tu
     mlp = residual * d + 8 + compute * d
     # ff_proj's output (for SwiGLU kept alive by its two halves, views of it), then the activation's output (SwiGLU:
     # silu of the gate half, and its product with the other half), which ff_out saves: twice the hidden width.
+    if m.is_moe and m.moe is not None:
+        # Each token's k rows gathered for the experts, their gate and up outputs, silu(gate) and its product with up
+        # (w2's input), the expert outputs, and the router's float32 logits and probabilities.
+        k, h = m.moe.top_k, m.moe.expert_hidden_size(m)
+        mlp += compute * k * (2 * d + 4 * h) + 4 * 2 * m.moe.num_experts
+        shared = m.moe.shared_expert_hidden_size
+        hidden = 0 if shared is None else 2 * shared
     mlp += compute * 2 * hidden
     return attention, mlp
 

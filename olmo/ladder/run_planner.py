@@ -48,6 +48,7 @@ class RunPlan:
     run_name: Optional[str]
     num_params: int
     num_non_embedding_params: int
+    num_active_params: int
     d_model: int
     n_layers: int
     n_heads: int
@@ -153,11 +154,20 @@ def plan_run(
     )
     overhead = "10% allocator headroom and 1 GiB CUDA context" if device.is_gpu else "a 0.35 GB process baseline"
     notes.append(f"Memory: weights, gradients, optimizer state, one micro-batch's activations, {overhead}.")
+    if facts.expert_params:
+        shard = shard_degree(cfg, world_size)
+        state = 4 + 4 + (8 if cfg.optimizer.name == "adamw" else 4)
+        notes.append(
+            f"Experts: {facts.expert_params:,} parameters ({facts.expert_params / facts.num_params:.0%} of the model); "
+            f"their weights, gradients and optimizer state take {state * facts.expert_params / shard / 1e9:.2f} GB "
+            f"per rank, sharded by FSDP over {shard} rank(s)."
+        )
     gb = 1e9
     return RunPlan(
         run_name=cfg.run_name,
         num_params=facts.num_params,
         num_non_embedding_params=facts.num_non_embedding_params,
+        num_active_params=facts.num_active_params,
         d_model=m.d_model,
         n_layers=m.n_layers,
         n_heads=m.n_heads,
@@ -231,8 +241,9 @@ def format_plan(plan: RunPlan) -> str:
         ("run", p.run_name or "(unnamed)"),
         (
             "parameters",
-            f"{p.num_params:,} total, {p.num_non_embedding_params:,} non-embedding (d_model "
-            f"{p.d_model}, {p.n_layers} layers, {p.n_heads} heads)",
+            f"{p.num_params:,} total, {p.num_non_embedding_params:,} non-embedding"
+            + (f", {p.num_active_params:,} active per token" if p.num_active_params != p.num_params else "")
+            + f" (d_model {p.d_model}, {p.n_layers} layers, {p.n_heads} heads)",
         ),
         ("devices", f"{p.num_devices} x {p.device}; {p.distributed}"),
         (

@@ -81,3 +81,18 @@ def test_two_fsdp_ranks_train_a_moe_model_as_one_process(tmp_path, corpus):
     expected = torch.load(tmp_path / "one/run/step8-unsharded/model.pt", weights_only=True)
     for key, value in expected.items():
         torch.testing.assert_close(final[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_dry_run_reports_total_and_active_parameters_and_the_experts_memory(tmp_path, corpus, capsys):
+    from olmo.testing import run_main
+
+    config = _config(tmp_path, corpus)
+    assert run_main("train.py", config, "--dry_run") == 0
+    plan = capsys.readouterr().out
+    # 2 layers x 3 matrices x 4 experts x 32 x 16 expert parameters, of which each token uses 2 experts.
+    experts = 2 * 3 * 4 * 32 * 16
+    assert f"Experts: {experts:,} parameters" in plan, plan
+    assert "active per token" in plan
+    line = next(row for row in plan.splitlines() if "active per token" in row)
+    numbers = [int(w.replace(",", "")) for w in line.replace("(", " ").split() if w.replace(",", "").isdigit()]
+    assert numbers[0] - numbers[2] == experts // 2, line  # total - active = the unused half of the experts
