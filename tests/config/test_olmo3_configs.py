@@ -3,7 +3,6 @@ data exists (offline: no test here reaches olmo-data.org), and a shrunk copy of 
 CPU, each stage from the checkpoint of the one before, as the files' headers tell a user to."""
 
 import math
-import socket
 from pathlib import Path
 from typing import Union
 
@@ -33,19 +32,6 @@ PLANS = {
     "OLMo-3-32B-midtrain": (P32, "512 instances x 8192", "23,842 steps", f"0.0002071 peak, {MID}"),
     "OLMo-3-32B-long-context": (P32, "128 instances x 65536", "11,921 steps", f"0.0002071 peak, {LONG}"),
 }
-
-
-@pytest.fixture
-def offline(monkeypatch):
-    """No host name resolves but this machine's, as on a machine without network."""
-    resolve = socket.getaddrinfo
-
-    def local_only(host, *args, **kwargs):
-        if host in ("localhost", "127.0.0.1", "::1"):
-            return resolve(host, *args, **kwargs)
-        raise socket.gaierror(socket.EAI_NONAME, f"{host}: resolution refused in this test")
-
-    monkeypatch.setattr(socket, "getaddrinfo", local_only)
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))
