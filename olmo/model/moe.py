@@ -69,9 +69,17 @@ def load_balancing_loss(routing: RouterOutput, groups: int = 1) -> torch.Tensor:
     per_group = n_tokens // groups
     group_of = torch.arange(n_tokens, device=routing.experts.device).div(per_group, rounding_mode="floor")
     slots = (group_of.unsqueeze(-1) * n_experts + routing.experts).flatten()
-    counts = torch.bincount(slots, minlength=groups * n_experts).view(groups, n_experts).float()  # (G, E)
+    counts = _count(slots, groups * n_experts).view(groups, n_experts).float()  # (G, E)
     probs = routing.probs.view(groups, per_group, n_experts).mean(dim=1)  # (G, E)
     return n_experts * torch.sum(counts / per_group * probs, dim=-1).mean()
+
+
+def _count(indices: torch.Tensor, size: int) -> torch.Tensor:
+    """How often each of ``0 .. size-1`` occurs in ``indices``: ``bincount`` of a fixed length (which compiles to a
+    static shape; ``bincount`` itself is as long as the largest index)."""
+    return torch.zeros(size, dtype=torch.int64, device=indices.device).index_add_(
+        0, indices, torch.ones_like(indices)
+    )
 
 
 def router_z_loss(routing: RouterOutput) -> torch.Tensor:
@@ -93,6 +101,11 @@ def _expert_matmul(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor, gr
     """Rows of ``x`` sorted by expert, expert ``e`` owning rows ``ends[e-1]:ends[e]``, each times ``weight[e]``."""
     if grouped:
         return torch._grouped_mm(x, weight, offs=ends)
+    return _loop_matmul(x, weight, ends)
+
+
+@torch.compiler.disable  # the group sizes on the host: compiled code breaks its graph here
+def _loop_matmul(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     # The group sizes on the host: one synchronization per call on a GPU. split and unbind (not a slice per
     # expert) so that the backward pass assembles each gradient once instead of adding E full-size zero tensors.
     ends_list = ends.tolist()
@@ -185,10 +198,17 @@ class MoEFeedForward(nn.Module):
         assignments = routing.experts.flatten()  # (N * k,), token n's k experts at n*k .. n*k+k-1
         order = torch.argsort(assignments, stable=True)
         token_of = order // self.top_k
-        counts = torch.bincount(assignments, minlength=self.num_experts)  # (E,)
+        counts = _count(assignments, self.num_experts)  # (E,)
         ends = torch.cumsum(counts, dim=0).to(torch.int32)
-        w1, w3, w2 = (w.to(flat.dtype) for w in (self.w1, self.w3, self.w2))  # autocast leaves 3-D weights alone
-        grouped = self.use_grouped_mm and grouped_mm_runs(flat, w1) and grouped_mm_runs(flat, w2)
+        # The experts compute in the autocast dtype (autocast leaves 3-D weights and these ops alone, and the norm
+        # before this layer returns float32 under autocast), so that bf16 training reaches the bf16 grouped kernel.
+        device = flat.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else flat.dtype
+        flat = flat.to(dtype)
+        w1, w3, w2 = (w.to(dtype) for w in (self.w1, self.w3, self.w2))
+        # Compiled, the grouped kernel traces in bf16 only (its shape function refuses other dtypes).
+        traceable = dtype == torch.bfloat16 or not torch.compiler.is_compiling()
+        grouped = self.use_grouped_mm and traceable and grouped_mm_runs(flat, w1) and grouped_mm_runs(flat, w2)
         rows = flat[token_of]  # (N * k, C), sorted by expert
         hidden = F.silu(_expert_matmul(rows, w1, ends, grouped)) * _expert_matmul(rows, w3, ends, grouped)
         out = _expert_matmul(hidden, w2, ends, grouped)  # (N * k, C)
