@@ -16,7 +16,7 @@ and loading one never imports torch).
 
 from .attention_sections import RopeScalingConfig, SlidingWindowConfig
 from .base import BaseConfig
-from .moe_sections import MoEConfig
+from .moe_sections import ExpertParallelConfig, MoEConfig
 from .stability_sections import RollbackConfig, SkipSpikesConfig, StragglersConfig, WatchdogConfig
 from .train_config import (
     DEFAULT_MAX_DURATION,
@@ -91,6 +91,7 @@ __all__ = [
     "SlidingWindowConfig",
     "RopeScalingConfig",
     "MoEConfig",
+    "ExpertParallelConfig",
     "OptimizerConfig",
     "SchedulerConfig",
     "InstanceFilterConfig",

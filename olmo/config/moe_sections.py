@@ -15,7 +15,7 @@ from .base import BaseConfig
 if TYPE_CHECKING:
     from .model_sections import ModelConfig
 
-__all__ = ["MoEConfig", "MAX_EXPERTS", "LB_GRANULARITIES"]
+__all__ = ["MoEConfig", "ExpertParallelConfig", "MAX_EXPERTS", "LB_GRANULARITIES"]
 
 LB_GRANULARITIES = ("instance", "micro_batch")
 """The values of ``model.moe.lb_loss_granularity``."""
@@ -105,5 +105,46 @@ class MoEConfig(BaseConfig):
             out.append(
                 "model.moe with model.include_bias=true: the router and the experts have no biases (as in OLMoE and "
                 "FlexOlmo); set --model.include_bias=false."
+            )
+        return out
+
+
+@dataclass
+class ExpertParallelConfig(BaseConfig):
+    """Expert parallelism (top-level ``expert_parallel``, beside ``fsdp``): the experts of every ``model.moe`` layer
+    split over ``degree`` ranks, tokens sent to their experts' rank and back (``olmo.distributed.expert_parallel``);
+    FSDP shards everything else over all ranks as without it."""
+
+    degree: int = 1
+    """Ranks that share each layer's experts (1: none; every rank computes every expert on its own tokens). Must
+    divide the world size and ``model.moe.num_experts``."""
+
+    def problems(self, model: ModelConfig, strategy: str, sharding: str, world_size: int) -> list[str]:
+        """One sentence per reason ``degree`` cannot work for ``model`` on ``world_size`` ranks."""
+        d = self.degree
+        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+            return [f"expert_parallel.degree={d!r} must be a whole number >= 1 (1 = no expert parallelism)."]
+        if d == 1:
+            return []
+        out = []
+        if not model.is_moe or model.moe is None:
+            return [
+                f"expert_parallel.degree={d} needs model.moe (a mixture of experts); set it to 1 for a dense model."
+            ]
+        if model.moe.num_experts % d:
+            out.append(
+                f"expert_parallel.degree={d} must divide model.moe.num_experts={model.moe.num_experts} (each rank "
+                f"holds num_experts / degree experts)."
+            )
+        if world_size % d:
+            out.append(
+                f"expert_parallel.degree={d} must divide the number of processes launched ({world_size}); launch a "
+                f"multiple of {d} with torchrun --nproc_per_node, or change the degree."
+            )
+        if strategy != "fsdp" or sharding not in ("FULL_SHARD", "SHARD_GRAD_OP"):
+            out.append(
+                f"expert_parallel.degree={d} works with distributed_strategy=fsdp and fsdp.sharding_strategy "
+                f"FULL_SHARD or SHARD_GRAD_OP (got {strategy}, {sharding}); hybrid sharding and DDP with experts "
+                f"in parallel are not implemented."
             )
         return out

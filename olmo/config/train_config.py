@@ -37,6 +37,7 @@ from .data_sections import (
 from .eval_sections import EvaluatorConfig
 from .loading import load_reporting_all
 from .model_sections import ModelConfig
+from .moe_sections import ExpertParallelConfig
 from .optim_sections import OptimizerConfig, SchedulerConfig
 from .resolvers import register_resolvers
 from .sections import (
@@ -284,6 +285,8 @@ class TrainConfig(BaseConfig):
     """Settings for ``distributed_strategy: single`` (OLMo's one-device mode)."""
     fsdp: Optional[FSDPConfig] = field(default_factory=FSDPConfig)
     """FSDP2 sharding options (with more than one process)."""
+    expert_parallel: ExpertParallelConfig = field(default_factory=ExpertParallelConfig)
+    """Expert parallelism for ``model.moe``: ``{degree: N}`` splits each layer's experts over N ranks."""
     distributed_timeout_minutes: float = 30.0
     """How long a collective may wait for a peer before the job fails instead of hanging (a rank that
     dies is normally detected by torchrun within seconds; this bounds hangs it cannot see). Above 0 and at most

@@ -210,7 +210,11 @@ def _location_problems(cfg: TrainConfig) -> list[str]:
 
 
 def _strategy_problems(cfg: TrainConfig, world_size: int) -> list[str]:
-    """``distributed_strategy`` against the processes launched."""
+    """``distributed_strategy`` (and ``expert_parallel``) against the processes launched."""
+    sharding = str((cfg.fsdp.sharding_strategy if cfg.fsdp is not None else None) or "FULL_SHARD")
+    ep = cfg.expert_parallel.problems(cfg.model, str(cfg.distributed_strategy), sharding, world_size)
+    if ep:
+        return ep
     if cfg.distributed_strategy == "single" and world_size > 1:
         return [
             f"distributed_strategy=single trains on one device, but {world_size} processes were launched. Use "

@@ -30,6 +30,7 @@ from ..config import (
 from ..exceptions import OLMoConfigurationError
 from ..model import OLMo
 from .collectives import DistEnv
+from .expert_parallel import expert_mesh, shard_experts
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class ParallelizeOptions:
     """The autocast dtype's name on GPU (``TrainConfig.autocast_precision``; None: fp32)."""
     float32_matmul_precision: str
     """``float32_matmul_precision``, set for the process on GPU."""
+    expert_parallel_degree: int = 1
+    """``expert_parallel.degree``: ranks sharing each mixture-of-experts layer's experts."""
 
     @classmethod
     def from_train_config(cls, cfg: TrainConfig) -> ParallelizeOptions:
@@ -71,6 +74,7 @@ class ParallelizeOptions:
             compile=cfg.compile,
             autocast_precision=cfg.autocast_precision,
             float32_matmul_precision=cfg.float32_matmul_precision,
+            expert_parallel_degree=cfg.expert_parallel.degree,
         )
 
 
@@ -92,8 +96,12 @@ def build_model(cfg: ModelConfig, env: DistEnv, options: ParallelizeOptions, ini
         apply_activation_checkpointing(model, options.activation_checkpointing)
     if options.compile is not None:
         _compile_blocks(model, _moe_compile_options(cfg, options, env))
+    experts: set[torch.nn.Parameter] = set()
+    if options.expert_parallel_degree > 1:
+        mesh = expert_mesh(env.device.type, options.expert_parallel_degree, env.world_size)
+        experts = set(shard_experts(model, mesh))
     if env.world_size > 1:
-        _shard(model, options, env)
+        _shard(model, options, env, experts)
     model.to_empty(device=env.device)
     if init_params:
         model.reset_parameters()
@@ -174,7 +182,7 @@ def _mesh(cfg: ParallelizeOptions, env: DistEnv) -> DeviceMesh:
     )
 
 
-def _shard(model: OLMo, cfg: ParallelizeOptions, env: DistEnv) -> None:
+def _shard(model: OLMo, cfg: ParallelizeOptions, env: DistEnv, experts: set[torch.nn.Parameter]) -> None:
     """Apply FSDP2 per the OLMo options.
 
     * ``fsdp.sharding_strategy``: FULL_SHARD and HYBRID_SHARD reshard parameters after the forward pass;
@@ -187,6 +195,7 @@ def _shard(model: OLMo, cfg: ParallelizeOptions, env: DistEnv) -> None:
       ``i % N == 0``, the rest joining the root unit.
     * ``fsdp.precision`` on GPU: ``pure`` computes and reduces in the autocast dtype, ``mixed`` reduces
       gradients in fp32. Parameters are always kept in fp32 for the optimizer.
+    * ``experts``: expert-parallel weights, which FSDP leaves to their own mesh.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -201,6 +210,8 @@ def _shard(model: OLMo, cfg: ParallelizeOptions, env: DistEnv) -> None:
     wrap = str(fsdp.wrapping_strategy or "by_block")
     every = {"one_in_two": 2, "one_in_three": 3, "one_in_four": 4, "one_in_five": 5}.get(wrap, 1)
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard, "mp_policy": policy}
+    if experts:  # expert-parallel weights are sharded over their own mesh (olmo.distributed.expert_parallel)
+        kwargs["ignored_params"] = experts
     for block in model.transformer.typed_blocks():
         if block.layer_id % every == 0:
             fully_shard(block, **kwargs)

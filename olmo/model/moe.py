@@ -23,7 +23,7 @@ Built into every block by ``model.moe`` (:class:`~olmo.config.MoEConfig`).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -97,6 +97,15 @@ def grouped_mm_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (x.shape[-1] * x.element_size()) % 16 == 0 and (weight.shape[-1] * weight.element_size()) % 16 == 0
 
 
+def _experts(
+    rows: torch.Tensor, weights: tuple[torch.Tensor, ...], ends: torch.Tensor, grouped: bool
+) -> torch.Tensor:
+    """The SwiGLU experts ``(w1, w3, w2)`` on rows sorted by expert (expert ``e`` owning ``ends[e-1]:ends[e]``)."""
+    w1, w3, w2 = weights
+    hidden = F.silu(_expert_matmul(rows, w1, ends, grouped)) * _expert_matmul(rows, w3, ends, grouped)
+    return _expert_matmul(hidden, w2, ends, grouped)
+
+
 def _expert_matmul(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor, grouped: bool) -> torch.Tensor:
     """Rows of ``x`` sorted by expert, expert ``e`` owning rows ``ends[e-1]:ends[e]``, each times ``weight[e]``."""
     if grouped:
@@ -111,6 +120,22 @@ def _loop_matmul(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> t
     ends_list = ends.tolist()
     sizes = [end - start for start, end in zip([0, *ends_list[:-1]], ends_list)]
     return torch.cat([rows @ w for rows, w in zip(x.split(sizes), weight.unbind(0))])
+
+
+class ExpertParallelGroup(Protocol):
+    """What the layer uses of expert parallelism (``olmo.distributed.expert_parallel.ExpertGroup``)."""
+
+    @property
+    def degree(self) -> int: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    def gather(self, weight: torch.Tensor) -> torch.Tensor: ...
+
+    def exchange(self, rows: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor: ...
+
+    def exchange_counts(self, counts: torch.Tensor) -> torch.Tensor: ...
 
 
 class MoELayerStats(NamedTuple):
@@ -179,6 +204,9 @@ class MoEFeedForward(nn.Module):
         self.aux_scale = 1.0
         """The gradient of this layer's weighted auxiliary loss in the next backward: the micro-batch's share of the
         step (set by the train module before each micro-batch)."""
+        self.expert_group: ExpertParallelGroup | None = None
+        """Set by expert parallelism (``expert_parallel.degree`` > 1): this rank computes only its share of the
+        experts, for the tokens of every rank of its group."""
         self.stats: MoELayerStats | None = None
         """The last training forward's measurements (None before one, or after :meth:`take_stats`)."""
         self.reset_parameters()
@@ -205,13 +233,12 @@ class MoEFeedForward(nn.Module):
         device = flat.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else flat.dtype
         flat = flat.to(dtype)
-        w1, w3, w2 = (w.to(dtype) for w in (self.w1, self.w3, self.w2))
-        # Compiled, the grouped kernel traces in bf16 only (its shape function refuses other dtypes).
-        traceable = dtype == torch.bfloat16 or not torch.compiler.is_compiling()
-        grouped = self.use_grouped_mm and traceable and grouped_mm_runs(flat, w1) and grouped_mm_runs(flat, w2)
         rows = flat[token_of]  # (N * k, C), sorted by expert
-        hidden = F.silu(_expert_matmul(rows, w1, ends, grouped)) * _expert_matmul(rows, w3, ends, grouped)
-        out = _expert_matmul(hidden, w2, ends, grouped)  # (N * k, C)
+        if self.expert_group is None:
+            weights = tuple(w.to(dtype) for w in (self.w1, self.w3, self.w2))
+            out = _experts(rows, weights, ends, self._grouped(rows, weights))  # (N * k, C)
+        else:
+            out = self._experts_in_parallel(rows, counts, dtype)
         out = out * routing.weights.flatten()[order].unsqueeze(-1).to(out.dtype)
         y = torch.zeros_like(flat).index_add_(0, token_of, out).reshape(shape)
         if not (self.training and torch.is_grad_enabled()):
@@ -223,6 +250,39 @@ class MoEFeedForward(nn.Module):
         if self.lb_weight == 0 and self.z_weight == 0:
             return y
         return _AttachAuxLoss.apply(y, self.lb_weight * lb + self.z_weight * z, self.aux_scale)
+
+    def _grouped(self, rows: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> bool:
+        """Whether the experts run as one grouped multiply here (else as the loop). Compiled, the grouped kernel
+        traces in bf16 only (its shape function refuses other dtypes)."""
+        traceable = rows.dtype == torch.bfloat16 or not torch.compiler.is_compiling()
+        return (
+            self.use_grouped_mm
+            and traceable
+            and grouped_mm_runs(rows, weights[0])
+            and grouped_mm_runs(rows, weights[2])
+        )
+
+    @torch.compiler.disable  # host-side sizes and collectives: left to eager mode inside a compiled block
+    def _experts_in_parallel(self, rows: torch.Tensor, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The experts' outputs for ``rows`` (sorted by expert; ``counts`` per expert), computed on the EP ranks that
+        hold them: rows out by expert owner, this rank's experts over everyone's rows, and the results back."""
+        group = self.expert_group
+        assert group is not None
+        local = self.num_experts // group.degree
+        incoming = group.exchange_counts(counts)  # (degree, local): rows each rank sends for each of my experts
+        send = counts.view(group.degree, local).sum(dim=1)
+        sizes = torch.cat([send, incoming.sum(dim=1)]).tolist()  # one host sync for both
+        send_list, recv_list = sizes[: group.degree], sizes[group.degree :]
+        received = group.exchange(rows, send_list, recv_list)  # grouped by source rank, then by my expert
+        expert_of = (
+            torch.arange(local, device=rows.device).repeat(group.degree).repeat_interleave(incoming.flatten())
+        )
+        order = torch.argsort(expert_of, stable=True)  # by my expert, then by source rank
+        weights = tuple(group.gather(w).to(dtype) for w in (self.w1, self.w3, self.w2))
+        ends = torch.cumsum(incoming.sum(dim=0), dim=0).to(torch.int32)
+        computed = _experts(received[order], weights, ends, self._grouped(received, weights))
+        back = torch.empty_like(computed).index_copy_(0, order, computed)  # source rank order again
+        return group.exchange(back, recv_list, send_list)
 
     def take_stats(self) -> MoELayerStats | None:
         """The last training forward's measurements, once (cleared, so a later eval cannot report stale ones)."""

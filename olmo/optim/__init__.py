@@ -213,6 +213,25 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
+def _grad_norms(params: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Each parameter's gradient L2 norm, (P,) fp32 on ``device``: one collective per device mesh (FSDP's; the
+    experts' own mesh with expert parallelism), whose shards' partial norms combine element-wise."""
+    groups = _by_mesh(params)
+    if len(groups) == 1:
+        return _stacked_norms(params, device)
+    position = {id(p): i for i, p in enumerate(params)}
+    out: list[torch.Tensor] = [torch.empty(())] * len(params)
+    for same_mesh in groups.values():
+        for p, norm in zip(same_mesh, _stacked_norms(same_mesh, device).unbind()):
+            out[position[id(p)]] = norm
+    return torch.stack(out)
+
+
+def _stacked_norms(params: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    norms = torch.stack([torch.linalg.vector_norm(p.grad, 2.0, dtype=torch.float32).to(device) for p in params])  # type: ignore[arg-type]
+    return norms.full_tensor() if isinstance(norms, DTensor) else norms
+
+
 def clip_grads(
     optimizer: torch.optim.Optimizer,
     max_grad_norm: float | None,
@@ -238,10 +257,7 @@ def clip_grads(
         return torch.zeros((), dtype=torch.float32, device=optimizer.param_groups[0]["params"][0].device)
     params = [p for p, _ in with_grad]
     device = params[0].grad.device
-    norms = torch.stack([torch.linalg.vector_norm(p.grad, 2.0, dtype=torch.float32).to(device) for p in params])
-    if isinstance(norms, DTensor):
-        # One collective for all parameters: the shards' partial norms combine element-wise.
-        norms = norms.full_tensor()
+    norms = _grad_norms(params, device)
     total_norm = torch.linalg.vector_norm(norms, 2.0)
 
     if max_grad_norm_ratio is not None:
@@ -257,5 +273,14 @@ def clip_grads(
             p.grad.mul_(coef.to(p.grad.device, p.grad.dtype))
             exp_avg.lerp_(norm * coef, 1.0 - max(group.get("betas", (0.95,))))
     elif max_grad_norm is not None:
-        torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, total_norm)
+        for same_mesh in _by_mesh(params).values():  # torch's foreach kernels take one mesh at a time
+            torch.nn.utils.clip_grads_with_norm_(same_mesh, max_grad_norm, total_norm)
     return total_norm
+
+
+def _by_mesh(params: list[torch.Tensor]) -> dict[Any, list[torch.Tensor]]:
+    """``params`` grouped by their gradients' device mesh (None for plain tensors), in order."""
+    out: dict[Any, list[torch.Tensor]] = {}
+    for p in params:
+        out.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+    return out

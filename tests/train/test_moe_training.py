@@ -98,13 +98,17 @@ def test_dry_run_reports_total_and_active_parameters_and_the_experts_memory(tmp_
     assert numbers[0] - numbers[2] == experts // 2, line  # total - active = the unused half of the experts
 
 
-def test_compiled_moe_blocks_train_like_eager_ones_and_fullgraph_is_refused_with_a_warning(tmp_path, corpus, caplog):
+def test_compiled_moe_blocks_train_like_eager_ones_and_fullgraph_is_refused_with_a_warning(
+    tmp_path, corpus, caplog
+):
     """On a CPU the experts compute in fp32, where the grouped kernel does not trace: they run in eager mode inside
     the compiled block, so ``fullgraph`` is dropped with a warning instead of failing at the first step."""
     losses = {}
     for name, compile_cfg in (("eager", None), ("compiled", {"fullgraph": True})):
         record: list = []
-        config = _config(tmp_path / name, corpus, max_duration=3, save_interval_unsharded=None, compile=compile_cfg)
+        config = _config(
+            tmp_path / name, corpus, max_duration=3, save_interval_unsharded=None, compile=compile_cfg
+        )
         assert run_train(config, record=record) == 0
         losses[name] = [(r["train/CrossEntropyLoss"], r["train/load_balancing_loss"]) for r in record]
     np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-5)
