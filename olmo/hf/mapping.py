@@ -119,7 +119,9 @@ def _export_problems(cfg: ModelConfig) -> list[str]:
     for name in ("embedding_layer_norm", "scale_logits"):
         if getattr(cfg, name):
             out.append(f"model.{name}=true has no counterpart in transformers' OLMo models; train with it false.")
-    if not cfg.is_moe:
+    if cfg.is_moe:
+        out += rms_qk_norm_problems(cfg, MOE_MODEL_TYPES[moe_model_type(cfg)])
+    else:
         out += _olmo2_problems(cfg) if cfg.norm_after else _olmo1_problems(cfg)
     return out
 
@@ -143,20 +145,27 @@ def _olmo1_problems(cfg: ModelConfig) -> list[str]:
 
 
 def _olmo2_problems(cfg: ModelConfig) -> list[str]:
-    out = []
     olmo2 = "Olmo2ForCausalLM / Olmo3ForCausalLM (the transformers classes with model.norm_after=true)"
+    out = rms_qk_norm_problems(cfg, olmo2)
+    if cfg.clip_qkv is not None:
+        out.append(f"model.clip_qkv={cfg.clip_qkv}: {olmo2} has no clip_qkv; set --model.clip_qkv=null.")
+    return out
+
+
+def rms_qk_norm_problems(cfg: ModelConfig, name: str) -> list[str]:
+    """The norms of ``cfg`` unless they are RMSNorm with weights and QK-norm with weights, which the transformers
+    class ``name`` always has."""
+    out = []
     if cfg.layer_norm_type != LayerNormType.rms or not cfg.layer_norm_with_affine:
         out.append(
             f"model.layer_norm_type={cfg.layer_norm_type}, model.layer_norm_with_affine={cfg.layer_norm_with_affine}: "
-            f"{olmo2} uses RMSNorm with weights; set --model.layer_norm_type=rms --model.layer_norm_with_affine=true."
+            f"{name} uses RMSNorm with weights; set --model.layer_norm_type=rms --model.layer_norm_with_affine=true."
         )
     if not cfg.attention_layer_norm or not cfg.attention_layer_norm_with_affine:
         out.append(
             f"model.attention_layer_norm={cfg.attention_layer_norm}, model.attention_layer_norm_with_affine="
-            f"{cfg.attention_layer_norm_with_affine}: {olmo2} always has QK-norm with weights; set both to true."
+            f"{cfg.attention_layer_norm_with_affine}: {name} always has QK-norm with weights; set both to true."
         )
-    if cfg.clip_qkv is not None:
-        out.append(f"model.clip_qkv={cfg.clip_qkv}: {olmo2} has no clip_qkv; set --model.clip_qkv=null.")
     return out
 
 

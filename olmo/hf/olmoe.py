@@ -57,7 +57,7 @@ def moe_model_type(cfg: ModelConfig) -> str:
 
 def moe_export_problems(cfg: ModelConfig) -> list[str]:
     """The options of a mixture-of-experts ``cfg`` that neither transformers class can hold, with their fixes
-    (the ones every OLMo export shares are :mod:`olmo.hf.mapping`'s)."""
+    (the ones every OLMo export shares, and the norms, are :mod:`olmo.hf.mapping`'s)."""
     assert cfg.moe is not None
     out = []
     name = MOE_MODEL_TYPES[moe_model_type(cfg)]
@@ -69,16 +69,6 @@ def moe_export_problems(cfg: ModelConfig) -> list[str]:
     for option in ("sliding_window", "rope_scaling"):
         if getattr(cfg, option) is not None:
             out.append(f"model.{option} with model.moe: {name} has no {option}; set --model.{option}=null.")
-    if cfg.layer_norm_type != LayerNormType.rms or not cfg.layer_norm_with_affine:
-        out.append(
-            f"model.layer_norm_type={cfg.layer_norm_type}, model.layer_norm_with_affine={cfg.layer_norm_with_affine}: "
-            f"{name} uses RMSNorm with weights; set --model.layer_norm_type=rms --model.layer_norm_with_affine=true."
-        )
-    if not cfg.attention_layer_norm or not cfg.attention_layer_norm_with_affine:
-        out.append(
-            f"model.attention_layer_norm={cfg.attention_layer_norm}, model.attention_layer_norm_with_affine="
-            f"{cfg.attention_layer_norm_with_affine}: {name} always has QK-norm with weights; set both to true."
-        )
     if cfg.clip_qkv is not None:
         out.append(f"model.clip_qkv={cfg.clip_qkv}: {name} {_CLIP[cfg.norm_after]}; set --model.clip_qkv=null.")
     return out

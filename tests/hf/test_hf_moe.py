@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from test_hf import _assert_nothing_written, _ours
+from test_hf_olmo3 import _assert_same_greedy_tokens, _assert_same_logits
 
 from olmo.checkpoint.save import write_unsharded_checkpoint
 from olmo.config import TrainConfig
@@ -63,29 +64,6 @@ def _hf_model(model_type: str, **options):
     return model.eval()
 
 
-def _assert_same_logits(ours: OLMo, hf, seq_len: int = 24) -> None:
-    ids = torch.randint(0, BYTE_VOCAB, (2, seq_len), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ours_logits, hf_logits = ours(ids).logits, hf(ids).logits
-    assert ours_logits.shape == hf_logits.shape == (2, seq_len, EMBEDDING)
-    assert (ours_logits - hf_logits).abs().max() <= 1e-5
-
-
-def _assert_same_greedy_tokens(ours: OLMo, hf, prompt_len: int = 6, n: int = 20) -> None:
-    prompt = torch.randint(0, BYTE_VOCAB, (2, prompt_len), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        expected = hf.generate(
-            prompt,
-            attention_mask=torch.ones_like(prompt),
-            do_sample=False,
-            use_cache=True,
-            max_new_tokens=n,
-            min_new_tokens=n,
-        )[:, prompt_len:]
-        generated = ours.generate(prompt, max_steps=n, min_steps=n).token_ids[:, 0]
-    assert torch.equal(generated, expected), (generated, expected)
-
-
 VARIANTS = {
     "olmoe": ("olmoe", {}),
     "olmoe-gqa-normtopk": ("olmoe", dict(num_key_value_heads=2, norm_topk_prob=True)),
@@ -112,8 +90,8 @@ def test_transformers_moe_to_ours_and_back_is_exact(variant, tmp_path):
     assert model_cfg.norm_after == (model_type == "flex_olmo")
     assert model_cfg.moe.norm_topk_prob == options.get("norm_topk_prob", False)
     ours = _ours(tmp_path / "ours")
-    _assert_same_logits(ours, hf)
-    _assert_same_greedy_tokens(ours, hf)
+    _assert_same_logits(ours, hf, seq_len=24)
+    _assert_same_greedy_tokens(ours, hf, prompt_len=6, n=20)
 
     assert run_main("convert_to_hf.py", tmp_path / "ours", tmp_path / "back") == 0
     assert json.loads((tmp_path / "back/config.json").read_text())["model_type"] == model_type
@@ -178,7 +156,7 @@ def test_a_trained_moe_model_exports_with_equal_logits_and_tokens(tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True).eval()
     ours = _ours(tmp_path / "run/step4-unsharded")
     _assert_same_logits(ours, hf, seq_len=32)
-    _assert_same_greedy_tokens(ours, hf, n=20)
+    _assert_same_greedy_tokens(ours, hf, prompt_len=6, n=20)
 
 
 @pytest.mark.parametrize(
