@@ -35,6 +35,9 @@ GPUS_PER_NODE = 8
 """Devices per node assumed for hybrid sharding when ``fsdp.hybrid_sharding_num_model_replicas`` is not set."""
 CUDA_CONTEXT_BYTES = 1 << 30
 """Device memory the CUDA context and NCCL take outside PyTorch's allocator (not in ``max_memory_allocated``)."""
+COMPILED_ACTIVATIONS = 0.835
+"""What compiled blocks save for the backward pass, as a share of what eager blocks save (H200, bf16: OLMo-300M 0.86,
+OLMo-1B 0.81; RESEARCH_LOG 2026-11-26's table against this estimate)."""
 FRAGMENTATION = 0.10
 """Allocator headroom on a GPU: a plan fits when its estimate plus 10% plus the CUDA context fits the device."""
 CPU_BASELINE_BYTES = 350 << 20
@@ -244,6 +247,8 @@ def estimate_memory(
     residual = compute if mixed else 4  # FSDP's bf16 parameters make the embedding output bf16
     P = facts.num_params
     params, grads = 4 * P / shard, 4 * P / shard
+    if device.is_gpu and cfg.grad_accum_steps(world_size) == 1:
+        grads = 0.0  # the peak is the first backward's start: no gradient exists yet (zero_grad frees them)
     optimizer = (8 if cfg.optimizer.name == "adamw" else 4) * P / shard
 
     gathered = 0.0
@@ -267,6 +272,9 @@ def estimate_memory(
     else:
         kept, recompute = residual * m.d_model, full_block  # a checkpointed block saves only its input
     checkpointed = facts.checkpointed_blocks
+    if device.is_gpu and cfg.compile is not None:
+        # Compiled blocks fuse the elementwise work (norms, RoPE, SwiGLU), whose intermediates eager mode saves.
+        full_block *= COMPILED_ACTIVATIONS
     activations = tokens * ((m.n_layers - checkpointed) * full_block + checkpointed * kept)
     activations += tokens * m.d_model * (residual + compute)  # ln_f's input and the output layer's
 
@@ -278,7 +286,8 @@ def estimate_memory(
         kept_by_loss = 4 * tokens * m.d_model + 4 * vocab * m.d_model
         loss = 3 * 4 * chunk * vocab + kept_by_loss
     else:
-        # The logits (in the compute dtype), then cross entropy's fp32 log-probabilities and their gradient.
+        # The logits (in the compute dtype), then cross entropy's fp32 log-probabilities and their gradient (the
+        # same compiled: measured on the H200).
         loss = tokens * vocab * (compute + 2 * 4)
     recompute = tokens * recompute + kept_by_loss if checkpointed else 0.0
 

@@ -70,7 +70,10 @@ def test_memory_estimate_follows_sharding_checkpointing_and_the_fused_loss(corpu
     full = _memory(corpus)
     single, no_shard = _memory(corpus, world_size=1), _memory(corpus, **{"fsdp.sharding_strategy": "NO_SHARD"})
     assert full.params * 8 == pytest.approx(no_shard.params) and no_shard.params == single.params
-    assert full.optimizer == 2 * full.params == 2 * full.grads  # AdamW: two fp32 moments
+    assert full.optimizer == 2 * full.params  # AdamW: two fp32 moments
+    # The peak is the first backward's start: gradients exist then only if earlier micro-batches made them.
+    accumulating = _memory(corpus, global_train_batch_size=16, device_train_microbatch_size=1)
+    assert full.grads == 0 and accumulating.grads == full.params
     assert _memory(corpus, **{"optimizer.name": "lionw"}).optimizer == full.params
     assert _memory(corpus, **{"distributed_strategy": "ddp"}).params == no_shard.params
     grad_op = _memory(corpus, **{"fsdp.sharding_strategy": "SHARD_GRAD_OP"})
