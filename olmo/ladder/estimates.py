@@ -257,8 +257,11 @@ def estimate_memory(
         root = P - m.n_layers * facts.block_params
         keep_all = cfg.fsdp is not None and cfg.fsdp.sharding_strategy in GATHERED_STRATEGIES
         blocks = m.n_layers if keep_all else min(2, m.n_layers)
+        block = float(facts.block_params)
+        if cfg.expert_parallel.degree > 1:  # each rank gathers only its own share of the experts
+            block -= facts.expert_params / m.n_layers * (1 - 1 / cfg.expert_parallel.degree)
         # The unsharded gradient of the block being reduced, in the reduce dtype (fp32 unless pure bf16).
-        gathered = unit * (root + blocks * facts.block_params) + 4 * facts.block_params
+        gathered = unit * (root + blocks * block) + 4 * block
     elif autocast:
         gathered = compute * P  # autocast caches a low-precision copy of every weight during the forward pass
 

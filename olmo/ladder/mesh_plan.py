@@ -1,0 +1,196 @@
+"""``scripts/plan.py``: a config's memory and speed on a cluster before renting it, for the configured mesh and the
+other meshes its world size allows.
+
+    python scripts/plan.py CONFIG [--key=value ...] --world_size N --device h100|h200|a100|cpu [--json]
+
+For each mesh: the degrees (data-parallel ``replicate`` x ``shard``, ``expert_parallel`` for a mixture of experts;
+``tensor_parallel`` and ``context_parallel`` are 1 until they exist), the micro-batch, the memory of one rank by part
+(:func:`olmo.ladder.estimates.estimate_memory`: within 1.3 % of every peak measured on an H200, see docs/ladder.md),
+whether it fits the device with 10 % allocator headroom and the CUDA context, and the step time and MFU at the
+assumed MFU of the device's dense peak (``--mfu``, default 0.45: OLMo-1B measured 0.54-0.56 on an H200, OLMo-300M
+0.50). A mesh that does not fit names the largest micro-batch that would; when none does, the plan says which mesh
+fits. ``--json``: a list of meshes, each with ``degrees``, ``micro_batch``, ``memory`` (bytes by part, with
+``total``), ``fits``, ``step_seconds`` and ``mfu``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from ..config import ShardingStrategy, TrainConfig
+from ..exceptions import OLMoConfigurationError
+from .estimates import (
+    FRAGMENTATION,
+    GPUS_PER_NODE,
+    DeviceSpec,
+    estimate_memory,
+    model_facts,
+    resolve_device,
+    shard_degree,
+)
+
+__all__ = ["MeshPlan", "plan_meshes", "main"]
+
+DEVICES = {"h100": "H100", "h200": "H200", "a100": "A100", "cpu": "cpu"}
+DEFAULT_MFU = 0.45
+
+
+@dataclass
+class MeshPlan:
+    """One mesh of a plan."""
+
+    name: str
+    degrees: dict[str, int]
+    micro_batch: int
+    memory: dict[str, float]
+    fits: bool
+    step_seconds: Optional[float]
+    mfu: float
+    configured: bool
+    largest_micro_batch: Optional[int]
+    """The largest micro-batch (a power of two up to the configured one) that fits, when the configured one does not."""
+
+
+def _meshes(cfg: TrainConfig, world_size: int) -> list[tuple[str, TrainConfig]]:
+    """The configured layout first, then the other FSDP layouts (and expert-parallel degrees) this world allows."""
+    out = [("configured", cfg)]
+    if world_size == 1:
+        return out  # one rank: nothing to shard
+    layouts: list[tuple[str, ShardingStrategy, Optional[int]]] = [
+        ("FULL_SHARD", ShardingStrategy.FULL_SHARD, None),
+        ("SHARD_GRAD_OP", ShardingStrategy.SHARD_GRAD_OP, None),
+    ]
+    if world_size > GPUS_PER_NODE and world_size % GPUS_PER_NODE == 0:
+        layouts.append(("HYBRID_SHARD", ShardingStrategy.HYBRID_SHARD, world_size // GPUS_PER_NODE))
+    layouts.append(("NO_SHARD", ShardingStrategy.NO_SHARD, None))
+    degrees = [1]
+    moe = cfg.model.moe
+    if cfg.model.is_moe and moe is not None:
+        degrees += [
+            d
+            for d in (2, 4, 8, 16, 32, 64)
+            if d <= world_size and world_size % d == 0 and moe.num_experts % d == 0
+        ]
+    for label, strategy, replicas in layouts:
+        for degree in degrees:
+            if degree > 1 and strategy not in (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP):
+                continue
+            other = copy.deepcopy(cfg)
+            assert other.fsdp is not None
+            other.fsdp.sharding_strategy = strategy
+            other.fsdp.hybrid_sharding_num_model_replicas = replicas
+            other.expert_parallel.degree = degree
+            out.append((label + (f" + EP {degree}" if degree > 1 else ""), other))
+    return out
+
+
+def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: float = DEFAULT_MFU) -> list[MeshPlan]:
+    """Every mesh of :func:`_meshes` for ``cfg`` on ``world_size`` ranks of ``device``."""
+    facts = model_facts(cfg)
+    plans = []
+    for name, mesh_cfg in _meshes(cfg, world_size):
+        micro = mesh_cfg.device_train_microbatch_size
+        estimate = estimate_memory(mesh_cfg, facts, world_size, device, micro)
+        memory = {k: float(v) for k, v in asdict(estimate).items()}
+        memory["total"] = float(estimate.total)
+        fits = estimate.total <= device.memory_bytes
+        largest = None
+        if not fits:
+            candidate = micro // 2
+            while candidate >= 1 and largest is None:
+                if estimate_memory(mesh_cfg, facts, world_size, device, candidate).total <= device.memory_bytes:
+                    largest = candidate
+                candidate //= 2
+        tokens = mesh_cfg.global_train_batch_size * mesh_cfg.model.max_sequence_length / world_size
+        rate = (device.peak_flops or 0.0) * mfu
+        step = facts.flops_per_token * tokens / rate if rate else None
+        fsdp = mesh_cfg.fsdp
+        strategy = fsdp.sharding_strategy if fsdp is not None else ShardingStrategy.FULL_SHARD
+        shard = shard_degree(mesh_cfg, world_size) if strategy != ShardingStrategy.NO_SHARD else 1
+        degrees = {
+            "replicate": world_size // shard,
+            "shard": shard,
+            "expert_parallel": mesh_cfg.expert_parallel.degree,
+            "tensor_parallel": 1,
+            "context_parallel": 1,
+        }
+        plans.append(MeshPlan(name, degrees, micro, memory, fits, step, mfu, name == "configured", largest))
+    return plans
+
+
+def format_plans(plans: list[MeshPlan], device: DeviceSpec, world_size: int) -> str:
+    gb = 1e9
+    lines = [
+        f"{world_size} x {device.name} ({device.memory_bytes / gb:.0f} GB each, peak "
+        f"{(device.peak_flops or 0) / 1e12:.0f} TFLOP/s); memory per rank with {FRAGMENTATION:.0%} allocator headroom:",
+        f"{'mesh':28s} {'repl x shard':>12s} {'EP':>3s} {'micro':>5s} {'params':>7s} {'grads':>6s} {'optim':>6s} "
+        f"{'gather':>6s} {'activ':>7s} {'loss':>6s} {'total':>7s}  fits  step",
+    ]
+    for p in plans:
+        m = {k: v / gb for k, v in p.memory.items()}
+        step = f"{p.step_seconds:.2f} s" if p.step_seconds is not None else "?"
+        fits = (
+            "yes"
+            if p.fits
+            else f"NO (micro-batch {p.largest_micro_batch} would)"
+            if p.largest_micro_batch
+            else "NO"
+        )
+        lines.append(
+            f"{p.name:28s} {p.degrees['replicate']:>5d} x {p.degrees['shard']:<4d} {p.degrees['expert_parallel']:>3d} "
+            f"{p.micro_batch:>5d} {m['params']:>7.2f} {m['grads']:>6.2f} {m['optimizer']:>6.2f} {m['gathered_params']:>6.2f} "
+            f"{m['activations'] + m['recompute']:>7.2f} {m['loss']:>6.2f} {m['total']:>7.2f}  {fits}  {step}"
+        )
+    configured = plans[0]
+    if not configured.fits and configured.largest_micro_batch is None:
+        fitting = [p.name for p in plans[1:] if p.fits]
+        lines.append(
+            "The configured mesh does not fit at any micro-batch; "
+            + (
+                f"these do: {', '.join(fitting)}."
+                if fitting
+                else f"no mesh of this world size does. One micro-batch's activations and loss take "
+                f"{(configured.memory['activations'] + configured.memory['loss']) / 1e9:.0f} GB per rank, which more "
+                f"ranks do not divide: activation_checkpointing, fused_loss or a shorter sequence would."
+            )
+        )
+    lines.append(f"Step times assume {configured.mfu:.0%} MFU of the dense peak.")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="plan.py", description=__doc__.split("\n")[0])
+    parser.add_argument("config")
+    parser.add_argument("--world_size", type=int, required=True)
+    parser.add_argument("--device", choices=sorted(DEVICES), required=True)
+    parser.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="assumed MFU for the step time")
+    parser.add_argument("--json", action="store_true")
+    args, rest = parser.parse_known_args(argv)
+    if args.world_size < 1:
+        parser.error(f"--world_size={args.world_size} must be at least 1")
+    if not 0 < args.mfu <= 1:
+        parser.error(f"--mfu={args.mfu} must be in (0, 1]")
+    unknown = [a for a in rest if not (a.startswith("--") and "=" in a)]
+    if unknown:
+        parser.error(f"{unknown[0]!r}: config overrides are --key=value")
+    return args, [a[2:] for a in rest]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    cfg = TrainConfig.load(args.config, overrides)
+    problems = cfg.model.problems()
+    if problems:
+        raise OLMoConfigurationError(f"{args.config}: {' '.join(problems)}")
+    device = resolve_device(DEVICES[args.device], cfg.speed_monitor.gpu_flops_available)
+    plans = plan_meshes(cfg, args.world_size, device, args.mfu)
+    if args.json:
+        print(json.dumps([asdict(p) for p in plans], indent=1))
+    else:
+        print(format_plans(plans, device, args.world_size))
+    return 0
