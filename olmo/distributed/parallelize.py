@@ -97,9 +97,15 @@ def build_model(cfg: ModelConfig, env: DistEnv, options: ParallelizeOptions, ini
     if options.compile is not None:
         _compile_blocks(model, _moe_compile_options(cfg, options, env))
     experts: set[torch.nn.Parameter] = set()
-    if options.expert_parallel_degree > 1:
-        mesh = expert_mesh(env.device.type, options.expert_parallel_degree, env.world_size)
-        experts = set(shard_experts(model, mesh))
+    degree = options.expert_parallel_degree
+    if degree > 1 and cfg.is_moe and env.world_size % degree == 0:
+        experts = set(shard_experts(model, expert_mesh(env.device.type, degree, env.world_size)))
+    elif degree > 1:
+        # Training refuses this before it starts; evaluating or converting a checkpoint in fewer processes than it was
+        # trained on runs every expert on every rank instead.
+        log.warning(
+            f"expert_parallel.degree={degree} is not used here ({env.world_size} process(es)): each rank holds every expert."
+        )
     if env.world_size > 1:
         _shard(model, options, env, experts)
     model.to_empty(device=env.device)
