@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
-__all__ = ["ExpertGroup", "expert_mesh", "shard_experts", "expert_params", "exchange", "gather_experts"]
+__all__ = ["ExpertGroup", "expert_mesh", "shard_experts"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,16 +50,19 @@ class ExpertGroup:
 
     def gather(self, weight: torch.Tensor) -> torch.Tensor:
         """This EP rank's experts of the DTensor ``weight``, whole, as one plain tensor ``(E / degree, ...)``."""
-        return gather_experts(weight, self)
+        assert isinstance(weight, DTensor)
+        return _GatherExperts.apply(weight.to_local(), self, weight.shape[0] // self.degree)
 
     def exchange(self, rows: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
         """Send ``send[j]`` consecutive rows of ``rows`` to EP rank ``j``; receive ``recv[j]`` from each."""
-        return exchange(rows, send, recv, self)
+        return _Exchange.apply(rows, send, recv, self)
 
     def exchange_counts(self, counts: torch.Tensor) -> torch.Tensor:
         """``counts`` (E,): this rank's rows per expert. Returns (degree, E / degree): the rows each EP rank will
         send for each of this rank's experts."""
-        return exchange_counts(counts, self)
+        out = torch.empty_like(counts)
+        dist.all_to_all_single(out, counts.contiguous(), group=self.ep)
+        return out.view(self.degree, counts.numel() // self.degree)
 
 
 def expert_mesh(device_type: str, degree: int, world_size: int) -> DeviceMesh:
@@ -105,18 +108,6 @@ def _local_shape(shape: torch.Size, mesh: DeviceMesh) -> tuple[int, ...]:
     return (mine, *shape[1:])
 
 
-def expert_params(model: nn.Module) -> set[nn.Parameter]:
-    """The expert-parallel weights of ``model`` (DTensors on the expert mesh)."""
-    from ..model.moe import MoEFeedForward
-
-    return {
-        getattr(m, n)
-        for m in model.modules()
-        if isinstance(m, MoEFeedForward) and m.expert_group is not None
-        for n in m.matrix_params
-    }
-
-
 class _GatherExperts(torch.autograd.Function):
     """This EP rank's experts, whole: the local shards gathered over ``ep_dp``; backward sums the gradient over
     ``ep_dp`` and divides it by the world size, and returns this rank's shard of it."""
@@ -153,13 +144,6 @@ class _GatherExperts(torch.autograd.Function):
         return out[: ctx.local_rows].contiguous(), None, None
 
 
-def gather_experts(weight: torch.Tensor, group: ExpertGroup) -> torch.Tensor:
-    """This EP rank's experts of the DTensor ``weight`` as one plain tensor ``(E / degree, ...)``."""
-    assert isinstance(weight, DTensor)
-    rows = weight.shape[0] // group.degree
-    return _GatherExperts.apply(weight.to_local(), group, rows)
-
-
 class _Exchange(torch.autograd.Function):
     """``all_to_all`` of rows over the EP group with the given split sizes; backward sends the gradients back the
     same way with the sizes swapped."""
@@ -180,17 +164,3 @@ def _all_to_all(rows: torch.Tensor, send: list[int], recv: list[int], group: Exp
     out = torch.empty((sum(recv), *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
     dist.all_to_all_single(out, rows.contiguous(), recv, send, group=group.ep)
     return out
-
-
-def exchange(rows: torch.Tensor, send: list[int], recv: list[int], group: ExpertGroup) -> torch.Tensor:
-    """Send ``send[j]`` consecutive rows of ``rows`` to EP rank ``j``; receive ``recv[j]`` from each."""
-    return _Exchange.apply(rows, send, recv, group)
-
-
-def exchange_counts(counts: torch.Tensor, group: ExpertGroup) -> torch.Tensor:
-    """``counts`` (E,): this rank's rows per expert. Returns (degree, E / degree): the rows each EP rank will send
-    for each of this rank's experts."""
-    local = counts.numel() // group.degree
-    out = torch.empty_like(counts)
-    dist.all_to_all_single(out, counts.contiguous(), group=group.ep)
-    return out.view(group.degree, local)

@@ -139,9 +139,7 @@ def model_facts(cfg: TrainConfig) -> ModelFacts:
         num_params=model.num_params(),
         num_non_embedding_params=model.num_params(include_embedding=False),
         num_active_params=model.num_active_params(),
-        expert_params=sum(
-            p.numel() for n, p in model.named_parameters() if n.endswith((".moe.w1", ".moe.w2", ".moe.w3"))
-        ),
+        expert_params=model.num_expert_params(),
         block_params=sum(p.numel() for p in blocks[0].parameters()) if blocks else 0,
         flops_per_token=model.num_flops_per_token(cfg.model.max_sequence_length),
         checkpointed_blocks=checkpointed,

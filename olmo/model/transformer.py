@@ -436,16 +436,21 @@ class OLMo(nn.Module):
             if include_embedding or not name.startswith(("transformer.wte.", "transformer.wpe."))
         )
 
-    def num_active_params(self, include_embedding: bool = True) -> int:
-        """Parameters that compute on each token: :meth:`num_params` with each mixture-of-experts layer's expert
-        weights counted ``top_k / num_experts`` times (OLMoE-1B-7B: 1.3B of 6.9B); equal to it for a dense model."""
-        total = self.num_params(include_embedding)
+    def num_expert_params(self, active: bool = False) -> int:
+        """Parameters of the mixture-of-experts layers' experts (0 for a dense model); with ``active``, the share of
+        them each token uses (``top_k / num_experts``)."""
+        total = 0
         for block in self.transformer.typed_blocks():
             moe = block.moe
             if moe is not None:
                 experts = sum(getattr(moe, name).numel() for name in moe.matrix_params)
-                total -= experts - experts * moe.top_k // moe.num_experts
+                total += experts * moe.top_k // moe.num_experts if active else experts
         return total
+
+    def num_active_params(self, include_embedding: bool = True) -> int:
+        """Parameters that compute on each token: :meth:`num_params` with each mixture-of-experts layer's expert
+        weights counted ``top_k / num_experts`` times (OLMoE-1B-7B: 1.3B of 6.9B); equal to it for a dense model."""
+        return self.num_params(include_embedding) - self.num_expert_params() + self.num_expert_params(active=True)
 
     def num_flops_per_token(self, seq_len: int | None = None) -> int:
         """Training (forward + backward) FLOPs per token, the nanoGPT / OLMo-core MFU convention.
