@@ -46,8 +46,8 @@ class SyntheticBatches:
             cfg.global_train_batch_size,
             seed=cfg.seed,
             epoch=cfg.epoch or 0,
-            world_size=env.world_size,
-            rank=env.rank,
+            world_size=cfg.data_parallel_size(env.world_size),
+            rank=cfg.data_parallel_rank(env.rank),
         )
         collate = DataCollator.from_train_config(cfg)
         instances = iter(self.dataset)

@@ -312,6 +312,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     overrides = config_overrides(args, env_world_size())
     cfg = TrainConfig.load(args.config, overrides)
+    if args.batch is not None and cfg.data_parallel_size(env_world_size()) != env_world_size():
+        # --batch counts instances per data-parallel rank: ranks sharing instances (context_parallel) share them.
+        overrides = config_overrides(args, cfg.data_parallel_size(env_world_size()))
+        cfg = TrainConfig.load(args.config, overrides)
     cfg.validate(env_world_size())
     env = init_distributed(cfg.distributed_timeout_minutes)
     try:
@@ -336,7 +340,7 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
         # The first stage's setup, as fit does it (with --override 'stages=[{..., kl_beta: 0.1}]' the KL step).
         trainer.train_module.enter_stage(trainer.stage_plan.at(1), at_boundary=True)
         peak = device_peak_flops(env.device, cfg.speed_monitor.gpu_flops_available)
-        device_tokens = trainer.device_batch_size * cfg.model.max_sequence_length
+        device_tokens = trainer.device_batch_size * cfg.model.max_sequence_length // cfg.context_parallel.degree
         log.info(
             "Model: %s parameters, %.4f GFLOP/token; %d tokens per device per step; peak %.3g FLOP/s.",
             f"{model.num_params():,}",
@@ -442,7 +446,9 @@ def describe_setup(
             "grad_accum": cfg.grad_accum_steps(env.world_size),
             "seq_len": cfg.model.max_sequence_length,
             "global_batch": cfg.global_train_batch_size,
-            "device_tokens_per_step": trainer.device_batch_size * cfg.model.max_sequence_length,
+            "device_tokens_per_step": trainer.device_batch_size
+            * cfg.model.max_sequence_length
+            // cfg.context_parallel.degree,
         },
         "model": {
             "n_params": model.num_params(),

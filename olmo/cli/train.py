@@ -174,7 +174,8 @@ def check_data(
     for stage in stages.stages:
         if stage.segment == stage.index:
             data = dataset_of(stage.data)
-            IterableDataset(data, cfg.global_train_batch_size, world_size=env_world_size(), rank=env_rank())
+            world, rank = cfg.data_parallel_size(env_world_size()), cfg.data_parallel_rank(env_rank())
+            IterableDataset(data, cfg.global_train_batch_size, world_size=world, rank=rank)
     plan = continued_state(cfg, launch)
     if plan is not None and resumes_in_save_folder(cfg, launch):
         fix = (
@@ -210,7 +211,9 @@ def train(
         for name, mix in (mixes or {}).items():
             mix.write(Path(cfg.save_folder) / "train_data", name)
     barrier()  # nobody writes into save_folder before rank 0 has made it this run's
-    train_loader = build_stage_dataloader(cfg, stages.stages[0], env.world_size, env.rank, dataset)
+    train_loader = build_stage_dataloader(
+        cfg, stages.stages[0], cfg.data_parallel_size(env.world_size), cfg.data_parallel_rank(env.rank), dataset
+    )
     model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
     active = model.num_active_params()
     log.info(

@@ -17,6 +17,7 @@ and loading one never imports torch).
 from .attention_sections import RopeScalingConfig, SlidingWindowConfig
 from .base import BaseConfig
 from .moe_sections import ExpertParallelConfig, MoEConfig
+from .parallel_sections import ContextParallelConfig, TensorParallelConfig
 from .stability_sections import RollbackConfig, SkipSpikesConfig, StragglersConfig, WatchdogConfig
 from .train_config import (
     DEFAULT_MAX_DURATION,
@@ -92,6 +93,8 @@ __all__ = [
     "RopeScalingConfig",
     "MoEConfig",
     "ExpertParallelConfig",
+    "ContextParallelConfig",
+    "TensorParallelConfig",
     "OptimizerConfig",
     "SchedulerConfig",
     "InstanceFilterConfig",

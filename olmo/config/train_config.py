@@ -39,6 +39,7 @@ from .loading import load_reporting_all
 from .model_sections import ModelConfig
 from .moe_sections import ExpertParallelConfig
 from .optim_sections import OptimizerConfig, SchedulerConfig
+from .parallel_sections import ContextParallelConfig, TensorParallelConfig
 from .resolvers import register_resolvers
 from .sections import (
     ActivationCheckpointingStrategy,
@@ -287,6 +288,10 @@ class TrainConfig(BaseConfig):
     """FSDP2 sharding options (with more than one process)."""
     expert_parallel: ExpertParallelConfig = field(default_factory=ExpertParallelConfig)
     """Expert parallelism for ``model.moe``: ``{degree: N}`` splits each layer's experts over N ranks."""
+    context_parallel: ContextParallelConfig = field(default_factory=ContextParallelConfig)
+    """Context parallelism: ``{degree: N}`` splits each instance's tokens over N ranks (long sequences)."""
+    tensor_parallel: TensorParallelConfig = field(default_factory=TensorParallelConfig)
+    """Tensor parallelism: ``{degree: N}`` splits each layer's matrices over N ranks (only 1 so far)."""
     distributed_timeout_minutes: float = 30.0
     """How long a collective may wait for a peer before the job fails instead of hanging (a rank that
     dies is normally detected by torchrun within seconds; this bounds hangs it cannot see). Above 0 and at most
@@ -390,9 +395,25 @@ class TrainConfig(BaseConfig):
             return self.metrics_collect_interval
         return 1 if device.type == "cpu" else 10
 
+    def data_parallel_size(self, world_size: int) -> int:
+        """Ranks that read different instances: ``world_size`` over the context- and tensor-parallel degrees (the
+        ranks of one such group share their instances)."""
+        return max(1, world_size // self._shared_instance_ranks())
+
+    def data_parallel_rank(self, rank: int) -> int:
+        """Which data-parallel rank (which share of each batch's instances) the process of ``rank`` reads."""
+        return rank // self._shared_instance_ranks()
+
+    def _shared_instance_ranks(self) -> int:
+        """Ranks that read the same instances (context x tensor parallel degrees; a bad degree, which validation
+        reports, counts as 1)."""
+        degrees = (self.context_parallel.degree, self.tensor_parallel.degree)
+        return math.prod(d if isinstance(d, int) and not isinstance(d, bool) and d >= 1 else 1 for d in degrees)
+
     def device_batch_size(self, world_size: int) -> int:
-        """Instances each rank processes per optimizer step."""
-        return self.global_train_batch_size // world_size
+        """Instances each rank processes per optimizer step (with context parallelism, a share of each one's
+        tokens)."""
+        return self.global_train_batch_size // self.data_parallel_size(world_size)
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step on each rank."""

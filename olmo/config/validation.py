@@ -109,11 +109,13 @@ def _batch_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     micro = cfg.device_train_microbatch_size
     if cfg.global_train_batch_size <= 0 or micro <= 0:
         return ["global_train_batch_size and device_train_microbatch_size must be positive."]
-    if cfg.global_train_batch_size % (micro * world_size) != 0:
+    dp = cfg.data_parallel_size(world_size)
+    if cfg.global_train_batch_size % (micro * dp) != 0:
+        ranks = f"world size ({world_size})" if dp == world_size else f"data-parallel ranks ({dp} of {world_size})"
         out.append(
             f"global_train_batch_size={cfg.global_train_batch_size} must be divisible by "
-            f"device_train_microbatch_size ({micro}) x world size ({world_size}) = {micro * world_size}; "
-            f"change one of them (e.g. --global_train_batch_size={max(1, cfg.global_train_batch_size // (micro * world_size)) * micro * world_size})."
+            f"device_train_microbatch_size ({micro}) x {ranks} = {micro * dp}; "
+            f"change one of them (e.g. --global_train_batch_size={max(1, cfg.global_train_batch_size // (micro * dp)) * micro * dp})."
         )
     derived = cfg.device_batch_size(world_size)
     if cfg.device_train_batch_size is not None and cfg.device_train_batch_size != derived:
@@ -213,6 +215,12 @@ def _strategy_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     """``distributed_strategy`` (and ``expert_parallel``) against the processes launched."""
     sharding = str((cfg.fsdp.sharding_strategy if cfg.fsdp is not None else None) or "FULL_SHARD")
     ep = cfg.expert_parallel.problems(cfg.model, str(cfg.distributed_strategy), sharding, world_size)
+    # A dry run plans a launch elsewhere: the degrees are checked against the model, not this process count.
+    launched = None if cfg.dry_run else world_size
+    ep += cfg.context_parallel.problems(
+        cfg.model, str(cfg.distributed_strategy), launched, cfg.expert_parallel.degree
+    )
+    ep += cfg.tensor_parallel.problems(cfg.model, world_size)
     if ep:
         return ep
     if cfg.distributed_strategy == "single" and world_size > 1:

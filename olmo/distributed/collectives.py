@@ -22,7 +22,15 @@ from ..exceptions import OLMoCliError
 from ..util.launch import LaunchEnv, launch_env
 from .store import fresh_namespace
 
-__all__ = ["DistEnv", "init_distributed", "teardown_distributed", "all_reduce", "barrier"]
+__all__ = [
+    "DistEnv",
+    "init_distributed",
+    "teardown_distributed",
+    "all_reduce",
+    "barrier",
+    "all_gather_dim0",
+    "reduce_scatter_dim0",
+]
 
 log = logging.getLogger(__name__)
 
@@ -126,3 +134,17 @@ def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(tensor, op=op)
     return tensor
+
+
+def all_gather_dim0(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    """Every rank's ``input`` into ``output``, concatenated along dimension 0 in rank order (torch's
+    ``all_gather_single``; ``all_gather_into_tensor`` in older releases)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, input, group=group)
+
+
+def reduce_scatter_dim0(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    """This rank's part (along dimension 0) of ``input`` summed over the ranks, into ``output`` (torch's
+    ``reduce_scatter_single``; ``reduce_scatter_tensor`` in older releases). Not on gloo."""
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    scatter(output, input, group=group)

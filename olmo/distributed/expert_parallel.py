@@ -30,6 +30,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
+from .collectives import all_gather_dim0, reduce_scatter_dim0
+
 __all__ = ["ExpertGroup", "expert_mesh", "shard_experts"]
 
 
@@ -121,7 +123,7 @@ class _GatherExperts(torch.autograd.Function):
         padded = torch.zeros((per, *local.shape[1:]), dtype=local.dtype, device=local.device)
         padded[: local.shape[0]] = local
         out = torch.empty((per * group.replica_count, *local.shape[1:]), dtype=local.dtype, device=local.device)
-        dist.all_gather_into_tensor(out, padded, group=group.replicas)
+        all_gather_dim0(out, padded, group=group.replicas)
         ctx.per = per
         return out[:rows]
 
@@ -137,7 +139,7 @@ class _GatherExperts(torch.autograd.Function):
         mine = dist.get_rank(group.replicas)
         if dist.get_backend(group.replicas) == "nccl":
             out = torch.empty((per, *grad.shape[1:]), dtype=grad.dtype, device=grad.device)
-            dist.reduce_scatter_tensor(out, padded.contiguous(), group=group.replicas)
+            reduce_scatter_dim0(out, padded.contiguous(), group=group.replicas)
         else:
             dist.all_reduce(padded, group=group.replicas)
             out = padded[mine * per : (mine + 1) * per]

@@ -63,6 +63,8 @@ class ParallelizeOptions:
     """``float32_matmul_precision``, set for the process on GPU."""
     expert_parallel_degree: int = 1
     """``expert_parallel.degree``: ranks sharing each mixture-of-experts layer's experts."""
+    context_parallel_degree: int = 1
+    """``context_parallel.degree``: ranks sharing each instance's tokens."""
 
     @classmethod
     def from_train_config(cls, cfg: TrainConfig) -> ParallelizeOptions:
@@ -75,6 +77,7 @@ class ParallelizeOptions:
             autocast_precision=cfg.autocast_precision,
             float32_matmul_precision=cfg.float32_matmul_precision,
             expert_parallel_degree=cfg.expert_parallel.degree,
+            context_parallel_degree=cfg.context_parallel.degree,
         )
 
 
@@ -105,6 +108,12 @@ def build_model(cfg: ModelConfig, env: DistEnv, options: ParallelizeOptions, ini
         # trained on runs every expert on every rank instead.
         log.warning(
             f"expert_parallel.degree={degree} is not used here ({env.world_size} process(es)): each rank holds every expert."
+        )
+    if options.context_parallel_degree > 1 and cfg.flash_attention:
+        log.warning(
+            "model.flash_attention is not used with context_parallel.degree=%d: each rank attends to the gathered "
+            "keys with a mask of positions, which runs on PyTorch SDPA.",
+            options.context_parallel_degree,
         )
     if env.world_size > 1:
         _shard(model, options, env, experts)
@@ -231,11 +240,20 @@ def _shard(model: OLMo, cfg: ParallelizeOptions, env: DistEnv, experts: set[torc
 
 
 def _moe_compile_options(cfg: ModelConfig, options: ParallelizeOptions, env: DistEnv) -> CompilerConfig:
-    """``options.compile``, without ``fullgraph`` for a mixture of experts that will not compute in bf16 on a GPU:
-    there its experts run as a loop over host-side group sizes, which compiled code leaves to eager mode."""
+    """``options.compile``, without ``fullgraph`` where part of each block runs in eager mode: context
+    parallelism's all-gather of keys and values, and a mixture of experts that will not compute in bf16 on a GPU
+    (there its experts run as a loop over host-side group sizes, which compiled code leaves to eager mode)."""
     compile_cfg = options.compile
     assert compile_cfg is not None
     bf16_gpu = env.device.type == "cuda" and options.autocast_precision == "bfloat16"
+    if compile_cfg.fullgraph and options.context_parallel_degree > 1:
+        log.warning(
+            "compile.fullgraph=true with context_parallel.degree=%d is not honoured: the keys' and values' all-gather "
+            "in each attention layer runs in eager mode, which breaks the block's graph. Compiling with "
+            "fullgraph=false.",
+            options.context_parallel_degree,
+        )
+        return replace(compile_cfg, fullgraph=False)
     if not (cfg.is_moe and compile_cfg.fullgraph and not bf16_gpu):
         return compile_cfg
     log.warning(

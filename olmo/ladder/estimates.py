@@ -236,7 +236,8 @@ def estimate_memory(
     """
     m = cfg.model
     micro = micro_batch or cfg.device_train_microbatch_size
-    tokens = micro * m.max_sequence_length
+    cp = cfg.context_parallel.degree if world_size % max(1, cfg.context_parallel.degree) == 0 else 1
+    tokens = micro * m.max_sequence_length // cp  # this rank's tokens (context parallelism: a share of each)
     autocast = device.is_gpu and cfg.autocast_precision is not None
     compute = 2 if autocast else 4
     shard = shard_degree(cfg, world_size)
@@ -282,6 +283,17 @@ def estimate_memory(
         full_block *= COMPILED_ACTIVATIONS
     activations = tokens * ((m.n_layers - checkpointed) * full_block + checkpointed * kept)
     activations += tokens * m.d_model * (residual + compute)  # ln_f's input and the output layer's
+    gathered_kv = 0.0
+    if cp > 1:
+        # Each attention layer keeps the gathered keys and values of the whole sequence (its own share is counted
+        # above; a checkpointed block gathers them again in the backward pass), and every layer reads the masks of
+        # (local tokens x sequence) in the compute dtype: one per window size, per instance with documents.
+        seq = m.max_sequence_length
+        gathered_kv = micro * 2 * m.effective_n_kv_heads * (m.d_model // m.n_heads) * compute * (seq - seq // cp)
+        activations += (m.n_layers - checkpointed) * gathered_kv
+        variants = 1 + len({w for w in m.layer_windows() if w is not None})
+        rows = micro if cfg.data.generate_doc_lengths else 1
+        activations += variants * rows * (seq // cp) * seq * compute
 
     vocab = m.effective_embedding_size
     kept_by_loss = 0  # what the loss keeps for the backward pass, beside a recomputed block
@@ -294,7 +306,7 @@ def estimate_memory(
         # The logits (in the compute dtype), then cross entropy's fp32 log-probabilities and their gradient (the
         # same compiled: measured on the H200).
         loss = tokens * vocab * (compute + 2 * 4)
-    recompute = tokens * recompute + kept_by_loss if checkpointed else 0.0
+    recompute = tokens * recompute + kept_by_loss + gathered_kv if checkpointed else 0.0
 
     estimate = MemoryEstimate(params, grads, optimizer, gathered, activations, loss, recompute, 0.0)
     overhead = FRAGMENTATION * estimate.tensors + CUDA_CONTEXT_BYTES if device.is_gpu else CPU_BASELINE_BYTES

@@ -3,8 +3,9 @@ other meshes its world size allows.
 
     python scripts/plan.py CONFIG [--key=value ...] --world_size N --device h100|h200|a100|cpu [--json]
 
-For each mesh: the degrees (data-parallel ``replicate`` x ``shard``, ``expert_parallel`` for a mixture of experts;
-``tensor_parallel`` and ``context_parallel`` are 1 until they exist), the micro-batch, the memory of one rank by part
+For each mesh: the degrees (``replicate`` x ``shard``: FSDP over all ranks; ``expert_parallel`` for a mixture of
+experts; ``context_parallel``, offered for sequences of 16,384 tokens or more; ``tensor_parallel`` is 1 until it
+exists), the micro-batch, the memory of one rank by part
 (:func:`olmo.ladder.estimates.estimate_memory`: within 1.3 % of every peak measured on an H200, see docs/ladder.md),
 whether it fits the device with 10 % allocator headroom and the CUDA context, and the step time and MFU at the
 assumed MFU of the device's dense peak (``--mfu``, default 0.45: OLMo-1B measured 0.54-0.56 on an H200, OLMo-300M
@@ -86,6 +87,16 @@ def _meshes(cfg: TrainConfig, world_size: int) -> list[tuple[str, TrainConfig]]:
             other.fsdp.hybrid_sharding_num_model_replicas = replicas
             other.expert_parallel.degree = degree
             out.append((label + (f" + EP {degree}" if degree > 1 else ""), other))
+    seq = cfg.model.max_sequence_length
+    if (seq >= 16384 or cfg.context_parallel.degree > 1) and not cfg.model.is_moe:
+        for cp in (2, 4, 8, 16):
+            if cp <= world_size and world_size % cp == 0 and seq % (2 * cp) == 0:
+                other = copy.deepcopy(cfg)
+                assert other.fsdp is not None
+                other.fsdp.sharding_strategy = ShardingStrategy.FULL_SHARD
+                other.fsdp.hybrid_sharding_num_model_replicas = None
+                other.context_parallel.degree = cp
+                out.append((f"FULL_SHARD + CP {cp}", other))
     return out
 
 
@@ -117,7 +128,7 @@ def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: floa
             "shard": shard,
             "expert_parallel": mesh_cfg.expert_parallel.degree,
             "tensor_parallel": 1,
-            "context_parallel": 1,
+            "context_parallel": mesh_cfg.context_parallel.degree,
         }
         plans.append(MeshPlan(name, degrees, micro, memory, fits, step, mfu, name == "configured", largest))
     return plans
@@ -128,7 +139,7 @@ def format_plans(plans: list[MeshPlan], device: DeviceSpec, world_size: int) -> 
     lines = [
         f"{world_size} x {device.name} ({device.memory_bytes / gb:.0f} GB each, peak "
         f"{(device.peak_flops or 0) / 1e12:.0f} TFLOP/s); memory per rank with {FRAGMENTATION:.0%} allocator headroom:",
-        f"{'mesh':28s} {'repl x shard':>12s} {'EP':>3s} {'micro':>5s} {'params':>7s} {'grads':>6s} {'optim':>6s} "
+        f"{'mesh':28s} {'repl x shard':>12s} {'EP':>3s} {'CP':>3s} {'micro':>5s} {'params':>7s} {'grads':>6s} {'optim':>6s} "
         f"{'gather':>6s} {'activ':>7s} {'loss':>6s} {'total':>7s}  fits  step",
     ]
     for p in plans:
@@ -143,7 +154,7 @@ def format_plans(plans: list[MeshPlan], device: DeviceSpec, world_size: int) -> 
         )
         lines.append(
             f"{p.name:28s} {p.degrees['replicate']:>5d} x {p.degrees['shard']:<4d} {p.degrees['expert_parallel']:>3d} "
-            f"{p.micro_batch:>5d} {m['params']:>7.2f} {m['grads']:>6.2f} {m['optimizer']:>6.2f} {m['gathered_params']:>6.2f} "
+            f"{p.degrees['context_parallel']:>3d} {p.micro_batch:>5d} {m['params']:>7.2f} {m['grads']:>6.2f} {m['optimizer']:>6.2f} {m['gathered_params']:>6.2f} "
             f"{m['activations'] + m['recompute']:>7.2f} {m['loss']:>6.2f} {m['total']:>7.2f}  {fits}  {step}"
         )
     configured = plans[0]
@@ -156,7 +167,8 @@ def format_plans(plans: list[MeshPlan], device: DeviceSpec, world_size: int) -> 
                 if fitting
                 else f"no mesh of this world size does. One micro-batch's activations and loss take "
                 f"{(configured.memory['activations'] + configured.memory['loss']) / 1e9:.0f} GB per rank, which more "
-                f"ranks do not divide: activation_checkpointing, fused_loss or a shorter sequence would."
+                f"ranks do not divide: activation_checkpointing, fused_loss, context_parallel or a shorter sequence "
+                f"would."
             )
         )
     lines.append(f"Step times assume {configured.mfu:.0%} MFU of the dense peak.")

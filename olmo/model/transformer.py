@@ -19,8 +19,11 @@ from torch import nn
 from ..config import InitFnType, ModelConfig
 from ..exceptions import OLMoConfigurationError
 from .attention import (
+    ContextParallel,
     DocumentSpans,
     check_doc_lens,
+    check_forward_inputs,
+    context_parallel_inputs,
     describe_attention,
     document_ids,
     document_spans,
@@ -177,6 +180,7 @@ class OLMo(nn.Module):
         past_key_values: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
         use_cache: bool = False,
         last_logits_only: bool = False,
+        context_parallel: ContextParallel | None = None,
     ) -> OLMoOutput:
         """
         :param input_ids: (B, T) token ids.
@@ -212,11 +216,18 @@ class OLMo(nn.Module):
             sequences, at positions ``past ..``; ``attention_mask`` (when given) then covers all past + T positions.
         :param use_cache: Return every block's keys and values in ``attn_key_values``.
         :param last_logits_only: Compute the logits of the last position only: (B, 1, embedding_size).
+
+        Context parallelism (training only, :mod:`olmo.distributed.context_parallel`): ``input_ids`` and ``labels``
+        are this rank's tokens of each instance, (B, T / degree), cut by ``context_parallel.shard``, while
+        ``attention_mask`` and ``doc_lens`` describe whole instances; the blocks gather every rank's keys and values.
         """
         cfg = self.config
         t = self.transformer
         past = 0 if not past_key_values else past_key_values[0][0].size(-2)
-        self._check_decoding_inputs(input_ids, input_embeddings, attention_mask, past_key_values, past, doc_lens)
+        check_forward_inputs(cfg, input_ids, input_embeddings, attention_mask, past_key_values, past, doc_lens)
+        cp = context_parallel
+        if cp is not None and (past_key_values or use_cache or last_logits_only or input_embeddings is not None):
+            raise ValueError("context_parallel is for training: it takes input_ids alone, without a KV cache.")
         if input_embeddings is not None:
             x = input_embeddings  # (B, T, C)
         else:
@@ -230,29 +241,32 @@ class OLMo(nn.Module):
                     f"Position {past + T - 1} is past the {cfg.max_sequence_length} learned positions (model.wpe) "
                     f"of this model: shorten the prompt or generate fewer tokens."
                 )
-            x = x + t.wpe(torch.arange(past, past + T, device=x.device))  # (B, T, C)
-        x = t.emb_drop(x)
-
-        doc_ids: torch.Tensor | None = None
-        doc_spans: DocumentSpans | None = None
-        if doc_lens is not None:
-            doc_lens = doc_lens.to(x.device)
-            check_doc_lens(doc_lens, x.shape[:2], max_doc_lens)
-            if self._flash_runs_documents(x, attention_mask):
-                doc_spans = document_spans(doc_lens, max_doc_lens)
+            if cp is not None:
+                x = x + t.wpe(cp.positions(T * cp.degree, x.device))  # (B, T, C)
             else:
-                doc_ids = document_ids(doc_lens, T)  # (B, T)
-        # (B or 1, H or 1, T, past + T) or None
-        attn_bias = build_attention_bias(cfg, T, x.device, attention_mask, doc_ids, past, attention_bias)
-        rope = (
-            self._rope_tables(past + T, x.device, past, scaled=cfg.rope_scaling is not None) if cfg.rope else None
-        )
-        # Each block's attention inputs by its window (model.sliding_window): one entry, None, in most models.
-        inputs: dict[int | None, tuple[torch.Tensor | None, RotaryTables | None]] = {None: (attn_bias, rope)}
-        for window in self._windows:
-            inputs[window] = (
-                self._window_bias(window, attn_bias, x, attention_mask, doc_ids, past, attention_bias),
-                self._rope_tables(past + T, x.device, past, scaled=False) if cfg.rope else None,
+                x = x + t.wpe(torch.arange(past, past + T, device=x.device))  # (B, T, C)
+        x = t.emb_drop(x)
+        doc_spans: DocumentSpans | None = None
+        inputs: dict[int | None, tuple[torch.Tensor | None, RotaryTables | None]]
+        if cp is not None:
+            rope_fn = self._rope_tables if cfg.rope else None
+            kind = x.device.type
+            dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype  # q's dtype
+            inputs = context_parallel_inputs(
+                cfg,
+                cp,
+                (x.shape[0], T),
+                x.device,
+                attention_mask,
+                doc_lens,
+                max_doc_lens,
+                self._windows,
+                rope_fn,
+                dtype,
+            )
+        else:
+            inputs, doc_spans = self._attention_inputs(
+                x, attention_mask, doc_lens, max_doc_lens, past, attention_bias
             )
         hidden_states: list[torch.Tensor] = []
         presents: KVCache = []
@@ -264,6 +278,8 @@ class OLMo(nn.Module):
                 layer_past = past_key_values[i] if past_key_values else None
                 x, present = block(x, bias_i, rope_i, doc_spans, layer_past=layer_past, use_cache=True)
                 presents.append(present)
+            elif cp is not None:
+                x = block(x, bias_i, rope_i, context_parallel=cp)  # (B, T / degree, C)
             else:
                 x = block(x, bias_i, rope_i, doc_spans)  # (B, T, C)
         if last_logits_only:
@@ -341,39 +357,46 @@ class OLMo(nn.Module):
             constraints,
         )
 
-    def _check_decoding_inputs(
-        self,
-        input_ids: torch.Tensor | None,
-        input_embeddings: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        past_key_values: Sequence[tuple[torch.Tensor, torch.Tensor]] | None,
-        past: int,
-        doc_lens: torch.Tensor | None,
-    ) -> None:
-        """Refuse inputs the incremental-decoding arguments cannot combine with, naming the argument."""
-        if (input_ids is None) == (input_embeddings is None):
-            raise ValueError("OLMo.forward takes input_ids or input_embeddings: exactly one of them.")
-        if past_key_values is None:
-            return
-        if len(past_key_values) != self.config.n_layers:
-            raise ValueError(
-                f"past_key_values has {len(past_key_values)} entries but the model has {self.config.n_layers} "
-                f"blocks: pass the attn_key_values of an earlier call with use_cache=True."
-            )
-        if doc_lens is not None:
-            raise ValueError("doc_lens cannot be combined with past_key_values: document masking is for training.")
-        T = (input_ids if input_ids is not None else input_embeddings).shape[1]  # type: ignore[union-attr]
-        if attention_mask is not None and attention_mask.shape[-1] != past + T:
-            raise ValueError(
-                f"attention_mask has {attention_mask.shape[-1]} positions but past_key_values hold {past} and "
-                f"input_ids {T}: with a cache the mask covers every position, past and new ({past + T})."
-            )
-
     def _flash_runs_documents(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
         """Whether the blocks' attention for the embeddings ``x`` can run on flash-attn's varlen kernel."""
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype  # q's dtype
         return _flash_usable(self._flash_attn, x.device, dtype, attention_mask is not None or self.config.alibi)
+
+    def _attention_inputs(
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        doc_lens: torch.Tensor | None,
+        max_doc_lens: Sequence[int] | None,
+        past: int,
+        attention_bias: torch.Tensor | None,
+    ) -> tuple[dict[int | None, tuple[torch.Tensor | None, RotaryTables | None]], DocumentSpans | None]:
+        """Each window's (attention bias, RoPE tables) for the embeddings ``x`` after ``past`` cached positions
+        (None: the full-attention layers), and the document spans when flash-attn's varlen kernel runs."""
+        cfg, T = self.config, x.shape[1]
+        doc_spans: DocumentSpans | None = None
+        doc_ids: torch.Tensor | None = None
+        if doc_lens is not None:
+            doc_lens = doc_lens.to(x.device)
+            check_doc_lens(doc_lens, x.shape[:2], max_doc_lens)
+            if self._flash_runs_documents(x, attention_mask):
+                doc_spans = document_spans(doc_lens, max_doc_lens)
+            else:
+                doc_ids = document_ids(doc_lens, T)  # (B, T)
+        # (B or 1, H or 1, T, past + T) or None
+        attn_bias = build_attention_bias(cfg, T, x.device, attention_mask, doc_ids, past, attention_bias)
+        rope = (
+            self._rope_tables(past + T, x.device, past, scaled=cfg.rope_scaling is not None) if cfg.rope else None
+        )
+        # Each block's attention inputs by its window (model.sliding_window): one entry, None, in most models.
+        inputs: dict[int | None, tuple[torch.Tensor | None, RotaryTables | None]] = {None: (attn_bias, rope)}
+        for window in self._windows:
+            inputs[window] = (
+                self._window_bias(window, attn_bias, x, attention_mask, doc_ids, past, attention_bias),
+                self._rope_tables(past + T, x.device, past, scaled=False) if cfg.rope else None,
+            )
+        return inputs, doc_spans
 
     def _window_bias(
         self,

@@ -51,7 +51,12 @@ class DataFeed:
         if stage.segment == self.segment:
             return
         log.info("Stage %d trains on its own data (order in %s).", stage.index, order_dir_of(self.cfg, stage))
-        self.loader = build_stage_dataloader(self.cfg, stage, self.env.world_size, self.env.rank)
+        self.loader = build_stage_dataloader(
+            self.cfg,
+            stage,
+            self.cfg.data_parallel_size(self.env.world_size),
+            self.cfg.data_parallel_rank(self.env.rank),
+        )
         self.dataset = self.loader.dataset  # type: ignore[assignment]
         self.segment = stage.segment
 

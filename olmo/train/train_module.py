@@ -14,12 +14,10 @@ B*T instead, which under-weights label-masked fine-tuning batches.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
@@ -28,6 +26,7 @@ from ..checkpoint.save import FULL_STATE, model_and_optim_state
 from ..config import SchedulerUnits, TrainConfig
 from ..data import check_token_ids
 from ..distributed.collectives import DistEnv, all_reduce
+from ..distributed.context_parallel import ContextParallel, context_parallel_group
 from ..distributed.parallelize import autocast_dtype, defer_replica_all_reduce
 from ..eval.evaluator import ModelEval
 from ..exceptions import OLMoConfigurationError
@@ -40,6 +39,7 @@ from .expert_load import ExpertLoadMeter
 from .metrics import ReduceType
 from .stability import SpikeDetector
 from .stages import no_kl_penalty_error
+from .step_host import EvalBatchSpec, StepHost
 
 if TYPE_CHECKING:
     from .stages import Stage
@@ -54,57 +54,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EvalBatchSpec:
-    """The batches :meth:`TrainModule.eval_batch` takes on each rank."""
-
-    rank_batch_size: int
-    """Instances per call, at most."""
-    max_sequence_length: Optional[int] = None
-    """Tokens per instance, at most (None: no limit of the module's own)."""
-
-
-class StepHost(Protocol):
-    """What a train module may read of, and hand to, the trainer that drives it (:class:`olmo.train.Trainer`
-    implements it): the run's config and process group, where the run is, and three ways to report back. Nothing
-    else of the trainer is the module's business."""
-
-    cfg: TrainConfig
-    env: DistEnv
-    max_steps: int
-    """The run's length in optimizer steps (all stages)."""
-
-    @property
-    def global_step(self) -> int:
-        """The step being trained, counted from 1 (between steps: the last one trained)."""
-
-    @property
-    def tokens_seen(self) -> int:
-        """Tokens trained on in the run, all ranks, including the step being trained."""
-
-    @property
-    def restored_path(self) -> Optional[str]:
-        """The checkpoint this launch restored, if any."""
-
-    def add_step_metrics(
-        self,
-        learning_rate: float,
-        ce_sum: torch.Tensor,
-        z_sum: torch.Tensor,
-        n_labels: torch.Tensor,
-        grad_norm: torch.Tensor,
-        extra: dict[str, tuple[torch.Tensor, ReduceType]],
-        applied: Optional[torch.Tensor],
-    ) -> None:
-        """Queue the step's metrics (device values), read back at the next collection."""
-
-    def count_filtered(self, step: int, count: torch.Tensor) -> None:
-        """Instances of the global batch of ``step`` that the instance filter dropped (a device count)."""
-
-    def local_work(self) -> contextlib.AbstractContextManager[None]:
-        """A block of this rank's own work, timed to find a slow rank (``stability.stragglers``)."""
 
 
 class TrainModule(ABC):
@@ -217,8 +166,8 @@ class TrainModule(ABC):
     def global_num_flops_in_batch(self, batch: dict[str, Any]) -> int:
         """Training FLOPs of one global batch, given this rank's device batch."""
         rows, seq_len = batch["input_ids"].shape
-        world_size = self.trainer.env.world_size
-        return self.num_flops_per_token(seq_len) * rows * seq_len * world_size
+        data_parallel = self.trainer.cfg.data_parallel_size(self.trainer.env.world_size)
+        return self.num_flops_per_token(seq_len) * rows * seq_len * data_parallel
 
     def record_ce_loss(
         self, ce_sum: torch.Tensor, n_labels: torch.Tensor, z_sum: Optional[torch.Tensor] = None
@@ -277,6 +226,11 @@ class TransformerTrainModule(TrainModule):
             self.spike_detector = SpikeDetector(cfg.stability.skip_spikes, env.device)
         self._global_ce: Optional[torch.Tensor] = None  # the step's mean loss over ranks, for the spike detector
         self.expert_load = ExpertLoadMeter(model)  # model.moe: the auxiliary losses' shares, the routers' metrics
+        self.context_parallel: Optional[ContextParallel] = None
+        """With ``context_parallel.degree`` > 1: the group of ranks sharing each instance; this rank trains on its
+        share of every instance's tokens (:mod:`olmo.distributed.context_parallel`)."""
+        if cfg.context_parallel.degree > 1:
+            self.context_parallel = context_parallel_group(cfg.context_parallel.degree, env.world_size, env.rank)
 
     @property
     def per_row(self) -> bool:
@@ -304,6 +258,9 @@ class TransformerTrainModule(TrainModule):
         max_doc_lens = batch.get("max_doc_lens")  # a list, which stays on the host
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, torch.Tensor)}
         labels = next_token_labels(batch)
+        if self.context_parallel is not None:  # this rank's tokens, before counting labels: the whole is the sum
+            batch = {**batch, "input_ids": self.context_parallel.shard(batch["input_ids"])}
+            labels = self.context_parallel.shard(labels)
         counts = [(labels != -100).sum().float()]
         if "instance_mask" in batch:  # the instances the filter dropped, summed in the same all-reduce
             counts.append((~batch["instance_mask"]).sum().float())
@@ -349,6 +306,8 @@ class TransformerTrainModule(TrainModule):
             for start in range(0, n_rows, micro):
                 rows = slice(start, start + micro)
                 documents: dict[str, Any] = {}
+                if self.context_parallel is not None:  # the model's other inputs, for every forward of the step
+                    documents["context_parallel"] = self.context_parallel
                 if "doc_lens" in batch:
                     documents["doc_lens"] = batch["doc_lens"][rows]
                     documents["max_doc_lens"] = None if max_doc_lens is None else max_doc_lens[rows]
@@ -472,6 +431,13 @@ class BasicTrainModule(TrainModule):
         cls, cfg: TrainConfig, env: DistEnv, model: OLMo, optimizer: torch.optim.Optimizer, scheduler: Any
     ) -> TrainModule:
         """``optimizer.learning_rate`` for every step (the schedule is ignored) and ``max_grad_norm``."""
+        if cfg.context_parallel.degree > 1:
+            log.warning(
+                "context_parallel.degree=%d is not honoured by %s: each rank of a group trains its instances whole "
+                "(the same numbers, no memory saved). TransformerTrainModule splits them.",
+                cfg.context_parallel.degree,
+                cls.__name__,
+            )
         return cls(model, optimizer, cfg.optimizer.learning_rate, cfg.max_grad_norm)
 
     def train_batch(self, batch: dict[str, Any], dry_run: bool = False) -> None:

@@ -317,7 +317,8 @@ class Trainer(LoopControl):
             self.train_module.num_flops_per_token(cfg.model.max_sequence_length),
             device_peak_flops(self.env.device, cfg.speed_monitor.gpu_flops_available),
         )
-        return ThroughputMonitor(speed, self.device_batch_size * cfg.model.max_sequence_length, self.env.device)
+        device_tokens = self.device_batch_size * cfg.model.max_sequence_length // cfg.context_parallel.degree
+        return ThroughputMonitor(speed, device_tokens, self.env.device)
 
     def _next_batch(self, stop: StopConditions) -> tuple[dict[str, Any], float]:
         """Enter the next stage when the last one ended, then wait for the step's batch; also the seconds waited."""

@@ -2,6 +2,7 @@
 data exists (offline: no test here reaches olmo-data.org), and a shrunk copy of each size trains its three stages on
 CPU, each stage from the checkpoint of the one before, as the files' headers tell a user to."""
 
+import json
 import math
 from pathlib import Path
 from typing import Union
@@ -11,7 +12,7 @@ from omegaconf import OmegaConf as om
 
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoDataError
-from olmo.testing import run_main, run_train, write_byte_memmap
+from olmo.testing import run_main, run_torchrun, run_train, write_byte_memmap
 
 OFFICIAL = Path(__file__).resolve().parents[2] / "configs" / "official"
 STAGES = ("", "-midtrain", "-long-context")
@@ -129,10 +130,14 @@ def test_shrunk_recipes_train_their_three_stages(size, tmp_path):
     midtrain = _shrunk_copy(f"{name}-midtrain", tmp_path / "midtrain", corpus, 32, 2, 3, **gqa)
     # 32 -> 256 tokens: the recipe's factor 8 over the context the earlier stages trained at.
     yarn = {"model.rope_scaling.old_context_len": 32, **gqa}
-    long_context = _shrunk_copy(f"{name}-long-context", tmp_path / "long-context", corpus, 256, 2, 3, **yarn)
+    one = {"context_parallel.degree": 1}  # the recipe's 8 ranks per instance, in one process here (see below)
+    long_context = _shrunk_copy(
+        f"{name}-long-context", tmp_path / "long-context", corpus, 256, 2, 3, **yarn, **one
+    )
     cfg = TrainConfig.load(long_context)
     assert cfg.model.layer_windows() == [8, 8, 8, None, None] and cfg.model.rope_scaling.factor == 8
     assert cfg.data.generate_doc_lengths and cfg.reset_trainer_state
+    assert om.load(OFFICIAL / f"{name}-long-context.yaml").context_parallel.degree == 8
 
     records: dict[str, list] = {stage: [] for stage in STAGES}
     assert run_train(first, record=records[""]) == 0
@@ -149,3 +154,22 @@ def test_shrunk_recipes_train_their_three_stages(size, tmp_path):
     assert losses[""][-1] < losses[""][0] - 0.5
     assert losses["-midtrain"][0] < losses[""][0] - 0.5
     assert losses["-long-context"][0] < losses[""][0] - 0.5
+
+    if size == "7B":  # the long-context stage as the recipe runs it, with instances shared by 2 ranks (not 8)
+        cp = _shrunk_copy(
+            f"{name}-long-context",
+            tmp_path / "long-context-cp",
+            corpus,
+            256,
+            2,
+            3,
+            **yarn,
+            **{"context_parallel.degree": 2},
+        )
+        result = run_torchrun(2, cp, load, timeout=300)
+        assert result.returncode == 0, result.stderr[-4000:]
+        rows = [
+            json.loads(line) for line in (tmp_path / "long-context-cp/run/metrics.jsonl").read_text().splitlines()
+        ]
+        shared = [r["train/CrossEntropyLoss"] for r in rows if "train/CrossEntropyLoss" in r]
+        assert shared == pytest.approx(losses["-long-context"], rel=1e-5)

@@ -1,0 +1,96 @@
+"""Parallelism beyond data parallelism: ``context_parallel`` (each instance's tokens split over ranks) and
+``tensor_parallel`` (each layer's matrices split over ranks), top-level sections beside ``fsdp`` and
+``expert_parallel``, with the checks of their values against the model and the processes launched (``problems``).
+
+The ranks form one mesh, outermost first: data parallel (what ``fsdp`` shards and replicates over), then context
+parallel, then tensor parallel; rank ``r`` is data-parallel rank ``r // (cp * tp)``. Ranks of one context- or
+tensor-parallel group read the same instances, so the data order, ``global_indices.npy`` and the batch of every
+step are those of a run on ``world_size / (cp * tp)`` ranks. Parameters, gradients and optimizer state stay sharded
+by FSDP over every rank, so a checkpoint does not depend on these degrees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .base import BaseConfig
+
+if TYPE_CHECKING:
+    from .model_sections import ModelConfig
+
+__all__ = ["ContextParallelConfig", "TensorParallelConfig"]
+
+
+def _degree_problem(key: str, d: object) -> str | None:
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        return f"{key}={d!r} must be a whole number >= 1 (1 = none)."
+    return None
+
+
+@dataclass
+class ContextParallelConfig(BaseConfig):
+    """Context parallelism (OLMo-core's "llama3" scheme, load-balanced): each instance's ``T`` tokens are cut into
+    ``2 * degree`` chunks and rank ``r`` of a group computes chunks ``r`` and ``2 * degree - 1 - r`` (one early,
+    one late: equal causal work on every rank). Each attention layer all-gathers the keys and values of the whole
+    sequence from the group; the queries, activations and logits stay local, so activation memory falls ~1/degree.
+    Causal, document (``data.generate_doc_lengths``) and sliding-window masks and RoPE use each token's position in
+    the instance, and the loss is normalized over every label of the batch: the same numbers as one process.
+    (:mod:`olmo.distributed.context_parallel`.)"""
+
+    degree: int = 1
+    """Ranks that share each instance (1: none). Must divide the number of processes, and ``2 * degree`` must
+    divide ``model.max_sequence_length``."""
+
+    def problems(self, model: ModelConfig, strategy: str, world_size: int | None, expert_degree: int) -> list[str]:
+        """One sentence per reason ``degree`` cannot work for ``model`` on ``world_size`` ranks (None: any number;
+        ``--dry_run``)."""
+        d = self.degree
+        bad = _degree_problem("context_parallel.degree", d)
+        if bad or d == 1:
+            return [bad] if bad else []
+        out = []
+        if world_size is not None and world_size % d:
+            out.append(
+                f"context_parallel.degree={d} must divide the number of processes launched ({world_size}); launch "
+                f"a multiple of {d} with torchrun --nproc_per_node, or change the degree."
+            )
+        if model.max_sequence_length % (2 * d):
+            out.append(
+                f"context_parallel.degree={d} cuts each instance into 2 x {d} = {2 * d} equal chunks, which "
+                f"model.max_sequence_length={model.max_sequence_length} is not divisible into; use a length that "
+                f"is a multiple of {2 * d}, or another degree."
+            )
+        if strategy == "single" and world_size is not None:
+            out.append(f"context_parallel.degree={d} needs distributed_strategy=fsdp or ddp, not single.")
+        if model.alibi:
+            out.append(
+                f"context_parallel.degree={d} with model.alibi is not implemented (ALiBi's bias would have to be "
+                f"cut the same way); use RoPE, or context_parallel.degree=1."
+            )
+        if model.is_moe or expert_degree > 1:
+            out.append(
+                f"context_parallel.degree={d} with a mixture of experts (model.moe) is not implemented: the "
+                f"load-balancing loss balances each instance, whose tokens would be split over ranks; use "
+                f"context_parallel.degree=1."
+            )
+        return out
+
+
+@dataclass
+class TensorParallelConfig(BaseConfig):
+    """Tensor parallelism: each block's projections split over ``degree`` ranks. Reserved: only ``degree: 1`` is
+    accepted so far (issue 39); a larger degree stops the launch with a one-paragraph error."""
+
+    degree: int = 1
+    """Ranks that share each layer's matrices (1: none)."""
+
+    def problems(self, model: ModelConfig, world_size: int) -> list[str]:
+        d = self.degree
+        bad = _degree_problem("tensor_parallel.degree", d)
+        if bad or d == 1:
+            return [bad] if bad else []
+        return [
+            f"tensor_parallel.degree={d} is not implemented yet (only 1 is): split the model with FSDP "
+            f"(fsdp.sharding_strategy) and long sequences with context_parallel.degree instead."
+        ]

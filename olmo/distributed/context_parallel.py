@@ -1,0 +1,117 @@
+"""Context parallelism (``context_parallel.degree``): each instance's tokens split over the ranks of a group, keys
+and values all-gathered in every attention layer (OLMo-core's "llama3" scheme), composed with FSDP2 over every rank.
+
+The layout, for ``W`` ranks and degree ``D`` (``D`` divides ``W``; ``2 * D`` divides the sequence length ``T``):
+
+- **Groups** of ``D`` consecutive ranks (``r // D`` is the data-parallel rank, ``r % D`` the place in the group)
+  read the same instances.
+- **Tokens**: the sequence is cut into ``2 * D`` chunks of ``T / (2 D)`` tokens; place ``j`` holds chunks ``j`` and
+  ``2 D - 1 - j`` (:meth:`ContextParallel.positions`), so under the causal mask every rank does the same work.
+  Inputs and labels are cut in the train module (:meth:`ContextParallel.shard`), before the labels are counted,
+  so the loss normalization (``sum(CE) * W / n_labels``, :mod:`olmo.train.train_module`) already covers the whole
+  sequence and FSDP's average over all ``W`` ranks gives the full gradient.
+- **Attention**: each rank computes q, k and v of its own tokens (RoPE at their positions in the instance), then
+  gathers every rank's k and v (:meth:`ContextParallel.gather`; its backward sums the gradients back to their
+  rank) and attends with a mask built from positions: causal, within the document (``doc_lens`` of the whole
+  instance), within the window. The gathered keys stay in rank order; only the mask knows their positions.
+- **Parameters** are what FSDP makes them without context parallelism: a checkpoint does not depend on ``D``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .collectives import all_gather_dim0, reduce_scatter_dim0
+
+__all__ = ["ContextParallel", "context_parallel_group", "load_balanced_positions"]
+
+
+def load_balanced_positions(seq_len: int, degree: int, rank: int) -> torch.Tensor:
+    """(seq_len / degree,) the positions of the tokens place ``rank`` of a group holds: chunks ``rank`` and
+    ``2 * degree - 1 - rank`` of ``2 * degree``."""
+    chunk = seq_len // (2 * degree)
+    first = torch.arange(rank * chunk, (rank + 1) * chunk)
+    last = torch.arange((2 * degree - 1 - rank) * chunk, (2 * degree - rank) * chunk)
+    return torch.cat([first, last])
+
+
+@dataclass(eq=False)
+class ContextParallel:
+    """What the model and the train module need to know of context parallelism."""
+
+    degree: int
+    rank: int
+    """This rank's place in its group."""
+    group: dist.ProcessGroup | None
+    """The ``degree`` ranks sharing the instances (None only for degree 1, in tests)."""
+    _positions: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        """(seq_len / degree,) positions, in the instance of ``seq_len`` tokens, of this rank's tokens."""
+        return self._tables(seq_len, device)[0]
+
+    def key_positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        """(seq_len,) the position of each key :meth:`gather` returns (every rank's tokens, in rank order)."""
+        return self._tables(seq_len, device)[1]
+
+    def _tables(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (seq_len, device)
+        if key not in self._positions:
+            mine = load_balanced_positions(seq_len, self.degree, self.rank).to(device)
+            keys = torch.cat([load_balanced_positions(seq_len, self.degree, r) for r in range(self.degree)])
+            self._positions[key] = (mine, keys.to(device))
+        return self._positions[key]
+
+    def shard(self, t: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's tokens of ``t``, whose dimension ``dim`` is the whole sequence."""
+        return t.index_select(dim, self.positions(t.size(dim), t.device))
+
+    @torch.compiler.disable  # a collective: left to eager mode inside a compiled block
+    def gather(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        """Every rank's ``t`` concatenated along ``dim`` in rank order (the keys of :meth:`key_positions`); the
+        backward pass sends each rank the summed gradient of its own part."""
+        if self.degree == 1 or self.group is None:
+            return t
+        stacked = _GatherParts.apply(t, self)  # (degree, *t.shape)
+        return torch.cat(stacked.unbind(0), dim=dim)
+
+
+class _GatherParts(torch.autograd.Function):
+    """Forward: every rank's tensor, stacked in rank order. Backward: the gradients of this rank's part summed over
+    the ranks (a reduce-scatter on NCCL; on gloo, which has none, an all-reduce of which each rank keeps its part)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, cp: ContextParallel) -> torch.Tensor:
+        ctx.cp = cp
+        out = t.new_empty((cp.degree * t.shape[0], *t.shape[1:]))
+        all_gather_dim0(out, t.contiguous(), group=cp.group)
+        return out.view(cp.degree, *t.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        cp: ContextParallel = ctx.cp
+        grad = grad.contiguous()
+        if dist.get_backend(cp.group) == dist.Backend.NCCL:
+            mine = grad.new_empty(grad.shape[1:])
+            reduce_scatter_dim0(mine, grad.flatten(0, 1), group=cp.group)
+            return mine, None
+        dist.all_reduce(grad, group=cp.group)
+        return grad[cp.rank], None
+
+
+def context_parallel_group(degree: int, world_size: int, rank: int) -> ContextParallel:
+    """The :class:`ContextParallel` of this rank: groups of ``degree`` consecutive ranks. Every rank must call it
+    (it creates every group)."""
+    mine: dist.ProcessGroup | None = None
+    for start in range(0, world_size, degree):
+        ranks = list(range(start, start + degree))
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            mine = group
+    return ContextParallel(degree, rank % degree, mine)

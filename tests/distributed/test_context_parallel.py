@@ -1,0 +1,154 @@
+"""Context parallelism (``context_parallel.degree``, issue 39) on gloo, at sequence 8,192 with documents packed
+into each instance (``data.generate_doc_lengths``: boundaries inside the chunks) and OLMo 3's windows: 4 ranks as CP=2 x
+FSDP=2 and 4 ranks as CP=4 train as one process does (losses within 1e-5 relative over 5 steps, final weights within
+1e-5) and read the same instances (``global_indices.npy``), and a checkpoint saved with CP=2 x FSDP=2 resumes in one
+process and on 2 ranks with CP=2, continuing as the uninterrupted run. What cannot work is
+refused before the launch, naming the key."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from olmo.config import TrainConfig
+from olmo.config.validation import config_problems
+from olmo.distributed.context_parallel import load_balanced_positions
+from olmo.testing import run_torchrun, run_train, tiny_config_dict, write_byte_memmap, write_config
+
+LONG = {
+    "model.max_sequence_length": 8192,
+    "model.sliding_window": {"pattern": [1024, -1]},
+    "data.generate_doc_lengths": True,
+    "global_train_batch_size": 2,
+    "device_train_microbatch_size": 1,
+    "max_duration": 5,
+    "save_interval_unsharded": 5,
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The uninterrupted run in one process, and its context-parallel twins (world size, degree)."""
+    root = tmp_path_factory.mktemp("cp")
+    write_byte_memmap(root / "corpus.npy", 12 * 8192)  # 12 instances of 8,192 tokens: 5 steps of 2
+    corpus = [str(root / "corpus.npy")]
+
+    def config(name, **extra):
+        return write_config(
+            root / name / "c.yaml", tiny_config_dict(root / name / "run", corpus, **{**LONG, **extra})
+        )
+
+    assert run_train(config("one")) == 0
+    for world, degree in ((4, 2), (4, 4)):
+        extra = {"context_parallel.degree": degree, "save_interval": 3}
+        result = run_torchrun(world, config(f"cp{world}x{degree}", **extra), timeout=600)
+        assert result.returncode == 0, result.stderr[-4000:]
+    return root, config
+
+
+def _losses(run) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/CrossEntropyLoss"] for r in rows if "train/CrossEntropyLoss" in r}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["cp4x2", "cp4x4"])
+def test_ranks_sharing_each_instance_train_as_one_process(runs, layout):
+    root, _ = runs
+    one, cp = _losses(root / "one/run"), _losses(root / layout / "run")
+    assert sorted(cp) == [1, 2, 3, 4, 5]
+    np.testing.assert_allclose([cp[s] for s in range(1, 6)], [one[s] for s in range(1, 6)], rtol=1e-5)
+    first = torch.load(root / "one/run/step5-unsharded/model.pt", weights_only=True)
+    second = torch.load(root / layout / "run/step5-unsharded/model.pt", weights_only=True)
+    assert first.keys() == second.keys()
+    for key, value in first.items():
+        torch.testing.assert_close(second[key], value, rtol=1e-5, atol=1e-5, msg=key)
+    # The same instances in the same order: a CP group reads what one data-parallel rank reads.
+    order = sorted((root / "one/run").rglob("global_indices*.npy"))
+    assert order, "the run wrote no global_indices.npy"
+    for path in order:
+        twin = root / layout / "run" / path.relative_to(root / "one/run")
+        assert twin.read_bytes() == path.read_bytes(), path.name
+
+
+@pytest.mark.slow
+def test_a_context_parallel_checkpoint_resumes_on_other_layouts(runs):
+    root, config = runs
+    checkpoint = root / "cp4x2/run/step3"
+    assert run_train(config("resumed1"), f"--load_path={checkpoint}") == 0
+    result = run_torchrun(2, config("resumed2", **{"context_parallel.degree": 2}), f"--load_path={checkpoint}")
+    assert result.returncode == 0, result.stderr[-4000:]
+    one = _losses(root / "one/run")
+    for name in ("resumed1", "resumed2"):
+        resumed = _losses(root / name / "run")
+        assert sorted(resumed) == [4, 5]
+        np.testing.assert_allclose([resumed[s] for s in (4, 5)], [one[s] for s in (4, 5)], rtol=1e-5)
+
+
+def test_each_rank_holds_one_early_and_one_late_chunk():
+    assert load_balanced_positions(16, 2, 0).tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert load_balanced_positions(16, 2, 1).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    every = torch.cat([load_balanced_positions(48, 4, r) for r in range(4)])
+    assert sorted(every.tolist()) == list(range(48))
+
+
+def _problems(world, **overrides):
+    cfg = TrainConfig.from_dict(tiny_config_dict("/tmp/unused", ["/tmp/unused.npy"], **overrides))
+    return " ".join(config_problems(cfg, world))
+
+
+@pytest.mark.parametrize(
+    "world, overrides, expected",
+    [
+        (3, {"context_parallel.degree": 2}, "context_parallel.degree=2 must divide the number of processes"),
+        (2, {"context_parallel.degree": 2, "model.max_sequence_length": 30}, "2 x 2 = 4 equal chunks"),
+        (2, {"context_parallel.degree": 0}, "context_parallel.degree=0 must be a whole number >= 1"),
+        (2, {"context_parallel.degree": 2, "model.alibi": True, "model.rope": False}, "with model.alibi"),
+        (
+            2,
+            {"context_parallel.degree": 2, "model.moe": {"num_experts": 4, "top_k": 2, "hidden_size": 16}},
+            "with a mixture of experts",
+        ),
+        (1, {"context_parallel.degree": 2, "distributed_strategy": "single"}, "not single"),
+        (
+            4,
+            {"context_parallel.degree": 2, "global_train_batch_size": 3, "device_train_microbatch_size": 1},
+            "data-parallel ranks (2 of 4)",
+        ),
+        (2, {"tensor_parallel.degree": 2}, "tensor_parallel.degree=2 is not implemented yet"),
+    ],
+)
+def test_layouts_that_cannot_work_are_refused_naming_the_key(world, overrides, expected):
+    assert expected in _problems(world, **overrides)
+
+
+def test_a_context_parallel_layout_that_fits_has_no_problem():
+    assert _problems(4, **{"context_parallel.degree": 2, "global_train_batch_size": 8}) == ""
+
+
+@pytest.mark.slow
+def test_a_kl_stage_shares_its_instances_as_one_process(tmp_path):
+    """Two-stage KL (the frozen reference's forward gets the same share of each instance as the policy's)."""
+    write_byte_memmap(tmp_path / "corpus.npy", 20_000)
+    stages = [
+        {"name": "pretrain", "max_duration": 2},
+        {"name": "anneal-kl", "max_duration": 2, "kl_beta": 0.1, "kl_estimator": "full"},
+    ]
+
+    def config(name, **extra):
+        raw = tiny_config_dict(tmp_path / name, [str(tmp_path / "corpus.npy")], stages=stages, **extra)
+        return write_config(
+            tmp_path / f"{name}.yaml", {**raw, "max_duration": None, "save_interval_unsharded": 100}
+        )
+
+    assert run_train(config("one")) == 0
+    result = run_torchrun(2, config("cp", **{"context_parallel.degree": 2}))
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = {
+        name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        for name in ("one", "cp")
+    }
+    for key in ("train/CrossEntropyLoss", "train/KL"):
+        one = [r[key] for r in rows["one"] if key in r]
+        assert one and [r[key] for r in rows["cp"] if key in r] == pytest.approx(one, rel=1e-5), key
