@@ -133,7 +133,8 @@ def main(argv: Optional[list[str]] = None) -> list[BatchRow]:
         provenance=args.json,
     )
     if args.json:
-        world = args.world_size or launch_world_size(args.target)
+        launched = launch_world_size(args.target)  # ranks sharing instances (context_parallel) read the same ones
+        world = args.world_size or (cfg.data_parallel_size(launched) if launched else None)
         print(json.dumps([r.as_json(world) for r in rows], indent=1))
         return rows
     who = "all ranks" if args.rank is None else f"rank {args.rank} of {args.world_size}"

@@ -11,9 +11,10 @@ The layout, for ``W`` ranks and degree ``D`` (``D`` divides ``W``; ``2 * D`` div
   so the loss normalization (``sum(CE) * W / n_labels``, :mod:`olmo.train.train_module`) already covers the whole
   sequence and FSDP's average over all ``W`` ranks gives the full gradient.
 - **Attention**: each rank computes q, k and v of its own tokens (RoPE at their positions in the instance), then
-  gathers every rank's k and v (:meth:`ContextParallel.gather`; its backward sums the gradients back to their
-  rank) and attends with a mask built from positions: causal, within the document (``doc_lens`` of the whole
-  instance), within the window. The gathered keys stay in rank order; only the mask knows their positions.
+  gathers every rank's k and v in the instance's order (:meth:`ContextParallel.gather`; its backward sums the
+  gradients back to their rank), and each of its chunks attends to the prefix of the sequence that ends with it:
+  causal aligned to the last key, and within the document (``doc_lens`` of the whole instance) and the window
+  (:mod:`olmo.model.context_attention`).
 - **Parameters** are what FSDP makes them without context parallelism: a checkpoint does not depend on ``D``.
 """
 
@@ -56,16 +57,18 @@ class ContextParallel:
         """(seq_len / degree,) positions, in the instance of ``seq_len`` tokens, of this rank's tokens."""
         return self._tables(seq_len, device)[0]
 
-    def key_positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
-        """(seq_len,) the position of each key :meth:`gather` returns (every rank's tokens, in rank order)."""
-        return self._tables(seq_len, device)[1]
+    def chunks(self, seq_len: int) -> list[tuple[int, int]]:
+        """This rank's two chunks: (first local row, first position in the instance) of each, in local order."""
+        chunk = seq_len // (2 * self.degree)
+        return [(0, self.rank * chunk), (chunk, (2 * self.degree - 1 - self.rank) * chunk)]
 
     def _tables(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's positions, and the permutation that puts every rank's tokens (in rank order) in order."""
         key = (seq_len, device)
         if key not in self._positions:
             mine = load_balanced_positions(seq_len, self.degree, self.rank).to(device)
             keys = torch.cat([load_balanced_positions(seq_len, self.degree, r) for r in range(self.degree)])
-            self._positions[key] = (mine, keys.to(device))
+            self._positions[key] = (mine, keys.argsort().to(device))
         return self._positions[key]
 
     def shard(self, t: torch.Tensor, dim: int = 1) -> torch.Tensor:
@@ -74,12 +77,13 @@ class ContextParallel:
 
     @torch.compiler.disable  # a collective: left to eager mode inside a compiled block
     def gather(self, t: torch.Tensor, dim: int) -> torch.Tensor:
-        """Every rank's ``t`` concatenated along ``dim`` in rank order (the keys of :meth:`key_positions`); the
-        backward pass sends each rank the summed gradient of its own part."""
+        """Every rank's ``t`` (its tokens along ``dim``) as the whole instance, in the instance's order; the backward
+        pass sends each rank the summed gradient of its own part."""
         if self.degree == 1 or self.group is None:
             return t
         stacked = _GatherParts.apply(t, self)  # (degree, *t.shape)
-        return torch.cat(stacked.unbind(0), dim=dim)
+        in_rank_order = torch.cat(stacked.unbind(0), dim=dim)
+        return in_rank_order.index_select(dim, self._tables(in_rank_order.size(dim), t.device)[1])
 
 
 class _GatherParts(torch.autograd.Function):

@@ -286,14 +286,18 @@ def estimate_memory(
     gathered_kv = 0.0
     if cp > 1:
         # Each attention layer keeps the gathered keys and values of the whole sequence (its own share is counted
-        # above; a checkpointed block gathers them again in the backward pass), and every layer reads the masks of
-        # (local tokens x sequence) in the compute dtype: one per window size, per instance with documents.
+        # above; a checkpointed block gathers them again in the backward pass). Each of a rank's two chunks attends
+        # to the prefix ending with it, under a mask in the compute dtype shared by the layers (c x c(2 cp + 1)
+        # elements for chunks of c tokens; per instance with documents): one per window size, and one for full
+        # attention unless it is plain causal on a GPU (which needs none).
         seq = m.max_sequence_length
         gathered_kv = micro * 2 * m.effective_n_kv_heads * (m.d_model // m.n_heads) * compute * (seq - seq // cp)
         activations += (m.n_layers - checkpointed) * gathered_kv
-        variants = 1 + len({w for w in m.layer_windows() if w is not None})
-        rows = micro if cfg.data.generate_doc_lengths else 1
-        activations += variants * rows * (seq // cp) * seq * compute
+        chunk = seq // (2 * cp)
+        documents = cfg.data.generate_doc_lengths
+        masks = len({w for w in m.layer_windows() if w is not None and w < seq})
+        masks += 1 if documents or not device.is_gpu else 0
+        activations += masks * (micro if documents else 1) * chunk * chunk * (2 * cp + 1) * compute
 
     vocab = m.effective_embedding_size
     kept_by_loss = 0  # what the loss keeps for the backward pass, beside a recomputed block

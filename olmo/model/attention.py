@@ -10,22 +10,20 @@ several documents, ``doc_lens`` (B, max_docs) gives their lengths (zero-padded o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..exceptions import OLMoDataError
-from .layers import RotaryTables, alibi_bias
+from .layers import alibi_bias
 
 __all__ = [
-    "ContextParallel",
     "DocumentSpans",
     "attention_bias",
     "check_doc_lens",
     "check_forward_inputs",
-    "context_parallel_inputs",
     "cumulative_document_lengths",
     "describe_attention",
     "document_ids",
@@ -171,81 +169,6 @@ def attention_bias(
     if config.alibi:
         additive = additive + alibi_bias(config.n_heads, total, config.alibi_bias_max, device)[:, :, past_length:]
     return torch.where(allowed, additive, torch.finfo(torch.float).min)
-
-
-class ContextParallel(Protocol):
-    """What the model needs of context parallelism (:class:`olmo.distributed.context_parallel.ContextParallel`):
-    ``degree`` ranks each hold a share of every instance's tokens."""
-
-    degree: int
-
-    def positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
-        """(seq_len / degree,) the positions in the instance of this rank's tokens."""
-        ...
-
-    def key_positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
-        """(seq_len,) the positions of the keys :meth:`gather` returns, in its order."""
-        ...
-
-    def gather(self, t: torch.Tensor, dim: int) -> torch.Tensor:
-        """Every rank's ``t`` concatenated along ``dim`` (autograd: gradients go back to their rank)."""
-        ...
-
-
-class _RopeTables(Protocol):
-    def __call__(
-        self, seq_len: int, device: torch.device, past: int = 0, scaled: bool = False
-    ) -> RotaryTables: ...
-
-
-def context_parallel_inputs(
-    config: ModelConfig,
-    cp: ContextParallel,
-    shape: tuple[int, int],
-    device: torch.device,
-    attention_mask: torch.Tensor | None,
-    doc_lens: torch.Tensor | None,
-    max_doc_lens: Sequence[int] | None,
-    windows: Sequence[int],
-    rope_tables: _RopeTables | None,
-    dtype: torch.dtype = torch.float32,
-) -> dict[int | None, tuple[torch.Tensor | None, RotaryTables | None]]:
-    """Each window's (attention bias, RoPE tables) for this rank's ``shape`` = (B, T / degree) tokens under context
-    parallelism (:mod:`olmo.distributed.context_parallel`), keyed like ``OLMo.forward``'s ``inputs`` (None: the
-    full-attention layers).
-
-    The bias is (B or 1, 1, T / degree, T) over the keys in the order the blocks gather them; it is built from
-    positions in the instance: causal, within the window, within the document (``doc_lens`` and
-    ``attention_mask`` cover the whole instance, (B, T)), in ``dtype`` (q's: every layer uses it as it is, with no
-    copy of its own). The RoPE tables are those of this rank's positions.
-    """
-    B, T = shape[0], shape[1] * cp.degree
-    queries, keys = cp.positions(T, device), cp.key_positions(T, device)
-    allowed = (keys[None, :] <= queries[:, None])[None, None]  # (1, 1, Tq, T)
-    if attention_mask is not None:
-        allowed = allowed & attention_mask.bool()[:, keys][:, None, None, :]  # (B, 1, Tq, T)
-    if doc_lens is not None:
-        doc_lens = doc_lens.to(device)
-        check_doc_lens(doc_lens, torch.Size((B, T)), max_doc_lens)
-        ids = document_ids(doc_lens, T)  # (B, T)
-        allowed = allowed & (ids[:, queries][:, None, :, None] == ids[:, keys][:, None, None, :])
-
-    def bias(mask: torch.Tensor) -> torch.Tensor:
-        return torch.where(mask, torch.zeros((), device=device, dtype=dtype), torch.finfo(dtype).min)
-
-    def rope(scaled: bool) -> RotaryTables | None:
-        if rope_tables is None:
-            return None
-        cos, sin = rope_tables(T, device, scaled=scaled)
-        return cos[queries], sin[queries]
-
-    inputs: dict[int | None, tuple[torch.Tensor | None, RotaryTables | None]] = {
-        None: (bias(allowed), rope(config.rope_scaling is not None))
-    }
-    for window in windows:
-        in_window = keys[None, :] > queries[:, None] - window  # (Tq, T)
-        inputs[window] = (bias(allowed & in_window), rope(False))
-    return inputs
 
 
 def flash_varlen_attention(

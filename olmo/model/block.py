@@ -16,7 +16,8 @@ from torch import nn
 
 from ..config import ActivationType, InitFnType, ModelConfig
 from ..exceptions import OLMoConfigurationError
-from .attention import ContextParallel, DocumentSpans, flash_varlen_attention
+from .attention import DocumentSpans, flash_varlen_attention
+from .context_attention import ContextAttention
 from .layers import LayerNorm, RotaryTables, apply_rotary, make_dropout
 from .moe import MoEFeedForward
 
@@ -166,7 +167,7 @@ class OLMoBlock(nn.Module):
         doc_spans: DocumentSpans | None = None,
         layer_past: tuple[torch.Tensor, torch.Tensor] | None = None,
         use_cache: bool = False,
-        context_parallel: ContextParallel | None = None,
+        context_parallel: ContextAttention | None = None,
     ) -> Any:
         """
         :param x: (B, T, C) residual stream.
@@ -179,7 +180,7 @@ class OLMoBlock(nn.Module):
         :param use_cache: Return ``(x, (keys, values))``, the keys and values of every position so far, instead
             of ``x`` alone.
         :param context_parallel: ``x`` is this rank's share of each instance; the attention gathers every rank's
-            keys and values (``attn_bias`` then covers them all).
+            keys and values and attends as this says (``attn_bias`` is then None).
         """
         if layer_past is None and not use_cache:  # training: the plain path
             cp = context_parallel
@@ -225,7 +226,7 @@ class OLMoBlock(nn.Module):
         attn_bias: torch.Tensor | None = None,
         rope: RotaryTables | None = None,
         doc_spans: DocumentSpans | None = None,
-        context_parallel: ContextParallel | None = None,
+        context_parallel: ContextAttention | None = None,
     ) -> torch.Tensor:
         """Self-attention including the output projection, (B, T, C) -> (B, T, C)."""
         return self._attend(x, attn_bias, rope, doc_spans, None, context_parallel)[0]
@@ -237,7 +238,7 @@ class OLMoBlock(nn.Module):
         rope: RotaryTables | None,
         doc_spans: DocumentSpans | None,
         layer_past: tuple[torch.Tensor, torch.Tensor] | None,
-        context_parallel: ContextParallel | None = None,
+        context_parallel: ContextAttention | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Self-attention (B, T, C) -> (B, T, C) after the cached keys and values ``layer_past``, and the keys and
         values of every position so far."""
@@ -256,15 +257,18 @@ class OLMoBlock(nn.Module):
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
         if rope is not None:
             q, k = self._rotate(q, k, rope)
-        if context_parallel is not None:
-            k = context_parallel.gather(k, dim=2)  # (B, KV, T * degree, hd): every rank's keys, in rank order
-            v = context_parallel.gather(v, dim=2)
+        if context_parallel is not None:  # every rank's keys and values, each chunk attending to its prefix
+            y = context_parallel.attend(q, k, v, self._context_parallel_sdpa)  # (B, T, H, hd)
+            return self.attn_out(y.reshape(B, T, C)), (k, v)
         if layer_past is not None:
             k = torch.cat((layer_past[0], k), dim=-2)  # (B, KV, past + T, hd)
             v = torch.cat((layer_past[1], v), dim=-2)
-        cp = context_parallel is not None
-        y = self._scaled_dot_product(q, k, v, attn_bias, doc_spans, layer_past is None, cp)  # (B, T, H, hd)
+        y = self._scaled_dot_product(q, k, v, attn_bias, doc_spans, causal=layer_past is None)  # (B, T, H, hd)
         return self.attn_out(y.reshape(B, T, C)), (k, v)
+
+    def _context_parallel_sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
+        """One chunk's attention under context parallelism: ``mask`` is built in q's dtype, or a ``CausalBias``."""
+        return self._scaled_dot_product(q, k, v, mask, None, causal=False, bias_ready=True)
 
     def _rotate(self, q: torch.Tensor, k: torch.Tensor, rope: RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = rope
@@ -286,8 +290,8 @@ class OLMoBlock(nn.Module):
         bias_ready: bool = False,
     ) -> torch.Tensor:
         """q (B, H, T, hd), k/v (B, KV, S, hd) -> (B, T, H, hd). Without ``attn_bias``: causal attention, or with
-        ``causal=False`` (one query after cached keys) attention to every key. ``bias_ready``: ``attn_bias`` was built in
-        q's dtype with finite values (context parallelism's), to be used without a copy per layer."""
+        ``causal=False`` (one query after cached keys) attention to every key. ``bias_ready``: ``attn_bias`` is
+        context parallelism's, built in q's dtype with finite values (or a ``CausalBias``), used as it is."""
         dropout_p = self.config.attention_dropout if self.training else 0.0
         if doc_spans is not None:
             assert self._flash_attn is not None, "OLMo.forward passes doc_spans only when flash-attn runs"
@@ -304,7 +308,7 @@ class OLMoBlock(nn.Module):
             # Query head h reads kv head h // (H / KV), as in OLMo and flash-attn.
             k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T, hd)
             v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T, hd)
-        if attn_bias is not None and not (bias_ready and attn_bias.dtype == q.dtype):
+        if attn_bias is not None and not bias_ready:
             # Finite minimum: a row with every key masked (a left-pad query) must give a uniform softmax, not NaN.
             attn_bias = attn_bias.to(q.dtype).clamp(min=torch.finfo(q.dtype).min)
         y = F.scaled_dot_product_attention(

@@ -19,11 +19,9 @@ from torch import nn
 from ..config import InitFnType, ModelConfig
 from ..exceptions import OLMoConfigurationError
 from .attention import (
-    ContextParallel,
     DocumentSpans,
     check_doc_lens,
     check_forward_inputs,
-    context_parallel_inputs,
     describe_attention,
     document_ids,
     document_spans,
@@ -40,6 +38,7 @@ from .block import (
     init_normal,
     init_scales,
 )
+from .context_attention import ContextAttention, ContextParallel, context_parallel_inputs
 from .generation import OLMoGenerateOutput, generate
 from .layers import (
     LayerNorm,
@@ -247,22 +246,15 @@ class OLMo(nn.Module):
                 x = x + t.wpe(torch.arange(past, past + T, device=x.device))  # (B, T, C)
         x = t.emb_drop(x)
         doc_spans: DocumentSpans | None = None
-        inputs: dict[int | None, tuple[torch.Tensor | None, RotaryTables | None]]
+        inputs: dict[int | None, tuple[torch.Tensor | None, RotaryTables | None]] = {}
+        cp_inputs: dict[int | None, tuple[ContextAttention, RotaryTables | None]] = {}
         if cp is not None:
             rope_fn = self._rope_tables if cfg.rope else None
             kind = x.device.type
             dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype  # q's dtype
-            inputs = context_parallel_inputs(
-                cfg,
-                cp,
-                (x.shape[0], T),
-                x.device,
-                attention_mask,
-                doc_lens,
-                max_doc_lens,
-                self._windows,
-                rope_fn,
-                dtype,
+            shape = (x.shape[0], T)
+            cp_inputs = context_parallel_inputs(
+                cfg, cp, shape, x.device, attention_mask, doc_lens, max_doc_lens, self._windows, rope_fn, dtype
             )
         else:
             inputs, doc_spans = self._attention_inputs(
@@ -273,13 +265,15 @@ class OLMo(nn.Module):
         for i, block in enumerate(t.typed_blocks()):
             if output_hidden_states:
                 hidden_states.append(x)
+            if cp is not None:
+                attention, rope_i = cp_inputs[block.window]
+                x = block(x, None, rope_i, context_parallel=attention)  # (B, T / degree, C)
+                continue
             bias_i, rope_i = inputs[block.window]
             if past_key_values or use_cache:
                 layer_past = past_key_values[i] if past_key_values else None
                 x, present = block(x, bias_i, rope_i, doc_spans, layer_past=layer_past, use_cache=True)
                 presents.append(present)
-            elif cp is not None:
-                x = block(x, bias_i, rope_i, context_parallel=cp)  # (B, T / degree, C)
             else:
                 x = block(x, bias_i, rope_i, doc_spans)  # (B, T, C)
         if last_logits_only:

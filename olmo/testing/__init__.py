@@ -13,6 +13,7 @@ May import every package below ``olmo.bench`` (``run_train`` records the metrics
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sysconfig
 from pathlib import Path
@@ -34,6 +35,7 @@ __all__ = [
     "tiny_config_dict",
     "tiny_model_config",
     "write_config",
+    "metric_by_step",
     "run_main",
     "run_train",
     "run_torchrun",
@@ -216,6 +218,12 @@ def write_config(path: Union[str, Path], cfg: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+def metric_by_step(run: Union[str, Path], key: str = "train/CrossEntropyLoss") -> dict[int, float]:
+    """``key`` of each step a run logged, from its ``metrics.jsonl``."""
+    rows = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r[key] for r in rows if key in r}
 
 
 def run_main(script: str, *args: Any) -> Any:

@@ -14,7 +14,7 @@ import torch
 from olmo.config import TrainConfig
 from olmo.config.validation import config_problems
 from olmo.distributed.context_parallel import load_balanced_positions
-from olmo.testing import run_torchrun, run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.testing import metric_by_step, run_torchrun, run_train, tiny_config_dict, write_byte_memmap, write_config
 
 LONG = {
     "model.max_sequence_length": 8192,
@@ -47,16 +47,11 @@ def runs(tmp_path_factory):
     return root, config
 
 
-def _losses(run) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["train/CrossEntropyLoss"] for r in rows if "train/CrossEntropyLoss" in r}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["cp4x2", "cp4x4"])
 def test_ranks_sharing_each_instance_train_as_one_process(runs, layout):
     root, _ = runs
-    one, cp = _losses(root / "one/run"), _losses(root / layout / "run")
+    one, cp = metric_by_step(root / "one/run"), metric_by_step(root / layout / "run")
     assert sorted(cp) == [1, 2, 3, 4, 5]
     np.testing.assert_allclose([cp[s] for s in range(1, 6)], [one[s] for s in range(1, 6)], rtol=1e-5)
     first = torch.load(root / "one/run/step5-unsharded/model.pt", weights_only=True)
@@ -79,9 +74,9 @@ def test_a_context_parallel_checkpoint_resumes_on_other_layouts(runs):
     assert run_train(config("resumed1"), f"--load_path={checkpoint}") == 0
     result = run_torchrun(2, config("resumed2", **{"context_parallel.degree": 2}), f"--load_path={checkpoint}")
     assert result.returncode == 0, result.stderr[-4000:]
-    one = _losses(root / "one/run")
+    one = metric_by_step(root / "one/run")
     for name in ("resumed1", "resumed2"):
-        resumed = _losses(root / name / "run")
+        resumed = metric_by_step(root / name / "run")
         assert sorted(resumed) == [4, 5]
         np.testing.assert_allclose([resumed[s] for s in (4, 5)], [one[s] for s in (4, 5)], rtol=1e-5)
 

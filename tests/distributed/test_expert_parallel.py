@@ -5,15 +5,13 @@ one process does (losses within 1e-5 relative over 5 steps, final weights within
 EP=2 resumes in one process and on 2 FSDP ranks without EP, continuing as the uninterrupted run; what cannot work
 is refused before the launch, naming the key."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
 
 from olmo.config import TrainConfig
 from olmo.config.validation import config_problems
-from olmo.testing import run_torchrun, run_train, tiny_config_dict, write_byte_corpus, write_config
+from olmo.testing import metric_by_step, run_torchrun, run_train, tiny_config_dict, write_byte_corpus, write_config
 
 MOE = {
     "model.moe": {"num_experts": 4, "top_k": 2, "hidden_size": 16},
@@ -46,11 +44,6 @@ def runs(tmp_path_factory):
     return root, config
 
 
-def _losses(run) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["train/CrossEntropyLoss"] for r in rows if "train/CrossEntropyLoss" in r}
-
-
 def _assert_same_weights(a, b):
     first, second = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
     assert first.keys() == second.keys() and first["transformer.blocks.0.moe.w1"].shape == (4, 32, 16)
@@ -61,7 +54,7 @@ def _assert_same_weights(a, b):
 @pytest.mark.parametrize("layout", ["ep2x2", "ep4x2"])
 def test_expert_parallel_ranks_train_as_one_process(runs, layout):
     root, _ = runs
-    one, ep = _losses(root / "one/run"), _losses(root / layout / "run")
+    one, ep = metric_by_step(root / "one/run"), metric_by_step(root / layout / "run")
     assert sorted(ep) == [1, 2, 3, 4, 5]
     np.testing.assert_allclose([ep[s] for s in range(1, 6)], [one[s] for s in range(1, 6)], rtol=1e-5)
     _assert_same_weights(root / "one/run/step5-unsharded/model.pt", root / layout / "run/step5-unsharded/model.pt")
@@ -73,9 +66,9 @@ def test_a_checkpoint_saved_with_experts_in_parallel_resumes_on_other_layouts(ru
     assert run_train(config("resumed1"), f"--load_path={checkpoint}") == 0
     result = run_torchrun(2, config("resumed2"), f"--load_path={checkpoint}", timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
-    one = _losses(root / "one/run")
+    one = metric_by_step(root / "one/run")
     for name in ("resumed1", "resumed2"):
-        resumed = _losses(root / name / "run")
+        resumed = metric_by_step(root / name / "run")
         assert sorted(resumed) == [4, 5]
         np.testing.assert_allclose([resumed[s] for s in (4, 5)], [one[s] for s in (4, 5)], rtol=1e-5)
         _assert_same_weights(
