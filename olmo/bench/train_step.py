@@ -340,7 +340,7 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
         # The first stage's setup, as fit does it (with --override 'stages=[{..., kl_beta: 0.1}]' the KL step).
         trainer.train_module.enter_stage(trainer.stage_plan.at(1), at_boundary=True)
         peak = device_peak_flops(env.device, cfg.speed_monitor.gpu_flops_available)
-        device_tokens = trainer.device_batch_size * cfg.model.max_sequence_length // cfg.context_parallel.degree
+        device_tokens = cfg.device_tokens(env.world_size)
         log.info(
             "Model: %s parameters, %.4f GFLOP/token; %d tokens per device per step; peak %.3g FLOP/s.",
             f"{model.num_params():,}",
@@ -446,9 +446,7 @@ def describe_setup(
             "grad_accum": cfg.grad_accum_steps(env.world_size),
             "seq_len": cfg.model.max_sequence_length,
             "global_batch": cfg.global_train_batch_size,
-            "device_tokens_per_step": trainer.device_batch_size
-            * cfg.model.max_sequence_length
-            // cfg.context_parallel.degree,
+            "device_tokens_per_step": cfg.device_tokens(env.world_size),
         },
         "model": {
             "n_params": model.num_params(),

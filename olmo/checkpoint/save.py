@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..config import TrainConfig
+from ..distributed.tensor_parallel import canonical_rows
 from ..exceptions import OLMoCheckpointError
 from ..util import lost_peer, remove_path, unwritable_reason
 from .safe_reads import MARKER, describe_os_error, read_marker, root_cause
@@ -155,7 +156,9 @@ def model_and_optim_state(
     with ``full``, whole tensors gathered on the CPU (``stepN-unsharded/model.pt`` and ``optim.pt``; complete on
     rank 0); otherwise this rank's shards (DTensors under FSDP), what ``stepN/model_and_optim`` is written from."""
     if optimizer is None:
-        return {"model": get_model_state_dict(model, options=FULL_STATE if full else None)}
+        model_only: dict[str, Any] = {"model": get_model_state_dict(model, options=FULL_STATE if full else None)}
+        canonical_rows(model, model_only)
+        return model_only
     fresh = not optimizer.state  # no step taken yet (a step-0 checkpoint)
     if full:
         state: dict[str, Any] = {"model": get_model_state_dict(model, options=FULL_STATE)}
@@ -165,6 +168,7 @@ def model_and_optim_state(
         state = {"model": model_sd, "optim": optim_sd}
     if fresh:
         _as_fresh_optimizer_state(optimizer, state["optim"])
+    canonical_rows(model, state)  # tensor parallelism's rank-major fused rows, stored canonical
     return state
 
 

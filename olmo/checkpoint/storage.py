@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from ..distributed.tensor_parallel import order_fused_rows
 from ..exceptions import OLMoCheckpointError, OLMoError
 from ..util import is_url, redact_url
 from ..util.checkpoint_dirs import STEP_DIR, CheckpointInfo, find_latest_checkpoint, list_checkpoints
@@ -264,6 +265,7 @@ def load_checkpoint(
                 f"--reset_optimizer_state to load the model weights only."
             ) from None
         _unmap_optimizer_state(optimizer, optim_sd)
+    order_fused_rows(model, optimizer)  # canonical rows to tensor parallelism's rank-major ones
     if not load_trainer_state:
         return None
     return trainer_state(info)
@@ -346,6 +348,7 @@ def _load_sharded(
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_loaded)
     else:
         set_model_state_dict(model, state["model"])
+    order_fused_rows(model, optimizer)
     if not load_trainer_state:
         return None
     return trainer_state(info)

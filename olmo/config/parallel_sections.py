@@ -5,8 +5,10 @@
 The ranks form one mesh, outermost first: data parallel (what ``fsdp`` shards and replicates over), then context
 parallel, then tensor parallel; rank ``r`` is data-parallel rank ``r // (cp * tp)``. Ranks of one context- or
 tensor-parallel group read the same instances, so the data order, ``global_indices.npy`` and the batch of every
-step are those of a run on ``world_size / (cp * tp)`` ranks. Parameters, gradients and optimizer state stay sharded
-by FSDP over every rank, so a checkpoint does not depend on these degrees.
+step are those of a run on ``world_size / (cp * tp)`` ranks. FSDP shards parameters, gradients and optimizer state
+over every rank but the tensor-parallel ones (which hold different parts of each block), and checkpoints hold the
+canonical tensors, so a checkpoint does not depend on these degrees. Tensor and context parallelism together are
+not implemented yet.
 """
 
 from __future__ import annotations
@@ -79,18 +81,63 @@ class ContextParallelConfig(BaseConfig):
 
 @dataclass
 class TensorParallelConfig(BaseConfig):
-    """Tensor parallelism: each block's projections split over ``degree`` ranks. Reserved: only ``degree: 1`` is
-    accepted so far (issue 39); a larger degree stops the launch with a one-paragraph error."""
+    """Tensor parallelism (Megatron's split, with DTensor): each block's ``att_proj`` and ``ff_proj`` are split by
+    output rows (column-wise: each rank computes its own attention heads and its share of the MLP's hidden units)
+    and ``attn_out`` and ``ff_out`` by input columns (row-wise, their outputs summed over the group), over
+    ``degree`` consecutive ranks. OLMo 2's QK-norm sums its statistics over the group. Embeddings, the other norms
+    and the output layer are replicated within the group and sharded by FSDP over the data-parallel ranks, as every
+    parameter is. Checkpoints hold the usual (canonical) tensors, so they do not depend on ``degree``.
+    (:mod:`olmo.distributed.tensor_parallel`.)"""
 
     degree: int = 1
-    """Ranks that share each layer's matrices (1: none)."""
+    """Ranks that share each layer's matrices (1: none). Must divide the number of processes, ``model.n_heads``,
+    the key/value heads and the MLP's hidden size."""
 
-    def problems(self, model: ModelConfig, world_size: int) -> list[str]:
+    def problems(
+        self, model: ModelConfig, strategy: str, world_size: int | None, degrees: dict[str, int]
+    ) -> list[str]:
+        """One sentence per reason ``degree`` cannot work for ``model`` on ``world_size`` ranks (None: any number;
+        ``--dry_run``); ``degrees``: the other parallel sections' degrees by key."""
         d = self.degree
         bad = _degree_problem("tensor_parallel.degree", d)
         if bad or d == 1:
             return [bad] if bad else []
-        return [
-            f"tensor_parallel.degree={d} is not implemented yet (only 1 is): split the model with FSDP "
-            f"(fsdp.sharding_strategy) and long sequences with context_parallel.degree instead."
-        ]
+        out = []
+        if world_size is not None and world_size % d:
+            out.append(
+                f"tensor_parallel.degree={d} must divide the number of processes launched ({world_size}); launch "
+                f"a multiple of {d} with torchrun --nproc_per_node (one node's GPUs is the usual group), or change "
+                f"the degree."
+            )
+        hidden = model.effective_mlp_hidden_size
+        mlp = hidden // 2 if str(model.activation_type) == "swiglu" else hidden
+        sizes = {
+            "model.n_heads": model.n_heads,
+            "the key/value heads (model.n_kv_heads)": model.effective_n_kv_heads,
+            "the MLP's hidden size (model.mlp_hidden_size / mlp_ratio)": mlp,
+        }
+        for what, size in sizes.items():
+            if size % d:
+                out.append(
+                    f"tensor_parallel.degree={d} must divide {what} = {size}: each rank computes an equal share; "
+                    f"use a degree that divides it."
+                )
+        if strategy == "single" and world_size is not None:
+            out.append(f"tensor_parallel.degree={d} needs distributed_strategy=fsdp or ddp, not single.")
+        if model.alibi:
+            out.append(
+                f"tensor_parallel.degree={d} with model.alibi is not implemented (ALiBi's bias is per head and "
+                f"would have to be split the same way); use RoPE, or tensor_parallel.degree=1."
+            )
+        if model.is_moe:
+            out.append(
+                f"tensor_parallel.degree={d} with a mixture of experts (model.moe) is not implemented: split the "
+                f"experts with expert_parallel.degree instead."
+            )
+        for key, other in degrees.items():
+            if isinstance(other, int) and other > 1:
+                out.append(
+                    f"tensor_parallel.degree={d} together with {key}={other} is not implemented yet; use one of "
+                    f"the two (and FSDP across the rest of the ranks)."
+                )
+        return out

@@ -415,6 +415,12 @@ class TrainConfig(BaseConfig):
         tokens)."""
         return self.global_train_batch_size // self.data_parallel_size(world_size)
 
+    def device_tokens(self, world_size: int) -> int:
+        """Tokens of each step a rank accounts for: its data-parallel share of the batch, over the ranks that share
+        those instances (context or tensor parallel) for throughput."""
+        shared = world_size // self.data_parallel_size(world_size)
+        return self.device_batch_size(world_size) * self.model.max_sequence_length // max(1, shared)
+
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step on each rank."""
         return math.ceil(self.device_batch_size(world_size) / self.device_train_microbatch_size)

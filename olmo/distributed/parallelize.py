@@ -31,6 +31,7 @@ from ..exceptions import OLMoConfigurationError
 from ..model import OLMo
 from .collectives import DistEnv
 from .expert_parallel import expert_mesh, shard_experts
+from .tensor_parallel import apply_tensor_parallel, order_fused_rows
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class ParallelizeOptions:
     """``expert_parallel.degree``: ranks sharing each mixture-of-experts layer's experts."""
     context_parallel_degree: int = 1
     """``context_parallel.degree``: ranks sharing each instance's tokens."""
+    tensor_parallel_degree: int = 1
+    """``tensor_parallel.degree``: ranks sharing each block's matrices."""
 
     @classmethod
     def from_train_config(cls, cfg: TrainConfig) -> ParallelizeOptions:
@@ -78,6 +81,7 @@ class ParallelizeOptions:
             float32_matmul_precision=cfg.float32_matmul_precision,
             expert_parallel_degree=cfg.expert_parallel.degree,
             context_parallel_degree=cfg.context_parallel.degree,
+            tensor_parallel_degree=cfg.tensor_parallel.degree,
         )
 
 
@@ -95,6 +99,11 @@ def build_model(cfg: ModelConfig, env: DistEnv, options: ParallelizeOptions, ini
         torch.set_float32_matmul_precision(options.float32_matmul_precision)
     with torch.device("meta"):
         model = OLMo(cfg)
+    mesh = _mesh(options, env) if env.world_size > 1 else None
+    tensor_parallel = mesh is not None and "tp" in (mesh.mesh_dim_names or ())
+    if tensor_parallel:
+        assert mesh is not None
+        apply_tensor_parallel(model, mesh["tp"])
     if options.activation_checkpointing is not None:
         apply_activation_checkpointing(model, options.activation_checkpointing)
     if options.compile is not None:
@@ -115,11 +124,13 @@ def build_model(cfg: ModelConfig, env: DistEnv, options: ParallelizeOptions, ini
             "keys with a mask of positions, which runs on PyTorch SDPA.",
             options.context_parallel_degree,
         )
-    if env.world_size > 1:
-        _shard(model, options, env, experts)
+    if mesh is not None:
+        _shard(model, options, env, experts, mesh)
     model.to_empty(device=env.device)
     if init_params:
         model.reset_parameters()
+        if tensor_parallel:  # drawn in the canonical order, as one process draws them
+            order_fused_rows(model)
     return model
 
 
@@ -178,26 +189,42 @@ def defer_replica_all_reduce(cfg: TrainConfig, env: DistEnv) -> bool:
 
 
 def _mesh(cfg: ParallelizeOptions, env: DistEnv) -> DeviceMesh:
-    """A 1-D mesh for full/grad-op sharding; 2-D (replicate, shard) for hybrid sharding and DDP."""
+    """The device mesh, outermost first: ``shard`` (1-D) for full/grad-op sharding, or (``replicate``, ``shard``)
+    for hybrid sharding and DDP, then ``tp`` (``tensor_parallel.degree`` consecutive ranks) when there is one.
+    FSDP shards and replicates over every dimension but ``tp``."""
     fsdp = cfg.fsdp or FSDPConfig()
     device_type = env.device.type
+    tp = cfg.tensor_parallel_degree
+    if env.world_size % tp:
+        raise OLMoConfigurationError(
+            f"tensor_parallel.degree={tp} must divide the number of processes ({env.world_size})."
+        )
+    data_parallel = env.world_size // tp
     if cfg.distributed_strategy == DistributedStrategy.ddp or fsdp.sharding_strategy == ShardingStrategy.NO_SHARD:
-        replicas = env.world_size
+        replicas = data_parallel
     elif fsdp.sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
         local = env.local_world_size or env.world_size
         replicas = fsdp.hybrid_sharding_num_model_replicas or max(1, env.world_size // local)
-        if env.world_size % replicas != 0:
+        if data_parallel % replicas != 0:
             raise OLMoConfigurationError(
-                f"fsdp.hybrid_sharding_num_model_replicas={replicas} must divide the world size {env.world_size}."
+                f"fsdp.hybrid_sharding_num_model_replicas={replicas} must divide the data-parallel ranks "
+                f"({data_parallel}: the world size {env.world_size} over tensor_parallel.degree={tp})."
             )
     else:
-        return init_device_mesh(device_type, (env.world_size,), mesh_dim_names=("shard",))
-    return init_device_mesh(
-        device_type, (replicas, env.world_size // replicas), mesh_dim_names=("replicate", "shard")
+        replicas = 0
+    shape, names = (
+        ((replicas, data_parallel // replicas), ("replicate", "shard"))
+        if replicas
+        else ((data_parallel,), ("shard",))
     )
+    if tp > 1:
+        shape, names = (*shape, tp), (*names, "tp")
+    return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
-def _shard(model: OLMo, cfg: ParallelizeOptions, env: DistEnv, experts: set[torch.nn.Parameter]) -> None:
+def _shard(
+    model: OLMo, cfg: ParallelizeOptions, env: DistEnv, experts: set[torch.nn.Parameter], mesh: DeviceMesh
+) -> None:
     """Apply FSDP2 per the OLMo options.
 
     * ``fsdp.sharding_strategy``: FULL_SHARD and HYBRID_SHARD reshard parameters after the forward pass;
@@ -211,11 +238,14 @@ def _shard(model: OLMo, cfg: ParallelizeOptions, env: DistEnv, experts: set[torc
     * ``fsdp.precision`` on GPU: ``pure`` computes and reduces in the autocast dtype, ``mixed`` reduces
       gradients in fp32. Parameters are always kept in fp32 for the optimizer.
     * ``experts``: expert-parallel weights, which FSDP leaves to their own mesh.
+    * ``mesh``: :func:`_mesh`'s; FSDP takes every dimension but ``tp``.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     fsdp = cfg.fsdp or FSDPConfig()
-    mesh = _mesh(cfg, env)
+    names = mesh.mesh_dim_names or ()
+    if "tp" in names:
+        mesh = mesh[tuple(n for n in names if n != "tp")]
     reshard = fsdp.sharding_strategy not in (ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy._HYBRID_SHARD_ZERO2)
     dtype = autocast_dtype(cfg, env.device)
     policy = MixedPrecisionPolicy()

@@ -180,40 +180,50 @@ class MemoryEstimate:
         return self.tensors + self.overhead
 
 
+def tensor_parallel_degree(cfg: TrainConfig, world_size: int) -> int:
+    """``tensor_parallel.degree`` where it divides the world size (1 otherwise: validation refuses the launch)."""
+    tp = cfg.tensor_parallel.degree
+    return tp if tp > 1 and world_size % tp == 0 else 1
+
+
 def shard_degree(cfg: TrainConfig, world_size: int) -> int:
-    """Over how many ranks parameters, gradients and optimizer state are split."""
+    """Over how many ranks FSDP splits parameters, gradients and optimizer state (a tensor-parallel group's ranks
+    hold different parts of a block and the same copy of the rest: FSDP shards over the data-parallel ranks)."""
     fsdp = cfg.fsdp or FSDPConfig()
     if world_size == 1 or cfg.distributed_strategy in ("ddp", "single") or fsdp.sharding_strategy == "NO_SHARD":
         return 1
+    data_parallel = world_size // tensor_parallel_degree(cfg, world_size)
     if fsdp.sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
         replicas = fsdp.hybrid_sharding_num_model_replicas or max(1, world_size // GPUS_PER_NODE)
-        return max(1, world_size // replicas)
-    return world_size
+        return max(1, data_parallel // replicas)
+    return data_parallel
 
 
-def _block_activation_bytes(cfg: TrainConfig, compute: int, residual: int) -> tuple[float, float]:
-    """Bytes one block saves for backward per token: (attention part, MLP part), read off ``OLMoBlock``."""
+def _block_activation_bytes(cfg: TrainConfig, compute: int, residual: int, tp: int = 1) -> tuple[float, float]:
+    """Bytes one block saves for backward per token: (attention part, MLP part), read off ``OLMoBlock``; with
+    tensor parallelism of degree ``tp`` the heads' and hidden units' share of one rank (the residual stream and the
+    norms' outputs are whole on every rank)."""
     m = cfg.model
-    d, head_dim = m.d_model, m.d_model // m.n_heads
-    kv = m.effective_n_kv_heads * head_dim
-    hidden = m.effective_mlp_hidden_size
+    d, head_dim = m.d_model // tp, m.d_model // m.n_heads  # d: the width of this rank's heads
+    kv = m.effective_n_kv_heads * head_dim // tp
+    hidden = m.effective_mlp_hidden_size // tp
     # Pre-norm input (residual stream) with its per-token statistics, and the projection's copy of the norm output.
-    attention = residual * d + 8 + compute * d
+    attention = (residual + compute) * m.d_model + 8
     if m.effective_n_kv_heads != m.n_heads and not m.flash_attention:
         # SDPA gets k and v repeated to every query head, and q: rotated, or a view keeping the fused output alive.
         attention += compute * (2 * d + (d if m.rope else d + 2 * kv))
     else:
         attention += compute * (d + 2 * kv)  # the fused q/k/v output (v, a view of it, keeps it alive)
         attention += compute * (d + kv) if m.rope else 0  # the rotated q and k are new tensors
-    attention += compute * d + 4 * m.n_heads  # SDPA's output (attn_out's input, a view of it); log-sum-exp in fp32
-    mlp = residual * d + 8 + compute * d
+    attention += compute * d + 4 * m.n_heads // tp  # SDPA's output (attn_out's input, a view); log-sum-exp in fp32
+    mlp = (residual + compute) * m.d_model + 8
     # ff_proj's output (for SwiGLU kept alive by its two halves, views of it), then the activation's output (SwiGLU:
     # silu of the gate half, and its product with the other half), which ff_out saves: twice the hidden width.
     if m.is_moe and m.moe is not None:
         # Each token's k rows gathered for the experts, their gate and up outputs, silu(gate) and its product with up
         # (w2's input), the expert outputs, and the router's float32 logits and probabilities.
         k, h = m.moe.top_k, m.moe.expert_hidden_size(m)
-        mlp += compute * k * (2 * d + 4 * h) + 4 * 2 * m.moe.num_experts
+        mlp += compute * k * (2 * m.d_model + 4 * h) + 4 * 2 * m.moe.num_experts
         shared = m.moe.shared_expert_hidden_size
         hidden = 0 if shared is None else 2 * shared
     mlp += compute * 2 * hidden
@@ -244,7 +254,9 @@ def estimate_memory(
     fsdp_units = world_size > 1 and shard > 1
     mixed = fsdp_units and autocast and cfg.fsdp is not None and cfg.fsdp.precision is not None
     residual = compute if mixed else 4  # FSDP's bf16 parameters make the embedding output bf16
-    P = facts.num_params
+    tp = tensor_parallel_degree(cfg, world_size)
+    # A rank's copy of the model: a tensor-parallel rank holds 1/tp of each block (biases and QK-norm included).
+    P = facts.num_params - m.n_layers * facts.block_params * (1 - 1 / tp)
     params, grads = 4 * P / shard, 4 * P / shard
     if device.is_gpu and cfg.grad_accum_steps(world_size) == 1:
         grads = 0.0  # the peak is the first backward's start: no gradient exists yet (zero_grad frees them)
@@ -253,10 +265,10 @@ def estimate_memory(
     gathered = 0.0
     if fsdp_units:
         unit = compute if mixed else 4
-        root = P - m.n_layers * facts.block_params
+        root = facts.num_params - m.n_layers * facts.block_params
         keep_all = cfg.fsdp is not None and cfg.fsdp.sharding_strategy in GATHERED_STRATEGIES
         blocks = m.n_layers if keep_all else min(2, m.n_layers)
-        block = float(facts.block_params)
+        block = float(facts.block_params) / tp
         if cfg.expert_parallel.degree > 1:  # each rank gathers only its own share of the experts
             block -= facts.expert_params / m.n_layers * (1 - 1 / cfg.expert_parallel.degree)
         # The unsharded gradient of the block being reduced, in the reduce dtype (fp32 unless pure bf16).
@@ -264,7 +276,7 @@ def estimate_memory(
     elif autocast:
         gathered = compute * P  # autocast caches a low-precision copy of every weight during the forward pass
 
-    attention, mlp = _block_activation_bytes(cfg, compute, residual)
+    attention, mlp = _block_activation_bytes(cfg, compute, residual, tp)
     full_block = attention + mlp
     if cfg.activation_checkpointing == "fine_grained":
         # The norms stay outside the checkpoints; each checkpoint saves its (fp32 under autocast) input.

@@ -4,8 +4,8 @@ other meshes its world size allows.
     python scripts/plan.py CONFIG [--key=value ...] --world_size N --device h100|h200|a100|cpu [--json]
 
 For each mesh: the degrees (``replicate`` x ``shard``: FSDP over all ranks; ``expert_parallel`` for a mixture of
-experts; ``context_parallel``, offered for sequences of 16,384 tokens or more; ``tensor_parallel`` is 1 until it
-exists), the micro-batch, the memory of one rank by part
+experts; ``context_parallel``, offered for sequences of 16,384 tokens or more; ``tensor_parallel``, offered within
+a node for models of ``d_model`` 4,096 or more), the micro-batch, the memory of one rank by part
 (:func:`olmo.ladder.estimates.estimate_memory`: within 1.3 % of every peak measured on an H200, see docs/ladder.md),
 whether it fits the device with 10 % allocator headroom and the CUDA context, and the step time and MFU at the
 assumed MFU of the device's dense peak (``--mfu``, default 0.45: OLMo-1B measured 0.54-0.56 on an H200, OLMo-300M
@@ -33,6 +33,7 @@ from .estimates import (
     model_facts,
     resolve_device,
     shard_degree,
+    tensor_parallel_degree,
 )
 
 __all__ = ["MeshPlan", "plan_meshes", "main"]
@@ -97,6 +98,20 @@ def _meshes(cfg: TrainConfig, world_size: int) -> list[tuple[str, TrainConfig]]:
                 other.fsdp.hybrid_sharding_num_model_replicas = None
                 other.context_parallel.degree = cp
                 out.append((f"FULL_SHARD + CP {cp}", other))
+    m = cfg.model
+    if (m.d_model >= 4096 or cfg.tensor_parallel.degree > 1) and not m.is_moe and not m.alibi:
+        for tp in (2, 4, 8):
+            other = copy.deepcopy(cfg)
+            assert other.fsdp is not None
+            other.fsdp.sharding_strategy = ShardingStrategy.FULL_SHARD
+            other.fsdp.hybrid_sharding_num_model_replicas = None
+            other.context_parallel.degree = 1
+            other.tensor_parallel.degree = tp
+            # Within a node (its all-reduces run in every layer), and dividing the heads and hidden units.
+            if tp <= min(world_size, GPUS_PER_NODE) and not other.tensor_parallel.problems(
+                m, "fsdp", world_size, {}
+            ):
+                out.append((f"FULL_SHARD + TP {tp}", other))
     return out
 
 
@@ -123,11 +138,12 @@ def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: floa
         fsdp = mesh_cfg.fsdp
         strategy = fsdp.sharding_strategy if fsdp is not None else ShardingStrategy.FULL_SHARD
         shard = shard_degree(mesh_cfg, world_size) if strategy != ShardingStrategy.NO_SHARD else 1
+        tp = tensor_parallel_degree(mesh_cfg, world_size)
         degrees = {
-            "replicate": world_size // shard,
+            "replicate": world_size // (shard * tp),
             "shard": shard,
             "expert_parallel": mesh_cfg.expert_parallel.degree,
-            "tensor_parallel": 1,
+            "tensor_parallel": tp,
             "context_parallel": mesh_cfg.context_parallel.degree,
         }
         plans.append(MeshPlan(name, degrees, micro, memory, fits, step, mfu, name == "configured", largest))
@@ -139,7 +155,7 @@ def format_plans(plans: list[MeshPlan], device: DeviceSpec, world_size: int) -> 
     lines = [
         f"{world_size} x {device.name} ({device.memory_bytes / gb:.0f} GB each, peak "
         f"{(device.peak_flops or 0) / 1e12:.0f} TFLOP/s); memory per rank with {FRAGMENTATION:.0%} allocator headroom:",
-        f"{'mesh':28s} {'repl x shard':>12s} {'EP':>3s} {'CP':>3s} {'micro':>5s} {'params':>7s} {'grads':>6s} {'optim':>6s} "
+        f"{'mesh':28s} {'repl x shard':>12s} {'EP':>3s} {'CP':>3s} {'TP':>3s} {'micro':>5s} {'params':>7s} {'grads':>6s} {'optim':>6s} "
         f"{'gather':>6s} {'activ':>7s} {'loss':>6s} {'total':>7s}  fits  step",
     ]
     for p in plans:
@@ -154,7 +170,7 @@ def format_plans(plans: list[MeshPlan], device: DeviceSpec, world_size: int) -> 
         )
         lines.append(
             f"{p.name:28s} {p.degrees['replicate']:>5d} x {p.degrees['shard']:<4d} {p.degrees['expert_parallel']:>3d} "
-            f"{p.degrees['context_parallel']:>3d} {p.micro_batch:>5d} {m['params']:>7.2f} {m['grads']:>6.2f} {m['optimizer']:>6.2f} {m['gathered_params']:>6.2f} "
+            f"{p.degrees['context_parallel']:>3d} {p.degrees['tensor_parallel']:>3d} {p.micro_batch:>5d} {m['params']:>7.2f} {m['grads']:>6.2f} {m['optimizer']:>6.2f} {m['gathered_params']:>6.2f} "
             f"{m['activations'] + m['recompute']:>7.2f} {m['loss']:>6.2f} {m['total']:>7.2f}  {fits}  {step}"
         )
     configured = plans[0]
@@ -167,7 +183,7 @@ def format_plans(plans: list[MeshPlan], device: DeviceSpec, world_size: int) -> 
                 if fitting
                 else f"no mesh of this world size does. One micro-batch's activations and loss take "
                 f"{(configured.memory['activations'] + configured.memory['loss']) / 1e9:.0f} GB per rank, which more "
-                f"ranks do not divide: activation_checkpointing, fused_loss, context_parallel or a shorter sequence "
+                f"ranks do not divide: activation_checkpointing, fused_loss, context_parallel, tensor_parallel or a shorter sequence "
                 f"would."
             )
         )

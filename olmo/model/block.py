@@ -8,13 +8,13 @@ import functools
 import logging
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ActivationType, InitFnType, ModelConfig
+from ..config import ActivationType, InitFnType, LayerNormType, ModelConfig
 from ..exceptions import OLMoConfigurationError
 from .attention import DocumentSpans, flash_varlen_attention
 from .context_attention import ContextAttention
@@ -66,6 +66,17 @@ def _flash_usable(flash_attn: _FlashAttn | None, device: torch.device, dtype: to
         _warn_once("flash-attn cannot take an attention mask or ALiBi; using PyTorch SDPA for those batches.")
         return False
     return True
+
+
+class TensorParallel(Protocol):
+    """A block's tensor-parallel group (``olmo.distributed.tensor_parallel``): its projections hold
+    ``1 / degree`` of the heads and hidden units."""
+
+    degree: int
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of ``x`` over the group (its gradient summed too)."""
+        ...
 
 
 class OLMoBlock(nn.Module):
@@ -121,6 +132,8 @@ class OLMoBlock(nn.Module):
                 lb_per_instance=moe.lb_loss_granularity == "instance",
             )
         self._flash_attn = _load_flash_attn() if config.flash_attention else None
+        self.tensor_parallel: TensorParallel | None = None
+        """Set by ``olmo.distributed.tensor_parallel``: this rank computes its share of the heads and the MLP."""
         self.window: int | None = config.layer_windows()[layer_id]
         """Keys each query sees (itself included) on this layer, None for full attention (``model.sliding_window``):
         flash-attn applies it itself; on SDPA the model's ``attn_bias`` for this layer holds it."""
@@ -242,19 +255,23 @@ class OLMoBlock(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Self-attention (B, T, C) -> (B, T, C) after the cached keys and values ``layer_past``, and the keys and
         values of every position so far."""
-        B, T, C = x.shape
-        kv_dim = self.n_kv_heads * self.head_dim
+        B, T, _ = x.shape
+        share = (
+            1 if self.tensor_parallel is None else self.tensor_parallel.degree
+        )  # this rank's 1/share of the heads
+        n_heads, n_kv_heads = self.n_heads // share, self.n_kv_heads // share
+        C, kv_dim = n_heads * self.head_dim, n_kv_heads * self.head_dim
         qkv = self.att_proj(x)  # (B, T, C + 2 * kv_dim)
         if self.config.clip_qkv is not None:
             qkv = qkv.clamp(-self.config.clip_qkv, self.config.clip_qkv)
         q, k, v = qkv.split((C, kv_dim, kv_dim), dim=-1)
         if self.q_norm is not None and self.k_norm is not None:
             dtype = k.dtype  # under autocast the norms return fp32; keep the projection's dtype
-            q = self.q_norm(q).to(dtype)
-            k = self.k_norm(k).to(dtype)
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
-        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
+            q = self._qk_norm(self.q_norm, q).to(dtype)
+            k = self._qk_norm(self.k_norm, k).to(dtype)
+        q = q.view(B, T, n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k = k.view(B, T, n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
+        v = v.view(B, T, n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
         if rope is not None:
             q, k = self._rotate(q, k, rope)
         if context_parallel is not None:  # every rank's keys and values, each chunk attending to its prefix
@@ -265,6 +282,14 @@ class OLMoBlock(nn.Module):
             v = torch.cat((layer_past[1], v), dim=-2)
         y = self._scaled_dot_product(q, k, v, attn_bias, doc_spans, causal=layer_past is None)  # (B, T, H, hd)
         return self.attn_out(y.reshape(B, T, C)), (k, v)
+
+    def _qk_norm(self, norm: LayerNorm, x: torch.Tensor) -> torch.Tensor:
+        """``norm(x)`` over every head; under tensor parallelism ``x`` holds this rank's heads, and the statistics are
+        summed over the group."""
+        tp = self.tensor_parallel
+        if tp is None or tp.degree == 1:
+            return norm(x)
+        return sharded_layer_norm(norm, x, tp)
 
     def _context_parallel_sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
         """One chunk's attention under context parallelism: ``mask`` is built in q's dtype, or a ``CausalBias``."""
@@ -315,6 +340,30 @@ class OLMoBlock(nn.Module):
             q, k, v, attn_mask=attn_bias, dropout_p=dropout_p, is_causal=causal and attn_bias is None
         )  # (B, H, T, hd)
         return y.transpose(1, 2)
+
+
+def sharded_layer_norm(norm: LayerNorm, x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    """``norm`` over a last dimension split over ``tp``'s ranks (``x`` this rank's share, the norm's weight and bias
+    split the same way, as DTensors): ``rms`` and the layer norms, in fp32, their sums taken over the group."""
+    weight, bias = (
+        None if w is None else w.to_local() if hasattr(w, "to_local") else w for w in (norm.weight, norm.bias)
+    )
+    dtype = x.dtype
+    with torch.autocast(x.device.type, enabled=False):
+        xf = x.float()
+        if norm.norm_type == LayerNormType.rms:
+            mean_square = tp.all_reduce(xf.pow(2).sum(-1, keepdim=True)) / norm.size
+            y = (xf * torch.rsqrt(mean_square + norm.eps)).to(dtype)
+        else:
+            mean = tp.all_reduce(xf.sum(-1, keepdim=True)) / norm.size
+            centred = xf - mean
+            variance = tp.all_reduce(centred.pow(2).sum(-1, keepdim=True)) / norm.size
+            y = (centred * torch.rsqrt(variance + norm.eps)).to(dtype)
+    if weight is not None:
+        y = weight * y
+        if bias is not None:
+            y = y + bias
+    return y
 
 
 OLMoSequentialBlock = OLMoBlock

@@ -28,6 +28,7 @@ from ..data import check_token_ids
 from ..distributed.collectives import DistEnv, all_reduce
 from ..distributed.context_parallel import ContextParallel, context_parallel_group
 from ..distributed.parallelize import autocast_dtype, defer_replica_all_reduce
+from ..distributed.tensor_parallel import order_fused_rows
 from ..eval.evaluator import ModelEval
 from ..exceptions import OLMoConfigurationError
 from ..model import OLMo
@@ -157,6 +158,7 @@ class TrainModule(ABC):
         set_model_state_dict(self.model, state["model"], options=options)
         if "optim" in state:
             set_optimizer_state_dict(self.model, self.optimizer, state["optim"], options=options)
+        order_fused_rows(self.model, self.optimizer if "optim" in state else None)
 
     def num_flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token at context length ``seq_len`` (for MFU)."""

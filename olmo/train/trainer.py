@@ -317,7 +317,7 @@ class Trainer(LoopControl):
             self.train_module.num_flops_per_token(cfg.model.max_sequence_length),
             device_peak_flops(self.env.device, cfg.speed_monitor.gpu_flops_available),
         )
-        device_tokens = self.device_batch_size * cfg.model.max_sequence_length // cfg.context_parallel.degree
+        device_tokens = cfg.device_tokens(self.env.world_size)
         return ThroughputMonitor(speed, device_tokens, self.env.device)
 
     def _next_batch(self, stop: StopConditions) -> tuple[dict[str, Any], float]:

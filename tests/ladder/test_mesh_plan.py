@@ -93,3 +93,22 @@ def test_the_table_and_bad_flags(tmp_path):
     assert bad.returncode == 2 and "--world_size=0 must be at least 1" in bad.stderr
     bad = run_script("plan.py", OFFICIAL / "OLMo-1B.yaml", "--world_size=8", "--device=tpu", timeout=60)
     assert bad.returncode == 2 and "--device" in bad.stderr
+
+
+def test_wide_models_get_tensor_parallel_meshes(capsys):
+    """OLMo-7B (d_model 4,096) on 64 H100s: FULL_SHARD + TP 2/4/8, each with the tensor-parallel degree in its mesh
+    and a block's weights, gathered copies and inner activations falling with it (the logits do not); OLMo-1B
+    (d_model 2,048) is not offered any."""
+    meshes = {m["name"]: m for m in _plan(capsys, OFFICIAL / "OLMo-7B.yaml", "--world_size=64", "--device=h100")}
+    fsdp = meshes["FULL_SHARD"]
+    previous = fsdp
+    for tp in (2, 4, 8):
+        mesh = meshes[f"FULL_SHARD + TP {tp}"]
+        assert mesh["degrees"]["tensor_parallel"] == tp and mesh["degrees"]["shard"] == 64 // tp
+        assert mesh["degrees"]["replicate"] == 1
+        for part in ("activations", "gathered_params", "total"):
+            assert mesh["memory"][part] < previous["memory"][part], (tp, part)
+        assert mesh["memory"]["loss"] == fsdp["memory"]["loss"]
+        previous = mesh
+    small = _plan(capsys, OFFICIAL / "OLMo-1B.yaml", "--world_size=64", "--device=h100")
+    assert all(m["degrees"]["tensor_parallel"] == 1 for m in small)

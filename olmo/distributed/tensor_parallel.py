@@ -1,0 +1,184 @@
+"""Tensor parallelism (``tensor_parallel.degree``): each block's matrices split over a group of consecutive ranks
+with torch's DTensor parallel styles, composed with FSDP2 over the data-parallel ranks on one device mesh.
+
+The split, for degree ``t`` (Megatron's; torchtitan's and OLMo-core's styles):
+
+- ``att_proj`` and ``ff_proj`` column-wise (``ColwiseParallel``: rank ``r`` computes output rows ``r`` of ``t``; the
+  input is replicated and its gradient summed over the group), ``attn_out`` and ``ff_out`` row-wise
+  (``RowwiseParallel``: each rank multiplies its share of the input, the outputs are summed over the group). Each
+  rank attends with its ``n_heads / t`` query heads and ``n_kv_heads / t`` key/value heads, and applies the
+  activation to its ``1 / t`` of the MLP's hidden units.
+- **Fused rows.** ``att_proj`` stacks q, k and v, and SwiGLU's ``ff_proj`` stacks up and gate; a column-wise split
+  must give rank ``r`` its own share of each part. So under tensor parallelism these weights hold their rows in a
+  rank-major order (:func:`fused_row_orders`: q, k, v of rank 0, then of rank 1, ...). Checkpoints always hold the
+  canonical order: :func:`canonical_rows` converts a state dict on the way out, :func:`order_fused_rows` the live
+  parameters and optimizer state after a load or the initialization (one parameter at a time, through its full
+  tensor). A checkpoint therefore resumes under any degree, or without tensor parallelism.
+- **QK-norm** (OLMo 2's ``attention_layer_norm``) normalizes over all heads: its weights are split with the heads
+  and its statistics summed over the group (:class:`TensorParallelGroup`).
+- Embeddings, the other norms and the output layer are replicated within the group (their inputs are); every rank
+  of a group computes the same logits and loss. The group's ranks read the same instances
+  (``TrainConfig.data_parallel_rank``), so the loss normalization (``sum(CE) * W / n_labels``, labels counted on
+  every rank) comes to ``dp / n_labels`` per rank and FSDP's average over the ``dp`` data-parallel ranks gives the
+  full gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+from ..config import ActivationType
+from ..model import OLMo
+
+__all__ = [
+    "TensorParallelGroup",
+    "apply_tensor_parallel",
+    "canonical_rows",
+    "fused_row_orders",
+    "order_fused_rows",
+]
+
+
+@dataclass(eq=False)
+class TensorParallelGroup:
+    """What a block needs of its tensor-parallel group (``olmo.model.block.TensorParallel``)."""
+
+    degree: int
+    group: dist.ProcessGroup
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of ``x`` over the group; its gradient is summed over the group too."""
+        return _SumOverGroup.apply(x, self.group)
+
+
+class _SumOverGroup(torch.autograd.Function):
+    """Forward: the sum over the group's ranks. Backward: each rank's input feeds every rank's sum, so its gradient
+    is the sum of theirs."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def apply_tensor_parallel(model: OLMo, mesh: DeviceMesh) -> None:
+    """Split every block of ``model`` (on the meta device, before FSDP) over the 1-D tensor-parallel ``mesh``."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    group = TensorParallelGroup(mesh.size(), mesh.get_group())
+    plan: dict[str, Any] = {
+        "att_proj": ColwiseParallel(),
+        "attn_out": RowwiseParallel(),
+        "ff_proj": ColwiseParallel(),
+        "ff_out": RowwiseParallel(),
+    }
+    for block in model.transformer.typed_blocks():
+        parallelize_module(block, mesh, {k: v for k, v in plan.items() if getattr(block, k) is not None})
+        for norm in (block.q_norm, block.k_norm):
+            if norm is None:
+                continue
+            for name, p in list(norm.named_parameters(recurse=False)):
+                sharded = distribute_tensor(p.data, mesh, [Shard(0)], src_data_rank=None)
+                norm.register_parameter(name, nn.Parameter(sharded, requires_grad=p.requires_grad))
+        block.tensor_parallel = group
+
+
+def _rank_major(parts: list[int], degree: int) -> torch.Tensor:
+    """Row order of a weight stacking ``parts`` (row counts) so that chunk ``r`` of ``degree`` holds share ``r`` of
+    every part: entry ``i`` is the canonical row placed at row ``i``."""
+    starts = [sum(parts[:i]) for i in range(len(parts))]
+    pieces = []
+    for r in range(degree):
+        for start, size in zip(starts, parts):
+            share = size // degree
+            pieces.append(torch.arange(start + r * share, start + (r + 1) * share))
+    return torch.cat(pieces)
+
+
+def fused_row_orders(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``{parameter name: row order}`` of the weights stored rank-major under tensor parallelism (none without it):
+    ``att_proj`` (q, k, v) and SwiGLU's ``ff_proj`` (up, gate), weights and biases."""
+    if not isinstance(model, OLMo):
+        return {}
+    cfg = model.config
+    out: dict[str, torch.Tensor] = {}
+    for i, block in enumerate(model.transformer.typed_blocks()):
+        tp = block.tensor_parallel
+        if tp is None or tp.degree == 1:
+            continue
+        head_dim = cfg.d_model // cfg.n_heads
+        kv = cfg.effective_n_kv_heads * head_dim
+        orders = {"att_proj": _rank_major([cfg.d_model, kv, kv], tp.degree)}
+        if block.ff_proj is not None and cfg.activation_type == ActivationType.swiglu:
+            half = block.ff_proj.out_features // 2
+            orders["ff_proj"] = _rank_major([half, half], tp.degree)
+        for module, order in orders.items():
+            for kind in ("weight", "bias"):
+                if getattr(getattr(block, module), kind) is not None:
+                    out[f"transformer.blocks.{i}.{module}.{kind}"] = order
+    return out
+
+
+def _reorder(t: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``t`` with its rows taken in ``order``; a DTensor keeps its mesh and placements (every rank gathers the full
+    tensor once: a collective)."""
+    if isinstance(t, DTensor):
+        full = t.full_tensor()[order.to(t.device)]
+        return distribute_tensor(full, t.device_mesh, t.placements, src_data_rank=None)
+    return t[order.to(t.device)]
+
+
+def _named_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    return {name.replace("_orig_mod.", ""): p for name, p in model.named_parameters()}
+
+
+def canonical_rows(model: nn.Module, state: dict[str, Any]) -> None:
+    """Put the fused weights of a ``{"model": ..., "optim": ...}`` state dict (sharded or full, as
+    ``olmo.checkpoint.save.model_and_optim_state`` builds it) into the canonical row order, in place. A full state
+    dict's tensors are plain (rank 0 only holds them); a sharded one's are DTensors, and every rank must call."""
+    orders = fused_row_orders(model)
+    if not orders:
+        return
+    inverse = {name: torch.argsort(order) for name, order in orders.items()}
+    model_sd = state["model"]
+    optim_state = state.get("optim", {}).get("state", {})
+    for name, order in inverse.items():
+        if name in model_sd:
+            model_sd[name] = _reorder(model_sd[name], order)
+        if name in optim_state:  # a new dict: the optimizer's own may be the one in the state dict
+            optim_state[name] = {
+                key: _reorder(value, order)
+                if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == order.numel()
+                else value
+                for key, value in optim_state[name].items()
+            }
+
+
+@torch.no_grad()
+def order_fused_rows(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Put the fused weights of ``model`` (and their state in ``optimizer``), which hold canonical rows after an
+    initialization or a load, into the rank-major order tensor parallelism computes with, in place."""
+    orders = fused_row_orders(model)
+    params = _named_parameters(model)
+    for name, order in orders.items():
+        p = params[name]
+        p.copy_(_reorder(p, order))
+        state = optimizer.state.get(p, {}) if optimizer is not None else {}
+        for key, value in list(state.items()):
+            if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape == p.shape:
+                state[key] = _reorder(value, order)
