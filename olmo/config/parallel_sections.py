@@ -7,8 +7,7 @@ parallel, then tensor parallel; rank ``r`` is data-parallel rank ``r // (cp * tp
 tensor-parallel group read the same instances, so the data order, ``global_indices.npy`` and the batch of every
 step are those of a run on ``world_size / (cp * tp)`` ranks. FSDP shards parameters, gradients and optimizer state
 over every rank but the tensor-parallel ones (which hold different parts of each block), and checkpoints hold the
-canonical tensors, so a checkpoint does not depend on these degrees. Tensor and context parallelism together are
-not implemented yet.
+canonical tensors, so a checkpoint does not depend on these degrees.
 """
 
 from __future__ import annotations
@@ -84,7 +83,8 @@ class TensorParallelConfig(BaseConfig):
     """Tensor parallelism (Megatron's split, with DTensor): each block's ``att_proj`` and ``ff_proj`` are split by
     output rows (column-wise: each rank computes its own attention heads and its share of the MLP's hidden units)
     and ``attn_out`` and ``ff_out`` by input columns (row-wise, their outputs summed over the group), over
-    ``degree`` consecutive ranks. OLMo 2's QK-norm sums its statistics over the group. Embeddings, the other norms
+    ``degree`` consecutive ranks (innermost: with context parallelism a context-parallel group's ranks are ``degree``
+    apart). OLMo 2's QK-norm sums its statistics over the group. Embeddings, the other norms
     and the output layer are replicated within the group and sharded by FSDP over the data-parallel ranks, as every
     parameter is. Checkpoints hold the usual (canonical) tensors, so they do not depend on ``degree``.
     (:mod:`olmo.distributed.tensor_parallel`.)"""
@@ -94,20 +94,22 @@ class TensorParallelConfig(BaseConfig):
     the key/value heads and the MLP's hidden size."""
 
     def problems(
-        self, model: ModelConfig, strategy: str, world_size: int | None, degrees: dict[str, int]
+        self, model: ModelConfig, strategy: str, world_size: int | None, expert_degree: int, context_degree: int
     ) -> list[str]:
         """One sentence per reason ``degree`` cannot work for ``model`` on ``world_size`` ranks (None: any number;
-        ``--dry_run``); ``degrees``: the other parallel sections' degrees by key."""
+        ``--dry_run``) beside ``expert_parallel.degree`` and ``context_parallel.degree``."""
         d = self.degree
         bad = _degree_problem("tensor_parallel.degree", d)
         if bad or d == 1:
             return [bad] if bad else []
         out = []
-        if world_size is not None and world_size % d:
+        cp = context_degree if isinstance(context_degree, int) and context_degree > 1 else 1
+        if world_size is not None and world_size % (d * cp):
+            both = f" x context_parallel.degree={cp} = {d * cp}" if cp > 1 else ""
             out.append(
-                f"tensor_parallel.degree={d} must divide the number of processes launched ({world_size}); launch "
-                f"a multiple of {d} with torchrun --nproc_per_node (one node's GPUs is the usual group), or change "
-                f"the degree."
+                f"tensor_parallel.degree={d}{both} must divide the number of processes launched ({world_size}); "
+                f"launch a multiple of {d * cp} with torchrun --nproc_per_node (one node's GPUs is the usual "
+                f"tensor-parallel group), or change the degree."
             )
         hidden = model.effective_mlp_hidden_size
         mlp = hidden // 2 if str(model.activation_type) == "swiglu" else hidden
@@ -134,10 +136,9 @@ class TensorParallelConfig(BaseConfig):
                 f"tensor_parallel.degree={d} with a mixture of experts (model.moe) is not implemented: split the "
                 f"experts with expert_parallel.degree instead."
             )
-        for key, other in degrees.items():
-            if isinstance(other, int) and other > 1:
-                out.append(
-                    f"tensor_parallel.degree={d} together with {key}={other} is not implemented yet; use one of "
-                    f"the two (and FSDP across the rest of the ranks)."
-                )
+        if isinstance(expert_degree, int) and expert_degree > 1:
+            out.append(
+                f"tensor_parallel.degree={d} together with expert_parallel.degree={expert_degree} is not "
+                f"implemented; use one of the two (and FSDP across the rest of the ranks)."
+            )
         return out

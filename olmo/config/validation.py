@@ -220,11 +220,9 @@ def _strategy_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     ep += cfg.context_parallel.problems(
         cfg.model, str(cfg.distributed_strategy), launched, cfg.expert_parallel.degree
     )
-    others = {
-        "context_parallel.degree": cfg.context_parallel.degree,
-        "expert_parallel.degree": cfg.expert_parallel.degree,
-    }
-    ep += cfg.tensor_parallel.problems(cfg.model, str(cfg.distributed_strategy), launched, others)
+    ep += cfg.tensor_parallel.problems(
+        cfg.model, str(cfg.distributed_strategy), launched, cfg.expert_parallel.degree, cfg.context_parallel.degree
+    )
     if ep:
         return ep
     if cfg.distributed_strategy == "single" and world_size > 1:

@@ -109,13 +109,15 @@ class _GatherParts(torch.autograd.Function):
         return grad[cp.rank], None
 
 
-def context_parallel_group(degree: int, world_size: int, rank: int) -> ContextParallel:
-    """The :class:`ContextParallel` of this rank: groups of ``degree`` consecutive ranks. Every rank must call it
-    (it creates every group)."""
+def context_parallel_group(degree: int, world_size: int, rank: int, stride: int = 1) -> ContextParallel:
+    """The :class:`ContextParallel` of this rank. Ranks are laid out data parallel x context parallel x ``stride``
+    (the tensor-parallel degree, innermost): a group is ``degree`` ranks ``stride`` apart, consecutive without tensor
+    parallelism. Every rank must call it (it creates every group)."""
     mine: dist.ProcessGroup | None = None
-    for start in range(0, world_size, degree):
-        ranks = list(range(start, start + degree))
-        group = dist.new_group(ranks)
-        if rank in ranks:
-            mine = group
-    return ContextParallel(degree, rank % degree, mine)
+    for start in range(0, world_size, degree * stride):
+        for offset in range(stride):
+            ranks = [start + offset + c * stride for c in range(degree)]
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine = group
+    return ContextParallel(degree, (rank // stride) % degree, mine)

@@ -251,10 +251,11 @@ def estimate_memory(
     autocast = device.is_gpu and cfg.autocast_precision is not None
     compute = 2 if autocast else 4
     shard = shard_degree(cfg, world_size)
-    fsdp_units = world_size > 1 and shard > 1
+    tp = tensor_parallel_degree(cfg, world_size)
+    # FSDP gathers each unit even over one data-parallel rank (tensor parallelism on every rank): copies all the same.
+    fsdp_units = world_size > 1 and (shard > 1 or tp > 1)
     mixed = fsdp_units and autocast and cfg.fsdp is not None and cfg.fsdp.precision is not None
     residual = compute if mixed else 4  # FSDP's bf16 parameters make the embedding output bf16
-    tp = tensor_parallel_degree(cfg, world_size)
     # A rank's copy of the model: a tensor-parallel rank holds 1/tp of each block (biases and QK-norm included).
     P = facts.num_params - m.n_layers * facts.block_params * (1 - 1 / tp)
     params, grads = 4 * P / shard, 4 * P / shard
@@ -303,7 +304,8 @@ def estimate_memory(
         # elements for chunks of c tokens; per instance with documents): one per window size, and one for full
         # attention unless it is plain causal on a GPU (which needs none).
         seq = m.max_sequence_length
-        gathered_kv = micro * 2 * m.effective_n_kv_heads * (m.d_model // m.n_heads) * compute * (seq - seq // cp)
+        heads = m.effective_n_kv_heads // tp  # this rank's key/value heads
+        gathered_kv = micro * 2 * heads * (m.d_model // m.n_heads) * compute * (seq - seq // cp)
         activations += (m.n_layers - checkpointed) * gathered_kv
         chunk = seq // (2 * cp)
         documents = cfg.data.generate_doc_lengths

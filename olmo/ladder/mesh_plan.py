@@ -100,18 +100,17 @@ def _meshes(cfg: TrainConfig, world_size: int) -> list[tuple[str, TrainConfig]]:
                 out.append((f"FULL_SHARD + CP {cp}", other))
     m = cfg.model
     if (m.d_model >= 4096 or cfg.tensor_parallel.degree > 1) and not m.is_moe and not m.alibi:
+        cp = cfg.context_parallel.degree  # a long-context config keeps its context parallelism
         for tp in (2, 4, 8):
             other = copy.deepcopy(cfg)
             assert other.fsdp is not None
             other.fsdp.sharding_strategy = ShardingStrategy.FULL_SHARD
             other.fsdp.hybrid_sharding_num_model_replicas = None
-            other.context_parallel.degree = 1
             other.tensor_parallel.degree = tp
             # Within a node (its all-reduces run in every layer), and dividing the heads and hidden units.
-            if tp <= min(world_size, GPUS_PER_NODE) and not other.tensor_parallel.problems(
-                m, "fsdp", world_size, {}
-            ):
-                out.append((f"FULL_SHARD + TP {tp}", other))
+            fits_node = tp <= min(world_size, GPUS_PER_NODE)
+            if fits_node and not other.tensor_parallel.problems(m, "fsdp", world_size, 1, cp):
+                out.append((f"FULL_SHARD{f' + CP {cp}' if cp > 1 else ''} + TP {tp}", other))
     return out
 
 

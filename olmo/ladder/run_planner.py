@@ -91,10 +91,19 @@ class RunPlan:
 
 
 def _distributed(cfg: TrainConfig, world_size: int) -> str:
-    if world_size == 1 or cfg.distributed_strategy == "ddp":
-        return "single process (no sharding)" if world_size == 1 else f"DDP over {world_size} ranks (replicated)"
+    degrees = {"context_parallel": cfg.context_parallel.degree, "tensor_parallel": cfg.tensor_parallel.degree}
+    split = ", ".join(f"{key}.degree={d}" for key, d in degrees.items() if isinstance(d, int) and d > 1)
+    if world_size == 1:
+        if split:
+            return (
+                f"single process (no sharding); under torchrun: {split} (scripts/plan.py --world_size N plans it)"
+            )
+        return "single process (no sharding)"
+    suffix = f"; {split}" if split else ""
+    if cfg.distributed_strategy == "ddp":
+        return f"DDP over {world_size} ranks (replicated){suffix}"
     strategy = (cfg.fsdp or FSDPConfig()).sharding_strategy
-    return f"FSDP {strategy} over {world_size} ranks (sharded {shard_degree(cfg, world_size)} ways)"
+    return f"FSDP {strategy} over {world_size} ranks (sharded {shard_degree(cfg, world_size)} ways){suffix}"
 
 
 def _max_steps(

@@ -232,7 +232,9 @@ class TransformerTrainModule(TrainModule):
         """With ``context_parallel.degree`` > 1: the group of ranks sharing each instance; this rank trains on its
         share of every instance's tokens (:mod:`olmo.distributed.context_parallel`)."""
         if cfg.context_parallel.degree > 1:
-            self.context_parallel = context_parallel_group(cfg.context_parallel.degree, env.world_size, env.rank)
+            self.context_parallel = context_parallel_group(
+                cfg.context_parallel.degree, env.world_size, env.rank, cfg.tensor_parallel.degree
+            )
 
     @property
     def per_row(self) -> bool:

@@ -112,9 +112,9 @@ def _problems(world, **overrides):
             "data-parallel ranks (2 of 4)",
         ),
         (
-            4,
+            6,
             {"tensor_parallel.degree": 2, "context_parallel.degree": 2, "model.n_heads": 4},
-            "together with context_parallel.degree=2 is not implemented yet",
+            "tensor_parallel.degree=2 x context_parallel.degree=2 = 4 must divide the number of processes launched (6)",
         ),
     ],
 )

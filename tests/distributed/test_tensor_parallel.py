@@ -1,7 +1,8 @@
 """Tensor parallelism (``tensor_parallel.degree``, issue 39) on gloo, with OLMo 2's QK-norm, grouped key/value heads,
-biases and documents packed into each instance: 4 ranks as TP=2 x FSDP=2 and 2 ranks as TP=2 train as one process
-does (losses within 1e-5 relative over 5 steps, final weights within 1e-5, the same ``global_indices.npy``), and
-checkpoints hold the canonical tensors: a TP=2 x FSDP=2 checkpoint resumes in one process, and one process's
+biases, OLMo 3's windows and documents packed into each instance: 4 ranks as TP=2 x FSDP=2, 2 ranks as TP=2 and 4
+ranks as CP=2 x TP=2 (one mesh) train as one process does (losses within 1e-5 relative over 5 steps, final weights
+within 1e-5, the same ``global_indices.npy``, the same in-loop evaluation), and checkpoints hold the canonical
+tensors: checkpoints saved with TP=2 x FSDP=2 and CP=2 x TP=2 resume in one process and under TP=2, and one process's
 unsharded checkpoint resumes under TP=2, each continuing as the uninterrupted run. What cannot work is refused
 before the launch, naming the key."""
 
@@ -21,6 +22,7 @@ SHAPE = {
     "model.layer_norm_type": "rms",
     "model.include_bias": True,
     "model.clip_qkv": 8.0,
+    "model.sliding_window": {"pattern": [8, -1]},
     "data.generate_doc_lengths": True,
     "max_duration": 5,
     "save_interval": 3,
@@ -45,8 +47,9 @@ def runs(tmp_path_factory):
         return write_config(root / name / "c.yaml", raw)
 
     assert run_train(config("one")) == 0
-    for world in (4, 2):
-        result = run_torchrun(world, config(f"tp{world}", **{"tensor_parallel.degree": 2}), timeout=600)
+    twins = {"tp4": (4, {}), "tp2": (2, {}), "cp2tp2": (4, {"context_parallel.degree": 2})}
+    for name, (world, extra) in twins.items():
+        result = run_torchrun(world, config(name, **{"tensor_parallel.degree": 2, **extra}), timeout=600)
         assert result.returncode == 0, result.stderr[-4000:]
     return root, config
 
@@ -60,7 +63,7 @@ def _assert_same_weights(first_path, second_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["tp4", "tp2"])
+@pytest.mark.parametrize("layout", ["tp4", "tp2", "cp2tp2"])
 def test_ranks_sharing_each_layer_train_as_one_process(runs, layout):
     root, _ = runs
     one, tp = metric_by_step(root / "one/run"), metric_by_step(root / layout / "run")
@@ -85,13 +88,15 @@ def test_ranks_sharing_each_layer_train_as_one_process(runs, layout):
 @pytest.mark.slow
 def test_checkpoints_resume_across_tensor_parallel_layouts(runs):
     root, config = runs
-    # Sharded, saved by TP=2 x FSDP=2, into one process; unsharded, saved by one process, into TP=2.
+    # Sharded, saved by TP=2 x FSDP=2, into one process; sharded, saved by CP=2 x TP=2, into TP=2 on 2 ranks;
+    # unsharded, saved by one process, into TP=2.
     assert run_train(config("from_tp"), f"--load_path={root / 'tp4/run/step3'}") == 0
-    into_tp = config("into_tp", **{"tensor_parallel.degree": 2})
-    result = run_torchrun(2, into_tp, f"--load_path={root / 'one/run/step3-unsharded'}")
-    assert result.returncode == 0, result.stderr[-4000:]
+    tp2 = {"tensor_parallel.degree": 2}
+    for name, source in (("from_cp_tp", "cp2tp2/run/step3"), ("into_tp", "one/run/step3-unsharded")):
+        result = run_torchrun(2, config(name, **tp2), f"--load_path={root / source}")
+        assert result.returncode == 0, result.stderr[-4000:]
     one = metric_by_step(root / "one/run")
-    for name in ("from_tp", "into_tp"):
+    for name in ("from_tp", "from_cp_tp", "into_tp"):
         resumed = metric_by_step(root / name / "run")
         assert sorted(resumed) == [4, 5]
         np.testing.assert_allclose([resumed[4], resumed[5]], [one[4], one[5]], rtol=1e-5)
@@ -127,6 +132,7 @@ def _problems(world, **overrides):
             "with a mixture of experts",
         ),
         (1, {"tensor_parallel.degree": 2, "distributed_strategy": "single"}, "not single"),
+        (4, {"tensor_parallel.degree": 2, "expert_parallel.degree": 2}, "together with expert_parallel.degree=2"),
         (
             4,
             {"tensor_parallel.degree": 2, "global_train_batch_size": 3, "device_train_microbatch_size": 1},
@@ -140,3 +146,4 @@ def test_tensor_parallel_layouts_that_cannot_work_are_refused_naming_the_key(wor
 
 def test_a_tensor_parallel_layout_that_fits_has_no_problem():
     assert _problems(4, **{"tensor_parallel.degree": 2}) == ""
+    assert _problems(8, **{"tensor_parallel.degree": 2, "context_parallel.degree": 2, "model.n_heads": 4}) == ""
