@@ -284,6 +284,14 @@ def _moe_compile_options(cfg: ModelConfig, options: ParallelizeOptions, env: Dis
             options.context_parallel_degree,
         )
         return replace(compile_cfg, fullgraph=False)
+    if compile_cfg.fullgraph and options.tensor_parallel_degree > 1 and cfg.attention_layer_norm:
+        log.warning(
+            "compile.fullgraph=true with tensor_parallel.degree=%d and model.attention_layer_norm is not honoured: "
+            "the QK-norm's sums over the group run in eager mode, which breaks the block's graph. Compiling with "
+            "fullgraph=false.",
+            options.tensor_parallel_degree,
+        )
+        return replace(compile_cfg, fullgraph=False)
     if not (cfg.is_moe and compile_cfg.fullgraph and not bf16_gpu):
         return compile_cfg
     log.warning(

@@ -53,6 +53,7 @@ class TensorParallelGroup:
     degree: int
     group: dist.ProcessGroup
 
+    @torch.compiler.disable  # a collective: left to eager mode inside a compiled block
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of ``x`` over the group; its gradient is summed over the group too."""
         return _SumOverGroup.apply(x, self.group)

@@ -345,9 +345,9 @@ class OLMoBlock(nn.Module):
 def sharded_layer_norm(norm: LayerNorm, x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     """``norm`` over a last dimension split over ``tp``'s ranks (``x`` this rank's share, the norm's weight and bias
     split the same way, as DTensors): ``rms`` and the layer norms, in fp32, their sums taken over the group."""
-    weight, bias = (
-        None if w is None else w.to_local() if hasattr(w, "to_local") else w for w in (norm.weight, norm.bias)
-    )
+    from torch.distributed.tensor import DTensor
+
+    weight, bias = (w.to_local() if isinstance(w, DTensor) else w for w in (norm.weight, norm.bias))
     dtype = x.dtype
     with torch.autocast(x.device.type, enabled=False):
         xf = x.float()

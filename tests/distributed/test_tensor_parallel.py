@@ -13,7 +13,15 @@ import torch
 from olmo.config import TrainConfig
 from olmo.config.validation import config_problems
 from olmo.distributed.tensor_parallel import _rank_major
-from olmo.testing import metric_by_step, run_torchrun, run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.testing import (
+    metric_by_step,
+    run_torchrun,
+    run_train,
+    tiny_config_dict,
+    write_byte_memmap,
+    write_byte_tokenizer,
+    write_config,
+)
 
 SHAPE = {
     "model.n_heads": 4,
@@ -40,10 +48,16 @@ def runs(tmp_path_factory):
         root / "val.npy", 32 * 13, skip_bytes=50_000
     )  # 13 instances: the two data-parallel shares differ
     corpus = [str(root / "corpus.npy")]
-    evaluators = [{"label": "val", "data": {"datasets": {"val": [str(root / "val.npy")]}}}]
+    evaluators = [
+        {"label": "val", "data": {"datasets": {"val": [str(root / "val.npy")]}}},
+        {"label": "s", "type": "generate", "prompts": ["def ", "import os", "class"], "max_new_tokens": 6},
+    ]
+    tokenizer = {"identifier": str(write_byte_tokenizer(root / "tokenizer.json"))}
 
     def config(name, **extra):
-        raw = tiny_config_dict(root / name / "run", corpus, **{**SHAPE, "evaluators": evaluators, **extra})
+        raw = tiny_config_dict(
+            root / name / "run", corpus, **{**SHAPE, "evaluators": evaluators, "tokenizer": tokenizer, **extra}
+        )
         return write_config(root / name / "c.yaml", raw)
 
     assert run_train(config("one")) == 0
@@ -74,6 +88,10 @@ def test_ranks_sharing_each_layer_train_as_one_process(runs, layout):
     one_eval, tp_eval = metric_by_step(root / "one/run", key), metric_by_step(root / layout / "run", key)
     assert sorted(one_eval) == sorted(tp_eval) and one_eval
     np.testing.assert_allclose([tp_eval[s] for s in one_eval], list(one_eval.values()), rtol=1e-5)
+    # Greedy generation with the KV cache: the same tokens (3 prompts: the ranks of a group decode the same ones).
+    samples = "eval/s/samples"
+    assert metric_by_step(root / layout / "run", samples) == metric_by_step(root / "one/run", samples)
+    assert metric_by_step(root / "one/run", samples)
     # Unsharded checkpoints hold the canonical rows: the same files as one process's.
     for step in (3, 5):
         _assert_same_weights(
@@ -103,6 +121,37 @@ def test_checkpoints_resume_across_tensor_parallel_layouts(runs):
         _assert_same_weights(
             root / "one/run/step5-unsharded/model.pt", root / name / "run/step5-unsharded/model.pt"
         )
+
+
+@pytest.mark.slow
+def test_compiled_blocks_split_over_ranks_train_as_one_process(runs):
+    """``torch.compile`` of each block with the parallel styles' hooks and the QK-norm's sums over the group (left to
+    eager mode)."""
+    root, config = runs
+    compiled = config(
+        "compiled", **{"tensor_parallel.degree": 2, "compile": {}, "max_duration": 3, "evaluators": []}
+    )
+    result = run_torchrun(2, compiled, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    one, tp = metric_by_step(root / "one/run"), metric_by_step(root / "compiled/run")
+    np.testing.assert_allclose([tp[s] for s in (1, 2, 3)], [one[s] for s in (1, 2, 3)], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_three_dimensional_mesh_trains_as_one_process(runs):
+    """HYBRID_SHARD x TP: replicate 2 x shard 1 x tp 2 on 4 ranks, with activation checkpointing."""
+    root, config = runs
+    extra = {
+        "tensor_parallel.degree": 2,
+        "fsdp": {"sharding_strategy": "HYBRID_SHARD", "hybrid_sharding_num_model_replicas": 2},
+        "activation_checkpointing": "whole_layer",
+        "evaluators": [],
+    }
+    result = run_torchrun(4, config("hsdp", **extra), timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    one, tp = metric_by_step(root / "one/run"), metric_by_step(root / "hsdp/run")
+    np.testing.assert_allclose([tp[s] for s in range(1, 6)], [one[s] for s in range(1, 6)], rtol=1e-5)
+    _assert_same_weights(root / "one/run/step5-unsharded/model.pt", root / "hsdp/run/step5-unsharded/model.pt")
 
 
 def test_fused_rows_are_stored_rank_major():
