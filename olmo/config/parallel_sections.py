@@ -29,6 +29,22 @@ def _degree_problem(key: str, d: object) -> str | None:
     return None
 
 
+def _split_problems(
+    key: str, d: int, model: ModelConfig, strategy: str, world_size: int | None, how: str
+) -> list[str]:
+    """What neither context nor tensor parallelism does: one process (``single``), and ALiBi's bias, which would have
+    to be ``how`` the same way."""
+    out = []
+    if strategy == "single" and world_size is not None:
+        out.append(f"{key}={d} needs distributed_strategy=fsdp or ddp, not single.")
+    if model.alibi:
+        out.append(
+            f"{key}={d} with model.alibi is not implemented (ALiBi's bias would have to be {how} the same way); "
+            f"use RoPE, or {key}=1."
+        )
+    return out
+
+
 @dataclass
 class ContextParallelConfig(BaseConfig):
     """Context parallelism (OLMo-core's "llama3" scheme, load-balanced): each instance's ``T`` tokens are cut into
@@ -62,13 +78,7 @@ class ContextParallelConfig(BaseConfig):
                 f"model.max_sequence_length={model.max_sequence_length} is not divisible into; use a length that "
                 f"is a multiple of {2 * d}, or another degree."
             )
-        if strategy == "single" and world_size is not None:
-            out.append(f"context_parallel.degree={d} needs distributed_strategy=fsdp or ddp, not single.")
-        if model.alibi:
-            out.append(
-                f"context_parallel.degree={d} with model.alibi is not implemented (ALiBi's bias would have to be "
-                f"cut the same way); use RoPE, or context_parallel.degree=1."
-            )
+        out += _split_problems("context_parallel.degree", d, model, strategy, world_size, "cut")
         if model.is_moe or expert_degree > 1:
             out.append(
                 f"context_parallel.degree={d} with a mixture of experts (model.moe) is not implemented: the "
@@ -124,13 +134,7 @@ class TensorParallelConfig(BaseConfig):
                     f"tensor_parallel.degree={d} must divide {what} = {size}: each rank computes an equal share; "
                     f"use a degree that divides it."
                 )
-        if strategy == "single" and world_size is not None:
-            out.append(f"tensor_parallel.degree={d} needs distributed_strategy=fsdp or ddp, not single.")
-        if model.alibi:
-            out.append(
-                f"tensor_parallel.degree={d} with model.alibi is not implemented (ALiBi's bias is per head and "
-                f"would have to be split the same way); use RoPE, or tensor_parallel.degree=1."
-            )
+        out += _split_problems("tensor_parallel.degree", d, model, strategy, world_size, "split by heads")
         if model.is_moe:
             out.append(
                 f"tensor_parallel.degree={d} with a mixture of experts (model.moe) is not implemented: split the "

@@ -49,27 +49,20 @@ class ContextParallel:
     """This rank's place in its group."""
     group: dist.ProcessGroup | None
     """The ``degree`` ranks sharing the instances (None only for degree 1, in tests)."""
-    _positions: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = field(
-        default_factory=dict, repr=False
-    )
+    _positions: dict[tuple[int, torch.device], torch.Tensor] = field(default_factory=dict, repr=False)
 
     def positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
-        """(seq_len / degree,) positions, in the instance of ``seq_len`` tokens, of this rank's tokens."""
-        return self._tables(seq_len, device)[0]
+        """(seq_len / degree,) positions, in the instance of ``seq_len`` tokens, of this rank's tokens (cached per
+        length and device)."""
+        key = (seq_len, device)
+        if key not in self._positions:
+            self._positions[key] = load_balanced_positions(seq_len, self.degree, self.rank).to(device)
+        return self._positions[key]
 
     def chunks(self, seq_len: int) -> list[tuple[int, int]]:
         """This rank's two chunks: (first local row, first position in the instance) of each, in local order."""
         chunk = seq_len // (2 * self.degree)
         return [(0, self.rank * chunk), (chunk, (2 * self.degree - 1 - self.rank) * chunk)]
-
-    def _tables(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's positions, and the permutation that puts every rank's tokens (in rank order) in order."""
-        key = (seq_len, device)
-        if key not in self._positions:
-            mine = load_balanced_positions(seq_len, self.degree, self.rank).to(device)
-            keys = torch.cat([load_balanced_positions(seq_len, self.degree, r) for r in range(self.degree)])
-            self._positions[key] = (mine, keys.argsort().to(device))
-        return self._positions[key]
 
     def shard(self, t: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """This rank's tokens of ``t``, whose dimension ``dim`` is the whole sequence."""
@@ -77,13 +70,15 @@ class ContextParallel:
 
     @torch.compiler.disable  # a collective: left to eager mode inside a compiled block
     def gather(self, t: torch.Tensor, dim: int) -> torch.Tensor:
-        """Every rank's ``t`` (its tokens along ``dim``) as the whole instance, in the instance's order; the backward
-        pass sends each rank the summed gradient of its own part."""
+        """Every rank's ``t`` (its tokens along ``dim`` >= 0) as the whole instance, in the instance's order; the
+        backward pass sends each rank the summed gradient of its own part."""
         if self.degree == 1 or self.group is None:
             return t
-        stacked = _GatherParts.apply(t, self)  # (degree, *t.shape)
-        in_rank_order = torch.cat(stacked.unbind(0), dim=dim)
-        return in_rank_order.index_select(dim, self._tables(in_rank_order.size(dim), t.device)[1])
+        stacked = _GatherParts.apply(t, self)  # (degree, *t.shape): place j holds chunks j and 2 degree - 1 - j
+        early, late = stacked.chunk(2, dim=dim + 1)
+        # One copy: chunks 0 .. degree - 1 are the places' early halves, the rest their late halves in reverse.
+        parts = [early[j] for j in range(self.degree)] + [late[j] for j in reversed(range(self.degree))]
+        return torch.cat(parts, dim=dim)
 
 
 class _GatherParts(torch.autograd.Function):

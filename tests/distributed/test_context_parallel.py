@@ -14,7 +14,16 @@ import torch
 from olmo.config import TrainConfig
 from olmo.config.validation import config_problems
 from olmo.distributed.context_parallel import load_balanced_positions
-from olmo.testing import metric_by_step, run_torchrun, run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.testing import (
+    assert_same_weights,
+    metric_by_step,
+    run_torchrun,
+    run_train,
+    tiny_config_dict,
+    train_twins,
+    write_byte_memmap,
+    write_config,
+)
 
 LONG = {
     "model.max_sequence_length": 8192,
@@ -39,11 +48,8 @@ def runs(tmp_path_factory):
             root / name / "c.yaml", tiny_config_dict(root / name / "run", corpus, **{**LONG, **extra})
         )
 
-    assert run_train(config("one")) == 0
-    for world, degree in ((4, 2), (4, 4)):
-        extra = {"context_parallel.degree": degree, "save_interval": 2}
-        result = run_torchrun(world, config(f"cp{world}x{degree}", **extra), timeout=600)
-        assert result.returncode == 0, result.stderr[-4000:]
+    twins = {f"cp4x{d}": (4, {"context_parallel.degree": d, "save_interval": 2}) for d in (2, 4)}
+    train_twins(config, twins)
     return root, config
 
 
@@ -54,11 +60,7 @@ def test_ranks_sharing_each_instance_train_as_one_process(runs, layout):
     one, cp = metric_by_step(root / "one/run"), metric_by_step(root / layout / "run")
     assert sorted(cp) == [1, 2, 3]
     np.testing.assert_allclose([cp[s] for s in range(1, 4)], [one[s] for s in range(1, 4)], rtol=1e-5)
-    first = torch.load(root / "one/run/step3-unsharded/model.pt", weights_only=True)
-    second = torch.load(root / layout / "run/step3-unsharded/model.pt", weights_only=True)
-    assert first.keys() == second.keys()
-    for key, value in first.items():
-        torch.testing.assert_close(second[key], value, rtol=1e-5, atol=1e-5, msg=key)
+    assert_same_weights(root / "one/run/step3-unsharded/model.pt", root / layout / "run/step3-unsharded/model.pt")
     # The same instances in the same order: a CP group reads what one data-parallel rank reads.
     order = sorted((root / "one/run").rglob("global_indices*.npy"))
     assert order, "the run wrote no global_indices.npy"

@@ -8,16 +8,17 @@ before the launch, naming the key."""
 
 import numpy as np
 import pytest
-import torch
 
 from olmo.config import TrainConfig
 from olmo.config.validation import config_problems
 from olmo.distributed.tensor_parallel import _rank_major
 from olmo.testing import (
+    assert_same_weights,
     metric_by_step,
     run_torchrun,
     run_train,
     tiny_config_dict,
+    train_twins,
     write_byte_memmap,
     write_byte_tokenizer,
     write_config,
@@ -60,20 +61,9 @@ def runs(tmp_path_factory):
         )
         return write_config(root / name / "c.yaml", raw)
 
-    assert run_train(config("one")) == 0
-    twins = {"tp4": (4, {}), "tp2": (2, {}), "cp2tp2": (4, {"context_parallel.degree": 2})}
-    for name, (world, extra) in twins.items():
-        result = run_torchrun(world, config(name, **{"tensor_parallel.degree": 2, **extra}), timeout=600)
-        assert result.returncode == 0, result.stderr[-4000:]
+    tp2 = {"tensor_parallel.degree": 2}
+    train_twins(config, {"tp4": (4, tp2), "tp2": (2, tp2), "cp2tp2": (4, {**tp2, "context_parallel.degree": 2})})
     return root, config
-
-
-def _assert_same_weights(first_path, second_path):
-    first = torch.load(first_path, weights_only=True)
-    second = torch.load(second_path, weights_only=True)
-    assert first.keys() == second.keys()
-    for key, value in first.items():
-        torch.testing.assert_close(second[key], value, rtol=1e-5, atol=1e-5, msg=key)
 
 
 @pytest.mark.slow
@@ -94,7 +84,7 @@ def test_ranks_sharing_each_layer_train_as_one_process(runs, layout):
     assert metric_by_step(root / "one/run", samples)
     # Unsharded checkpoints hold the canonical rows: the same files as one process's.
     for step in (3, 5):
-        _assert_same_weights(
+        assert_same_weights(
             root / f"one/run/step{step}-unsharded/model.pt", root / layout / f"run/step{step}-unsharded/model.pt"
         )
     order = sorted((root / "one/run").rglob("global_indices*.npy"))
@@ -118,7 +108,7 @@ def test_checkpoints_resume_across_tensor_parallel_layouts(runs):
         resumed = metric_by_step(root / name / "run")
         assert sorted(resumed) == [4, 5]
         np.testing.assert_allclose([resumed[4], resumed[5]], [one[4], one[5]], rtol=1e-5)
-        _assert_same_weights(
+        assert_same_weights(
             root / "one/run/step5-unsharded/model.pt", root / name / "run/step5-unsharded/model.pt"
         )
 
@@ -151,7 +141,7 @@ def test_a_three_dimensional_mesh_trains_as_one_process(runs):
     assert result.returncode == 0, result.stderr[-4000:]
     one, tp = metric_by_step(root / "one/run"), metric_by_step(root / "hsdp/run")
     np.testing.assert_allclose([tp[s] for s in range(1, 6)], [one[s] for s in range(1, 6)], rtol=1e-5)
-    _assert_same_weights(root / "one/run/step5-unsharded/model.pt", root / "hsdp/run/step5-unsharded/model.pt")
+    assert_same_weights(root / "one/run/step5-unsharded/model.pt", root / "hsdp/run/step5-unsharded/model.pt")
 
 
 def test_fused_rows_are_stored_rank_major():
