@@ -1,6 +1,6 @@
 """Tokenize chat conversations into fixed-length SFT instances with a label mask (OLMo's Tulu format).
 
-    python scripts/prepare_sft_data.py INPUT.jsonl[.gz] -o OUTPUT_DIR [--seq-len 2048]
+    python scripts/prepare_sft_data.py INPUT.jsonl[.gz] -o OUTPUT_DIR [--seq-len 2048] [--chat-template NAME|PATH]
 
 Every line of INPUT is ``{"messages": [{"role": "user", "content": "..."}, ...]}``. An example is
 ``[eos]`` followed, for every message, by the tokens of ``"<|{role}|>\\n"`` and then of the content:
@@ -8,7 +8,11 @@ Every line of INPUT is ``{"messages": [{"role": "user", "content": "..."}, ...]}
 Only the assistant's content and its eos are trained on (label mask True). Examples are truncated or
 padded (``--pad``, mask False) to exactly ``--seq-len`` tokens, so instance ``i`` of the output is example
 ``i``; examples with no label token left are dropped. This is the format of OLMo's
-``scripts/prepare_tulu_data.py``. Fine-tune on the output with::
+``scripts/prepare_tulu_data.py``. With ``--chat-template`` each conversation is rendered by a Jinja chat template
+instead (built-in ``tulu`` or ``olmo3``, or the tokenizer's own: ``olmo/data/chat_templates.py``; sandboxed) and the
+tokens of the whole text are kept, the template's assistant tokens as labels: the ids and mask transformers'
+``apply_chat_template(..., return_assistant_tokens_mask=True)`` gives; a conversation the template fails on stops
+the run naming its line. Fine-tune on the output with::
 
     python scripts/train.py CFG --data.paths=[OUTPUT_DIR/input_ids.npy] \\
         --data.label_mask_paths=[OUTPUT_DIR/label_mask.npy] --load_path=CKPT --reset_trainer_state
@@ -31,9 +35,17 @@ import argparse
 import logging
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
-from olmo.data.sft import OUTPUT_FILES, Formatter, check_sft_output, check_sft_tokenizer, write_sft_dataset
+from olmo.data.chat_templates import load_chat_template
+from olmo.data.sft import (
+    OUTPUT_FILES,
+    Formatter,
+    TemplateFormatter,
+    check_sft_output,
+    check_sft_tokenizer,
+    write_sft_dataset,
+)
 from olmo.exceptions import OLMoCliError
 from olmo.tokenizer import DEFAULT_TOKENIZER, Tokenizer
 
@@ -56,6 +68,13 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace the input_ids.npy and label_mask.npy in OUTPUT_DIR"
     )
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        help="render each conversation with a chat template: a built-in (tulu, olmo3), a .jinja file, a "
+        "tokenizer_config.json with a chat_template, or a folder holding one (chat_template.jinja first); default: "
+        "OLMo's Tulu layout, tokenized piece by piece as OLMo's prepare_tulu_data.py does",
+    )
     args = parser.parse_args(argv)
     problems = []
     if args.seq_len < 2:
@@ -77,7 +96,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     anchor = check_sft_output(args.output, args.overwrite)
     tokenizer = Tokenizer.from_file(args.tokenizer, eos_token_id=args.eos, pad_token_id=args.pad)
     check_sft_tokenizer(tokenizer, args.tokenizer, args.eos, args.pad, args.dtype)
-    formatter = Formatter(tokenizer, args.seq_len, args.eos, args.pad)
+    formatter: Union[Formatter, TemplateFormatter] = Formatter(tokenizer, args.seq_len, args.eos, args.pad)
+    if args.chat_template is not None:
+        eos_text = tokenizer.base.id_to_token(args.eos)
+        template = load_chat_template(args.chat_template, eos_token=eos_text or "<|endoftext|>")
+        if tokenizer.base.token_to_id(template.eos_token) != args.eos:
+            raise OLMoCliError(
+                f"The chat template {template.name} ends turns with eos_token {template.eos_token!r}, which is not "
+                f"token --eos {args.eos} of the tokenizer '{args.tokenizer}' (it is "
+                f"{tokenizer.base.token_to_id(template.eos_token)}). Pass the tokenizer the template was written for, "
+                f"or --eos with that token's id."
+            )
+        formatter = TemplateFormatter(tokenizer, args.seq_len, args.pad, template)
+        log.info("Chat template: %s.", template.name)
     start = time.monotonic()
     summary = write_sft_dataset(args.input, args.output, formatter, args.dtype, anchor)
 

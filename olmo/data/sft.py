@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import numpy as np
 from tqdm import tqdm
@@ -26,6 +26,7 @@ from ..util.json_lines import json_type, read_json_lines
 
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
+    from .chat_templates import ChatTemplate
 
 __all__ = [
     "OUTPUT_FILES",
@@ -126,6 +127,40 @@ class Formatter:
         return out
 
 
+class ConversationError(ValueError):
+    """Conversation ``index`` of a batch could not be formatted (a chat template failed on it)."""
+
+    def __init__(self, index: int, reason: str):
+        super().__init__(reason)
+        self.index, self.reason = index, reason
+
+
+class TemplateFormatter:
+    """Builds the token ids and label mask of one conversation with a chat template (``--chat-template``,
+    :mod:`olmo.data.chat_templates`): the tokens of the whole rendered text, the template's assistant tokens as
+    labels; truncated and padded as :class:`Formatter` does."""
+
+    def __init__(self, tokenizer: Tokenizer, seq_len: int, pad: int, template: ChatTemplate):
+        self.tokenizer, self.seq_len, self.pad, self.template = tokenizer, seq_len, pad, template
+
+    def batch(self, conversations: list[list[dict[str, str]]]) -> list[tuple[list[int], list[bool], int]]:
+        """(ids, mask, untruncated length) of each conversation; ids and mask are seq_len long.
+
+        :raises ConversationError: naming the conversation the template failed on.
+        """
+        out = []
+        for index, messages in enumerate(conversations):
+            try:
+                ids, mask = self.template.tokenize(messages, self.tokenizer.base)
+            except ValueError as e:
+                raise ConversationError(index, str(e)) from None
+            length = len(ids)
+            ids, mask = ids[: self.seq_len], mask[: self.seq_len]
+            padding = self.seq_len - len(ids)
+            out.append((ids + [self.pad] * padding, mask + [False] * padding, length))
+        return out
+
+
 @dataclass
 class SFTSummary:
     """What a run kept and dropped: examples, and the tokens of the kept ones."""
@@ -176,12 +211,25 @@ def check_sft_tokenizer(tokenizer: Tokenizer, name: str, eos: int, pad: int, dty
         log.warning("--eos %d is %r in this tokenizer, not <|endoftext|>.", eos, tokenizer.base.id_to_token(eos))
 
 
-def write_examples(source: Path, formatter: Formatter, folder: Path, dtype: str) -> SFTSummary:
-    """Write the examples of ``source`` as ``OUTPUT_FILES`` in ``folder``; return what was kept and dropped."""
+def write_examples(
+    source: Path, formatter: Union[Formatter, TemplateFormatter], folder: Path, dtype: str
+) -> SFTSummary:
+    """Write the examples of ``source`` as ``OUTPUT_FILES`` in ``folder``; return what was kept and dropped.
+
+    :raises OLMoDataError: naming the file and line of a conversation the chat template failed on.
+    """
     summary, token_dtype, seq_len = SFTSummary(), np.dtype(dtype), formatter.seq_len
 
-    def write(batch: list[list[dict[str, str]]], ids_file: Any, mask_file: Any) -> None:
-        for messages, (ids, mask, length) in zip(batch, formatter.batch(batch)):
+    def write(numbered: list[tuple[int, list[dict[str, str]]]], ids_file: Any, mask_file: Any) -> None:
+        batch = [messages for _, messages in numbered]
+        try:
+            formatted = formatter.batch(batch)
+        except ConversationError as e:
+            raise OLMoDataError(
+                f"'{source}' line {numbered[e.index][0]}: {e.reason}. Fix the conversation, or pass another "
+                f"--chat-template."
+            ) from None
+        for messages, (ids, mask, length) in zip(batch, formatted):
             n_labels = sum(mask)
             if n_labels == 0:
                 if any(m["role"] == "assistant" for m in messages):
@@ -199,9 +247,9 @@ def write_examples(source: Path, formatter: Formatter, folder: Path, dtype: str)
 
     ids_path, mask_path = (folder / name for name in OUTPUT_FILES)
     with open(ids_path, "wb") as ids_file, open(mask_path, "wb") as mask_file:
-        pending: list[list[dict[str, str]]] = []
-        for _, messages in tqdm(read_conversations(source), desc="tokenizing", unit=" examples"):
-            pending.append(messages)
+        pending: list[tuple[int, list[dict[str, str]]]] = []
+        for numbered in tqdm(read_conversations(source), desc="tokenizing", unit=" examples"):
+            pending.append(numbered)
             if len(pending) >= BATCH_EXAMPLES:
                 write(pending, ids_file, mask_file)
                 pending = []
@@ -209,7 +257,9 @@ def write_examples(source: Path, formatter: Formatter, folder: Path, dtype: str)
     return summary
 
 
-def write_sft_dataset(source: Path, out: Path, formatter: Formatter, dtype: str, anchor: Path) -> SFTSummary:
+def write_sft_dataset(
+    source: Path, out: Path, formatter: Union[Formatter, TemplateFormatter], dtype: str, anchor: Path
+) -> SFTSummary:
     """Write the examples of ``source`` as ``out/input_ids.npy`` and ``out/label_mask.npy``: into a hidden folder in
     ``anchor`` (:func:`check_sft_output`'s), moved into place only once every example is written.
 

@@ -138,3 +138,51 @@ def test_a_turn_starting_with_whitespace_is_labelled_whole(tokenizers):
         ours.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False).strip()
         == "Four. <|endoftext|>"
     )
+
+
+def _write_conversations(path, conversations):
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
+    return path
+
+
+def test_prepare_sft_data_with_a_chat_template(tokenizers, tmp_path):
+    import numpy as np
+
+    from olmo.testing import run_main
+
+    ours, _ = tokenizers
+    source = _write_conversations(tmp_path / "chat.jsonl", CONVERSATIONS)
+    assert (
+        run_main(
+            "prepare_sft_data.py", source, "-o", tmp_path / "out", "--seq-len", "64", "--chat-template", "olmo3"
+        )
+        == 0
+    )
+    ids = np.fromfile(tmp_path / "out/input_ids.npy", dtype=np.uint16).reshape(-1, 64)
+    mask = np.fromfile(tmp_path / "out/label_mask.npy", dtype=np.bool_).reshape(-1, 64)
+    template = load_chat_template("olmo3")
+    for row, conversation in enumerate(CONVERSATIONS):
+        expected_ids, expected_mask = template.tokenize(conversation, ours.base)
+        n = min(64, len(expected_ids))
+        assert ids[row, :n].tolist() == expected_ids[:n] and mask[row, :n].tolist() == expected_mask[:n]
+        assert (ids[row, n:] == 1).all() and not mask[row, n:].any()  # padding, never a label
+
+
+def test_prepare_sft_data_names_the_line_a_template_fails_on(tmp_path):
+    from olmo.testing import run_main
+
+    source = _write_conversations(tmp_path / "chat.jsonl", CONVERSATIONS)
+    strict = tmp_path / "strict.jinja"
+    strict.write_text(
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system messages') }}"
+        "{% endif %}{{ m['content'] }}{% endfor %}"
+    )
+    with pytest.raises(
+        OLMoDataError, match=r"chat.jsonl' line 1: the chat template .*strict.jinja' failed: .*no system"
+    ):
+        run_main("prepare_sft_data.py", source, "-o", tmp_path / "out", "--chat-template", str(strict))
+    assert not (tmp_path / "out").exists()
+    # A tokenizer's template written for another tokenizer: its eos_token is not this one's EOS.
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "eos_token": "</s>"}))
+    with pytest.raises(Exception, match="ends turns with eos_token '</s>', which is not token --eos 50279"):
+        run_main("prepare_sft_data.py", source, "-o", tmp_path / "out", "--chat-template", str(tmp_path))
