@@ -2,7 +2,8 @@
 tokenizer's own or a named built-in, then tokenized, with only the assistant turns marked as labels.
 
 - **The template is data, never code.** It runs in Jinja's immutable sandbox (no attribute access to Python
-  internals, no mutation of the messages), with the context transformers gives a template: ``messages``,
+  internals, no mutation of the messages; ``range`` bounded, and here no ``*`` or ``**`` that would build a string,
+  list or number beyond any chat's size), with the context transformers gives a template: ``messages``,
   ``add_generation_prompt``, ``tools``, the special tokens (``eos_token``, ``bos_token``), ``raise_exception``, and
   the ``tojson`` filter; blocks trim their newlines (``trim_blocks``, ``lstrip_blocks``) and loops may ``break``.
   So the text, and the token ids of the whole text, are what ``apply_chat_template`` gives for the same template.
@@ -56,6 +57,12 @@ BUILT_IN = {
     ),
 }
 """Templates known by name (``--chat-template tulu``)."""
+
+
+_MAX_REPEAT = 1_000_000
+"""The longest string or list a template may build with ``*``."""
+_MAX_EXPONENT = 1_000
+"""The largest exponent a template may raise to with ``**``."""
 
 
 def _raise(message: str) -> None:
@@ -123,9 +130,21 @@ class ChatTemplate:
         from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _generation_extension()]
-        )
+        class Bounded(ImmutableSandboxedEnvironment):  # type: ignore[misc]
+            """No arithmetic that builds something huge: a template may not exhaust the memory either."""
+
+            intercepted_binops = frozenset({"*", "**"})
+
+            def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+                if operator == "**" and isinstance(right, (int, float)) and abs(right) > _MAX_EXPONENT:
+                    raise ValueError(f"the exponent {right} is larger than a chat template needs")
+                if operator == "*" and any(isinstance(v, (str, list, tuple)) for v in (left, right)):
+                    length = len(left) * right if isinstance(left, (str, list, tuple)) else len(right) * left
+                    if length > _MAX_REPEAT:
+                        raise ValueError(f"repeating to {length:,} items is more than a chat template needs")
+                return super().call_binop(context, operator, left, right)
+
+        env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _generation_extension()])
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
         try:

@@ -98,6 +98,9 @@ def test_a_tokenizers_own_template_is_read_beside_it_as_transformers_reads_it(to
         ("{{ messages.__class__.__mro__ }}", "SecurityError"),
         ("{% set _ = messages.append(1) %}", "SecurityError"),
         ("{{ raise_exception('roles must alternate') }}", "roles must alternate"),
+        ("{{ 'a' * 10000000000 }}", "more than a chat template needs"),
+        ("{{ 2 ** 100000000 }}", "larger than a chat template needs"),
+        ("{% for i in range(10 ** 9) %}{% endfor %}", "OverflowError|range too big"),
     ],
 )
 def test_templates_run_sandboxed_and_their_failures_name_them(tokenizers, source, expected):
