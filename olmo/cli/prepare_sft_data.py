@@ -35,7 +35,7 @@ import argparse
 import logging
 import time
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from olmo.data.chat_templates import load_chat_template
 from olmo.data.sft import (
@@ -52,9 +52,12 @@ from olmo.tokenizer import DEFAULT_TOKENIZER, Tokenizer
 log = logging.getLogger("prepare_sft_data")
 
 
-def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("input", type=Path, help="JSON lines of conversations (.jsonl or .jsonl.gz)")
+def parse_args(
+    argv: Optional[list[str]], description: str = __doc__, what: str = "conversations"
+) -> argparse.Namespace:
+    """The arguments of this command, and of ``prepare_preference_data.py`` (``what``: the input's lines)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("input", type=Path, help=f"JSON lines of {what} (.jsonl or .jsonl.gz)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="output directory")
     parser.add_argument(
         "-t", "--tokenizer", default=DEFAULT_TOKENIZER, help="tokenizer.json path or packaged name (%(default)s)"
@@ -87,12 +90,11 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    args = parse_args(argv)
+def prepare(args: argparse.Namespace, what: str) -> tuple[Path, Union[Formatter, TemplateFormatter]]:
+    """Check the input, the output and the tokenizer before any work; return the output's anchor (its nearest
+    existing folder) and the formatter of ``--chat-template`` (OLMo's Tulu format without it)."""
     if not args.input.is_file():
-        raise OLMoCliError(
-            f"INPUT '{args.input}' is not a file. Pass a .jsonl or .jsonl.gz file of conversations."
-        )
+        raise OLMoCliError(f"INPUT '{args.input}' is not a file. Pass a .jsonl or .jsonl.gz file of {what}.")
     anchor = check_sft_output(args.output, args.overwrite)
     tokenizer = Tokenizer.from_file(args.tokenizer, eos_token_id=args.eos, pad_token_id=args.pad)
     check_sft_tokenizer(tokenizer, args.tokenizer, args.eos, args.pad, args.dtype)
@@ -109,6 +111,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             )
         formatter = TemplateFormatter(tokenizer, args.seq_len, args.pad, template)
         log.info("Chat template: %s.", template.name)
+    return anchor, formatter
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    anchor, formatter = prepare(args, "conversations")
     start = time.monotonic()
     summary = write_sft_dataset(args.input, args.output, formatter, args.dtype, anchor)
 
@@ -124,6 +132,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         summary.truncated,
         args.seq_len,
     )
+    report_totals(args, total, summary, start)
+    return 0
+
+
+def report_totals(args: argparse.Namespace, total: int, summary: Any, start: float) -> None:
+    """Log the tokens written (``summary``'s ``tokens``, ``pad_tokens``, ``label_tokens`` of ``total``) and where."""
     log.info(
         "%s tokens (%s content, %s padding), %s label tokens (%.1f%% of all tokens) in %.1f s.",
         f"{total:,}",
@@ -135,4 +149,3 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     ids_path, mask_path = (args.output / name for name in OUTPUT_FILES)
     log.info("Wrote %s and %s (%s, seq_len %d).", ids_path, mask_path, args.dtype, args.seq_len)
-    return 0

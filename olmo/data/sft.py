@@ -12,10 +12,10 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 
 import numpy as np
 from tqdm import tqdm
@@ -34,11 +34,16 @@ __all__ = [
     "SFTSummary",
     "check_sft_output",
     "check_sft_tokenizer",
+    "ConversationError",
+    "TemplateFormatter",
+    "message_problem",
     "read_conversations",
     "write_sft_dataset",
+    "write_staged",
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 BATCH_EXAMPLES = 256
 """Examples whose messages are tokenized in one ``encode_batch`` call."""
@@ -257,16 +262,29 @@ def write_examples(
     return summary
 
 
+def write_staged(out: Path, anchor: Path, write: Callable[[Path], T]) -> T:
+    """Call ``write(folder)``, which writes ``OUTPUT_FILES`` into a hidden folder in ``anchor`` (:func:`check_sft_output`'s)
+    or raises to give up, then move the files into ``out``: a failed run leaves ``out`` as it was."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.resolve().name}.partial-", dir=anchor))
+    try:
+        result = write(staging)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in OUTPUT_FILES:
+            os.replace(staging / name, out / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return result
+
+
 def write_sft_dataset(
     source: Path, out: Path, formatter: Union[Formatter, TemplateFormatter], dtype: str, anchor: Path
 ) -> SFTSummary:
-    """Write the examples of ``source`` as ``out/input_ids.npy`` and ``out/label_mask.npy``: into a hidden folder in
-    ``anchor`` (:func:`check_sft_output`'s), moved into place only once every example is written.
+    """Write the examples of ``source`` as ``out/input_ids.npy`` and ``out/label_mask.npy`` (:func:`write_staged`).
 
     :raises OLMoDataError: for a source without a conversation, or without any label token within the length.
     """
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.resolve().name}.partial-", dir=anchor))
-    try:
+
+    def write(staging: Path) -> SFTSummary:
         summary = write_examples(source, formatter, staging, dtype)
         if summary.kept + summary.no_assistant + summary.truncated_away == 0:
             raise OLMoDataError(
@@ -279,9 +297,6 @@ def write_sft_dataset(
                 f"nothing would be trained on. Check that conversations have 'assistant' messages, or raise "
                 f"--seq-len."
             )
-        out.mkdir(parents=True, exist_ok=True)
-        for name in OUTPUT_FILES:
-            os.replace(staging / name, out / name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return summary
+        return summary
+
+    return write_staged(out, anchor, write)

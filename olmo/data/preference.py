@@ -1,0 +1,158 @@
+"""Preference pairs for DPO (issue 40): ``{"chosen": messages, "rejected": messages}`` lines tokenized into the SFT
+format (``input_ids.npy`` and ``label_mask.npy``, :mod:`olmo.data.sft`), pair ``i`` at instances ``2i`` (chosen) and
+``2i + 1`` (rejected). A pair is dropped, both halves, when either has no label token left within the length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+from tqdm import tqdm
+
+from ..exceptions import OLMoDataError
+from ..util.json_lines import json_type, read_json_lines
+from .sft import (
+    BATCH_EXAMPLES,
+    OUTPUT_FILES,
+    ConversationError,
+    Formatter,
+    TemplateFormatter,
+    message_problem,
+    write_staged,
+)
+
+__all__ = ["PairSummary", "read_pairs", "write_preference_dataset"]
+
+PAIR_EXAMPLE = (
+    '{"chosen": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "good"}], '
+    '"rejected": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "bad"}]}'
+)
+
+
+@dataclass
+class PairSummary:
+    """What a run kept and dropped: pairs, and the tokens of the kept ones."""
+
+    kept: int = 0
+    truncated_away: int = 0
+    """Pairs dropped because a side had no label token within the length."""
+    truncated: int = 0
+    """Kept pairs with a side cut to the length."""
+    tokens: int = 0
+    label_tokens: int = 0
+    pad_tokens: int = 0
+
+
+def _side_problem(side: Any) -> str | None:
+    if not isinstance(side, list) or not side:
+        return f"is {json_type(side)}, not a non-empty list of messages"
+    for i, message in enumerate(side):
+        problem = message_problem(message)
+        if problem is not None:
+            return f"[{i}] {problem}"
+    last = side[-1]
+    if last["role"] != "assistant":
+        return f"ends with a {last['role']} message, not the assistant's answer"
+    if not last["content"].strip():
+        return "ends with an empty assistant answer"
+    return None
+
+
+def read_pairs(path: Path) -> Iterator[tuple[int, list[dict[str, str]], list[dict[str, str]]]]:
+    """(line number, chosen, rejected) for every non-blank line.
+
+    :raises OLMoDataError: naming the file and line of the first line that is not such a pair.
+    """
+    for line_no, line in read_json_lines(path):
+        where = f"'{path}' line {line_no}"
+        missing = [key for key in ("chosen", "rejected") if key not in line]
+        if missing:
+            raise OLMoDataError(
+                f"{where} has no {' or '.join(repr(k) for k in missing)} key (its keys: "
+                f"{', '.join(repr(k) for k in line) or 'none'}). Every line must look like {PAIR_EXAMPLE}."
+            )
+        for key in ("chosen", "rejected"):
+            problem = _side_problem(line[key])
+            if problem is not None:
+                raise OLMoDataError(f"{where}: '{key}' {problem}. Every line must look like {PAIR_EXAMPLE}.")
+        if line["chosen"] == line["rejected"]:
+            raise OLMoDataError(
+                f"{where}: 'chosen' and 'rejected' are the same conversation, which teaches no preference. Remove "
+                f"the line or fix one side."
+            )
+        yield line_no, line["chosen"], line["rejected"]
+
+
+def write_pairs(
+    source: Path, formatter: Union[Formatter, TemplateFormatter], folder: Path, dtype: str
+) -> PairSummary:
+    """Write the pairs of ``source`` as ``OUTPUT_FILES`` in ``folder``, chosen then rejected; return the summary.
+
+    :raises OLMoDataError: naming the file and line of a pair the chat template failed on.
+    """
+    summary, token_dtype, seq_len = PairSummary(), np.dtype(dtype), formatter.seq_len
+
+    def write(
+        batch: list[tuple[int, list[dict[str, str]], list[dict[str, str]]]], ids_file: Any, mask_file: Any
+    ) -> None:
+        sides = [chosen for _, chosen, _ in batch] + [rejected for _, _, rejected in batch]
+        try:
+            formatted = formatter.batch(sides)
+        except ConversationError as e:
+            line = batch[e.index % len(batch)][0]
+            raise OLMoDataError(
+                f"'{source}' line {line}: {e.reason}. Fix the pair, or pass another --chat-template."
+            ) from None
+        for chosen, rejected in zip(formatted[: len(batch)], formatted[len(batch) :]):
+            if not any(chosen[1]) or not any(rejected[1]):
+                summary.truncated_away += 1
+                continue
+            for ids, mask, length in (chosen, rejected):
+                np.asarray(ids, dtype=token_dtype).tofile(ids_file)
+                np.asarray(mask, dtype=np.bool_).tofile(mask_file)
+                summary.tokens += min(length, seq_len)
+                summary.pad_tokens += max(0, seq_len - length)
+                summary.label_tokens += sum(mask)
+            summary.kept += 1
+            summary.truncated += chosen[2] > seq_len or rejected[2] > seq_len
+
+    ids_path, mask_path = (folder / name for name in OUTPUT_FILES)
+    with open(ids_path, "wb") as ids_file, open(mask_path, "wb") as mask_file:
+        pending: list[tuple[int, list[dict[str, str]], list[dict[str, str]]]] = []
+        for pair in tqdm(read_pairs(source), desc="tokenizing", unit=" pairs"):
+            pending.append(pair)
+            if len(pending) >= BATCH_EXAMPLES:
+                write(pending, ids_file, mask_file)
+                pending = []
+        write(pending, ids_file, mask_file)
+    return summary
+
+
+def write_preference_dataset(
+    source: Path, out: Path, formatter: Union[Formatter, TemplateFormatter], dtype: str, anchor: Path
+) -> PairSummary:
+    """Write the pairs of ``source`` as ``out/input_ids.npy`` and ``out/label_mask.npy`` (a staging folder moved into
+    place at the end).
+
+    :raises OLMoDataError: for a source without a pair, or without a pair left within the length.
+    """
+
+    def write(staging: Path) -> PairSummary:
+        summary = write_pairs(source, formatter, staging, dtype)
+        if summary.kept + summary.truncated_away == 0:
+            raise OLMoDataError(
+                f"'{source}' holds no pair (it is empty or blank), so nothing was written to '{out}'. Write one pair "
+                f"per line: {PAIR_EXAMPLE}."
+            )
+        if summary.kept == 0:
+            raise OLMoDataError(
+                f"No pair of '{source}' keeps an answer token on both sides within --seq-len {formatter.seq_len}; "
+                f"raise --seq-len."
+            )
+        return summary
+
+    return write_staged(out, anchor, write)
