@@ -415,6 +415,11 @@ class TrainConfig(BaseConfig):
         tokens)."""
         return self.global_train_batch_size // self.data_parallel_size(world_size)
 
+    def tensor_parallel_size(self, world_size: int) -> int:
+        """``tensor_parallel.degree`` where it divides ``world_size`` (1 otherwise: validation refuses that launch)."""
+        tp = self.tensor_parallel.degree
+        return tp if isinstance(tp, int) and tp > 1 and world_size % tp == 0 else 1
+
     def device_tokens(self, world_size: int) -> int:
         """Tokens of each step a rank accounts for: its data-parallel share of the batch, over the ranks that share
         those instances (context or tensor parallel) for throughput."""

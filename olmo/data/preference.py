@@ -11,19 +11,10 @@ from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
-from tqdm import tqdm
 
 from ..exceptions import OLMoDataError
 from ..util.json_lines import json_type, read_json_lines
-from .sft import (
-    BATCH_EXAMPLES,
-    OUTPUT_FILES,
-    ConversationError,
-    Formatter,
-    TemplateFormatter,
-    message_problem,
-    write_staged,
-)
+from .sft import ConversationError, Formatter, TemplateFormatter, message_problem, write_batched, write_staged
 
 __all__ = ["PairSummary", "read_pairs", "write_preference_dataset"]
 
@@ -120,15 +111,7 @@ def write_pairs(
             summary.kept += 1
             summary.truncated += chosen[2] > seq_len or rejected[2] > seq_len
 
-    ids_path, mask_path = (folder / name for name in OUTPUT_FILES)
-    with open(ids_path, "wb") as ids_file, open(mask_path, "wb") as mask_file:
-        pending: list[tuple[int, list[dict[str, str]], list[dict[str, str]]]] = []
-        for pair in tqdm(read_pairs(source), desc="tokenizing", unit=" pairs"):
-            pending.append(pair)
-            if len(pending) >= BATCH_EXAMPLES:
-                write(pending, ids_file, mask_file)
-                pending = []
-        write(pending, ids_file, mask_file)
+    write_batched(read_pairs(source), folder, write, "pairs")
     return summary
 
 

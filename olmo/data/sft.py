@@ -38,6 +38,8 @@ __all__ = [
     "TemplateFormatter",
     "message_problem",
     "read_conversations",
+    "fit",
+    "write_batched",
     "write_sft_dataset",
     "write_staged",
 ]
@@ -125,11 +127,31 @@ class Formatter:
                 else:
                     ids += content
                     mask += [False] * len(content)
-            length = len(ids)
-            ids, mask = ids[: self.seq_len], mask[: self.seq_len]
-            padding = self.seq_len - len(ids)
-            out.append((ids + [self.pad] * padding, mask + [False] * padding, length))
+            out.append(fit(ids, mask, self.seq_len, self.pad))
         return out
+
+
+def fit(ids: list[int], mask: list[bool], seq_len: int, pad: int) -> tuple[list[int], list[bool], int]:
+    """``ids`` and ``mask`` truncated or padded (``pad``, no label) to ``seq_len``, and their length before."""
+    ids, mask, length = ids[:seq_len], mask[:seq_len], len(ids)
+    padding = seq_len - len(ids)
+    return ids + [pad] * padding, mask + [False] * padding, length
+
+
+def write_batched(
+    records: Iterator[T], folder: Path, write: Callable[[list[T], Any, Any], None], unit: str
+) -> None:
+    """Open ``OUTPUT_FILES`` in ``folder`` and call ``write(batch, ids_file, mask_file)`` on ``records`` in batches of
+    :data:`BATCH_EXAMPLES` (one tokenizer call each), with a progress bar counting ``unit``."""
+    ids_path, mask_path = (folder / name for name in OUTPUT_FILES)
+    with open(ids_path, "wb") as ids_file, open(mask_path, "wb") as mask_file:
+        pending: list[T] = []
+        for record in tqdm(records, desc="tokenizing", unit=f" {unit}"):
+            pending.append(record)
+            if len(pending) >= BATCH_EXAMPLES:
+                write(pending, ids_file, mask_file)
+                pending = []
+        write(pending, ids_file, mask_file)
 
 
 class ConversationError(ValueError):
@@ -159,10 +181,7 @@ class TemplateFormatter:
                 ids, mask = self.template.tokenize(messages, self.tokenizer.base)
             except ValueError as e:
                 raise ConversationError(index, str(e)) from None
-            length = len(ids)
-            ids, mask = ids[: self.seq_len], mask[: self.seq_len]
-            padding = self.seq_len - len(ids)
-            out.append((ids + [self.pad] * padding, mask + [False] * padding, length))
+            out.append(fit(ids, mask, self.seq_len, self.pad))
         return out
 
 
@@ -250,15 +269,7 @@ def write_examples(
             summary.pad_tokens += max(0, seq_len - length)
             summary.label_tokens += n_labels
 
-    ids_path, mask_path = (folder / name for name in OUTPUT_FILES)
-    with open(ids_path, "wb") as ids_file, open(mask_path, "wb") as mask_file:
-        pending: list[tuple[int, list[dict[str, str]]]] = []
-        for numbered in tqdm(read_conversations(source), desc="tokenizing", unit=" examples"):
-            pending.append(numbered)
-            if len(pending) >= BATCH_EXAMPLES:
-                write(pending, ids_file, mask_file)
-                pending = []
-        write(pending, ids_file, mask_file)
+    write_batched(read_conversations(source), folder, write, "examples")
     return summary
 
 

@@ -116,22 +116,23 @@ def fused_row_orders(model: nn.Module) -> dict[str, torch.Tensor]:
     ``att_proj`` (q, k, v) and SwiGLU's ``ff_proj`` (up, gate), weights and biases."""
     if not isinstance(model, OLMo):
         return {}
-    cfg = model.config
+    blocks = [b for b in model.transformer.typed_blocks() if b.tensor_parallel is not None]
+    if not blocks:
+        return {}
+    group = blocks[0].tensor_parallel  # every block has the same split
+    assert group is not None
+    cfg, degree = model.config, group.degree
+    kv = cfg.effective_n_kv_heads * (cfg.d_model // cfg.n_heads)
+    orders = {"att_proj": _rank_major([cfg.d_model, kv, kv], degree)}
+    if blocks[0].ff_proj is not None and cfg.activation_type == ActivationType.swiglu:
+        half = blocks[0].ff_proj.out_features // 2
+        orders["ff_proj"] = _rank_major([half, half], degree)
     out: dict[str, torch.Tensor] = {}
-    for i, block in enumerate(model.transformer.typed_blocks()):
-        tp = block.tensor_parallel
-        if tp is None or tp.degree == 1:
-            continue
-        head_dim = cfg.d_model // cfg.n_heads
-        kv = cfg.effective_n_kv_heads * head_dim
-        orders = {"att_proj": _rank_major([cfg.d_model, kv, kv], tp.degree)}
-        if block.ff_proj is not None and cfg.activation_type == ActivationType.swiglu:
-            half = block.ff_proj.out_features // 2
-            orders["ff_proj"] = _rank_major([half, half], tp.degree)
+    for block in blocks:
         for module, order in orders.items():
             for kind in ("weight", "bias"):
                 if getattr(getattr(block, module), kind) is not None:
-                    out[f"transformer.blocks.{i}.{module}.{kind}"] = order
+                    out[f"transformer.blocks.{block.layer_id}.{module}.{kind}"] = order
     return out
 
 
@@ -142,10 +143,6 @@ def _reorder(t: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
         full = t.full_tensor()[order.to(t.device)]
         return distribute_tensor(full, t.device_mesh, t.placements, src_data_rank=None)
     return t[order.to(t.device)]
-
-
-def _named_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
-    return {name.replace("_orig_mod.", ""): p for name, p in model.named_parameters()}
 
 
 def canonical_rows(model: nn.Module, state: dict[str, Any]) -> None:
@@ -175,7 +172,7 @@ def order_fused_rows(model: nn.Module, optimizer: torch.optim.Optimizer | None =
     """Put the fused weights of ``model`` (and their state in ``optimizer``), which hold canonical rows after an
     initialization or a load, into the rank-major order tensor parallelism computes with, in place."""
     orders = fused_row_orders(model)
-    params = _named_parameters(model)
+    params = dict(model.named_parameters()) if orders else {}
     for name, order in orders.items():
         p = params[name]
         p.copy_(_reorder(p, order))

@@ -141,9 +141,8 @@ def evaluators_of_run(cfg: TrainConfig, world_size: int = 1, rank: int = 0) -> l
     """:func:`build_evaluators` with the sections of a run's config, as ``train.py`` and ``eval.py`` build them. The
     ranks of a tensor-parallel group compute each forward pass together, so they score the same share (the group
     counts as one rank; their reduced sums count each instance ``degree`` times, which the metrics' ratios cancel)."""
-    tp = cfg.tensor_parallel.degree
-    if isinstance(tp, int) and tp > 1 and world_size % tp == 0:
-        world_size, rank = world_size // tp, rank // tp
+    tp = cfg.tensor_parallel_size(world_size)
+    world_size, rank = world_size // tp, rank // tp
     return build_evaluators(
         cfg.evaluators,
         cfg.model,

@@ -180,19 +180,13 @@ class MemoryEstimate:
         return self.tensors + self.overhead
 
 
-def tensor_parallel_degree(cfg: TrainConfig, world_size: int) -> int:
-    """``tensor_parallel.degree`` where it divides the world size (1 otherwise: validation refuses the launch)."""
-    tp = cfg.tensor_parallel.degree
-    return tp if tp > 1 and world_size % tp == 0 else 1
-
-
 def shard_degree(cfg: TrainConfig, world_size: int) -> int:
     """Over how many ranks FSDP splits parameters, gradients and optimizer state (a tensor-parallel group's ranks
     hold different parts of a block and the same copy of the rest: FSDP shards over the data-parallel ranks)."""
     fsdp = cfg.fsdp or FSDPConfig()
     if world_size == 1 or cfg.distributed_strategy in ("ddp", "single") or fsdp.sharding_strategy == "NO_SHARD":
         return 1
-    data_parallel = world_size // tensor_parallel_degree(cfg, world_size)
+    data_parallel = world_size // cfg.tensor_parallel_size(world_size)
     if fsdp.sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
         replicas = fsdp.hybrid_sharding_num_model_replicas or max(1, world_size // GPUS_PER_NODE)
         return max(1, data_parallel // replicas)
@@ -251,7 +245,7 @@ def estimate_memory(
     autocast = device.is_gpu and cfg.autocast_precision is not None
     compute = 2 if autocast else 4
     shard = shard_degree(cfg, world_size)
-    tp = tensor_parallel_degree(cfg, world_size)
+    tp = cfg.tensor_parallel_size(world_size)
     # FSDP gathers each unit even over one data-parallel rank (tensor parallelism on every rank): copies all the same.
     fsdp_units = world_size > 1 and (shard > 1 or tp > 1)
     mixed = fsdp_units and autocast and cfg.fsdp is not None and cfg.fsdp.precision is not None

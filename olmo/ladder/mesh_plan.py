@@ -33,7 +33,6 @@ from .estimates import (
     model_facts,
     resolve_device,
     shard_degree,
-    tensor_parallel_degree,
 )
 
 __all__ = ["MeshPlan", "plan_meshes", "main"]
@@ -137,7 +136,7 @@ def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: floa
         fsdp = mesh_cfg.fsdp
         strategy = fsdp.sharding_strategy if fsdp is not None else ShardingStrategy.FULL_SHARD
         shard = shard_degree(mesh_cfg, world_size) if strategy != ShardingStrategy.NO_SHARD else 1
-        tp = tensor_parallel_degree(mesh_cfg, world_size)
+        tp = mesh_cfg.tensor_parallel_size(world_size)
         degrees = {
             "replicate": world_size // (shard * tp),
             "shard": shard,

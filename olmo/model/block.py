@@ -258,7 +258,7 @@ class OLMoBlock(nn.Module):
         B, T, _ = x.shape
         share = (
             1 if self.tensor_parallel is None else self.tensor_parallel.degree
-        )  # this rank's 1/share of the heads
+        )  # this rank: 1/share of the heads
         n_heads, n_kv_heads = self.n_heads // share, self.n_kv_heads // share
         C, kv_dim = n_heads * self.head_dim, n_kv_heads * self.head_dim
         qkv = self.att_proj(x)  # (B, T, C + 2 * kv_dim)
