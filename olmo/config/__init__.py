@@ -5,7 +5,7 @@ Modules: ``train_config`` (``TrainConfig``, load/save), the sections, each with 
 (a ``problems`` method beside its fields): ``sections`` (the enums and the small sections), ``model_sections``
 (``model``), ``attention`` (``model.sliding_window`` and ``model.rope_scaling``), ``moe`` (``model.moe``), ``optim_sections``
 (``optimizer``, ``scheduler``), ``data_sections`` (``data``), ``eval_sections`` (``evaluators``), ``stages``
-(``stages:``, ``kl_reference:``, durations), ``stability``; ``validation`` (the run's own settings, the rules
+(``stages:``, ``kl_reference:``, durations), ``stability``, ``dpo_sections`` (``dpo``); ``validation`` (the run's own settings, the rules
 between sections, the one report of every problem, and no-effect warnings), ``bounds`` (limits shared by the checks,
 and the non-finite check), ``cli`` (override parsing), ``loading`` (unknown keys reported with the bad values),
 ``resolvers`` (``${path.*:...}``), ``docs`` (``--help``).
@@ -16,6 +16,7 @@ and loading one never imports torch).
 
 from .attention_sections import RopeScalingConfig, SlidingWindowConfig
 from .base import BaseConfig
+from .dpo_sections import DPOConfig, DPOLoss
 from .moe_sections import ExpertParallelConfig, MoEConfig
 from .parallel_sections import ContextParallelConfig, TensorParallelConfig
 from .stability_sections import RollbackConfig, SkipSpikesConfig, StragglersConfig, WatchdogConfig
@@ -69,6 +70,8 @@ from .train_config import (
 
 __all__ = [
     "BaseConfig",
+    "DPOConfig",
+    "DPOLoss",
     "StrEnum",
     "ActivationType",
     "BlockType",

@@ -34,6 +34,7 @@ from .data_sections import (
     MixtureSourceConfig,
     RemoteDataConfig,
 )
+from .dpo_sections import DPOConfig
 from .eval_sections import EvaluatorConfig
 from .loading import load_reporting_all
 from .model_sections import ModelConfig
@@ -233,6 +234,9 @@ class TrainConfig(BaseConfig):
     Null: one stage of ``max_duration``."""
     kl_reference: KLReferenceConfig = field(default_factory=KLReferenceConfig)
     """The frozen reference of the stages with ``kl_beta > 0``."""
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    """Direct Preference Optimization on prepared pairs (``scripts/prepare_preference_data.py``) against a frozen
+    reference (:class:`olmo.config.dpo_sections.DPOConfig`); off by default."""
     global_train_batch_size: int = 512
     """Instances per optimizer step across all ranks."""
     device_train_batch_size: Optional[int] = None

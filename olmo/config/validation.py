@@ -100,6 +100,7 @@ def _value_problems(cfg: TrainConfig, world_size: int) -> list[str]:
         for interval in (cfg.save_interval, cfg.save_interval_unsharded, cfg.save_interval_ephemeral)
     )
     problems += cfg.stability.problems(cfg.optimizer.name, has_checkpoints)
+    problems += cfg.dpo.problems(cfg, world_size)
     return problems
 
 
@@ -356,6 +357,11 @@ def _warn_no_effect(cfg: TrainConfig) -> None:
     if env_rank() == 0:  # about the config, not this rank: once per launch
         for line in warmup_warnings(cfg) + attention_mask_warnings(cfg.model, cfg.data.generate_doc_lengths):
             log.warning(line)
+    if cfg.dpo.enabled and cfg.fused_loss and env_rank() == 0:
+        log.warning(
+            "fused_loss=true is not used by dpo: each micro-batch's logits exist at once (rows x sequence x "
+            "vocabulary) to give every answer its log-probability; lower device_train_microbatch_size if memory is short."
+        )
     if cfg.load_path is None and not cfg.try_load_latest_save:
         for flag in ("reset_optimizer_state", "reset_trainer_state"):
             if getattr(cfg, flag):

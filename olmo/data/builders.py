@@ -57,6 +57,8 @@ class DataContext:
     data_durations: tuple[Union[int, str], ...]
     """The lengths the run trains its ``data`` for (``max_duration``, or those of the stages of its first data
     segment): what a mixture without ``mixture.tokens`` draws."""
+    pairs: bool = False
+    """``dpo.enabled``: the data are preference pairs, shuffled and dealt to ranks whole (:class:`IterableDataset`)."""
 
     @classmethod
     def from_train_config(cls, cfg: TrainConfig) -> DataContext:
@@ -69,6 +71,7 @@ class DataContext:
             save_overwrite=cfg.save_overwrite,
             reuse_metadata_cache=not cfg.save_overwrite or cfg.try_load_latest_save or cfg.load_path is not None,
             data_durations=tuple(segment_lengths(cfg, None) or [DEFAULT_MAX_DURATION]),
+            pairs=cfg.dpo.enabled,
         )
 
     @property
@@ -294,6 +297,7 @@ def build_train_loader(
         rank=rank,
         work_dir=work_dir if work_dir is not None else context.train_data_folder,
         overwrite=context.save_overwrite,
+        pairs=context.pairs,
     )
     if rank == 0:
         dataset.save_remote_records()

@@ -9,6 +9,7 @@ Which batch of which epoch a training step read (stages, batches that rollbacks 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -18,7 +19,13 @@ import numpy as np
 from ..config import DataConfig, TrainConfig
 from ..exceptions import OLMoCliError, OLMoDataError
 from .instance_filter import is_repetitive
-from .iterable_dataset import IterableDataset, data_order_seed, order_file_name, rank_slice, read_instances
+from .iterable_dataset import (
+    IterableDataset,
+    data_order_seed,
+    order_file_name,
+    rank_entries,
+    read_instances,
+)
 from .memmap_dataset import MemMapDataset
 from .provenance import instance_documents
 
@@ -50,13 +57,30 @@ class BatchRow:
     the token file; None when there is none."""
     filtered: bool = False
     """Dropped from the loss by ``data.instance_filter``."""
+    paired: bool = False
+    """The data are DPO pairs (``dpo.enabled``): the instance is pair ``index // 2``'s chosen answer (even index) or
+    rejected one (odd), and ranks train whole pairs."""
+
+    def rank(self, world_size: int) -> int:
+        """The rank of ``world_size`` that trained the instance."""
+        return (self.position // 2 if self.paired else self.position) % world_size
+
+    @property
+    def pair(self) -> Optional[str]:
+        """``"pair 12 chosen"``, or None outside DPO."""
+        return f"pair {self.index // 2} {'rejected' if self.index % 2 else 'chosen'}" if self.paired else None
 
     def as_json(self, world_size: Optional[int]) -> dict[str, object]:
         """The row as ``inspect_batch.py --json`` prints it; ``rank`` is of ``world_size`` ranks (None: unknown)."""
         return {
             "position": self.position,
-            "rank": None if world_size is None else self.position % world_size,
+            "rank": None if world_size is None else self.rank(world_size),
             "index": self.index,
+            **(
+                {"pair": self.index // 2, "answer": "rejected" if self.index % 2 else "chosen"}
+                if self.paired
+                else {}
+            ),
             "source": self.source,
             "file": self.path,
             "token_offset": self.offset,
@@ -86,7 +110,10 @@ def load_order(
             "'%s' does not exist; recomputing epoch %d's order from the seed as the trainer does.", path, epoch
         )
         seed = data_order_seed(cfg.data, cfg.seed) if seed is None else seed
-        return IterableDataset(dataset, cfg.global_train_batch_size, seed=seed, epoch=epoch).global_indices()
+        pairs = cfg.dpo.enabled
+        return IterableDataset(
+            dataset, cfg.global_train_batch_size, seed=seed, epoch=epoch, pairs=pairs
+        ).global_indices()
     size = path.stat().st_size
     if size != 4 * n:
         raise OLMoDataError(
@@ -123,10 +150,12 @@ def read_batch(
     :param provenance: add each instance's documents and whether the instance filter drops it.
     """
     batch_size = cfg.global_train_batch_size
-    positions = range(batch_size)
+    positions: Sequence[int] = range(batch_size)
     if rank is not None:
         assert world_size is not None and batch_size % world_size == 0 and 0 <= rank < world_size
-        positions = positions[rank_slice(0, batch_size, world_size, rank)]
+        # Whole pairs per rank with dpo, else every world_size-th instance.
+        entries_of_rank = rank_entries(np.arange(batch_size), 0, batch_size, world_size, rank, cfg.dpo.enabled)
+        positions = [int(p) for p in entries_of_rank]
     # Read exactly as users do (olmo/data/__init__.py): a slice of the order, uint32 indices as they are.
     entries = order[batch * batch_size : (batch + 1) * batch_size]
     _check_entries(entries, len(dataset), order_path, batch * batch_size, step)
@@ -141,6 +170,7 @@ def read_batch(
         index = entries[position]
         path_of, offset = dataset.instance_location(index)
         row = BatchRow(position, int(index), path_of, offset, source=dataset.instance_source(index))
+        row.paired = cfg.dpo.enabled
         if provenance:
             row.documents = instance_documents(path_of, offset, cfg.model.max_sequence_length)
         if wanted:

@@ -34,6 +34,7 @@ __all__ = [
     "batches_per_epoch",
     "data_order_seed",
     "order_file_name",
+    "rank_entries",
     "rank_slice",
     "read_instances",
     "worker_share",
@@ -63,6 +64,17 @@ def rank_slice(start: int, stop: int, world_size: int, rank: int) -> slice:
     batches (a multiple of ``world_size``) have gone before it.
     """
     return slice(start + rank, stop, world_size)
+
+
+def rank_entries(
+    order: np.ndarray, start: int, stop: int, world_size: int, rank: int, pairs: bool = False
+) -> np.ndarray:
+    """The entries of ``order[start:stop]`` that rank ``rank`` of ``world_size`` trains on: :func:`rank_slice`'s, or
+    with ``pairs`` every ``world_size``-th *pair* of entries from pair ``rank`` (a DPO pair stays on one rank, its
+    two instances side by side)."""
+    if not pairs:
+        return order[rank_slice(start, stop, world_size, rank)]
+    return order[start:stop].reshape(-1, 2)[rank::world_size].reshape(-1)
 
 
 def worker_share(indices: Sequence[Any] | np.ndarray, batch_size: int) -> Iterator[tuple[int, Any]]:
@@ -139,6 +151,8 @@ class IterableDataset(torch.utils.data.IterableDataset):
     :param overwrite: replace an order file that holds a different order instead of raising.
     :param shuffle: permute the instances; otherwise the order is ``0..N-1``.
     :param max_examples: OLMo's: train on the first ``max_examples`` entries of the order only.
+    :param pairs: instances ``2i`` and ``2i + 1`` are a pair (DPO's chosen and rejected answers): the order shuffles
+        pairs, keeps each pair's two instances side by side, and deals whole pairs to the ranks. ``N`` must be even.
     :param drop_last: OLMo's: None (the trainer's rule) uses whole global batches of the order and drops the rest;
         True uses the largest multiple of ``world_size`` entries; False pads the order to a multiple of
         ``world_size`` with its first entries, as OLMo does.
@@ -164,6 +178,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
         drop_last: Optional[bool] = None,
         fs_local_rank: Optional[int] = None,
         num_threads: Optional[int] = None,
+        pairs: bool = False,
     ):
         del fs_local_rank, num_threads  # OLMo's: the order file is written by rank 0 alone, without threads
         world_size = env_world_size() if world_size is None else world_size
@@ -188,6 +203,15 @@ class IterableDataset(torch.utils.data.IterableDataset):
                 f"global_train_batch_size={global_batch_size}. Add token files to data.paths, or lower "
                 f"--global_train_batch_size or --model.max_sequence_length."
             )
+        if pairs and (self.num_instances % 2 or global_batch_size % (2 * world_size)):
+            raise OLMoDataError(
+                f"dpo.enabled=true trains pairs (instances 2i and 2i+1, as scripts/prepare_preference_data.py writes "
+                f"them), but the training data holds {self.num_instances} instances and global_train_batch_size="
+                f"{global_batch_size} over {world_size} rank(s): both the instance count and the batch per rank must "
+                f"be even. Point data.paths and data.label_mask_paths at the preference data's input_ids.npy and "
+                f"label_mask.npy, unchanged."
+            )
+        self.pairs = pairs
         self.global_batch_size = global_batch_size
         self.seed = seed
         self.epoch = epoch
@@ -274,12 +298,15 @@ class IterableDataset(torch.utils.data.IterableDataset):
             order = self._olmo_order(order)
             stop = len(order)
         # A plain view: iterating an np.memmap runs its Python __getitem__ for every entry.
-        rank_indices = order[rank_slice(self.start_index, stop, self.world_size, self.rank)].view(np.ndarray)
+        rank_indices = rank_entries(order, self.start_index, stop, self.world_size, self.rank, self.pairs)
+        rank_indices = rank_indices.view(np.ndarray)
         # This rank's entries before stop_index may be fetched ahead; later ones (never trained on, unless the
         # run is extended) are only read when asked for.
         ahead = len(rank_indices)
         if self.stop_index is not None:
-            ahead = max(0, -(-(self.stop_index - self.start_index - self.rank) // self.world_size))
+            unit = 2 if self.pairs else 1  # entries dealt to a rank at a time
+            span = (self.stop_index - self.start_index) // unit - self.rank
+            ahead = unit * max(0, -(-span // self.world_size))
         shares = groupby(worker_share(rank_indices, self.device_batch_size), key=lambda item: item[0] < ahead)
         for fetch_ahead, items in shares:
             yield from read_instances(self.dataset, (int(i) for _, i in items), fetch_ahead, with_index=True)
@@ -294,7 +321,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
         return entries if self.max_examples is None else entries[: self.max_examples]
 
     def _spec(self) -> OrderSpec:
-        return OrderSpec(self.num_instances, self.seed, self.epoch, self.shuffle)
+        return OrderSpec(self.num_instances, self.seed, self.epoch, self.shuffle, self.pairs)
 
     def _prepare_order_file(self) -> None:
         """Rank 0 makes sure the order file holds this epoch's order (reusing a matching one); the other ranks of

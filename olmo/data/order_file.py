@@ -48,10 +48,25 @@ class OrderSpec:
     seed: int
     epoch: int
     shuffle: bool = True
+    pairs: bool = False
+    """Shuffle pairs of instances (``2i``, ``2i + 1``) as units (DPO's chosen and rejected answers): the order is
+    the permutation of ``N / 2`` pairs that the same generator gives, each pair's two instances side by side."""
+
+    def record(self) -> dict[str, Any]:
+        """What the order file's record holds of the spec (``pairs`` only when set: records written before it
+        existed stay valid)."""
+        fields = asdict(self)
+        if not self.pairs:
+            del fields["pairs"]
+        return fields
 
 
 def order_in_memory(spec: OrderSpec) -> np.ndarray:
     """The order as an array in this process's memory (for orders that are not written to a file)."""
+    if spec.pairs:
+        first = np.arange(0, spec.num_instances - spec.num_instances % 2, 2, dtype=np.uint32)
+        _shuffle_in_place(first, spec)
+        return np.stack([first, first + 1], axis=1).reshape(-1)
     order = np.arange(spec.num_instances, dtype=np.uint32)
     _shuffle_in_place(order, spec)
     return order
@@ -89,7 +104,7 @@ def read_order_record(path: Path) -> Optional[dict]:
 
 
 def _write_record(path: Path, spec: OrderSpec, checksum: int) -> None:
-    record = {**asdict(spec), "bytes": spec.num_instances * 4, "sample_crc32": checksum, "numpy": np.__version__}
+    record = {**spec.record(), "bytes": spec.num_instances * 4, "sample_crc32": checksum, "numpy": np.__version__}
     write_result_file(_record_path(path), json.dumps(record, indent=1) + "\n")
 
 
@@ -101,8 +116,8 @@ def verify_order_file(path: Path, spec: OrderSpec) -> bool:
     record = read_order_record(path)
     mapped = np.memmap(path, dtype=np.uint32, mode="r") if spec.num_instances else np.empty(0, np.uint32)
     if record is not None:
-        held = {k: record.get(k) for k in asdict(spec)}
-        return held == asdict(spec) and record.get("sample_crc32") == _sample_checksum(mapped)
+        held = {k: v for k, v in record.items() if k in asdict(spec)}
+        return held == spec.record() and record.get("sample_crc32") == _sample_checksum(mapped)
     log.info("%s has no record of what it holds; building the order anew once to compare.", path)
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".global_indices.", suffix=".tmp") as fresh:
         _write_order(fresh, spec)
@@ -134,6 +149,9 @@ def _write_order(out: IO[bytes], spec: OrderSpec) -> None:
     kernel keeps writing back pages that the next random swap dirties again.
     """
     if not spec.num_instances:
+        return
+    if spec.pairs:  # preference data: small (a pair is two conversations), built in memory
+        out.write(order_in_memory(spec).tobytes())
         return
     with _shared_buffer(spec.num_instances * 4) as buffer:
         order = np.frombuffer(buffer, dtype=np.uint32)

@@ -15,8 +15,17 @@ from . import train_module as _train_module
 from .stages import no_kl_penalty_error
 from .train_module import TrainModule, TransformerTrainModule
 
-__all__ = ["build_train_module", "train_module_class", "resolve_train_module_class", "STAGED_TRAIN_MODULE"]
+__all__ = [
+    "build_train_module",
+    "train_module_class",
+    "resolve_train_module_class",
+    "STAGED_TRAIN_MODULE",
+    "DPO_TRAIN_MODULE",
+]
 
+
+DPO_TRAIN_MODULE = "olmo.train.dpo.DPOTrainModule"
+"""The train module of a run with ``dpo.enabled`` when ``train_module`` is unset."""
 
 STAGED_TRAIN_MODULE = "olmo.train.kl.KLTrainModule"
 """The train module of a run with ``stages`` when ``train_module`` is unset (named, not imported: it subclasses
@@ -45,7 +54,14 @@ def train_module_class(
     or when a stage has ``kl_beta > 0`` and the class does not train a KL penalty (call it before any work)."""
     if train_module is None:
         train_module = STAGED_TRAIN_MODULE if cfg.stages else TransformerTrainModule
+        if cfg.dpo.enabled:
+            train_module = DPO_TRAIN_MODULE
     cls = resolve_train_module_class(train_module)
+    if cfg.dpo.enabled and not getattr(cls, "trains_dpo", False):
+        raise OLMoConfigurationError(
+            f"dpo.enabled=true, but train_module={train_module!r} does not train the DPO loss (it would train the "
+            f"pairs' cross entropy). Leave train_module unset (olmo.train.dpo.DPOTrainModule), or use a subclass of it."
+        )
     kl_stages = [i for i, stage in enumerate(cfg.stages or []) if stage.kl_beta > 0]
     if kl_stages and not cls.trains_kl_penalty:
         raise no_kl_penalty_error(repr(train_module), kl_stages[0])

@@ -1,0 +1,223 @@
+"""Direct Preference Optimization: :class:`DPOTrainModule`, the loss of :func:`dpo_pair_losses`, and
+:func:`resolve_dpo_reference`, which fixes the reference model of a run before anything is written.
+
+Each rank trains whole pairs (the data order deals pairs, :class:`olmo.data.IterableDataset` with ``pairs``): rows
+``2j`` and ``2j + 1`` of every micro-batch are one pair's chosen and rejected answers. Per micro-batch, the policy and
+the frozen reference compute each row's log-probability of its labels (the answer's tokens, summed); the pairs'
+losses are summed and scaled by ``world_size / pairs in the global batch``, so the gradient is that of the mean loss
+over the global batch's pairs however the batch is split into ranks and micro-batches (as the cross entropy's is
+over labels, :mod:`olmo.train.train_module`).
+
+The reference is built like the policy (same FSDP sharding, compile and activation checkpointing), never trained,
+in eval mode (no dropout), under the same autocast. ``train/CrossEntropyLoss`` stays the policy's cross entropy
+over every label of the batch (chosen and rejected answers), for comparison with the SFT run.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..checkpoint import inspect_checkpoint, load_checkpoint
+from ..config import DPOLoss, TrainConfig
+from ..data import check_token_ids
+from ..distributed.collectives import all_reduce
+from ..distributed.parallelize import ParallelizeOptions, build_model
+from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
+from ..model.loss import OutputHead, next_token_labels, per_token_cross_entropy
+from .metrics import ReduceType
+from .train_module import TransformerTrainModule
+
+if TYPE_CHECKING:
+    from ..checkpoint.restore import LaunchPlan
+    from .stages import Stage
+
+__all__ = ["DPOTrainModule", "dpo_pair_losses", "resolve_dpo_reference", "sequence_log_probs"]
+
+log = logging.getLogger(__name__)
+
+
+def sequence_log_probs(out: OutputHead, labels: torch.Tensor) -> torch.Tensor:
+    """(B,) each row's summed log-probability of its labels (-100: not counted), in fp32, differentiable: a model
+    output head (``model(input_ids, head=partial(sequence_log_probs, labels=labels))``). The logits of the rows
+    exist at once (B x T x V)."""
+    logits = F.linear(out.hidden, out.weight, out.bias)
+    if out.logit_scale != 1.0:
+        logits = logits * out.logit_scale
+    return -per_token_cross_entropy(logits, labels).sum(dim=-1)
+
+
+def dpo_pair_losses(
+    policy: torch.Tensor,
+    reference: torch.Tensor,
+    lengths: torch.Tensor,
+    beta: float,
+    loss: DPOLoss,
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each pair's loss and its chosen and rejected rewards, from the summed log-probabilities of ``2P`` rows
+    (``policy``, ``reference``; chosen rows even, rejected odd) with ``lengths`` labelled tokens each.
+
+    The rewards are ``beta * (log pi - log ref)`` of the summed log-probabilities, for every loss (as TRL reports
+    them); the ``ipo`` and ``norm`` losses compare the log-ratios divided by the answers' lengths.
+    """
+    ratios = (policy - reference).view(-1, 2)  # (P, [chosen, rejected])
+    rewards = (beta * ratios).detach()
+    if loss in (DPOLoss.ipo, DPOLoss.norm):
+        ratios = ratios / lengths.view(-1, 2).clamp(min=1).to(ratios.dtype)
+    delta = ratios[:, 0] - ratios[:, 1]
+    if loss == DPOLoss.ipo:
+        losses = (delta - 1 / (2 * beta)) ** 2
+    else:
+        losses = -F.logsigmoid(beta * delta)
+        if label_smoothing:
+            losses = (1 - label_smoothing) * losses - label_smoothing * F.logsigmoid(-beta * delta)
+    return losses, rewards[:, 0], rewards[:, 1]
+
+
+class DPOTrainModule(TransformerTrainModule):
+    """:class:`~olmo.train.train_module.TransformerTrainModule` with the DPO loss of ``cfg.dpo`` in place of the cross
+    entropy; the reference is the model of ``dpo.reference_path`` (set by :func:`resolve_dpo_reference`)."""
+
+    trains_dpo = True
+
+    def __init__(self, cfg: TrainConfig, *args: Any, **kwargs: Any):
+        super().__init__(cfg, *args, **kwargs)
+        if cfg.dpo.reference_path is None:
+            raise OLMoConfigurationError(
+                "dpo.reference_path is not set: scripts/train.py sets it to the model the run starts from; a program "
+                "building DPOTrainModule itself must set it (or call olmo.train.dpo.resolve_dpo_reference)."
+            )
+        self.reference: Optional[nn.Module] = None
+
+    def enter_stage(self, stage: Stage, at_boundary: bool) -> None:
+        super().enter_stage(stage, at_boundary)
+        if self.reference is None:
+            self.reference = self._load_reference(str(self.cfg.dpo.reference_path))
+
+    def _load_reference(self, path: str) -> nn.Module:
+        reference = build_model(
+            self.cfg.model, self.env, ParallelizeOptions.from_train_config(self.cfg), init_params=False
+        )
+        reference.eval()
+        reference.requires_grad_(False)
+        info = inspect_checkpoint(path, "dpo.reference_path")
+        load_checkpoint(info, reference, None, load_trainer_state=False)
+        log.info("DPO reference: the model of %s (step %d), frozen.", path, info.step)
+        return reference
+
+    def train_batch(self, batch: dict[str, Any], dry_run: bool = False) -> None:
+        assert self.reference is not None, "enter_stage was not called before the first step"
+        check_token_ids(batch, self.cfg.model.vocab_size, self.trainer.global_step)
+        device, W, dpo = self.env.device, self.env.world_size, self.cfg.dpo
+        max_doc_lens = batch.get("max_doc_lens")
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        labels = next_token_labels(batch)
+        lengths = (labels != -100).sum(dim=-1)  # (B,) labelled tokens per answer
+        rows = batch["input_ids"].size(0)
+        n_labels, n_pairs = all_reduce(torch.stack([lengths.sum().float(), lengths.new_tensor(rows // 2).float()]))
+        scale = W / n_pairs.clamp(min=1.0)
+        sums = torch.zeros(6, device=device)  # loss, CE, chosen and rejected rewards, correct pairs, margin
+        micro = self.cfg.device_train_microbatch_size
+        try:
+            for start in range(0, rows, micro):
+                part = slice(start, start + micro)
+                inputs: dict[str, Any] = {}
+                if "doc_lens" in batch:
+                    inputs["doc_lens"] = batch["doc_lens"][part]
+                    inputs["max_doc_lens"] = None if max_doc_lens is None else max_doc_lens[part]
+                if "attention_mask" in batch:
+                    inputs["attention_mask"] = batch["attention_mask"][part]
+                if self.defer_replica_all_reduce:
+                    self.model.set_requires_all_reduce(start + micro >= rows)  # type: ignore[operator]
+                head = partial(sequence_log_probs, labels=labels[part])
+                with torch.autocast(
+                    device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+                ):
+                    with torch.no_grad():
+                        ref = self.reference(batch["input_ids"][part], head=head, **inputs).loss
+                    policy = self.model(batch["input_ids"][part], head=head, **inputs).loss
+                losses, chosen, rejected = dpo_pair_losses(
+                    policy, ref, lengths[part], dpo.beta, dpo.loss, dpo.label_smoothing
+                )
+                (losses.sum() * scale).backward()
+                sums += torch.stack(
+                    [
+                        losses.detach().sum(),
+                        -policy.detach().sum(),
+                        chosen.sum(),
+                        rejected.sum(),
+                        (chosen > rejected).float().sum(),
+                        (chosen - rejected).sum(),
+                    ]
+                )
+        finally:
+            if self.defer_replica_all_reduce:
+                self.model.set_requires_all_reduce(True)  # type: ignore[operator]
+        per_pair = sums / n_pairs.clamp(min=1.0)  # this rank's share of each mean over the global batch's pairs
+        if self.spike_detector is not None:
+            self._global_ce = all_reduce(per_pair[0].clone())
+        if dry_run:
+            return
+        self.record_ce_loss(sums[1], n_labels)
+        names = ("loss", None, "rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin")
+        for name, value in zip(names, per_pair.unbind()):
+            if name is not None:
+                self.record_metric(f"train/dpo/{name}", value, ReduceType.sum)
+
+
+def resolve_dpo_reference(cfg: TrainConfig, launch: LaunchPlan) -> None:
+    """Fix ``cfg.dpo.reference_path`` before anything is written (the run's and every checkpoint's ``config.yaml``
+    then record it) and check that it opens with this run's model shape.
+
+    A launch that continues a DPO checkpoint's trainer state keeps the reference that checkpoint's config
+    recorded (a different ``dpo.reference_path`` is refused); any other launch uses ``dpo.reference_path``, or
+    else the checkpoint it starts from.
+
+    :raises OLMoConfigurationError: when there is no reference, or it differs from the one the run trained with.
+    :raises OLMoCheckpointError: naming ``dpo.reference_path`` when it cannot be this run's reference.
+    """
+    if not cfg.dpo.enabled:
+        return
+    from ..checkpoint.restore import RestorePlan, preflight_restore
+    from ..checkpoint.safe_reads import fetch
+
+    plan = launch.restore
+    given = cfg.dpo.reference_path
+    if plan is not None and plan.load_trainer_state and cfg.restore_dataloader:
+        try:
+            saved = TrainConfig.load_saved(fetch(plan.info.path, "config.yaml"), ["compile=null"])
+        except (OLMoConfigurationError, OLMoCheckpointError, OSError):
+            saved = None  # not a checkpoint of ours (e.g. converted): the run starts here
+        recorded = saved.dpo.reference_path if saved is not None and saved.dpo.enabled else None
+        if recorded is not None:
+            if given is not None and given != recorded:
+                raise OLMoConfigurationError(
+                    f"dpo.reference_path={given!r}, but the checkpoint this launch continues "
+                    f"({plan.info.path}, step {plan.info.step}) trained against the reference {recorded!r}: a "
+                    f"different reference changes the objective mid-run. Drop --dpo.reference_path to keep the "
+                    f"recorded one, or start a new run (--reset_trainer_state, another save_folder)."
+                )
+            given = recorded
+    if given is None and plan is not None:
+        given = plan.info.path
+    if given is None:
+        raise OLMoConfigurationError(
+            "dpo.enabled=true needs a reference model, and this launch starts from no checkpoint (save_folder "
+            "holds none for --try_load_latest_save). Start from the model to align with --load_path=CHECKPOINT "
+            "--reset_trainer_state, or name the reference with --dpo.reference_path=CHECKPOINT."
+        )
+    try:
+        preflight_restore(RestorePlan(inspect_checkpoint(given, "dpo.reference_path"), False, False), cfg.model)
+    except OLMoCheckpointError as e:
+        raise type(e)(
+            f"dpo.reference_path '{given}' cannot be the DPO reference: {e} The reference must be a checkpoint of "
+            f"this run's model shape (usually the SFT model the run starts from)."
+        ) from None
+    cfg.dpo.reference_path = str(given)
+    log.info("DPO reference: %s.", given)

@@ -1,0 +1,211 @@
+"""DPO (issue 40, points 2-4): ``dpo.enabled`` trains prepared preference pairs against a frozen reference.
+
+Checked against TRL's ``DPOTrainer`` (its own computation of log-probabilities, losses and rewards, on our models
+exported to transformers), on the pairs and weights of a real first step; pairs never split by the data order or
+the ranks; 2 FSDP ranks equal 1 process; a resume (also from ``--load_path`` naming the run's own checkpoint) keeps
+the reference and continues bitwise; bad input refused before training.
+"""
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from olmo.config import TrainConfig
+from olmo.exceptions import OLMoCheckpointError, OLMoConfigurationError, OLMoDataError
+from olmo.testing import (
+    BYTE_EOS,
+    assert_same_weights,
+    metric_by_step,
+    run_main,
+    run_torchrun,
+    run_train,
+    tiny_config_dict,
+    write_byte_corpus,
+    write_byte_tokenizer,
+    write_config,
+)
+
+SEQ = 48  # the fixture's sequence length too
+METRICS = ("loss", "rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin")
+
+
+def _pairs(n: int, seed: int) -> list[dict]:
+    """Sums asked for, answered right (chosen) and wrong (rejected)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(1, 49), rng.randint(1, 49)
+        question = [{"role": "user", "content": f"{a}+{b}?"}]
+        out.append(
+            {
+                "chosen": question + [{"role": "assistant", "content": f"{a + b}."}],
+                "rejected": question
+                + [{"role": "assistant", "content": f"{a + b + rng.randint(1, 9)}, I think!"}],
+            }
+        )
+    return out
+
+
+@pytest.fixture(scope="module")
+def sft(tmp_path_factory):
+    """A byte-level tokenizer, 64 prepared pairs, and a model trained 10 steps (checkpoints at 5 and 10)."""
+    root = tmp_path_factory.mktemp("dpo")
+    tokenizer = write_byte_tokenizer(root / "tokenizer.json")
+    source = root / "pairs.jsonl"
+    source.write_text("".join(json.dumps(p) + "\n" for p in _pairs(64, 0)))
+    args = ["-o", root / "pref", "--seq-len", SEQ, "-t", tokenizer, "--eos", BYTE_EOS, "--pad", BYTE_EOS]
+    assert run_main("prepare_preference_data.py", source, *args) == 0
+    # layer_norm_with_affine false: the OLMo-1 shape transformers' OlmoForCausalLM holds exactly
+    cfg = tiny_config_dict(root / "sft", write_byte_corpus(root), **{"model.layer_norm_with_affine": False})
+    assert run_train(write_config(root / "sft.yaml", cfg)) == 0
+    return root
+
+
+def _dpo_config(root: Path, name: str, **overrides) -> Path:
+    cfg = tiny_config_dict(
+        root / name,
+        [str(root / "pref/input_ids.npy")],
+        **{
+            "model.layer_norm_with_affine": False,
+            "data.label_mask_paths": [str(root / "pref/label_mask.npy")],
+            "dpo.enabled": True,
+            "dpo.beta": 0.5,
+            "load_path": str(root / "sft/step10-unsharded"),
+            "reset_trainer_state": True,
+            "optimizer.learning_rate": 1e-3,
+            "console_log_interval": 1,
+            "max_duration": 6,
+            "model.max_sequence_length": SEQ,
+            "save_interval_unsharded": 3,
+            **overrides,
+        },
+    )
+    return write_config(root / f"{name}.yaml", cfg)
+
+
+TRL_FIXTURE = Path(__file__).parent.parent / "fixtures" / "trl_dpo"
+
+
+@pytest.mark.parametrize("loss", ["sigmoid", "ipo", "norm"])
+def test_first_step_equals_trl(tmp_path, loss):
+    """TRL 1.16.0's DPOTrainer computed, in its own virtualenv (tests/fixtures/trl_dpo/make_fixture.sh), the losses,
+    rewards and log-probabilities of four pairs for a policy and a reference exported to transformers; our first
+    step on the same pairs (one global batch), from the same models converted back, logs the same numbers."""
+    from olmo.cli.convert_from_hf import convert_from_hf
+
+    record = json.loads((TRL_FIXTURE / "trl_values.json").read_text())
+    theirs = record["losses"][loss]
+    for name in ("policy", "reference"):
+        convert_from_hf(str(TRL_FIXTURE / f"hf-{name}"), str(tmp_path / name))
+    root = tmp_path / "data"
+    root.mkdir()
+    for name in ("input_ids.npy", "label_mask.npy"):
+        (root / name).write_bytes((TRL_FIXTURE / "pref" / name).read_bytes())
+    cfg = tiny_config_dict(
+        tmp_path / "run",
+        [str(root / "input_ids.npy")],
+        **{
+            "model.layer_norm_with_affine": False,
+            "model.max_sequence_length": SEQ,
+            "data.label_mask_paths": [str(root / "label_mask.npy")],
+            "dpo.enabled": True,
+            "dpo.beta": record["beta"],
+            "dpo.loss": loss,
+            "dpo.reference_path": str(tmp_path / "reference"),
+            "load_path": str(tmp_path / "policy"),
+            "reset_trainer_state": True,
+            "max_duration": 1,
+            "global_train_batch_size": 2 * record["pairs"],  # every pair in the one batch, as TRL saw them
+            "device_train_microbatch_size": 4,
+            "save_interval_unsharded": None,
+            "scheduler.t_warmup": 1,
+        },
+    )
+    assert run_train(write_config(tmp_path / "dpo.yaml", cfg)) == 0
+    for name in METRICS:
+        ours = metric_by_step(tmp_path / "run", f"train/dpo/{name}")[1]
+        assert ours == pytest.approx(theirs[name], rel=1e-5, abs=1e-6), name
+    # The log-probabilities themselves: our cross entropy is minus their sum over every label of the batch.
+    pairs, labels = record["pairs"], record["labels"]
+    their_ce = -(theirs["logps_chosen"] + theirs["logps_rejected"]) * pairs / labels
+    assert metric_by_step(tmp_path / "run")[1] == pytest.approx(their_ce, rel=1e-5)
+    assert abs(theirs["reward_margin"]) > 1e-3  # policy and reference differ: not the trivial first step
+
+
+def test_pairs_stay_whole_and_the_reference_survives_a_resume(sft):
+    assert run_train(_dpo_config(sft, "whole")) == 0
+    losses = metric_by_step(sft / "whole", "train/dpo/loss")
+    assert losses[1] == pytest.approx(np.log(2), abs=1e-6)  # policy = reference at the first step
+    assert losses[6] < losses[1]
+    assert metric_by_step(sft / "whole", "train/dpo/reward_accuracy")[6] > 0.5
+    order = np.fromfile(sft / "whole/train_data/global_indices.npy", dtype=np.uint32)
+    assert sorted(order.tolist()) == list(range(128))
+    assert all(order[1::2] == order[0::2] + 1) and all(order[0::2] % 2 == 0)
+    saved = TrainConfig.load_saved(sft / "whole/step3-unsharded/config.yaml")
+    assert saved.dpo.reference_path == str(sft / "sft/step10-unsharded")
+
+    # Resuming from the run's own checkpoint with --load_path (not the SFT model) keeps the recorded reference.
+    resumed = _dpo_config(sft, "whole", load_path=str(sft / "whole/step3-unsharded"), reset_trainer_state=False)
+    assert run_train(resumed, f"--save_folder={sft / 'whole-resumed'}") == 0
+    again = metric_by_step(sft / "whole-resumed", "train/dpo/loss")
+    assert [again[s] for s in (4, 5, 6)] == [losses[s] for s in (4, 5, 6)]  # bitwise
+    assert_same_weights(sft / "whole/step6-unsharded/model.pt", sft / "whole-resumed/step6-unsharded/model.pt", 0)
+
+    # A different reference for the same run is refused before anything is written.
+    with pytest.raises(OLMoConfigurationError, match="trained against the reference"):
+        run_train(
+            resumed, f"--save_folder={sft / 'whole-other'}", f"--dpo.reference_path={sft}/sft/step5-unsharded"
+        )
+    assert not (sft / "whole-other").exists()
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_train_whole_pairs_as_one_process(sft):
+    assert run_train(_dpo_config(sft, "one", max_duration=4)) == 0
+    result = run_torchrun(2, _dpo_config(sft, "two", max_duration=4), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for m in METRICS:
+        one, two = metric_by_step(sft / "one", f"train/dpo/{m}"), metric_by_step(sft / "two", f"train/dpo/{m}")
+        assert one.keys() == two.keys() == {1, 2, 3, 4}
+        for step in one:
+            # rewards are differences of log-probabilities of ~20 nats (fp32: ~2e-6 each), hence the absolute bound
+            assert two[step] == pytest.approx(one[step], rel=1e-5, abs=2e-5), (m, step)
+    assert_same_weights(sft / "one/step4-unsharded/model.pt", sft / "two/step4-unsharded/model.pt")
+    # Each rank trained whole pairs: both halves of every pair in one rank's line.
+    from olmo.data import read_data_indices
+
+    for step, ranks in read_data_indices(sft / "two").items():
+        for indices in ranks.values():
+            assert indices[1::2] == [i + 1 for i in indices[0::2]], (step, indices)
+
+
+def test_bad_dpo_input_is_refused_before_training(sft, tmp_path):
+    with pytest.raises(OLMoConfigurationError, match="must all be even"):
+        run_train(_dpo_config(sft, "odd", global_train_batch_size=6, device_train_microbatch_size=3))
+    with pytest.raises(OLMoConfigurationError, match="needs a reference model"):
+        run_train(_dpo_config(sft, "noref", load_path=None, reset_trainer_state=False))
+    with pytest.raises(OLMoConfigurationError, match="cannot be combined with model.moe"):
+        run_train(_dpo_config(sft, "moe", **{"model.moe": {"num_experts": 2, "top_k": 1}}))
+    # A reference of another shape names the key.
+    other = tiny_config_dict(tmp_path / "wide", write_byte_corpus(tmp_path), **{"model.d_model": 64})
+    assert (
+        run_train(write_config(tmp_path / "wide.yaml", {**other, "max_duration": 1, "save_interval_unsharded": 1}))
+        == 0
+    )
+    with pytest.raises(OLMoCheckpointError, match="dpo.reference_path"):
+        run_train(_dpo_config(sft, "shape", **{"dpo.reference_path": str(tmp_path / "wide/step1-unsharded")}))
+    # Data that are not pairs: an odd number of instances.
+    ids = np.fromfile(sft / "pref/input_ids.npy", dtype=np.uint16)[: 9 * SEQ]
+    ids.tofile(tmp_path / "odd.npy")
+    np.fromfile(sft / "pref/label_mask.npy", dtype=np.bool_)[: 9 * SEQ].tofile(tmp_path / "odd_mask.npy")
+    overrides = {
+        "data.paths": [str(tmp_path / "odd.npy")],
+        "data.label_mask_paths": [str(tmp_path / "odd_mask.npy")],
+    }
+    with pytest.raises(OLMoDataError, match="trains pairs"):
+        run_train(_dpo_config(sft, "oddpairs", **overrides))
+    for name in ("odd", "noref", "moe", "shape", "oddpairs"):
+        assert not (sft / name).exists(), name
