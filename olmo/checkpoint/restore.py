@@ -44,6 +44,7 @@ from .storage import (
 )
 
 __all__ = [
+    "preflight_reference",
     "LaunchPlan",
     "RestorePlan",
     "plan_restore",
@@ -193,6 +194,19 @@ def preflight_restore(plan: RestorePlan, model_cfg: Any, optimizer_cfg: Any = No
         state = trainer_state(info)
         check_trainer_state(f"{info.path}/train.pt", state)
         _check_recorded_step(info, f"{info.path}/train.pt", state)
+
+
+def preflight_reference(path: str, key: str, role: str, model_cfg: Any) -> None:
+    """Open the model of checkpoint ``path`` (given by ``key``) that will be a run's frozen ``role`` (e.g. "the DPO
+    reference") and check its shapes against ``model_cfg``, as a restore of ``load_path`` is checked.
+
+    :raises OLMoCheckpointError: naming ``key`` and saying why it cannot be the ``role``."""
+    try:
+        preflight_restore(RestorePlan(inspect_checkpoint(path, key), False, False), model_cfg)
+    except OLMoCheckpointError as e:
+        raise type(e)(
+            f"{key} '{path}' cannot be {role}: {e} The reference must be a checkpoint of this run's model shape."
+        ) from None
 
 
 def _check_recorded_step(info: CheckpointInfo, path: Any, state: dict[str, Any]) -> None:

@@ -184,7 +184,7 @@ def resolve_dpo_reference(cfg: TrainConfig, launch: LaunchPlan) -> None:
     """
     if not cfg.dpo.enabled:
         return
-    from ..checkpoint.restore import RestorePlan, preflight_restore
+    from ..checkpoint.restore import preflight_reference
     from ..checkpoint.safe_reads import fetch
 
     plan = launch.restore
@@ -212,12 +212,6 @@ def resolve_dpo_reference(cfg: TrainConfig, launch: LaunchPlan) -> None:
             "holds none for --try_load_latest_save). Start from the model to align with --load_path=CHECKPOINT "
             "--reset_trainer_state, or name the reference with --dpo.reference_path=CHECKPOINT."
         )
-    try:
-        preflight_restore(RestorePlan(inspect_checkpoint(given, "dpo.reference_path"), False, False), cfg.model)
-    except OLMoCheckpointError as e:
-        raise type(e)(
-            f"dpo.reference_path '{given}' cannot be the DPO reference: {e} The reference must be a checkpoint of "
-            f"this run's model shape (usually the SFT model the run starts from)."
-        ) from None
+    preflight_reference(str(given), "dpo.reference_path", "the DPO reference", cfg.model)
     cfg.dpo.reference_path = str(given)
     log.info("DPO reference: %s.", given)

@@ -154,18 +154,9 @@ def preflight_kl_reference(cfg: TrainConfig) -> None:
     :raises OLMoCheckpointError: naming the key when it cannot be this run's reference."""
     if cfg.kl_reference.load_path is None or not any(stage.kl_beta > 0 for stage in cfg.stages or []):
         return
-    from ..checkpoint import inspect_checkpoint
-    from ..checkpoint.restore import RestorePlan, preflight_restore
-    from ..exceptions import OLMoCheckpointError
+    from ..checkpoint.restore import preflight_reference
 
-    path = str(cfg.kl_reference.load_path)
-    try:
-        preflight_restore(RestorePlan(inspect_checkpoint(path, "kl_reference.load_path"), False, False), cfg.model)
-    except OLMoCheckpointError as e:
-        raise type(e)(
-            f"kl_reference.load_path '{path}' cannot be the KL reference: {e} The reference must be a checkpoint "
-            f"of this run's model shape."
-        ) from None
+    preflight_reference(str(cfg.kl_reference.load_path), "kl_reference.load_path", "the KL reference", cfg.model)
 
 
 def check_schedule_lengths(cfg: TrainConfig, plan: StagePlan) -> None:
