@@ -167,12 +167,14 @@ class MemoryEstimate:
     """A checkpointed block's activations, rebuilt in the backward pass once the loss's buffers are freed."""
     overhead: float
     """Outside the tensors: allocator headroom and the CUDA context on a GPU, the process baseline on a CPU."""
+    reference: float = 0.0
+    """The frozen reference model's fp32 parameters, this rank's shard (``dpo``; 0 otherwise)."""
 
     @property
     def tensors(self) -> float:
         """Everything but the overhead, at the step's peak (the loss, or later a recomputed block): comparable to
         ``torch.cuda.max_memory_allocated``."""
-        state = self.params + self.grads + self.optimizer + self.gathered_params
+        state = self.params + self.grads + self.optimizer + self.gathered_params + self.reference
         return state + self.activations + max(self.loss, self.recompute)
 
     @property
@@ -309,7 +311,7 @@ def estimate_memory(
 
     vocab = m.effective_embedding_size
     kept_by_loss = 0  # what the loss keeps for the backward pass, beside a recomputed block
-    if cfg.fused_loss:
+    if cfg.fused_loss and not cfg.dpo.enabled:  # DPO needs each answer's log-probability: the logits exist
         chunk = min(tokens, FUSED_LOSS_CHUNK_TOKENS)
         # One chunk's fp32 logits, their softmax and its gradient; the hidden states' and the weight's gradients.
         kept_by_loss = 4 * tokens * m.d_model + 4 * vocab * m.d_model
@@ -320,6 +322,7 @@ def estimate_memory(
         loss = tokens * vocab * (compute + 2 * 4)
     recompute = tokens * recompute + kept_by_loss + gathered_kv if checkpointed else 0.0
 
-    estimate = MemoryEstimate(params, grads, optimizer, gathered, activations, loss, recompute, 0.0)
+    reference = 4 * P / shard if cfg.dpo.enabled else 0.0
+    estimate = MemoryEstimate(params, grads, optimizer, gathered, activations, loss, recompute, 0.0, reference)
     overhead = FRAGMENTATION * estimate.tensors + CUDA_CONTEXT_BYTES if device.is_gpu else CPU_BASELINE_BYTES
     return dataclasses.replace(estimate, overhead=overhead)

@@ -124,6 +124,17 @@ def _max_steps(
     return stages.total_steps, sum(s.num_steps for s in stages.stages if s.kl_beta)
 
 
+def _dpo_note(cfg: TrainConfig, instances: Optional[int], max_steps: Optional[int]) -> str:
+    """The plan's line about DPO: pairs per step and in the data, the loss, and what the reference costs."""
+    data = f"{instances // 2:,} pairs in the data ({instances:,} instances), " if instances is not None else ""
+    seen = f"{max_steps * cfg.global_train_batch_size // 2:,} pairs trained; " if max_steps is not None else ""
+    return (
+        f"DPO ({cfg.dpo.loss}, beta {cfg.dpo.beta:g}): {cfg.global_train_batch_size // 2:,} pairs per step, "
+        f"{data}{seen}the frozen reference ({cfg.dpo.reference_path or 'the model the run starts from'}) adds a "
+        f"forward pass per micro-batch (in FLOPs) and its weights (in memory: reference)."
+    )
+
+
 def plan_run(
     cfg: TrainConfig,
     world_size: int,
@@ -153,6 +164,10 @@ def plan_run(
         notes.append(
             f"FLOPs include the KL reference's forward passes ({kl_steps:,} steps, {format_count(reference)})."
         )
+    if cfg.dpo.enabled:
+        notes.append(_dpo_note(cfg, instances_per_epoch, max_steps))
+        if train_flops is not None:  # the reference's forward pass: a third of a training step's 6N
+            train_flops += facts.flops_per_token / 3 * (total_tokens or 0)
     memory = estimate_memory(cfg, facts, world_size, device, cfg.device_train_microbatch_size)
     capacity, rate = device.memory_bytes, world_size * (device.peak_flops or 0.0) * mfu
     wall = train_flops / rate if train_flops is not None and rate else None

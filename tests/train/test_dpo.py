@@ -209,3 +209,22 @@ def test_bad_dpo_input_is_refused_before_training(sft, tmp_path):
         run_train(_dpo_config(sft, "oddpairs", **overrides))
     for name in ("odd", "noref", "moe", "shape", "oddpairs"):
         assert not (sft / name).exists(), name
+
+
+def test_dry_run_counts_pairs_and_the_reference(sft, capsys):
+    from olmo.ladder.estimates import estimate_memory, model_facts, resolve_device
+    from olmo.ladder.run_planner import plan_run
+
+    assert run_train(_dpo_config(sft, "dry"), "--dry_run") == 0
+    out = capsys.readouterr().out
+    assert "4 pairs per step, 64 pairs in the data (128 instances), 24 pairs trained" in out, out
+    assert not (sft / "dry").exists()
+    cfg = TrainConfig.load(_dpo_config(sft, "dry"))
+    plain = TrainConfig.load(_dpo_config(sft, "dry", **{"dpo.enabled": False}))
+    dpo, sft_plan = plan_run(cfg, 1, 128), plan_run(plain, 1, 128)
+    # The reference's fp32 weights beside the policy's, and its forward pass (2N FLOPs per token beside the training step's 6N).
+    cpu = resolve_device("cpu")
+    with_reference, without = (estimate_memory(c, model_facts(c), 1, cpu, 4) for c in (cfg, plain))
+    assert with_reference.reference == with_reference.params > 0 and without.reference == 0
+    assert with_reference.total > without.total
+    assert dpo.train_flops == pytest.approx(sft_plan.train_flops * 4 / 3)  # 6N per token, plus 2N
