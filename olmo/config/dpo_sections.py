@@ -56,6 +56,11 @@ class DPOConfig:
     """``sigmoid`` (DPO), ``ipo`` or ``norm`` (length-normalized DPO, Tulu 3's)."""
     label_smoothing: float = 0.0
     """The probability that a pair's preference is wrong (conservative DPO); in [0, 0.5). 0: plain DPO."""
+    precompute_reference: bool = False
+    """Compute the reference's log-probability of every instance once, before the first step, into
+    ``save_folder/train_data/dpo_reference_logps.npy`` (reused by a resume, and by a later run in the same folder
+    while the reference and data match its record), then free the reference model: no reference in memory and no
+    reference forward pass during training. False: the frozen model computes them on the fly, each step."""
     reference_path: Optional[str] = None
     """The checkpoint whose model, frozen, is the reference. Null: the model this run starts from (``load_path``),
     recorded here in the run's ``config.yaml`` and in every checkpoint's, so that a resume from any of them (even with

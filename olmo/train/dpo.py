@@ -19,6 +19,7 @@ import logging
 from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -30,6 +31,7 @@ from ..distributed.collectives import all_reduce
 from ..distributed.parallelize import ParallelizeOptions, build_model
 from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
 from ..model.loss import OutputHead, next_token_labels, per_token_cross_entropy
+from .dpo_reference import precomputed_reference, reference_of_batch
 from .metrics import ReduceType
 from .train_module import TransformerTrainModule
 
@@ -94,11 +96,30 @@ class DPOTrainModule(TransformerTrainModule):
                 "building DPOTrainModule itself must set it (or call olmo.train.dpo.resolve_dpo_reference)."
             )
         self.reference: Optional[nn.Module] = None
+        self.reference_logps: Optional[np.ndarray] = None
+        """With ``dpo.precompute_reference``: every instance's reference log-probability (a memmap)."""
 
     def enter_stage(self, stage: Stage, at_boundary: bool) -> None:
         super().enter_stage(stage, at_boundary)
-        if self.reference is None:
-            self.reference = self._load_reference(str(self.cfg.dpo.reference_path))
+        if self.reference is not None or self.reference_logps is not None:
+            return
+        path = str(self.cfg.dpo.reference_path)
+        if self.cfg.dpo.precompute_reference:
+            self.reference_logps = precomputed_reference(
+                self.cfg, self.env, lambda: self._load_reference(path), self._reference_forward
+            )
+        else:
+            self.reference = self._load_reference(path)
+
+    def _reference_forward(self, reference: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        """The reference's summed log-probabilities (B,) of a collated batch (for the precomputation)."""
+        device = self.env.device
+        max_doc_lens = batch.get("max_doc_lens")
+        batch = {k: v.to(device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        labels = next_token_labels(batch)
+        inputs = _model_inputs(batch, slice(None), max_doc_lens)
+        with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            return reference(batch["input_ids"], head=partial(sequence_log_probs, labels=labels), **inputs).loss
 
     def _load_reference(self, path: str) -> nn.Module:
         reference = build_model(
@@ -112,10 +133,11 @@ class DPOTrainModule(TransformerTrainModule):
         return reference
 
     def train_batch(self, batch: dict[str, Any], dry_run: bool = False) -> None:
-        assert self.reference is not None, "enter_stage was not called before the first step"
+        assert self.reference is not None or self.reference_logps is not None, "enter_stage was not called"
         check_token_ids(batch, self.cfg.model.vocab_size, self.trainer.global_step)
         device, W, dpo = self.env.device, self.env.world_size, self.cfg.dpo
         max_doc_lens = batch.get("max_doc_lens")
+        indices = batch.get("index")  # on the host: the rows' instances, for precomputed reference values
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, torch.Tensor)}
         labels = next_token_labels(batch)
         lengths = (labels != -100).sum(dim=-1)  # (B,) labelled tokens per answer
@@ -127,20 +149,20 @@ class DPOTrainModule(TransformerTrainModule):
         try:
             for start in range(0, rows, micro):
                 part = slice(start, start + micro)
-                inputs: dict[str, Any] = {}
-                if "doc_lens" in batch:
-                    inputs["doc_lens"] = batch["doc_lens"][part]
-                    inputs["max_doc_lens"] = None if max_doc_lens is None else max_doc_lens[part]
-                if "attention_mask" in batch:
-                    inputs["attention_mask"] = batch["attention_mask"][part]
+                inputs = _model_inputs(batch, part, max_doc_lens)
                 if self.defer_replica_all_reduce:
                     self.model.set_requires_all_reduce(start + micro >= rows)  # type: ignore[operator]
                 head = partial(sequence_log_probs, labels=labels[part])
                 with torch.autocast(
                     device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
                 ):
-                    with torch.no_grad():
-                        ref = self.reference(batch["input_ids"][part], head=head, **inputs).loss
+                    if self.reference_logps is not None:
+                        assert indices is not None, "the batch has no instance indices"
+                        ref = reference_of_batch(self.reference_logps, indices[part], device)
+                    else:
+                        assert self.reference is not None
+                        with torch.no_grad():
+                            ref = self.reference(batch["input_ids"][part], head=head, **inputs).loss
                     policy = self.model(batch["input_ids"][part], head=head, **inputs).loss
                 losses, chosen, rejected = dpo_pair_losses(
                     policy, ref, lengths[part], dpo.beta, dpo.loss, dpo.label_smoothing
@@ -169,6 +191,17 @@ class DPOTrainModule(TransformerTrainModule):
         for name, value in zip(names, per_pair.unbind()):
             if name is not None:
                 self.record_metric(f"train/dpo/{name}", value, ReduceType.sum)
+
+
+def _model_inputs(batch: dict[str, Any], rows: slice, max_doc_lens: Optional[list[int]]) -> dict[str, Any]:
+    """The model's arguments besides the token ids for ``rows`` of a batch: documents and attention mask."""
+    inputs: dict[str, Any] = {}
+    if "doc_lens" in batch:
+        inputs["doc_lens"] = batch["doc_lens"][rows]
+        inputs["max_doc_lens"] = None if max_doc_lens is None else max_doc_lens[rows]
+    if "attention_mask" in batch:
+        inputs["attention_mask"] = batch["attention_mask"][rows]
+    return inputs
 
 
 def resolve_dpo_reference(cfg: TrainConfig, launch: LaunchPlan) -> None:

@@ -228,3 +228,41 @@ def test_dry_run_counts_pairs_and_the_reference(sft, capsys):
     assert with_reference.reference == with_reference.params > 0 and without.reference == 0
     assert with_reference.total > without.total
     assert dpo.train_flops == pytest.approx(sft_plan.train_flops * 4 / 3)  # 6N per token, plus 2N
+
+
+def test_precomputed_reference_trains_as_the_reference_on_the_fly(sft):
+    overrides = {"dpo.precompute_reference": True, "max_duration": 4}
+    assert run_train(_dpo_config(sft, "fly", max_duration=4)) == 0  # max_duration 4: save_interval_unsharded 3
+    assert run_train(_dpo_config(sft, "pre", **overrides)) == 0
+    for m in METRICS:
+        fly, pre = metric_by_step(sft / "fly", f"train/dpo/{m}"), metric_by_step(sft / "pre", f"train/dpo/{m}")
+        assert fly.keys() == pre.keys() == {1, 2, 3, 4}
+        for step in fly:
+            assert pre[step] == pytest.approx(fly[step], rel=1e-5, abs=2e-5), (m, step)
+    assert_same_weights(sft / "fly/step4-unsharded/model.pt", sft / "pre/step4-unsharded/model.pt")
+    stored = sft / "pre/train_data/dpo_reference_logps.npy"
+    values = np.fromfile(stored, dtype=np.float32)
+    assert values.shape == (128,) and (values < 0).all()
+    record = json.loads(stored.with_name(stored.name + ".json").read_text())
+    assert record["reference"] == str(sft / "sft/step10-unsharded") and record["instances"] == 128
+
+    # A resume reuses the file (its record matches); another reference in the same folder recomputes it.
+    stamp = stored.stat().st_mtime_ns
+    assert run_train(_dpo_config(sft, "pre", **{**overrides, "max_duration": 5}), "--try_load_latest_save") == 0
+    assert stored.stat().st_mtime_ns == stamp
+    other = {**overrides, "dpo.reference_path": str(sft / "sft/step5-unsharded")}
+    assert run_train(_dpo_config(sft, "pre", **other), "--save_overwrite") == 0
+    assert not np.array_equal(np.fromfile(stored, dtype=np.float32), values)
+
+
+@pytest.mark.slow
+def test_precomputed_reference_on_two_ranks_equals_one_process(sft):
+    overrides = {"dpo.precompute_reference": True, "max_duration": 2}
+    assert run_train(_dpo_config(sft, "pre1", **overrides)) == 0
+    result = run_torchrun(2, _dpo_config(sft, "pre2", **overrides), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    one = np.fromfile(sft / "pre1/train_data/dpo_reference_logps.npy", dtype=np.float32)
+    two = np.fromfile(sft / "pre2/train_data/dpo_reference_logps.npy", dtype=np.float32)
+    np.testing.assert_allclose(two, one, rtol=1e-5)
+    losses = metric_by_step(sft / "pre2", "train/dpo/loss")
+    assert losses == pytest.approx(metric_by_step(sft / "pre1", "train/dpo/loss"), rel=1e-5)
