@@ -3,8 +3,9 @@
 Every instance's summed log-probability of its labels under the frozen reference goes into
 ``save_folder/train_data/dpo_reference_logps.npy`` (float32, one per instance, in instance order), written by rank 0
 through a temporary file and a rename, with a record beside it (``.json``: the reference, the data files, the number
-of instances and the sequence length). A launch whose record matches reuses the file without building the reference
-at all; any other computes it anew. The data-parallel ranks split the instances (rank ``r`` of ``D`` takes instances
+of instances, the sequence length and the file's crc32). A launch in which every rank finds a matching record and
+checksum reads the file without building the reference at all; otherwise the ranks compute the values anew (each
+rank then holds all of them; only rank 0 writes the file). The data-parallel ranks split the instances (rank ``r`` of ``D`` takes instances
 ``r, r + D, ...``), each in micro-batches of ``device_train_microbatch_size``, under the run's autocast; ranks of a
 tensor-parallel group compute the same instances together.
 """
@@ -15,6 +16,7 @@ import json
 import logging
 import math
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,11 +49,13 @@ def _record(cfg: TrainConfig, dataset: Any) -> dict[str, Any]:
 
 
 def _reusable(path: Path, record: dict[str, Any]) -> bool:
+    """Whether ``path`` holds the values ``record`` describes (its record matches, and the file its checksum)."""
     try:
         held = json.loads(path.with_name(path.name + ".json").read_text())
+        data = path.read_bytes() if path.stat().st_size == 4 * record["instances"] else None
     except (OSError, ValueError):
         return False
-    return held == record and path.is_file() and path.stat().st_size == 4 * record["instances"]
+    return data is not None and held == {**record, "crc32": zlib.crc32(data)}
 
 
 def precomputed_reference(
@@ -60,25 +64,30 @@ def precomputed_reference(
     build_reference: Callable[[], nn.Module],
     forward: Callable[[nn.Module, dict[str, Any]], torch.Tensor],
 ) -> np.ndarray:
-    """The reference's log-probability of every instance (a read-only memmap), computed now unless a matching file
-    exists. ``build_reference()`` builds and loads the frozen model (only when needed; freed afterwards);
+    """The reference's log-probability of every instance, computed now unless every rank finds a matching file.
+    ``build_reference()`` builds and loads the frozen model (only when needed; freed afterwards);
     ``forward(reference, batch)`` returns the summed log-probabilities (B,) of a collated batch on the device."""
     dataset = build_dataset(cfg.data, cfg.model, DataContext.from_train_config(cfg))
     path = Path(cfg.save_folder) / "train_data" / REFERENCE_FILE
     record = _record(cfg, dataset)
-    reuse = _reusable(path, record)
-    if reuse:
+    found = torch.tensor([1.0 if _reusable(path, record) else 0.0], device=env.device)
+    if env.world_size > 1:  # all ranks compute together, or none: a rank that does not see the file decides
+        torch.distributed.all_reduce(found, torch.distributed.ReduceOp.MIN)
+    if found.item() == 1.0:
         log.info("Reusing the DPO reference's log-probabilities in %s (its record matches).", path)
-    else:
-        values = _compute(cfg, env, dataset, build_reference, forward)
-        if env.rank == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_file(path) as f:
-                f.write(values.astype(np.float32).tobytes())
-            write_result_file(path.with_name(path.name + ".json"), json.dumps(record, indent=1) + "\n")
-            log.info("Wrote the DPO reference's log-probabilities of %d instances to %s.", len(values), path)
-        barrier()
-    return np.memmap(path, dtype=np.float32, mode="r")
+        return np.fromfile(path, dtype=np.float32)
+    values = _compute(cfg, env, dataset, build_reference, forward)  # every rank holds them all
+    if env.rank == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = values.astype(np.float32).tobytes()
+        with atomic_file(path) as f:
+            f.write(data)
+        write_result_file(
+            path.with_name(path.name + ".json"), json.dumps({**record, "crc32": zlib.crc32(data)}) + "\n"
+        )
+        log.info("Wrote the DPO reference's log-probabilities of %d instances to %s.", len(values), path)
+    barrier()
+    return values
 
 
 def _compute(

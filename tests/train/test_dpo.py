@@ -250,6 +250,11 @@ def test_precomputed_reference_trains_as_the_reference_on_the_fly(sft):
     stamp = stored.stat().st_mtime_ns
     assert run_train(_dpo_config(sft, "pre", **{**overrides, "max_duration": 5}), "--try_load_latest_save") == 0
     assert stored.stat().st_mtime_ns == stamp
+    damaged = bytearray(stored.read_bytes())
+    damaged[5] ^= 0x40  # a flipped bit: the checksum no longer matches, so the values are computed again
+    stored.write_bytes(bytes(damaged))
+    assert run_train(_dpo_config(sft, "pre", **{**overrides, "max_duration": 6}), "--try_load_latest_save") == 0
+    assert np.array_equal(np.fromfile(stored, dtype=np.float32), values)
     other = {**overrides, "dpo.reference_path": str(sft / "sft/step5-unsharded")}
     assert run_train(_dpo_config(sft, "pre", **other), "--save_overwrite") == 0
     assert not np.array_equal(np.fromfile(stored, dtype=np.float32), values)
