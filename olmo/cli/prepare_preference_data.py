@@ -29,7 +29,7 @@ log = logging.getLogger("prepare_preference_data")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = parse_args(argv, __doc__, "preference pairs")
+    args = parse_args(argv, __doc__, "preference pairs", packs=False)  # pairs stay one per instance
     anchor, formatter = prepare(args, "preference pairs")
     start = time.monotonic()
     summary = write_preference_dataset(args.input, args.output, formatter, args.dtype, anchor)

@@ -7,12 +7,15 @@ Every line of INPUT is ``{"messages": [{"role": "user", "content": "..."}, ...]}
 ``content.strip() + eos`` plus ``"\\n"`` for the assistant, ``content.strip() + "\\n"`` for other roles.
 Only the assistant's content and its eos are trained on (label mask True). Examples are truncated or
 padded (``--pad``, mask False) to exactly ``--seq-len`` tokens, so instance ``i`` of the output is example
-``i``; examples with no label token left are dropped. This is the format of OLMo's
+``i`` (without ``--pack``); examples with no label token left are dropped. This is the format of OLMo's
 ``scripts/prepare_tulu_data.py``. With ``--chat-template`` each conversation is rendered by a Jinja chat template
 instead (built-in ``tulu`` or ``olmo3``, or the tokenizer's own: ``olmo/data/chat_templates.py``; sandboxed) and the
 tokens of the whole text are kept, the template's assistant tokens as labels: the ids and mask transformers'
 ``apply_chat_template(..., return_assistant_tokens_mask=True)`` gives; a conversation the template fails on stops
-the run naming its line. Fine-tune on the output with::
+the run naming its line. ``--pack`` puts several conversations in each instance, in order, padding only the tails;
+train such data with ``--data.generate_doc_lengths=true`` (attention split at each EOS), which needs a format with one
+EOS per conversation, at its end (``--chat-template olmo3``; the Tulu layout is refused, naming the line). Fine-tune
+on the output with::
 
     python scripts/train.py CFG --data.paths=[OUTPUT_DIR/input_ids.npy] \\
         --data.label_mask_paths=[OUTPUT_DIR/label_mask.npy] --load_path=CKPT --reset_trainer_state
@@ -53,9 +56,10 @@ log = logging.getLogger("prepare_sft_data")
 
 
 def parse_args(
-    argv: Optional[list[str]], description: str = __doc__, what: str = "conversations"
+    argv: Optional[list[str]], description: str = __doc__, what: str = "conversations", packs: bool = True
 ) -> argparse.Namespace:
-    """The arguments of this command, and of ``prepare_preference_data.py`` (``what``: the input's lines)."""
+    """The arguments of this command, and of ``prepare_preference_data.py`` (``what``: the input's lines; ``packs``:
+    offer ``--pack``)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("input", type=Path, help=f"JSON lines of {what} (.jsonl or .jsonl.gz)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="output directory")
@@ -78,6 +82,14 @@ def parse_args(
         "tokenizer_config.json with a chat_template, or a folder holding one (chat_template.jinja first); default: "
         "OLMo's Tulu layout, tokenized piece by piece as OLMo's prepare_tulu_data.py does",
     )
+    if packs:
+        parser.add_argument(
+            "--pack",
+            action="store_true",
+            help="several conversations per instance, in order, each ending with its one EOS (train with "
+            "--data.generate_doc_lengths=true so that attention stays within each); needs a format with one EOS per "
+            "conversation, at its end, such as --chat-template olmo3",
+        )
     args = parser.parse_args(argv)
     problems = []
     if args.seq_len < 2:
@@ -118,10 +130,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     anchor, formatter = prepare(args, "conversations")
     start = time.monotonic()
-    summary = write_sft_dataset(args.input, args.output, formatter, args.dtype, anchor)
+    pack_eos = args.eos if args.pack else None
+    summary = write_sft_dataset(args.input, args.output, formatter, args.dtype, anchor, pack_eos)
 
     dropped = summary.no_assistant + summary.truncated_away
-    total = summary.kept * args.seq_len
+    total = summary.instances * args.seq_len
     log.info(
         "Kept %s examples, dropped %s (%d without an assistant message, %d whose assistant tokens were all "
         "truncated away); %d kept examples were truncated to %d tokens.",
@@ -133,6 +146,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.seq_len,
     )
     report_totals(args, total, summary, start)
+    if args.pack:
+        unpacked = summary.kept * args.seq_len
+        log.info(
+            "Packed %s conversations into %s instances: padding %.1f%% of all tokens (%.1f%% one conversation per "
+            "instance). Train with --data.generate_doc_lengths=true: attention stays within each conversation.",
+            f"{summary.kept:,}",
+            f"{summary.instances:,}",
+            100 * summary.pad_tokens / total,
+            100 * summary.unpacked_pad_tokens / unpacked,
+        )
     return 0
 
 

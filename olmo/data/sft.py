@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 __all__ = [
     "OUTPUT_FILES",
     "Formatter",
+    "Packer",
+    "pack_problem",
     "SFTSummary",
     "check_sft_output",
     "check_sft_tokenizer",
@@ -139,10 +141,15 @@ def fit(ids: list[int], mask: list[bool], seq_len: int, pad: int) -> tuple[list[
 
 
 def write_batched(
-    records: Iterator[T], folder: Path, write: Callable[[list[T], Any, Any], None], unit: str
+    records: Iterator[T],
+    folder: Path,
+    write: Callable[[list[T], Any, Any], None],
+    unit: str,
+    finish: Optional[Callable[[], None]] = None,
 ) -> None:
     """Open ``OUTPUT_FILES`` in ``folder`` and call ``write(batch, ids_file, mask_file)`` on ``records`` in batches of
-    :data:`BATCH_EXAMPLES` (one tokenizer call each), with a progress bar counting ``unit``."""
+    :data:`BATCH_EXAMPLES` (one tokenizer call each), with a progress bar counting ``unit``; then ``finish()``, before
+    the files are closed."""
     ids_path, mask_path = (folder / name for name in OUTPUT_FILES)
     with open(ids_path, "wb") as ids_file, open(mask_path, "wb") as mask_file:
         pending: list[T] = []
@@ -152,6 +159,8 @@ def write_batched(
                 write(pending, ids_file, mask_file)
                 pending = []
         write(pending, ids_file, mask_file)
+        if finish is not None:
+            finish()
 
 
 class ConversationError(ValueError):
@@ -196,6 +205,41 @@ class SFTSummary:
     tokens: int = 0
     label_tokens: int = 0
     pad_tokens: int = 0
+    instances: int = 0
+    """Instances written: ``kept`` without packing, fewer with it."""
+    unpacked_pad_tokens: int = 0
+    """The padding one conversation per instance would have needed (equal to ``pad_tokens`` without packing)."""
+
+
+class Packer:
+    """Concatenates formatted conversations into instances of ``seq_len`` tokens, in order: a conversation that does
+    not fit in the current instance's free tail starts the next instance, whose tail is padded (``pad``, no label).
+    A truncated conversation fills an instance alone. Each conversation must end with its one EOS, which the trainer's
+    document masking (``data.generate_doc_lengths``) splits instances at."""
+
+    def __init__(
+        self, seq_len: int, pad: int, eos: int, ids_file: Any, mask_file: Any, dtype: np.dtype, summary: SFTSummary
+    ):
+        self.seq_len, self.pad, self.eos, self.dtype, self.summary = seq_len, pad, eos, dtype, summary
+        self.ids_file, self.mask_file = ids_file, mask_file
+        self.ids: list[int] = []
+        self.mask: list[bool] = []
+
+    def add(self, ids: list[int], mask: list[bool]) -> None:
+        if len(self.ids) + len(ids) > self.seq_len:
+            self.flush()
+        self.ids += ids
+        self.mask += mask
+
+    def flush(self) -> None:
+        if not self.ids:
+            return
+        ids, mask, _ = fit(self.ids, self.mask, self.seq_len, self.pad)
+        np.asarray(ids, dtype=self.dtype).tofile(self.ids_file)
+        np.asarray(mask, dtype=np.bool_).tofile(self.mask_file)
+        self.summary.instances += 1
+        self.summary.pad_tokens += self.seq_len - len(self.ids)
+        self.ids, self.mask = [], []
 
 
 def check_sft_output(out: Path, overwrite: bool) -> Path:
@@ -235,16 +279,38 @@ def check_sft_tokenizer(tokenizer: Tokenizer, name: str, eos: int, pad: int, dty
         log.warning("--eos %d is %r in this tokenizer, not <|endoftext|>.", eos, tokenizer.base.id_to_token(eos))
 
 
+def pack_problem(ids: list[int], length: int, seq_len: int, eos: int) -> Optional[str]:
+    """Why a formatted conversation (``ids``, cut to ``seq_len`` from ``length`` tokens) cannot be packed, or None:
+    its EOS must end it and appear nowhere else (a truncated one, alone in its instance, may hold none)."""
+    kept = ids[: min(length, seq_len)]
+    inner = kept.count(eos) - (1 if kept and kept[-1] == eos and length <= seq_len else 0)
+    if inner:
+        return f"holds the EOS token {eos} {inner} time(s) before its end"
+    if length <= seq_len and (not kept or kept[-1] != eos):
+        return f"does not end with the EOS token {eos}"
+    return None
+
+
 def write_examples(
-    source: Path, formatter: Union[Formatter, TemplateFormatter], folder: Path, dtype: str
+    source: Path,
+    formatter: Union[Formatter, TemplateFormatter],
+    folder: Path,
+    dtype: str,
+    pack_eos: Optional[int] = None,
 ) -> SFTSummary:
     """Write the examples of ``source`` as ``OUTPUT_FILES`` in ``folder``; return what was kept and dropped.
 
-    :raises OLMoDataError: naming the file and line of a conversation the chat template failed on.
+    :param pack_eos: pack several conversations per instance (:class:`Packer`), each ending with this EOS token.
+    :raises OLMoDataError: naming the file and line of a conversation the chat template failed on, or (packing) of
+        one whose EOS tokens would not separate it from its neighbours.
     """
     summary, token_dtype, seq_len = SFTSummary(), np.dtype(dtype), formatter.seq_len
+    packer: Optional[Packer] = None
 
     def write(numbered: list[tuple[int, list[dict[str, str]]]], ids_file: Any, mask_file: Any) -> None:
+        nonlocal packer
+        if pack_eos is not None and packer is None:
+            packer = Packer(seq_len, formatter.pad, pack_eos, ids_file, mask_file, token_dtype, summary)
         batch = [messages for _, messages in numbered]
         try:
             formatted = formatter.batch(batch)
@@ -253,7 +319,7 @@ def write_examples(
                 f"'{source}' line {numbered[e.index][0]}: {e.reason}. Fix the conversation, or pass another "
                 f"--chat-template."
             ) from None
-        for messages, (ids, mask, length) in zip(batch, formatted):
+        for (line_no, messages), (ids, mask, length) in zip(numbered, formatted):
             n_labels = sum(mask)
             if n_labels == 0:
                 if any(m["role"] == "assistant" for m in messages):
@@ -261,15 +327,34 @@ def write_examples(
                 else:
                     summary.no_assistant += 1
                 continue
-            np.asarray(ids, dtype=token_dtype).tofile(ids_file)
-            np.asarray(mask, dtype=np.bool_).tofile(mask_file)
             summary.kept += 1
             summary.truncated += length > seq_len
             summary.tokens += min(length, seq_len)
-            summary.pad_tokens += max(0, seq_len - length)
+            summary.unpacked_pad_tokens += max(0, seq_len - length)
             summary.label_tokens += n_labels
+            if packer is not None:
+                problem = pack_problem(ids, length, seq_len, packer.eos)
+                if problem is not None:
+                    raise OLMoDataError(
+                        f"'{source}' line {line_no}: with --pack the conversation {problem}. Packed instances are "
+                        f"split into documents at EOS (training's data.generate_doc_lengths), so each conversation "
+                        f"must end with exactly one EOS: OLMo's Tulu layout starts each conversation with one and "
+                        f"ends every assistant turn with one. Pass --chat-template olmo3 (one EOS, at the end), or "
+                        f"drop --pack."
+                    )
+                kept = min(length, seq_len)
+                packer.add(ids[:kept], mask[:kept])
+                continue
+            np.asarray(ids, dtype=token_dtype).tofile(ids_file)
+            np.asarray(mask, dtype=np.bool_).tofile(mask_file)
+            summary.instances += 1
+            summary.pad_tokens += max(0, seq_len - length)
 
-    write_batched(read_conversations(source), folder, write, "examples")
+    def finish() -> None:
+        if packer is not None:
+            packer.flush()  # the last instance
+
+    write_batched(read_conversations(source), folder, write, "examples", finish)
     return summary
 
 
@@ -288,15 +373,21 @@ def write_staged(out: Path, anchor: Path, write: Callable[[Path], T]) -> T:
 
 
 def write_sft_dataset(
-    source: Path, out: Path, formatter: Union[Formatter, TemplateFormatter], dtype: str, anchor: Path
+    source: Path,
+    out: Path,
+    formatter: Union[Formatter, TemplateFormatter],
+    dtype: str,
+    anchor: Path,
+    pack_eos: Optional[int] = None,
 ) -> SFTSummary:
-    """Write the examples of ``source`` as ``out/input_ids.npy`` and ``out/label_mask.npy`` (:func:`write_staged`).
+    """Write the examples of ``source`` as ``out/input_ids.npy`` and ``out/label_mask.npy`` (:func:`write_staged`),
+    several per instance with ``pack_eos`` (the EOS token ending each conversation: :class:`Packer`).
 
     :raises OLMoDataError: for a source without a conversation, or without any label token within the length.
     """
 
     def write(staging: Path) -> SFTSummary:
-        summary = write_examples(source, formatter, staging, dtype)
+        summary = write_examples(source, formatter, staging, dtype, pack_eos)
         if summary.kept + summary.no_assistant + summary.truncated_away == 0:
             raise OLMoDataError(
                 f"'{source}' holds no conversation (it is empty or blank), so nothing was written to "
