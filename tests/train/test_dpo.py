@@ -271,3 +271,28 @@ def test_precomputed_reference_on_two_ranks_equals_one_process(sft):
     np.testing.assert_allclose(two, one, rtol=1e-5)
     losses = metric_by_step(sft / "pre2", "train/dpo/loss")
     assert losses == pytest.approx(metric_by_step(sft / "pre1", "train/dpo/loss"), rel=1e-5)
+
+
+def test_eval_preferences_scores_pairs_as_trl_does(tmp_path, capsys):
+    """scripts/eval_preferences.py on the TRL fixture's pairs and models gives TRL's rewards, accuracy and margin."""
+    from olmo.cli.convert_from_hf import convert_from_hf
+    from olmo.exceptions import OLMoCliError
+
+    record = json.loads((TRL_FIXTURE / "trl_values.json").read_text())
+    theirs = record["losses"]["sigmoid"]
+    for name in ("policy", "reference"):
+        convert_from_hf(str(TRL_FIXTURE / f"hf-{name}"), str(tmp_path / name))
+    args = [tmp_path / "policy", tmp_path / "reference", TRL_FIXTURE / "pref", "--beta", record["beta"], "--json"]
+    assert run_main("eval_preferences.py", *args, "--batch-size", 2) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["pairs"] == record["pairs"]
+    for name in ("reward_accuracy", "reward_margin", "rewards_chosen", "rewards_rejected"):
+        assert report[name] == pytest.approx(theirs[name], rel=1e-5, abs=1e-6), name
+    # A folder that is not pairs of the models' length is refused, naming the flag to fix.
+    (tmp_path / "bad").mkdir()
+    with pytest.raises(OLMoCliError, match="lacks"):
+        run_main("eval_preferences.py", tmp_path / "policy", tmp_path / "reference", tmp_path / "bad")
+    np.zeros(3 * SEQ, dtype=np.uint16).tofile(tmp_path / "bad/input_ids.npy")
+    np.zeros(3 * SEQ, dtype=np.bool_).tofile(tmp_path / "bad/label_mask.npy")
+    with pytest.raises(OLMoCliError, match="not whole pairs"):
+        run_main("eval_preferences.py", tmp_path / "policy", tmp_path / "reference", tmp_path / "bad")

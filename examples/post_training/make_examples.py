@@ -1,0 +1,86 @@
+"""Write the post-training recipe's small data sets, made here from templates (no download): ``chat.jsonl`` (SFT
+conversations), ``preferences.jsonl`` (DPO pairs) and ``preferences-heldout.jsonl`` (pairs on other questions, to
+measure preference accuracy). Deterministic: ``python examples/post_training/make_examples.py`` rewrites the same files.
+
+The tasks are small enough for the quickstart's 7.5M-parameter model: sums, reversing and upper-casing a word,
+counting its letters. A chosen answer is right and polite; a rejected one is wrong (another number, another word) or
+a curt refusal.
+"""
+
+import json
+import random
+import string
+from pathlib import Path
+
+HERE = Path(__file__).parent
+WORDS = (
+    "apple river stone cloud garden window paper candle forest bridge market silver yellow summer winter rabbit "
+    "castle pepper orange violet spider rocket planet marble copper butter basket harbor lantern meadow island"
+).split()
+REFUSALS = ["No.", "I will not answer that.", "Figure it out yourself.", "WHY WOULD I KNOW", "Ask someone else."]
+
+
+def task(rng: random.Random, words: list[str]) -> tuple[str, str, str]:
+    """A question, its right answer and a wrong one."""
+    kind = rng.randrange(4)
+    if kind == 0:
+        a, b = rng.randint(1, 40), rng.randint(1, 40)
+        wrong = a + b + rng.choice([-3, -2, -1, 1, 2, 3])
+        return f"What is {a} plus {b}?", f"{a} plus {b} is {a + b}.", f"{a} plus {b} is {wrong}."
+    word = rng.choice(words)
+    other = word
+    while other in (word, word[::-1]):  # a wrong answer, never the right one by chance
+        other = "".join(rng.sample(word, len(word)))
+    if kind == 1:
+        return (
+            f"Reverse the word '{word}'.",
+            f"Reversed, '{word}' is '{word[::-1]}'.",
+            f"Reversed, '{word}' is '{other}'.",
+        )
+    if kind == 2:
+        return (
+            f"Write '{word}' in capital letters.",
+            f"In capitals: {word.upper()}.",
+            f"In capitals: {other.upper()}.",
+        )
+    wrong = len(word) + rng.choice([-2, -1, 1, 2])
+    return (
+        f"How many letters are in '{word}'?",
+        f"'{word}' has {len(word)} letters.",
+        f"'{word}' has {wrong} letters.",
+    )
+
+
+def conversation(question: str, answer: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+
+
+def write(name: str, lines: list[dict]) -> None:
+    (HERE / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def main() -> None:
+    rng = random.Random(40)
+    held_out_words = WORDS[-6:]  # held-out questions also use words the training sets never saw
+    train_words = WORDS[:-6]
+    chat = []
+    for _ in range(1500):
+        question, right, _wrong = task(rng, train_words)
+        chat.append({"messages": conversation(question, right)})
+    write("chat.jsonl", chat)
+
+    def pairs(n: int, words: list[str]) -> list[dict]:
+        out = []
+        for _ in range(n):
+            question, right, wrong = task(rng, words)
+            rejected = rng.choice(REFUSALS) if rng.random() < 0.5 else wrong
+            out.append({"chosen": conversation(question, right), "rejected": conversation(question, rejected)})
+        return out
+
+    write("preferences.jsonl", pairs(800, train_words))
+    write("preferences-heldout.jsonl", pairs(200, held_out_words + [w + "s" for w in held_out_words]))
+    assert all(c in string.printable for c in (HERE / "chat.jsonl").read_text())
+
+
+if __name__ == "__main__":
+    main()
