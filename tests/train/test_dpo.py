@@ -162,18 +162,23 @@ def test_pairs_stay_whole_and_the_reference_survives_a_resume(sft):
     assert not (sft / "whole-other").exists()
 
 
+def _assert_same_run(first: Path, second: Path, steps: int) -> None:
+    """Two DPO runs logged the same metrics at steps 1..steps and ended with the same weights."""
+    for m in METRICS:
+        a, b = metric_by_step(first, f"train/dpo/{m}"), metric_by_step(second, f"train/dpo/{m}")
+        assert a.keys() == b.keys() == set(range(1, steps + 1))
+        for step in a:
+            # rewards are differences of log-probabilities of ~20 nats (fp32: ~2e-6 each), hence the absolute bound
+            assert b[step] == pytest.approx(a[step], rel=1e-5, abs=2e-5), (m, step)
+    assert_same_weights(first / f"step{steps}-unsharded/model.pt", second / f"step{steps}-unsharded/model.pt")
+
+
 @pytest.mark.slow
 def test_two_fsdp_ranks_train_whole_pairs_as_one_process(sft):
     assert run_train(_dpo_config(sft, "one", max_duration=4)) == 0
     result = run_torchrun(2, _dpo_config(sft, "two", max_duration=4), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    for m in METRICS:
-        one, two = metric_by_step(sft / "one", f"train/dpo/{m}"), metric_by_step(sft / "two", f"train/dpo/{m}")
-        assert one.keys() == two.keys() == {1, 2, 3, 4}
-        for step in one:
-            # rewards are differences of log-probabilities of ~20 nats (fp32: ~2e-6 each), hence the absolute bound
-            assert two[step] == pytest.approx(one[step], rel=1e-5, abs=2e-5), (m, step)
-    assert_same_weights(sft / "one/step4-unsharded/model.pt", sft / "two/step4-unsharded/model.pt")
+    _assert_same_run(sft / "one", sft / "two", steps=4)
     # Each rank trained whole pairs: both halves of every pair in one rank's line.
     from olmo.data import read_data_indices
 
@@ -234,12 +239,7 @@ def test_precomputed_reference_trains_as_the_reference_on_the_fly(sft):
     overrides = {"dpo.precompute_reference": True, "max_duration": 4}
     assert run_train(_dpo_config(sft, "fly", max_duration=4)) == 0  # max_duration 4: save_interval_unsharded 3
     assert run_train(_dpo_config(sft, "pre", **overrides)) == 0
-    for m in METRICS:
-        fly, pre = metric_by_step(sft / "fly", f"train/dpo/{m}"), metric_by_step(sft / "pre", f"train/dpo/{m}")
-        assert fly.keys() == pre.keys() == {1, 2, 3, 4}
-        for step in fly:
-            assert pre[step] == pytest.approx(fly[step], rel=1e-5, abs=2e-5), (m, step)
-    assert_same_weights(sft / "fly/step4-unsharded/model.pt", sft / "pre/step4-unsharded/model.pt")
+    _assert_same_run(sft / "fly", sft / "pre", steps=4)
     stored = sft / "pre/train_data/dpo_reference_logps.npy"
     values = np.fromfile(stored, dtype=np.float32)
     assert values.shape == (128,) and (values < 0).all()
