@@ -14,7 +14,15 @@ import numpy as np
 
 from ..exceptions import OLMoDataError
 from ..util.json_lines import json_type, read_json_lines
-from .sft import ConversationError, Formatter, TemplateFormatter, message_problem, write_batched, write_staged
+from .sft import (
+    ConversationError,
+    ConversationLog,
+    Formatter,
+    TemplateFormatter,
+    message_problem,
+    write_batched,
+    write_staged,
+)
 
 __all__ = ["PairSummary", "read_pairs", "write_preference_dataset"]
 
@@ -86,6 +94,7 @@ def write_pairs(
     :raises OLMoDataError: naming the file and line of a pair the chat template failed on.
     """
     summary, token_dtype, seq_len = PairSummary(), np.dtype(dtype), formatter.seq_len
+    conversations = ConversationLog(folder, source)
 
     def write(
         batch: list[tuple[int, list[dict[str, str]], list[dict[str, str]]]], ids_file: Any, mask_file: Any
@@ -98,11 +107,13 @@ def write_pairs(
             raise OLMoDataError(
                 f"'{source}' line {line}: {e.reason}. Fix the pair, or pass another --chat-template."
             ) from None
-        for chosen, rejected in zip(formatted[: len(batch)], formatted[len(batch) :]):
+        for (line_no, _, _), chosen, rejected in zip(batch, formatted[: len(batch)], formatted[len(batch) :]):
             if not any(chosen[1]) or not any(rejected[1]):
                 summary.truncated_away += 1
                 continue
-            for ids, mask, length in (chosen, rejected):
+            for side, (ids, mask, length) in (("chosen", chosen), ("rejected", rejected)):
+                instance = 2 * summary.kept + (side == "rejected")
+                conversations.add(instance * seq_len, min(length, seq_len), line_no, side)
                 np.asarray(ids, dtype=token_dtype).tofile(ids_file)
                 np.asarray(mask, dtype=np.bool_).tofile(mask_file)
                 summary.tokens += min(length, seq_len)
@@ -111,7 +122,10 @@ def write_pairs(
             summary.kept += 1
             summary.truncated += chosen[2] > seq_len or rejected[2] > seq_len
 
-    write_batched(read_pairs(source), folder, write, "pairs")
+    try:
+        write_batched(read_pairs(source), folder, write, "pairs")
+    finally:
+        conversations.close()
     return summary
 
 

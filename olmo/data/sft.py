@@ -8,6 +8,8 @@ place once every example is written, so a failed run leaves the output folder as
 
 from __future__ import annotations
 
+import csv
+import gzip
 import logging
 import os
 import shutil
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OUTPUT_FILES",
+    "CONVERSATIONS_FILE",
+    "ConversationLog",
     "Formatter",
     "Packer",
     "pack_problem",
@@ -54,6 +58,9 @@ BATCH_EXAMPLES = 256
 
 ROLES = ("system", "user", "assistant")
 OUTPUT_FILES = ("input_ids.npy", "label_mask.npy")
+CONVERSATIONS_FILE = "input_ids.csv.gz"
+"""Beside the token file, dolma's metadata layout (``start,end,id`` token offsets per document): which input line each
+span of tokens came from, as ``inspect_batch.py`` and the provenance tools read it."""
 EXAMPLE = '{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}'
 
 
@@ -211,6 +218,22 @@ class SFTSummary:
     """The padding one conversation per instance would have needed (equal to ``pad_tokens`` without packing)."""
 
 
+class ConversationLog:
+    """Writes :data:`CONVERSATIONS_FILE` in ``folder``: one row per conversation written, ``start,end,id`` (its tokens'
+    offsets in the token file; ``id`` is ``{input file name}:{line}``, with the pair's side for preference data)."""
+
+    def __init__(self, folder: Path, source: Path):
+        self.name = source.name
+        self.file = gzip.open(folder / CONVERSATIONS_FILE, "wt", newline="")
+        self.rows = csv.writer(self.file)
+
+    def add(self, start: int, length: int, line: int, side: str = "") -> None:
+        self.rows.writerow([start, start + length, f"{self.name}:{line}{' ' + side if side else ''}"])
+
+    def close(self) -> None:
+        self.file.close()
+
+
 class Packer:
     """Concatenates formatted conversations into instances of ``seq_len`` tokens, in order: a conversation that does
     not fit in the current instance's free tail starts the next instance, whose tail is padded (``pad``, no label).
@@ -225,11 +248,14 @@ class Packer:
         self.ids: list[int] = []
         self.mask: list[bool] = []
 
-    def add(self, ids: list[int], mask: list[bool]) -> None:
+    def add(self, ids: list[int], mask: list[bool]) -> int:
+        """Add a conversation; return the offset of its first token in the token file."""
         if len(self.ids) + len(ids) > self.seq_len:
             self.flush()
+        start = self.summary.instances * self.seq_len + len(self.ids)
         self.ids += ids
         self.mask += mask
+        return start
 
     def flush(self) -> None:
         if not self.ids:
@@ -306,6 +332,7 @@ def write_examples(
     """
     summary, token_dtype, seq_len = SFTSummary(), np.dtype(dtype), formatter.seq_len
     packer: Optional[Packer] = None
+    conversations = ConversationLog(folder, source)
 
     def write(numbered: list[tuple[int, list[dict[str, str]]]], ids_file: Any, mask_file: Any) -> None:
         nonlocal packer
@@ -343,10 +370,11 @@ def write_examples(
                         f"drop --pack."
                     )
                 kept = min(length, seq_len)
-                packer.add(ids[:kept], mask[:kept])
+                conversations.add(packer.add(ids[:kept], mask[:kept]), kept, line_no)
                 continue
             np.asarray(ids, dtype=token_dtype).tofile(ids_file)
             np.asarray(mask, dtype=np.bool_).tofile(mask_file)
+            conversations.add(summary.instances * seq_len, min(length, seq_len), line_no)
             summary.instances += 1
             summary.pad_tokens += max(0, seq_len - length)
 
@@ -354,7 +382,10 @@ def write_examples(
         if packer is not None:
             packer.flush()  # the last instance
 
-    write_batched(read_conversations(source), folder, write, "examples", finish)
+    try:
+        write_batched(read_conversations(source), folder, write, "examples", finish)
+    finally:
+        conversations.close()
     return summary
 
 
@@ -365,8 +396,9 @@ def write_staged(out: Path, anchor: Path, write: Callable[[Path], T]) -> T:
     try:
         result = write(staging)
         out.mkdir(parents=True, exist_ok=True)
-        for name in OUTPUT_FILES:
-            os.replace(staging / name, out / name)
+        for name in (*OUTPUT_FILES, CONVERSATIONS_FILE):
+            if (staging / name).exists():
+                os.replace(staging / name, out / name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return result

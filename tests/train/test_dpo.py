@@ -144,6 +144,14 @@ def test_pairs_stay_whole_and_the_reference_survives_a_resume(sft):
     order = np.fromfile(sft / "whole/train_data/global_indices.npy", dtype=np.uint32)
     assert sorted(order.tolist()) == list(range(128))
     assert all(order[1::2] == order[0::2] + 1) and all(order[0::2] % 2 == 0)
+    # inspect_batch.py names each row's pair, side and input line (the conversations file beside the tokens).
+    rows = run_main("inspect_batch.py", sft / "whole", "--step", 2, "--json")
+    assert [r.pair for r in rows] == [
+        f"pair {i // 2} {'rejected' if i % 2 else 'chosen'}" for i in order[8:16].tolist()
+    ]
+    for r in rows:
+        side = "rejected" if r.index % 2 else "chosen"
+        assert [d["id"] for d in r.documents] == [f"pairs.jsonl:{r.index // 2 + 1} {side}"]  # none dropped
     saved = TrainConfig.load_saved(sft / "whole/step3-unsharded/config.yaml")
     assert saved.dpo.reference_path == str(sft / "sft/step10-unsharded")
 

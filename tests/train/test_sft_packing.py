@@ -3,6 +3,8 @@ EOS, trained with ``data.generate_doc_lengths`` so that attention stays within e
 and one per instance train the same labels to the same mean loss (RoPE scores depend on relative positions only,
 so a conversation's logits do not depend on where in an instance it sits, up to float rounding)."""
 
+import csv
+import gzip
 import json
 
 import numpy as np
@@ -58,6 +60,12 @@ def test_packed_and_unpacked_conversations_train_to_the_same_loss(tmp_path, capl
     assert np.array_equal(
         np.concatenate(content), np.concatenate([r[: np.flatnonzero(r == BYTE_EOS)[-1] + 1] for r in packed])
     )
+    # The conversations file beside the tokens says where each input line's tokens are (inspect_batch.py reads it).
+    with gzip.open(tmp_path / "packed/input_ids.csv.gz", "rt") as f:
+        spans = [(int(a), int(b), name) for a, b, name in csv.reader(f)]
+    assert [name for _, _, name in spans] == [f"chat.jsonl:{i}" for i in range(1, 25)]
+    for (start, end, _), row in zip(spans, one):
+        assert np.array_equal(packed.reshape(-1)[start:end], row[: end - start])
     report = caplog.text
     assert "Packed 24 conversations into" in report and "one conversation per instance" in report
 
