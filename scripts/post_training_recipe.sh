@@ -2,9 +2,9 @@
 # Post-training recipe on CPU: the quickstart's tiny base model, then SFT on examples/post_training/chat.jsonl, then
 # DPO on examples/post_training/preferences.jsonl (both made by examples/post_training/make_examples.py, no download),
 # with greedy answers before and after each stage and the preference accuracy of the SFT and DPO models on held-out
-# pairs (examples/post_training/preferences-heldout.jsonl). About 15 minutes on 2 cores.
+# pairs (examples/post_training/preferences-heldout.jsonl). About 25 minutes on 2 cores.
 #   bash scripts/post_training_recipe.sh [BASE_CHECKPOINT]
-# Without BASE_CHECKPOINT the quickstart trains one first (runs/OLMo-tiny-base). Outputs: runs/OLMo-tiny-sft,
+# Without BASE_CHECKPOINT the quickstart trains one first (runs/OLMo-tiny-DATE). Outputs: runs/OLMo-tiny-sft,
 # runs/OLMo-tiny-dpo, data/post_training.
 set -euo pipefail
 for arg in "$@"; do
@@ -21,8 +21,8 @@ SEQ=256
 
 BASE="${1:-}"
 if [ -z "$BASE" ]; then
-  bash scripts/quickstart.sh --run_name=OLMo-tiny-base --save_overwrite
-  BASE=runs/OLMo-tiny-base/step150-unsharded
+  bash scripts/quickstart.sh
+  BASE=$(ls -d runs/OLMo-tiny-2*/step150-unsharded | sort | tail -1)  # the run the quickstart just trained
 fi
 
 EX=examples/post_training
@@ -55,7 +55,7 @@ DPO=runs/OLMo-tiny-dpo/step200-unsharded
 echo "== after DPO =="; ask "$DPO"
 
 echo "== preference accuracy on held-out pairs (chance 0.5) =="
-echo -n "SFT model (its own reference: every reward 0): "
-$PY scripts/eval_preferences.py "$SFT" "$SFT" $OUT/dpo-heldout --beta 0.1
-echo -n "DPO model: "
+echo -n "SFT model against the base model: "
+$PY scripts/eval_preferences.py "$SFT" "$BASE" $OUT/dpo-heldout --beta 0.1
+echo -n "DPO model against the SFT model (its reference): "
 $PY scripts/eval_preferences.py "$DPO" "$SFT" $OUT/dpo-heldout --beta 0.1

@@ -46,6 +46,8 @@ class ConsoleSink:
         ("train/Perplexity", "ppl"),
         ("train/ZLoss", "z_loss"),
         ("train/KL", "kl"),
+        ("train/dpo/loss", "dpo_loss"),
+        ("train/dpo/reward_accuracy", "dpo_acc"),
         ("train/stage", "stage"),
         ("optim/total_grad_norm", "grad_norm"),
         ("optim/learning_rate_group0", "lr"),
