@@ -93,33 +93,40 @@ class DPOConfig:
                 "--reset_trainer_state, e.g. the SFT run's last checkpoint), whose frozen copy is then the reference, "
                 "or name the reference with --dpo.reference_path=CHECKPOINT."
             )
-        dp = cfg.data_parallel_size(world_size) if world_size > 0 else 1
+        dp = max(cfg.data_parallel_size(world_size), 1)
         micro = cfg.device_train_microbatch_size
-        if cfg.global_train_batch_size % 2 or micro % 2 or (cfg.global_train_batch_size // max(dp, 1)) % 2:
+        if cfg.global_train_batch_size % 2 or micro % 2 or (cfg.global_train_batch_size // dp) % 2:
             out.append(
                 f"dpo.enabled=true trains whole pairs (a chosen and a rejected instance), so global_train_batch_size "
                 f"({cfg.global_train_batch_size}), its share per data-parallel rank ({cfg.global_train_batch_size} / "
                 f"{dp}) and device_train_microbatch_size ({micro}) must all be even; e.g. "
-                f"--global_train_batch_size={2 * max(dp, 1) * max(micro + micro % 2, 2)} "
+                f"--global_train_batch_size={2 * dp * max(micro + micro % 2, 2)} "
                 f"--device_train_microbatch_size={max(micro + micro % 2, 2)}."
             )
-        refused = {
-            "stages": bool(cfg.stages),
-            "data.mixture": cfg.data.mixture is not None,
-            "data.instance_filter": cfg.data.instance_filter is not None,
-            "model.moe": cfg.model.moe is not None,
-            "context_parallel.degree": cfg.context_parallel.degree > 1,
-            "softmax_auxiliary_loss": bool(cfg.softmax_auxiliary_loss),
+        refused = {  # key: (whether the run sets it, why DPO cannot use it yet)
+            "stages": (
+                bool(cfg.stages),
+                "a staged run changes data and objectives mid-run; train DPO as its own run",
+            ),
+            "data.mixture": (cfg.data.mixture is not None, "a mixture draws instances, not the prepared pairs"),
+            "data.instance_filter": (
+                cfg.data.instance_filter is not None,
+                "the filter would drop one half of a pair",
+            ),
+            "model.moe": (
+                cfg.model.moe is not None,
+                "the experts' auxiliary losses are not added to the DPO loss yet",
+            ),
+            "context_parallel.degree": (
+                cfg.context_parallel.degree > 1,
+                "a pair's log-probabilities would be split over the group",
+            ),
+            "softmax_auxiliary_loss": (
+                bool(cfg.softmax_auxiliary_loss),
+                "the z-loss is not part of the DPO objective",
+            ),
         }
-        why = {
-            "stages": "a staged run changes data and objectives mid-run; train DPO as its own run",
-            "data.mixture": "a mixture draws instances, not the prepared pairs",
-            "data.instance_filter": "the filter would drop one half of a pair",
-            "model.moe": "the experts' auxiliary losses are not added to the DPO loss yet",
-            "context_parallel.degree": "a pair's log-probabilities would be split over the group",
-            "softmax_auxiliary_loss": "the z-loss is not part of the DPO objective",
-        }
-        for key, on in refused.items():
+        for key, (on, why) in refused.items():
             if on:
-                out.append(f"dpo.enabled=true cannot be combined with {key} ({why[key]}); remove {key}.")
+                out.append(f"dpo.enabled=true cannot be combined with {key} ({why}); remove {key}.")
         return out

@@ -30,6 +30,7 @@ from ..data import check_token_ids
 from ..distributed.collectives import all_reduce
 from ..distributed.parallelize import ParallelizeOptions, build_model
 from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
+from ..model.layers import lm_head
 from ..model.loss import OutputHead, next_token_labels, per_token_cross_entropy
 from .dpo_reference import precomputed_reference, reference_of_batch
 from .metrics import ReduceType
@@ -48,9 +49,8 @@ def sequence_log_probs(out: OutputHead, labels: torch.Tensor) -> torch.Tensor:
     """(B,) each row's summed log-probability of its labels (-100: not counted), in fp32, differentiable: a model
     output head (``model(input_ids, head=partial(sequence_log_probs, labels=labels))``). The logits of the rows
     exist at once (B x T x V)."""
-    logits = F.linear(out.hidden, out.weight, out.bias)
-    if out.logit_scale != 1.0:
-        logits = logits * out.logit_scale
+    logits, _ = lm_head(out.hidden, out.weight, out.bias, None, None, False, out.logit_scale)
+    assert logits is not None
     return -per_token_cross_entropy(logits, labels).sum(dim=-1)
 
 
@@ -116,10 +116,9 @@ class DPOTrainModule(TransformerTrainModule):
         device = self.env.device
         max_doc_lens = batch.get("max_doc_lens")
         batch = {k: v.to(device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
-        labels = next_token_labels(batch)
         inputs = _model_inputs(batch, slice(None), max_doc_lens)
         with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-            return reference(batch["input_ids"], head=partial(sequence_log_probs, labels=labels), **inputs).loss
+            return _log_probs(reference, batch["input_ids"], next_token_labels(batch), inputs)
 
     def _load_reference(self, path: str) -> nn.Module:
         reference = build_model(
@@ -152,7 +151,6 @@ class DPOTrainModule(TransformerTrainModule):
                 inputs = _model_inputs(batch, part, max_doc_lens)
                 if self.defer_replica_all_reduce:
                     self.model.set_requires_all_reduce(start + micro >= rows)  # type: ignore[operator]
-                head = partial(sequence_log_probs, labels=labels[part])
                 with torch.autocast(
                     device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
                 ):
@@ -162,8 +160,8 @@ class DPOTrainModule(TransformerTrainModule):
                     else:
                         assert self.reference is not None
                         with torch.no_grad():
-                            ref = self.reference(batch["input_ids"][part], head=head, **inputs).loss
-                    policy = self.model(batch["input_ids"][part], head=head, **inputs).loss
+                            ref = _log_probs(self.reference, batch["input_ids"][part], labels[part], inputs)
+                    policy = _log_probs(self.model, batch["input_ids"][part], labels[part], inputs)
                 losses, chosen, rejected = dpo_pair_losses(
                     policy, ref, lengths[part], dpo.beta, dpo.loss, dpo.label_smoothing
                 )
@@ -191,6 +189,13 @@ class DPOTrainModule(TransformerTrainModule):
         for name, value in zip(names, per_pair.unbind()):
             if name is not None:
                 self.record_metric(f"train/dpo/{name}", value, ReduceType.sum)
+
+
+def _log_probs(
+    model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, inputs: dict[str, Any]
+) -> torch.Tensor:
+    """(B,) each row's summed log-probability of ``labels`` under ``model`` (:func:`sequence_log_probs` as its head)."""
+    return model(input_ids, head=partial(sequence_log_probs, labels=labels), **inputs).loss
 
 
 def _model_inputs(batch: dict[str, Any], rows: slice, max_doc_lens: Optional[list[int]]) -> dict[str, Any]:

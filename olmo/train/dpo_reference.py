@@ -5,9 +5,9 @@ Every instance's summed log-probability of its labels under the frozen reference
 through a temporary file and a rename, with a record beside it (``.json``: the reference, the data files, the number
 of instances, the sequence length and the file's crc32). A launch in which every rank finds a matching record and
 checksum reads the file without building the reference at all; otherwise the ranks compute the values anew (each
-rank then holds all of them; only rank 0 writes the file). The data-parallel ranks split the instances (rank ``r`` of ``D`` takes instances
-``r, r + D, ...``), each in micro-batches of ``device_train_microbatch_size``, under the run's autocast; ranks of a
-tensor-parallel group compute the same instances together.
+rank then holds all of them; only rank 0 writes the file). The data-parallel ranks split the instances (rank ``r``
+of ``D`` takes instances ``r, r + D, ...``), each in micro-batches of ``device_train_microbatch_size``, under the
+run's autocast; ranks of a tensor-parallel group compute the same instances together.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch import nn
 
 from ..config import TrainConfig
 from ..data import DataCollator, DataContext, build_dataset
-from ..distributed.collectives import DistEnv, barrier
+from ..distributed.collectives import DistEnv, all_reduce, barrier
 from ..util import write_result_file
 from ..util.atomic import atomic_file
 
@@ -71,9 +71,8 @@ def precomputed_reference(
     path = Path(cfg.save_folder) / "train_data" / REFERENCE_FILE
     record = _record(cfg, dataset)
     found = torch.tensor([1.0 if _reusable(path, record) else 0.0], device=env.device)
-    if env.world_size > 1:  # all ranks compute together, or none: a rank that does not see the file decides
-        torch.distributed.all_reduce(found, torch.distributed.ReduceOp.MIN)
-    if found.item() == 1.0:
+    # All ranks compute together, or none: a rank that does not see the file decides.
+    if all_reduce(found, torch.distributed.ReduceOp.MIN).item() == 1.0:
         log.info("Reusing the DPO reference's log-probabilities in %s (its record matches).", path)
         return np.fromfile(path, dtype=np.float32)
     values = _compute(cfg, env, dataset, build_reference, forward)  # every rank holds them all
