@@ -13,7 +13,7 @@ $(PY):
 
 install: $(PY)
 	@echo "[install 2/2 $$(date +%T)] olmo-trainer and its dependencies, editable (~1 minute on a fresh machine)"
-	$(VENV)/bin/pip install --progress-bar off -e ".[dev,hf]"
+	$(VENV)/bin/pip install --progress-bar off -e ".[dev,hf,float8]"
 	@echo "[install done $$(date +%T)]"
 
 checks: install

@@ -40,6 +40,9 @@ setup(
             "gcp-storage-emulator",
         ],
         "flash": ["flash-attn>=2.5"],
+        # model.float8 (torchao's float8 training). 0.17 is the first release whose kernels are ABI-stable across
+        # torch >= 2.11; its float8 training is Python and Triton, and emulates on any device (the CPU tests).
+        "float8": ["torchao>=0.17"],
         # scripts/convert_to_hf.py and convert_from_hf.py (OlmoForCausalLM, Olmo2ForCausalLM); tested with 4.57
         # and 5.15. transformers >= 5.16 needs tokenizers >= 0.23, which ai2-olmo-eval 0.9 does not allow; left
         # open, pip backtracked to ai2-olmo-eval 0.8.5 (10 fewer downstream tasks) to install a newer transformers.

@@ -332,7 +332,7 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
             loader: Any = SyntheticBatches(cfg, env, args.warmup + args.steps)
         else:
             loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank, work_dir=work_dir)
-        model: OLMo = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
+        model: OLMo = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg, training=True))
         optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
         trainer = Trainer(
             cfg, env, build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler)), loader

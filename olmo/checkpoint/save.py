@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     get_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from ..config import TrainConfig
 from ..distributed.tensor_parallel import canonical_rows
@@ -40,6 +41,7 @@ __all__ = [
     "save_checkpoint",
     "begin_checkpoint",
     "model_and_optim_state",
+    "plain_tensors",
     "check_new_output_dir",
     "write_unsharded_checkpoint",
     "write_imported_checkpoint",
@@ -158,7 +160,7 @@ def model_and_optim_state(
     if optimizer is None:
         model_only: dict[str, Any] = {"model": get_model_state_dict(model, options=FULL_STATE if full else None)}
         canonical_rows(model, model_only)
-        return model_only
+        return plain_tensors(model_only)
     fresh = not optimizer.state  # no step taken yet (a step-0 checkpoint)
     if full:
         state: dict[str, Any] = {"model": get_model_state_dict(model, options=FULL_STATE)}
@@ -169,7 +171,48 @@ def model_and_optim_state(
     if fresh:
         _as_fresh_optimizer_state(optimizer, state["optim"])
     canonical_rows(model, state)  # tensor parallelism's rank-major fused rows, stored canonical
+    return plain_tensors(state)
+
+
+def plain_tensors(state: Any) -> Any:
+    """``state`` (nested dicts and lists of tensors, in place) with every tensor subclass that wraps one plain
+    tensor replaced by that tensor, sharing its memory; a DTensor keeps its layout around the unwrapped shard.
+
+    Float8 training under FSDP holds its weights as torchao's ``WeightWithDynamicFloat8CastTensor``; a sharded
+    checkpoint written from them would pickle that class into its metadata, which a run without torchao (or
+    ``torch.load(weights_only=True)``) cannot read. Plain tensors keep checkpoints the same with or without
+    float8, and loading in place into the shared memory loads the float8 run's weights too."""
+    if isinstance(state, dict):
+        for key, value in state.items():
+            state[key] = plain_tensors(value)
+    elif isinstance(state, list):
+        state[:] = [plain_tensors(value) for value in state]
+    elif isinstance(state, DTensor):
+        local = state.to_local()
+        inner = _unwrapped(local)
+        if inner is not local:
+            with torch.no_grad():
+                return DTensor.from_local(
+                    inner,
+                    state.device_mesh,
+                    state.placements,
+                    run_check=False,
+                    shape=state.shape,
+                    stride=state.stride(),
+                )
+    elif isinstance(state, torch.Tensor):
+        return _unwrapped(state)
     return state
+
+
+def _unwrapped(tensor: torch.Tensor) -> torch.Tensor:
+    """The plain tensor inside a wrapper subclass of one inner tensor (torchao's float8 weights), else ``tensor``."""
+    while type(tensor) not in (torch.Tensor, nn.Parameter) and hasattr(tensor, "__tensor_flatten__"):
+        names, _ = tensor.__tensor_flatten__()
+        if len(names) != 1:
+            break
+        tensor = getattr(tensor, names[0])
+    return tensor
 
 
 def _as_fresh_optimizer_state(optimizer: torch.optim.Optimizer, optim_sd: dict[str, Any]) -> None:

@@ -72,6 +72,7 @@ from .save import (
     begin_checkpoint,
     commit_checkpoint,
     model_and_optim_state,
+    plain_tensors,
     rank,
     save_checkpoint,
 )
@@ -332,6 +333,7 @@ def _load_sharded(
             _check_original_optim_keys(info.path, folder, optim_sd["state"])  # type: ignore[arg-type]
     else:
         state = {"model": get_model_state_dict(model)}
+    plain_tensors(state)  # float8 weights read into their plain memory, as they were written (save.plain_tensors)
     check_shapes(info.path, sharded_model_shapes(folder), state["model"])
     try:
         dcp.load(state, storage_reader=DirectFileSystemReader(folder), planner=SafeLoadPlanner())

@@ -45,6 +45,8 @@ from olmo.distributed import (
     init_distributed,
     teardown_distributed,
 )
+from olmo.distributed.collectives import launch_device
+from olmo.distributed.float8 import float8_device_problem
 from olmo.eval import Evaluator, evaluators_of_run
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError, OLMoDataError
 from olmo.hf.files import check_hf_export
@@ -86,6 +88,11 @@ def main(argv: Optional[list[str]] = None, callbacks: Sequence[Callback] = ()) -
         raise OLMoCliError("Usage: scripts/train.py CONFIG.yaml [--key.path=value ...] (--help for more)")
     cfg = TrainConfig.load(argv[0], argv[1:])
     cfg.validate(env_world_size())
+    float8_problem = float8_device_problem(cfg.model.float8, launch_device())
+    if float8_problem is not None and not cfg.dry_run:
+        raise OLMoConfigurationError(float8_problem)
+    if float8_problem is not None:  # a dry run on a login node plans a GPU run
+        log.warning("%s", float8_problem)
     # A bad name, or a module that cannot train a stage's KL penalty, fails before anything is built.
     train_module_class(cfg, cfg.train_module)
     if cfg.hf_export.enabled:
@@ -216,7 +223,7 @@ def train(
     train_loader = build_stage_dataloader(
         cfg, stages.stages[0], cfg.data_parallel_size(env.world_size), cfg.data_parallel_rank(env.rank), dataset
     )
-    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
+    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg, training=True))
     active = model.num_active_params()
     log.info(
         "Model: %s parameters (%s without embeddings%s), %.2f GFLOPs/token.",

@@ -3,7 +3,7 @@ resolvers, the ``--help`` listing and collect-all validation.
 
 Modules: ``train_config`` (``TrainConfig``, load/save), the sections, each with the checks of its own values
 (a ``problems`` method beside its fields): ``sections`` (the enums and the small sections), ``model_sections``
-(``model``), ``attention`` (``model.sliding_window`` and ``model.rope_scaling``), ``moe`` (``model.moe``), ``optim_sections``
+(``model``), ``attention`` (``model.sliding_window`` and ``model.rope_scaling``), ``moe`` (``model.moe``), ``float8_sections`` (``model.float8``), ``optim_sections``
 (``optimizer``, ``scheduler``), ``data_sections`` (``data``), ``eval_sections`` (``evaluators``), ``stages``
 (``stages:``, ``kl_reference:``, durations), ``stability``, ``dpo_sections`` (``dpo``); ``validation`` (the run's own settings, the rules
 between sections, the one report of every problem, and no-effect warnings), ``bounds`` (limits shared by the checks,
@@ -17,6 +17,7 @@ and loading one never imports torch).
 from .attention_sections import RopeScalingConfig, SlidingWindowConfig
 from .base import BaseConfig
 from .dpo_sections import DPOConfig, DPOLoss
+from .float8_sections import Float8Config
 from .moe_sections import ExpertParallelConfig, MoEConfig
 from .parallel_sections import ContextParallelConfig, TensorParallelConfig
 from .stability_sections import RollbackConfig, SkipSpikesConfig, StragglersConfig, WatchdogConfig
@@ -95,6 +96,7 @@ __all__ = [
     "SlidingWindowConfig",
     "RopeScalingConfig",
     "MoEConfig",
+    "Float8Config",
     "ExpertParallelConfig",
     "ContextParallelConfig",
     "TensorParallelConfig",

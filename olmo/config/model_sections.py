@@ -13,6 +13,7 @@ from typing import Optional
 
 from .attention_sections import RopeScalingConfig, SlidingWindowConfig, attention_option_problems
 from .base import BaseConfig
+from .float8_sections import Float8Config
 from .moe_sections import MoEConfig
 from .sections import ActivationType, BlockType, InitFnType, LayerNormType
 
@@ -127,6 +128,10 @@ class ModelConfig(BaseConfig):
     moe: Optional[MoEConfig] = None
     """A mixture of experts in place of every block's MLP (OLMoE, FlexOlmo): ``{num_experts: 64, top_k: 8,
     hidden_size: 1024}``. None (or ``num_experts: 0``): dense blocks."""
+    float8: Optional[Float8Config] = None
+    """Float8 matrix products in the blocks' linear layers through torchao, on Hopper or newer GPUs:
+    ``{enabled: true, recipe: tensorwise}``. Changes how training computes, not the weights: checkpoints hold ordinary
+    weights, and evaluation, generation and conversion never use it. None (or ``enabled: false``): no float8."""
 
     @property
     def is_moe(self) -> bool:
@@ -138,6 +143,11 @@ class ModelConfig(BaseConfig):
         if self.sliding_window is None:
             return [None] * self.n_layers
         return self.sliding_window.windows(self.n_layers)
+
+    @property
+    def trains_float8(self) -> bool:
+        """Whether training converts linear layers to float8 (``model.float8`` with ``enabled: true``)."""
+        return self.float8 is not None and self.float8.enabled
 
     @property
     def effective_n_kv_heads(self) -> int:
@@ -201,6 +211,8 @@ class ModelConfig(BaseConfig):
         out += attention_option_problems(self.sliding_window, self.rope_scaling, self.rope)
         if self.moe is not None:
             out += self.moe.problems(self)
+        if self.float8 is not None:
+            out += self.float8.problems()
         return out + self._size_problems()
 
     def _unsupported_block_problems(self) -> list[str]:

@@ -224,6 +224,12 @@ def _strategy_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     ep += cfg.tensor_parallel.problems(
         cfg.model, str(cfg.distributed_strategy), launched, cfg.expert_parallel.degree, cfg.context_parallel.degree
     )
+    if cfg.model.trains_float8 and cfg.tensor_parallel.degree > 1:
+        ep.append(
+            f"model.float8.enabled=true with tensor_parallel.degree={cfg.tensor_parallel.degree} is not implemented "
+            "(float8 layers would need torchao's float8 tensor-parallel styles in place of torch's); train with "
+            "FSDP alone (--tensor_parallel.degree=1) or without float8 (--model.float8.enabled=false)."
+        )
     if ep:
         return ep
     if cfg.distributed_strategy == "single" and world_size > 1:
@@ -361,6 +367,12 @@ def _warn_no_effect(cfg: TrainConfig) -> None:
         log.warning(
             "fused_loss=true is not used by dpo: each micro-batch's logits exist at once (rows x sequence x "
             "vocabulary) to give every answer its log-probability; lower device_train_microbatch_size if memory is short."
+        )
+    float8 = cfg.model.float8
+    if float8 is not None and float8.enabled and not float8.emulate and cfg.compile is None and env_rank() == 0:
+        log.warning(
+            "model.float8.enabled=true without compile: torchao's float8 casts then run as separate kernels and "
+            "float8 is usually slower than bf16; set compile (e.g. --compile.mode=default) to fuse them."
         )
     if cfg.load_path is None and not cfg.try_load_latest_save:
         for flag in ("reset_optimizer_state", "reset_trainer_state"):

@@ -1,6 +1,6 @@
 """Distributed training: ``collectives`` (process groups from torchrun's or Slurm's variables, rank helpers,
 ``all_reduce``, ``barrier``) and ``parallelize`` (FSDP2, activation checkpointing and compile applied from outside
-to a built model). Both are re-exported here; the ``parallelize`` names are loaded on first use, so code below the
+to a built model; ``float8`` converts its linear layers for ``model.float8`` there). Both are re-exported here; the ``parallelize`` names are loaded on first use, so code below the
 parallelization layer (the data order's collectives, evaluators' reductions) imports ``collectives`` without
 loading the model.
 

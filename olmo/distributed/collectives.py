@@ -25,6 +25,7 @@ from .store import fresh_namespace
 __all__ = [
     "DistEnv",
     "init_distributed",
+    "launch_device",
     "teardown_distributed",
     "all_reduce",
     "barrier",
@@ -79,6 +80,12 @@ def init_distributed(timeout_minutes: float = 30.0) -> DistEnv:
         )
         log.info("Initialized %s process group with %d ranks.", backend, launch.world_size)
     return DistEnv(device, launch.rank, launch.local_rank, launch.world_size, launch.local_world_size)
+
+
+def launch_device() -> torch.device:
+    """The device :func:`init_distributed` will give this process, known before it runs (for checks of what the
+    device can do, made before anything expensive starts)."""
+    return torch.device("cuda", _cuda_index(launch_env())) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _cuda_index(launch: LaunchEnv) -> int:

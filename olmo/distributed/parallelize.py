@@ -21,6 +21,7 @@ from ..config import (
     CompilerConfig,
     DDPGradSyncMode,
     DistributedStrategy,
+    Float8Config,
     FSDPConfig,
     FSDPPrecision,
     ModelConfig,
@@ -31,6 +32,7 @@ from ..exceptions import OLMoConfigurationError
 from ..model import OLMo
 from .collectives import DistEnv
 from .expert_parallel import expert_mesh, shard_experts
+from .float8 import check_float8_device, convert_float8
 from .tensor_parallel import apply_tensor_parallel, order_fused_rows
 
 log = logging.getLogger(__name__)
@@ -68,10 +70,13 @@ class ParallelizeOptions:
     """``context_parallel.degree``: ranks sharing each instance's tokens."""
     tensor_parallel_degree: int = 1
     """``tensor_parallel.degree``: ranks sharing each block's matrices."""
+    float8: Optional[Float8Config] = None
+    """``model.float8``, for a model that trains (None: no float8)."""
 
     @classmethod
-    def from_train_config(cls, cfg: TrainConfig) -> ParallelizeOptions:
-        """The options of ``cfg``."""
+    def from_train_config(cls, cfg: TrainConfig, training: bool = False) -> ParallelizeOptions:
+        """The options of ``cfg``; ``training``: for the model the run trains, which alone takes ``model.float8``
+        (a frozen reference, evaluation, generation and conversion compute in their usual precision)."""
         return cls(
             distributed_strategy=cfg.distributed_strategy,
             fsdp=cfg.fsdp,
@@ -82,6 +87,7 @@ class ParallelizeOptions:
             expert_parallel_degree=cfg.expert_parallel.degree,
             context_parallel_degree=cfg.context_parallel.degree,
             tensor_parallel_degree=cfg.tensor_parallel.degree,
+            float8=cfg.model.float8 if training and cfg.model.trains_float8 else None,
         )
 
 
@@ -104,6 +110,9 @@ def build_model(cfg: ModelConfig, env: DistEnv, options: ParallelizeOptions, ini
     if tensor_parallel:
         assert mesh is not None
         apply_tensor_parallel(model, mesh["tp"])
+    if options.float8 is not None and options.float8.enabled:  # before compile and FSDP, as torchao asks
+        check_float8_device(options.float8, env.device)
+        convert_float8(model, options.float8, fsdp=mesh is not None)
     if options.activation_checkpointing is not None:
         apply_activation_checkpointing(model, options.activation_checkpointing)
     if options.compile is not None:
@@ -313,8 +322,10 @@ _NEWER_MODEL_OPTIONS = ("sliding_window", "rope_scaling", "moe")
 
 def model_config_fingerprint(cfg: ModelConfig) -> str:
     """A short hash of the model config, stored in checkpoints to catch mismatched resumes. Options added since
-    the hash was introduced are left out while unset, so a model without them keeps the hash it always had."""
+    the hash was introduced are left out while unset, so a model without them keeps the hash it always had. Float8
+    is always left out: it changes how training computes, not the model, and a checkpoint resumes with or without it."""
     fields = asdict(cfg)
+    del fields["float8"]
     for name in _NEWER_MODEL_OPTIONS:
         if fields[name] is None or (name == "moe" and not cfg.is_moe):
             del fields[name]
