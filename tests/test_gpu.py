@@ -32,7 +32,7 @@ def _trainer(tmp_path, corpus, **overrides):
     env = init_distributed()
     seed_all(cfg.seed)
     loader = build_train_dataloader(cfg, world_size=1, rank=0, work_dir=tmp_path)
-    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
+    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg, training=True))
     optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
     trainer = Trainer(
         cfg, env, build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler)), loader
@@ -57,6 +57,38 @@ def test_bf16_training_with_the_fused_loss_follows_the_plain_loss(tmp_path, corp
     assert losses[True][-1] < losses[True][0] - 0.5, losses
     for plain, fused in zip(losses[False], losses[True]):
         assert fused == pytest.approx(plain, rel=2e-2)
+
+
+def _float8_skip_reason(recipe: str):
+    from olmo.distributed.float8 import MIN_CAPABILITY
+
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        return "torchao is not installed"
+    capability = torch.cuda.get_device_capability()
+    if capability < MIN_CAPABILITY[recipe]:
+        return f"float8 {recipe} needs compute capability {MIN_CAPABILITY[recipe]}, this GPU has {capability}"
+    return None
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_compiled_float8_training_follows_bf16(tmp_path, corpus, recipe):
+    """On float8 tensor cores (not emulated), compiled: the converted layers train and the loss follows bf16's
+    within the emulated tests' tolerance (tests/train/test_float8.py)."""
+    reason = _float8_skip_reason(recipe)
+    if reason is not None:
+        pytest.skip(reason)
+    losses = {}
+    for name, float8 in (("bf16", None), ("float8", {"enabled": True, "recipe": recipe, "min_features": 16})):
+        extra = {"model.float8": float8} if float8 else {}
+        trainer, batches = _trainer(tmp_path / name, corpus, compile={"fullgraph": True}, **extra)
+        kinds = {type(m).__name__ for m in trainer.train_module.model.modules()}
+        assert ("Float8Linear" in kinds) == (float8 is not None)
+        losses[name] = _train(trainer, batches, 8)
+    assert losses["float8"][-1] < losses["float8"][0] - 0.5, losses
+    for plain, low in zip(losses["bf16"], losses["float8"]):
+        assert low == pytest.approx(plain, rel=5e-2)
 
 
 def _steps_without_host_sync(trainer, batches, steps: int) -> list:
@@ -208,7 +240,7 @@ def test_the_whole_loop_syncs_only_to_collect_metrics(tmp_path, corpus):
     env = init_distributed()
     seed_all(cfg.seed)
     loader = build_train_dataloader(cfg, world_size=1, rank=0, work_dir=tmp_path)
-    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
+    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg, training=True))
     optimizer = build_optimizer(cfg.optimizer, model, skip_steps=True)
     module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
     check = NoSyncBetweenCollections()

@@ -211,3 +211,16 @@ def test_rowwise_float8_on_two_fsdp_ranks_follows_one_process(tmp_path, corpus):
     for step in one:
         assert abs(one[step] - two[step]) < 1e-3, step
     assert abs(one[1] - two[1]) < 1e-5  # the first step, before any update
+
+
+def test_float8_layers_compile_into_the_blocks_graph(tmp_path, corpus):
+    """torch.compile with fullgraph traces torchao's float8 casts inside each block (aot_eager: the same graph
+    capture as inductor, without generating kernels, which the GPU's float8 runs in tests/test_gpu.py do)."""
+    short = {"max_duration": 4, "console_log_interval": 1}
+    assert run_train(_config(tmp_path, corpus, "eager", EMULATED, **short)) == 0
+    compiled = {"compile": {"fullgraph": True, "backend": "aot_eager"}, **short}
+    assert run_train(_config(tmp_path, corpus, "compiled", EMULATED, **compiled)) == 0
+    eager, graph = _losses(tmp_path / "eager"), _losses(tmp_path / "compiled")
+    assert eager.keys() == graph.keys() == {1, 2, 3, 4}
+    for step in eager:
+        assert abs(eager[step] - graph[step]) < 1e-5, step
