@@ -249,6 +249,16 @@ def _flops(rate: float) -> str:
     return f"{rate / 1e12:,.1f} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:,.1f} GFLOP/s"
 
 
+def float8_info(cfg: TrainConfig, model: OLMo) -> Optional[dict[str, Any]]:
+    """``model.float8`` as the benchmark ran it (recipe, emulation, layers converted), or None without float8."""
+    if not cfg.model.trains_float8:
+        return None
+    f8 = cfg.model.float8
+    assert f8 is not None
+    converted = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+    return {"recipe": f8.recipe, "emulate": f8.emulate, "min_features": f8.min_features, "converted": converted}
+
+
 def print_table(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Column, Table
@@ -289,6 +299,11 @@ def print_table(report: dict[str, Any]) -> None:
             "precision / compile",
             f"{precision} / {'on' if setup['compile'] else 'off'}",
             f"data {setup['data']}",
+        ),
+        *(
+            [("float8", f"{f8['recipe']}{' (emulated)' if f8['emulate'] else ''}", f"{f8['converted']} linear layers")]
+            if (f8 := setup.get("float8"))
+            else []
         ),
     ]
     table = Table(
@@ -436,6 +451,7 @@ def describe_setup(
         "precision": cfg.precision or "fp32",
         "autocast_dtype": None if trainer.autocast_dtype is None else str(trainer.autocast_dtype),
         "compile": None if cfg.compile is None else vars(cfg.compile),
+        "float8": float8_info(cfg, model),
         "activation_checkpointing": cfg.activation_checkpointing,
         "distributed_strategy": cfg.distributed_strategy if env.world_size > 1 else "single process",
         "optimizer": cfg.optimizer.name,

@@ -80,7 +80,8 @@ def float8_plan(model: nn.Module, cfg: Float8Config) -> Float8Plan:
             converted.append(name)
         else:
             kept[name] = reason
-    return Float8Plan(tuple(converted), kept, tuple(p for p in cfg.skip if p not in used))
+    defaults = ("transformer.wte", OUTPUT_LAYER)  # absent in some models (tied weights): no typo
+    return Float8Plan(tuple(converted), kept, tuple(p for p in cfg.skip if p not in used and p not in defaults))
 
 
 def _kept_reason(name: str, module: nn.Linear, cfg: Float8Config, matched: list[str]) -> Optional[str]:
