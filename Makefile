@@ -104,3 +104,12 @@ $(TRL_VENV)/.installed:
 	$(TRL_VENV)/bin/pip install -q "torch==2.13.0"
 	$(TRL_VENV)/bin/pip install -q "trl==1.16.0" "transformers==5.15.1"
 	touch $@
+
+# Wheels for a lent GPU machine (Python 3.12, torch 2.11 with CUDA, no network), gathered here from PyPI, then
+# checked (--dry-run): scripts/gpu_checks.py installs them there. docs/gpu-checks.md has the whole procedure.
+GPU_WHEELS ?= .whl
+GPU_PYTHON_VERSION ?= 3.12
+
+.PHONY: gpu-wheels
+gpu-wheels: install
+	$(PY) scripts/gpu_checks.py --gather --wheels $(GPU_WHEELS) --python-version $(GPU_PYTHON_VERSION)

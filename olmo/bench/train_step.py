@@ -301,7 +301,13 @@ def print_table(report: dict[str, Any]) -> None:
             f"data {setup['data']}",
         ),
         *(
-            [("float8", f"{f8['recipe']}{' (emulated)' if f8['emulate'] else ''}", f"{f8['converted']} linear layers")]
+            [
+                (
+                    "float8",
+                    f"{f8['recipe']}{' (emulated)' if f8['emulate'] else ''}",
+                    f"{f8['converted']} linear layers",
+                )
+            ]
             if (f8 := setup.get("float8"))
             else []
         ),

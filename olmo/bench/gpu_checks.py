@@ -1,0 +1,427 @@
+"""Every GPU check in one prepared command, for a lent machine with no network and minutes of time:
+
+    python3 scripts/gpu_checks.py [--wheels .whl] [--out DIR] [--budget 560] [--only PART,...] [--dry-run]
+
+Installs the wheels ``make gpu-wheels`` gathered (:mod:`olmo.bench.gpu_wheels`), then runs the parts in order of
+importance, each in its own process group under its own time limit, so a part that fails or hangs costs only its
+own minutes; a part that no longer fits in ``--budget`` is reported as not run. At the end one markdown table
+(``DIR/gpu_checks.md``, printed too) and the details (``DIR/gpu_checks.json``: each part's command, status,
+time, numbers and the tail of its output) are written, ready for RESEARCH_LOG. ``--dry-run`` lists the parts with
+their commands and limits and checks the wheel folder, and runs nothing.
+
+Standard library only until the wheels are installed: this file is the first thing to run on a bare machine, from
+the checkout's root (``PYTHONPATH=. python3 scripts/gpu_checks.py`` where the package is not installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from .gpu_wheels import check_wheels, gather
+
+__all__ = ["Part", "parts", "main", "markdown_table"]
+
+ROOT = Path.cwd()
+"""The checkout the parts run in: the working directory (the device tool runs commands in the repository root)."""
+BENCH = [sys.executable, "scripts/benchmark.py"]
+LADDER = {"300m": ("configs/official/OLMo-300M.yaml", 16), "1b": ("configs/official/OLMo-1B.yaml", 8)}
+"""Config and micro-batch of each ladder model: the sizes that gave the best bf16 tokens/s per memory on the H200
+(RESEARCH_LOG 2026-11-26); the same micro-batch for bf16 and float8, as the float8 goal is stated."""
+
+
+@dataclass
+class Part:
+    """One check: its commands (run in order in the checkout), the time they may take together, and whether it
+    needs a GPU."""
+
+    name: str
+    what: str
+    commands: list[list[str]]
+    limit_s: float
+    needs_cuda: bool = True
+    report: Optional[str] = None
+    """A JSON file the last command writes (a benchmark report), read back for the table's numbers."""
+    skip_reason: Optional[str] = None
+    """Why the part is left out before it starts (set when the machine lacks what it needs)."""
+
+
+@dataclass
+class Result:
+    name: str
+    what: str
+    status: str
+    seconds: float = 0.0
+    numbers: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+    command: str = ""
+    tail: str = ""
+
+
+def _bench(name: str, model: str, float8: Optional[str], work: Path, extra: tuple[str, ...] = ()) -> Part:
+    config, micro = LADDER[model]
+    out = work / f"{name}.json"
+    cmd = [*BENCH, config, "--data", "synthetic", "--steps", "10", "--warmup", "3", "--precision", "amp_bf16"]
+    cmd += [
+        "--compile",
+        "--batch",
+        str(micro),
+        "--micro-batch",
+        str(micro),
+        "--override",
+        "metrics_collect_interval=10",
+    ]
+    if float8:
+        cmd += ["--override", "model.float8.enabled=true", "--override", f"model.float8.recipe={float8}"]
+    what = f"OLMo-{model.upper()} bf16 compiled, micro-batch {micro}" + (f", float8 {float8}" if float8 else "")
+    return Part(
+        name,
+        what + "".join(f", {e}" for e in extra[1::2]),
+        [cmd + list(extra) + ["--out", str(out)]],
+        75,
+        report=str(out),
+    )
+
+
+def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True) -> list[Part]:
+    """The checks in the order they run (most important first), with the limit of each. Without ``cuda`` the
+    comparison with the original runs a small model on the CPU (the other parts need the GPU)."""
+    env_probe = (
+        "import json, platform, torch; d = torch.cuda.is_available(); "
+        "info = {'python': platform.python_version(), 'torch': torch.__version__, 'cuda': torch.version.cuda, "
+        "'gpu': torch.cuda.get_device_name() if d else None, "
+        "'capability': list(torch.cuda.get_device_capability()) if d else None}\n"
+        "for m in ('torchao', 'flash_attn', 'omegaconf'):\n"
+        "    try: info[m] = __import__(m).__version__\n"
+        "    except Exception as e: info[m] = f'not importable ({type(e).__name__})'\n"
+        "print(json.dumps(info))"
+    )
+    ladder = [
+        _bench("1b-bf16", "1b", None, work),
+        _bench("1b-float8-tensorwise", "1b", "tensorwise", work),
+        _bench("300m-bf16", "300m", None, work),
+        _bench("300m-float8-tensorwise", "300m", "tensorwise", work),
+    ]
+    size = [
+        "--d-model",
+        "2048",
+        "--n-layers",
+        "8",
+        "--seq",
+        "2048",
+        "--batch",
+        "4",
+        "--rounds",
+        "4",
+        "--iters",
+        "3",
+    ]
+    if not cuda:
+        size = [
+            "--d-model",
+            "128",
+            "--n-layers",
+            "2",
+            "--seq",
+            "64",
+            "--batch",
+            "2",
+            "--rounds",
+            "1",
+            "--iters",
+            "1",
+        ]
+    device = ["--device", "cuda", "--dtype", "bf16"] if cuda else ["--device", "cpu", "--threads", "1"]
+    original = Part(
+        "original-olmo",
+        "against ai2-olmo 0.6.0, same weights: "
+        + ("OLMo-1B's shape, 8 layers, bf16" if cuda else "a small model"),
+        [
+            [sys.executable, "scripts/benchmark_olmo.py", *device, *size, "--warmup", "1"]
+            + ["--olmo-python", original_python, "--json", str(work / "original-olmo.json")]
+        ],
+        90,
+        needs_cuda=False,
+        report=str(work / "original-olmo.json"),
+    )
+    fsdp = Part(
+        "fsdp-2-processes",
+        "torchrun --nproc_per_node=2 on the one GPU (FSDP over NCCL)",
+        [
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "scripts/benchmark.py"]
+            + ["configs/official/OLMo-300M.yaml", "--data", "synthetic", "--steps", "5", "--warmup", "2"]
+            + ["--precision", "amp_bf16", "--batch", "4", "--micro-batch", "4", "--out", str(work / "fsdp.json")]
+        ],
+        60,
+        report=str(work / "fsdp.json"),
+    )
+    rowwise = [
+        _bench("1b-float8-rowwise", "1b", "rowwise", work),
+        _bench("300m-float8-rowwise", "300m", "rowwise", work),
+    ]
+    flash = _bench("1b-bf16-flash-attn", "1b", None, work, ("--override", "model.flash_attention=true"))
+    if not flash_attn:
+        flash.skip_reason = "no flash-attn wheel (PyPI has none; put flash_attn-*.whl into the wheel folder)"
+    curves = Part(
+        "float8-loss-curves",
+        "bf16 and float8 tensorwise, 200 steps of real text (4 layers, d_model 1024), compiled",
+        [[sys.executable, "-m", "olmo.bench.float8_curves", "--out", str(work / "float8-curves.json")]],
+        120,
+        report=str(work / "float8-curves.json"),
+    )
+    tests = Part(
+        "gpu-tests", "pytest tests/test_gpu.py", [[sys.executable, "-m", "pytest", "-q", "tests/test_gpu.py"]], 120
+    )
+    probe = Part(
+        "environment",
+        "Python, torch, CUDA, GPU, torchao, flash-attn",
+        [[sys.executable, "-c", env_probe]],
+        30,
+        False,
+    )
+    return [probe, tests, *ladder, original, fsdp, *rowwise, flash, curves]
+
+
+def install(wheels: Path, site: Path, original_site: Path) -> str:
+    """Install our wheels into ``site`` and the original's (with its own wheel) into ``original_site``; return
+    pip's last lines. ``--no-index --no-deps``: nothing is fetched, the set is what ``make gpu-wheels`` chose."""
+    ours = [str(w) for w in sorted(wheels.glob("*.whl"))]
+    original = [str(w) for w in sorted((wheels / "original").glob("*.whl"))]
+    base = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target"]
+    out = ""
+    for target, files in ((site, ours), (original_site, ours + original)):
+        result = subprocess.run([*base, str(target), *files], capture_output=True, text=True, timeout=300)
+        out += result.stdout[-500:] + result.stderr[-1500:]
+        if result.returncode != 0:
+            raise RuntimeError(f"pip install into {target} failed:\n{out}")
+    return out
+
+
+def original_python(folder: Path, original_site: Path) -> Path:
+    """A python for ``benchmark_olmo.py --olmo-python``: the original's worker is started with ``-I`` (no
+    PYTHONPATH) so that ``import olmo`` cannot find ours; this wrapper drops the flag and points PYTHONPATH at the
+    folder holding only the original's install, which then is the only ``olmo`` there is."""
+    path = folder / "olmo-python"
+    path.write_text(
+        f'#!/bin/sh\n[ "$1" = "-I" ] && shift\nPYTHONPATH="{original_site}" exec "{sys.executable}" -s "$@"\n'
+    )
+    path.chmod(0o755)
+    return path
+
+
+def run_part(part: Part, env: dict[str, str], limit: float) -> Result:
+    """Run ``part``'s commands under one time limit, each in its own process group (killed whole on timeout)."""
+    result = Result(part.name, part.what, "ok", command=" && ".join(" ".join(c) for c in part.commands))
+    start = time.monotonic()
+    output = ""
+    for cmd in part.commands:
+        left = limit - (time.monotonic() - start)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            out, _ = proc.communicate(timeout=max(left, 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            result.status, result.note = "timeout", f"killed at its limit of {limit:.0f} s"
+            output += out or ""
+            break
+        output += out or ""
+        if proc.returncode != 0:
+            result.status = "failed"
+            result.note = _last_error(out or "") or f"exit status {proc.returncode}"
+            break
+    result.seconds = time.monotonic() - start
+    result.tail = output[-3000:]
+    if result.status == "ok" and part.report and Path(part.report).is_file():
+        result.numbers = _numbers(json.loads(Path(part.report).read_text()))
+    elif result.status == "ok" and part.name == "environment":
+        result.numbers = json.loads(output.strip().splitlines()[-1])
+    return result
+
+
+def _last_error(output: str) -> str:
+    """The line that says why a command failed: the last naming an error, else its last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    named = [line for line in lines if "Error" in line or "error:" in line or "FAILED" in line or "failed" in line]
+    return (named or lines or [""])[-1][:300]
+
+
+def _numbers(report: dict[str, Any]) -> dict[str, Any]:
+    """The table's numbers from a benchmark's JSON (``scripts/benchmark.py``, ``benchmark_olmo.py`` or the loss
+    curves')."""
+    if "bit_identity" in report:  # benchmark_olmo.py: step-time ratios, ours over the original (below 1: faster)
+        identity = report["bit_identity"] or {}
+        out: dict[str, Any] = {
+            "bit_identical": all(identity.get(k) for k in ("logits_equal", "loss_equal", "grads_equal"))
+        }
+        for key, side in report.get("results", {}).items():
+            ratio = (side.get("ours_over_original") or {}).get("median")
+            if ratio is not None:
+                out[f"({key}) ours/original"] = round(ratio, 3)
+        return out
+    r = report.get("results", report)
+    keep = ("tokens_per_second", "mfu", "peak_memory_mb", "step_time_s", "ratio", "max_relative_difference")
+    out = {k: r[k] for k in keep if isinstance(r, dict) and k in r}
+    for key in ("comparison", "summary"):
+        if isinstance(report.get(key), dict):
+            out.update({k: v for k, v in report[key].items() if isinstance(v, (int, float, str))})
+    return out
+
+
+def markdown_table(results: list[Result]) -> str:
+    """One table for RESEARCH_LOG: each part's status, time and main numbers."""
+    rows = [
+        "| part | what | status | time | tokens/s | MFU | peak memory | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        n = r.numbers
+        tps = f"{n['tokens_per_second']:,.0f}" if "tokens_per_second" in n else ""
+        mfu = f"{100 * n['mfu']:.1f}%" if isinstance(n.get("mfu"), (int, float)) else ""
+        mem = f"{n['peak_memory_mb']:,.0f} MB" if "peak_memory_mb" in n else ""
+        extra = ", ".join(
+            f"{k} {v}"
+            for k, v in n.items()
+            if k not in ("tokens_per_second", "mfu", "peak_memory_mb", "step_time_s")
+        )
+        note = "; ".join(x for x in (r.note, extra) if x).replace("|", "/")
+        rows.append(f"| {r.name} | {r.what} | {r.status} | {r.seconds:.0f} s | {tps} | {mfu} | {mem} | {note} |")
+    return "\n".join(rows)
+
+
+def _args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--wheels", default=".whl", help="the folder `make gpu-wheels` filled (default .whl)")
+    parser.add_argument("--out", default=os.environ.get("OUT", "gpu_checks_out"), help="where the table goes")
+    parser.add_argument("--budget", type=float, default=560, help="seconds for all parts together (default 560)")
+    parser.add_argument("--only", help="comma-separated part names to run (default: all)")
+    parser.add_argument("--dry-run", action="store_true", help="list the parts, check the wheels, run nothing")
+    parser.add_argument(
+        "--gather", action="store_true", help="download the wheels first (`make gpu-wheels`), then --dry-run"
+    )
+    parser.add_argument("--python-version", default="3.12", help="the lent machine's Python (for --dry-run)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None, clock: Callable[[], float] = time.monotonic) -> int:
+    args = _args(argv)
+    if not (ROOT / "scripts" / "benchmark.py").is_file():
+        print(f"Run this from the checkout's root (the parts run scripts/ and configs/ there), not from {ROOT}.")
+        return 2
+    wheels, out = (ROOT / args.wheels).resolve(), Path(args.out).resolve()
+    if args.gather:
+        manifest = gather(wheels, args.python_version)
+        files: dict[str, int] = manifest["files"]  # type: ignore[assignment]
+        print(f"Gathered {len(files)} wheels ({sum(files.values()) / 2**20:.1f} MB) into {wheels}.")
+        args.dry_run = True
+    python_version = args.python_version if args.dry_run else f"{sys.version_info.major}.{sys.version_info.minor}"
+    problems = check_wheels(wheels, python_version)
+    work = Path(tempfile.mkdtemp(prefix="gpu-checks-"))
+    flash = any(wheels.glob("flash_attn-*.whl"))
+    cuda = not args.dry_run and _has_cuda(dict(os.environ))
+    todo = parts(work, str(work / "olmo-python"), flash, cuda or args.dry_run)
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {p.name for p in todo}
+        if unknown:
+            print(
+                f"--only names unknown parts {sorted(unknown)}; the parts are: {', '.join(p.name for p in todo)}"
+            )
+            return 2
+        todo = [p for p in todo if p.name in wanted]
+    if args.dry_run:
+        print(f"Wheel folder {wheels} for Python {python_version}: {'ready' if not problems else 'NOT ready'}")
+        for problem in problems:
+            print(f"  - {problem}")
+        total = sum(p.limit_s for p in todo if p.skip_reason is None)
+        print(f"\nParts, in order (limits add up to {total:.0f} s; the budget is {args.budget:.0f} s):")
+        for p in todo:
+            shown = p.skip_reason and f"skipped: {p.skip_reason}" or " && ".join(" ".join(c) for c in p.commands)
+            print(f"  {p.name} ({p.limit_s:.0f} s{', GPU' if p.needs_cuda else ''}): {p.what}\n      {shown}")
+        shutil.rmtree(work, ignore_errors=True)
+        return 1 if problems else 0
+    return _run(args, todo, wheels, out, work, problems, cuda, clock)
+
+
+def _run(
+    args: argparse.Namespace,
+    todo: list[Part],
+    wheels: Path,
+    out: Path,
+    work: Path,
+    problems: list,
+    cuda: bool,
+    clock: Callable[[], float],
+) -> int:
+    start = clock()
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[Result] = []
+    site, original_site = work / "site", work / "original" / "site-packages"
+    try:
+        if problems:
+            raise RuntimeError("the wheel folder is not ready:\n" + "\n".join(f"  - {p}" for p in problems))
+        install(wheels, site, original_site)
+        original_python(work, original_site)
+        results.append(
+            Result(
+                "install", f"{len(list(wheels.rglob('*.whl')))} wheels from {wheels.name}", "ok", clock() - start
+            )
+        )
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        results.append(Result("install", "the wheels", "failed", clock() - start, note=str(e).splitlines()[0]))
+        print(str(e))
+    installed = results[-1].status == "ok"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]),
+        "WANDB_MODE": "disabled",
+        "PYTHONUNBUFFERED": "1",
+    }
+    for part in todo:
+        left = args.budget - (clock() - start)
+        if part.skip_reason or not installed or (part.needs_cuda and not cuda):
+            reason = part.skip_reason or ("the install failed" if not installed else "no CUDA device")
+            results.append(Result(part.name, part.what, "skipped", note=reason))
+        elif left < min(part.limit_s, 20):
+            results.append(Result(part.name, part.what, "not run", note=f"{left:.0f} s of the budget left"))
+        else:
+            print(
+                f"[{clock() - start:5.0f} s] {part.name}: {part.what} (limit {min(part.limit_s, left):.0f} s)",
+                flush=True,
+            )
+            results.append(run_part(part, env, min(part.limit_s, left)))
+            print(f"        {results[-1].status} in {results[-1].seconds:.0f} s {results[-1].note}", flush=True)
+    table = markdown_table(results)
+    (out / "gpu_checks.md").write_text(table + "\n")
+    (out / "gpu_checks.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+    print("\n" + table)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(r.status in ("ok", "skipped", "not run") for r in results) else 1
+
+
+def _has_cuda(env: dict[str, str]) -> bool:
+    """Whether torch (the machine's own; no wheel is needed) sees a GPU, asked in a child process."""
+    probe = [sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"]
+    try:
+        return subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
