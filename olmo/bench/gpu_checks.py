@@ -157,11 +157,12 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
     )
     fsdp = Part(
         "fsdp-2-processes",
-        "torchrun --nproc_per_node=2 on the one GPU (FSDP over NCCL)",
+        "torchrun --nproc_per_node=2 on the one GPU: FSDP over NCCL, float8 weights all-gathered in float8",
         [
             [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "scripts/benchmark.py"]
             + ["configs/official/OLMo-300M.yaml", "--data", "synthetic", "--steps", "5", "--warmup", "2"]
             + ["--precision", "amp_bf16", "--batch", "4", "--micro-batch", "4", "--out", str(work / "fsdp.json")]
+            + ["--override", "model.float8.enabled=true", "--override", "distributed_strategy=fsdp"]
         ],
         60,
         report=str(work / "fsdp.json"),

@@ -28,7 +28,7 @@ class Float8Config(BaseConfig):
 
     Each converted layer casts its input, weight and output gradient to float8 with a dynamic scale and multiplies
     them on the GPU's float8 tensor cores; the weights themselves stay in their usual precision. With FSDP and the
-    ``tensorwise`` recipe the weights are also all-gathered in float8 (half the bytes of bf16).
+    ``tensorwise`` recipe the weights are also all-gathered in float8 on GPUs (half the bytes of bf16).
     """
 
     enabled: bool = False

@@ -8,7 +8,7 @@ layer is never converted (its product runs in the loss, in chunks under ``fused_
 which and why, without torchao, so ``--dry_run`` and the tests can show it anywhere.
 
 The weights stay what they were (``Float8Linear`` keeps the layer's parameters and their names), so checkpoints,
-optimizer state and exports are those of a plain run. Under FSDP with the ``tensorwise`` recipe the weights are
+optimizer state and exports are those of a plain run. Under FSDP on GPUs (NCCL) with the ``tensorwise`` recipe the weights are
 all-gathered in float8 and their scales computed for all layers in one all-reduce after each optimizer step
 (:func:`after_optimizer_step`), as torchao recommends.
 """
@@ -153,8 +153,9 @@ def convert_float8(model: nn.Module, cfg: Float8Config, fsdp: bool) -> Float8Pla
     """Swap the linear layers :func:`float8_plan` chooses for torchao's ``Float8Linear`` (before compile and FSDP:
     the model may be on the meta device) and return the plan.
 
-    :param fsdp: FSDP2 will shard the model: with the ``tensorwise`` recipe its weights are then all-gathered in
-        float8 and :func:`after_optimizer_step` computes their scales.
+    :param fsdp: FSDP2 will shard the model over NCCL: with the ``tensorwise`` recipe its weights are then
+        all-gathered in float8 and :func:`after_optimizer_step` computes their scales. (Not over gloo, which has no
+        float8 type: emulated runs on CPUs all-gather their weights as they are.)
     """
     plan = float8_plan(model, cfg)
     for pattern in plan.unused_patterns:
@@ -169,6 +170,12 @@ def convert_float8(model: nn.Module, cfg: Float8Config, fsdp: bool) -> Float8Pla
     chosen = set(plan.converted)
     float8.convert_to_float8_training(model, module_filter_fn=lambda _m, fqn: fqn in chosen, config=config)
     setattr(model, _SCALES_FLAG, all_gather and bool(chosen))
+    if not chosen:
+        log.warning(
+            "model.float8.enabled=true converts no layer of this model (%s): it trains as without float8. Lower "
+            "model.float8.min_features or shorten model.float8.skip to convert some.",
+            plan.describe(),
+        )
     log.info(
         "Float8 (%s%s%s): %s.",
         cfg.recipe,

@@ -112,7 +112,13 @@ def build_model(cfg: ModelConfig, env: DistEnv, options: ParallelizeOptions, ini
         apply_tensor_parallel(model, mesh["tp"])
     if options.float8 is not None and options.float8.enabled:  # before compile and FSDP, as torchao asks
         check_float8_device(options.float8, env.device)
-        convert_float8(model, options.float8, fsdp=mesh is not None)
+        if cfg.is_moe:
+            log.warning(
+                "model.float8 converts the attention and shared-expert linear layers only: the routed experts' "
+                "grouped products stay in their usual precision (torchao's float8 grouped products are not wired)."
+            )
+        # Float8 all-gathers on NCCL only: gloo has no float8 type (a unit of float8 weights alone cannot gather).
+        convert_float8(model, options.float8, fsdp=mesh is not None and env.device.type == "cuda")
     if options.activation_checkpointing is not None:
         apply_activation_checkpointing(model, options.activation_checkpointing)
     if options.compile is not None:

@@ -19,6 +19,7 @@ from olmo.exceptions import OLMoConfigurationError
 from olmo.model import OLMo
 from olmo.testing import (
     metric_by_step,
+    run_main,
     run_torchrun,
     run_train,
     tiny_config_dict,
@@ -160,9 +161,11 @@ def _losses(run):
 
 
 def test_float8_and_plain_runs_resume_from_each_others_checkpoints(tmp_path, corpus):
-    """2 FSDP ranks, float8 weights all-gathered in float8: the sharded and unsharded checkpoints hold plain
-    tensors, a float8 resume continues as the uninterrupted run, and plain and float8 runs resume each other's."""
+    """2 FSDP ranks: the sharded and unsharded checkpoints hold plain tensors, a float8 resume continues as the
+    uninterrupted run, plain and float8 runs resume each other's, and the float8 run exports to transformers. (On
+    GPUs the weights are all-gathered in float8, wrapped by torchao: the test below checks their unwrapping.)"""
     ckpt = {"save_interval": 5, "save_interval_unsharded": 10, "distributed_strategy": "fsdp"}
+    ckpt["model.layer_norm_with_affine"] = False  # OlmoForCausalLM's norm, for the export below
     float8_run = _config(tmp_path, corpus, "float8", EMULATED, **ckpt)
     plain_run = _config(tmp_path, corpus, "plain", None, **ckpt)
     for config in (float8_run, plain_run):
@@ -196,6 +199,9 @@ def test_float8_and_plain_runs_resume_from_each_others_checkpoints(tmp_path, cor
     assert {k: (v.shape, v.dtype) for k, v in float8_pt.items()} == {
         k: (v.shape, v.dtype) for k, v in plain_pt.items()
     }
+    # And it exports to transformers as a plain run's does.
+    assert run_main("convert_to_hf.py", model_pt.parent, tmp_path / "hf") == 0
+    assert (tmp_path / "hf" / "config.json").is_file()
 
 
 def test_rowwise_float8_on_two_fsdp_ranks_follows_one_process(tmp_path, corpus):
@@ -224,3 +230,49 @@ def test_float8_layers_compile_into_the_blocks_graph(tmp_path, corpus):
     assert eager.keys() == graph.keys() == {1, 2, 3, 4}
     for step in eager:
         assert abs(eager[step] - graph[step]) < 1e-5, step
+
+
+def test_a_missing_torchao_is_named_with_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)  # what `import torchao.float8` meets without torchao
+    problem = float8_device_problem(Float8Config(enabled=True, emulate=True), torch.device("cpu"))
+    assert problem is not None and "pip install 'torchao>=0.17'" in problem and "\n" not in problem
+
+
+def test_a_model_with_no_layer_to_convert_says_so(caplog):
+    with caplog.at_level("WARNING"):
+        plan = convert_float8(_meta_model(), Float8Config(enabled=True, emulate=True), fsdp=False)
+    assert plan.converted == ()
+    assert "converts no layer of this model" in caplog.text and "min_features" in caplog.text
+
+
+PLAIN_TENSORS_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
+from torchao.float8.float8_training_tensor import LinearMMConfig
+from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+from olmo.checkpoint.save import plain_tensors
+
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
+inner = torch.randn(8, 4)
+wrapped = WeightWithDynamicFloat8CastTensor(inner, LinearMMConfig(), torch.float8_e4m3fn)
+sharded = DTensor.from_local(wrapped, init_device_mesh("cpu", (1,)), [Shard(0)], run_check=False)
+state = plain_tensors({"model": {"w": wrapped, "d": sharded, "list": [wrapped]}, "step": 3})
+w, d = state["model"]["w"], state["model"]["d"]
+assert type(w) is torch.Tensor and w.data_ptr() == inner.data_ptr()
+assert type(d) is DTensor and type(d.to_local()) is torch.Tensor and d.to_local().data_ptr() == inner.data_ptr()
+assert d.placements == sharded.placements and d.shape == sharded.shape
+assert type(state["model"]["list"][0]) is torch.Tensor and state["step"] == 3
+print("plain")
+"""
+
+
+def test_checkpoints_unwrap_float8_weights_into_their_own_memory(tmp_path):
+    """What FSDP's float8 all-gather holds on GPUs (torchao's weight wrapper, inside a DTensor) is written as the
+    plain tensor it wraps, sharing its memory so that a load in place reaches the weight."""
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN_TENSORS_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "store")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "plain", result.stderr[-3000:]
