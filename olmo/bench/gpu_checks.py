@@ -73,15 +73,7 @@ def _bench(name: str, model: str, float8: Optional[str], work: Path, extra: tupl
     config, micro = LADDER[model]
     out = work / f"{name}.json"
     cmd = [*BENCH, config, "--data", "synthetic", "--steps", "10", "--warmup", "3", "--precision", "amp_bf16"]
-    cmd += [
-        "--compile",
-        "--batch",
-        str(micro),
-        "--micro-batch",
-        str(micro),
-        "--override",
-        "metrics_collect_interval=10",
-    ]
+    cmd += f"--compile --batch {micro} --micro-batch {micro} --override metrics_collect_interval=10".split()
     if float8:
         cmd += ["--override", "model.float8.enabled=true", "--override", f"model.float8.recipe={float8}"]
     what = f"OLMo-{model.upper()} bf16 compiled, micro-batch {micro}" + (f", float8 {float8}" if float8 else "")
@@ -113,35 +105,9 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
         _bench("300m-bf16", "300m", None, work),
         _bench("300m-float8-tensorwise", "300m", "tensorwise", work),
     ]
-    size = [
-        "--d-model",
-        "2048",
-        "--n-layers",
-        "8",
-        "--seq",
-        "2048",
-        "--batch",
-        "4",
-        "--rounds",
-        "4",
-        "--iters",
-        "3",
-    ]
+    size = "--d-model 2048 --n-layers 8 --seq 2048 --batch 4 --rounds 4 --iters 3".split()
     if not cuda:
-        size = [
-            "--d-model",
-            "128",
-            "--n-layers",
-            "2",
-            "--seq",
-            "64",
-            "--batch",
-            "2",
-            "--rounds",
-            "1",
-            "--iters",
-            "1",
-        ]
+        size = "--d-model 128 --n-layers 2 --seq 64 --batch 2 --rounds 1 --iters 1".split()
     device = ["--device", "cuda", "--dtype", "bf16"] if cuda else ["--device", "cpu", "--threads", "1"]
     original = Part(
         "original-olmo",
@@ -252,10 +218,19 @@ def run_part(part: Part, env: dict[str, str], limit: float) -> Result:
             break
     result.seconds = time.monotonic() - start
     result.tail = output[-3000:]
-    if result.status == "ok" and part.report and Path(part.report).is_file():
-        result.numbers = _numbers(json.loads(Path(part.report).read_text()))
-    elif result.status == "ok" and part.name == "environment":
-        result.numbers = json.loads(output.strip().splitlines()[-1])
+    try:
+        if result.status == "ok" and part.report and Path(part.report).is_file():
+            result.numbers = _numbers(json.loads(Path(part.report).read_text()))
+        elif result.status == "ok" and part.name == "environment":
+            result.numbers = json.loads(output.strip().splitlines()[-1])
+    except (
+        ValueError,
+        IndexError,
+        KeyError,
+        TypeError,
+        AttributeError,
+    ) as e:  # the part ran; its numbers did not read
+        result.note = f"its report could not be read ({type(e).__name__}: {e})"
     return result
 
 

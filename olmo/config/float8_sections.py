@@ -40,8 +40,8 @@ class Float8Config(BaseConfig):
     """Compute the float8 casts and products in ordinary precision instead of on float8 tensor cores (torchao's
     emulation): the same rounding on any device, CPU included, with no speed gain. For tests and debugging."""
     skip: list[str] = field(default_factory=lambda: ["transformer.wte", OUTPUT_LAYER])
-    """Module names kept in their usual precision (shell-style patterns, ``*`` matching any text: e.g.
-    ``transformer.blocks.0.*`` for the first block). By default the embedding and the output layer, which float8
+    """Module names kept in their usual precision, with the layers inside them (shell-style patterns, ``*`` matching
+    any text: ``transformer.blocks.0`` for the first block, ``*.ff_out`` for every block's down projection). By default the embedding and the output layer, which float8
     would make less accurate for no gain. The embedding is not a linear layer and the output layer is never converted
     (its product runs in the loss), so both stay as they are in any case."""
     min_features: int = 1024

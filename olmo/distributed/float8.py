@@ -64,18 +64,24 @@ class Float8Plan:
 
 
 def float8_plan(model: nn.Module, cfg: Float8Config) -> Float8Plan:
-    """Which of ``model``'s linear layers ``cfg`` converts (works on the meta device and without torchao)."""
+    """Which of ``model``'s linear layers ``cfg`` converts (works on the meta device and without torchao). A skip
+    pattern keeps the layers it names and those inside the modules it names (``transformer.blocks.0``)."""
     converted: list[str] = []
     kept: dict[str, str] = {}
     used: set[str] = set()
     for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear):
-            if any(fnmatch.fnmatchcase(name, p) for p in cfg.skip):
-                used.update(p for p in cfg.skip if fnmatch.fnmatchcase(name, p))
-            continue
         matched = [p for p in cfg.skip if fnmatch.fnmatchcase(name, p)]
         used.update(matched)
-        reason = _kept_reason(name, module, cfg, matched)
+        if not isinstance(module, nn.Linear):
+            continue
+        parts = name.split(".")
+        within = [
+            p
+            for i in range(len(parts) - 1, 0, -1)
+            for p in cfg.skip
+            if fnmatch.fnmatchcase(".".join(parts[:i]), p)
+        ]
+        reason = _kept_reason(name, module, cfg, matched + within)
         if reason is None:
             converted.append(name)
         else:

@@ -52,6 +52,10 @@ def test_plan_converts_the_blocks_linears_and_says_why_it_keeps_the_rest():
     assert skipped.kept["transformer.blocks.0.ff_proj"] == "model.float8.skip (transformer.blocks.0.*)"
     assert skipped.unused_patterns == ("nope.*",)
     assert "4 linear layer(s) in float8" in skipped.describe()
+    # A module's name keeps the layers inside it.
+    block = float8_plan(_meta_model(), Float8Config(**EMULATED, skip=["transformer.blocks.1"]))
+    assert set(block.converted) == {f"transformer.blocks.0.{n}" for n in BLOCK_LINEARS}
+    assert block.kept["transformer.blocks.1.attn_out"] == "model.float8.skip (transformer.blocks.1)"
 
 
 def test_plan_keeps_widths_float8_cannot_multiply_and_the_expert_router():
