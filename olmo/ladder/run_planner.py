@@ -168,6 +168,13 @@ def plan_run(
         notes.append(_dpo_note(cfg, instances_per_epoch, max_steps))
         if train_flops is not None:  # the reference's forward pass: a third of a training step's 6N
             train_flops += facts.flops_per_token / 3 * (total_tokens or 0)
+    if m.trains_float8 and m.float8 is not None:
+        notes.append(
+            f"float8 ({m.float8.recipe}{', emulated' if m.float8.emulate else ''}) on the blocks' linear layers at "
+            f"least {m.float8.min_features:,} wide: the time above assumes the bf16 MFU (OLMo-core and torchtitan "
+            f"measure float8 1.2-1.3x faster on H100s: docs/throughput.md), the memory the same weights and optimizer "
+            f"state."
+        )
     memory = estimate_memory(cfg, facts, world_size, device, cfg.device_train_microbatch_size)
     capacity, rate = device.memory_bytes, world_size * (device.peak_flops or 0.0) * mfu
     wall = train_flops / rate if train_flops is not None and rate else None

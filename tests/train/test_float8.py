@@ -280,3 +280,8 @@ def test_checkpoints_unwrap_float8_weights_into_their_own_memory(tmp_path):
         [sys.executable, str(script), str(tmp_path / "store")], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and result.stdout.strip() == "plain", result.stderr[-3000:]
+
+
+def test_the_plan_of_a_float8_run_says_so(tmp_path, corpus, capsys):
+    assert run_train(_config(tmp_path, corpus, "planned", {"enabled": True}), "--dry_run") == 0
+    assert "float8 (tensorwise) on the blocks' linear layers at least 1,024 wide" in capsys.readouterr().out
