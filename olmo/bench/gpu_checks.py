@@ -335,6 +335,13 @@ def main(argv: Optional[list[str]] = None, clock: Callable[[], float] = time.mon
             print(f"  {p.name} ({p.limit_s:.0f} s{', GPU' if p.needs_cuda else ''}): {p.what}\n      {shown}")
         shutil.rmtree(work, ignore_errors=True)
         return 1 if problems else 0
+    try:  # before any minute is spent: the table must have somewhere to go
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gpu_checks.md").touch()
+    except OSError as e:
+        print(f"--out {out} cannot be written ({e}); pick a writable folder.")
+        shutil.rmtree(work, ignore_errors=True)
+        return 2
     return _run(args, todo, wheels, out, work, problems, cuda, clock)
 
 
@@ -349,7 +356,6 @@ def _run(
     clock: Callable[[], float],
 ) -> int:
     start = clock()
-    out.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
     site, original_site = work / "site", work / "original" / "site-packages"
     try:

@@ -121,3 +121,6 @@ def test_a_run_without_a_gpu_installs_skips_the_gpu_parts_and_writes_the_table(t
     assert gpu_checks.main([*args[:4], "--only", "environment", "--budget", "0"]) == 0
     rows = {r["name"]: r for r in json.loads((out / "gpu_checks.json").read_text())}
     assert rows["environment"]["status"] == "not run"
+    # An --out that cannot be written stops the command before it installs or runs anything.
+    (tmp_path / "file").write_text("")
+    assert gpu_checks.main([*args[:3], str(tmp_path / "file" / "out")]) == 2
