@@ -106,7 +106,7 @@ $(TRL_VENV)/.installed:
 	touch $@
 
 # Wheels for a lent GPU machine (Python 3.12, torch 2.11 with CUDA, no network), gathered here from PyPI, then
-# checked (--dry-run): scripts/gpu_checks.py installs them there. docs/gpu-checks.md has the whole procedure.
+# checked (--dry-run): scripts/gpu_checks.py installs them there. docs/throughput.md ("The GPU checks") has the whole procedure.
 GPU_WHEELS ?= .whl
 GPU_PYTHON_VERSION ?= 3.12
 

@@ -3,10 +3,11 @@
     python3 scripts/gpu_checks.py [--wheels .whl] [--out DIR] [--budget 560] [--only PART,...] [--dry-run]
 
 Installs the wheels ``make gpu-wheels`` gathered (:mod:`olmo.bench.gpu_wheels`), then runs the parts in order of
-importance, each in its own process group under its own time limit, so a part that fails or hangs costs only its
-own minutes; a part that no longer fits in ``--budget`` is reported as not run. At the end one markdown table
-(``DIR/gpu_checks.md``, printed too) and the details (``DIR/gpu_checks.json``: each part's command, status,
-time, numbers and the tail of its output) are written, ready for RESEARCH_LOG. ``--dry-run`` lists the parts with
+importance, each under its own time limit, so a part that fails or hangs costs only its own minutes (a hung one is
+stopped with every process it started, torchrun's workers included); a part whose limit no longer fits in what is
+left of ``--budget`` is reported as not run. After every part one markdown table (``DIR/gpu_checks.md``, printed at
+the end) and the details (``DIR/gpu_checks.json``: each part's command, status, time, numbers and the tail of its
+output) are written, ready for RESEARCH_LOG. ``--dry-run`` lists the parts with
 their commands and limits and checks the wheel folder, and runs nothing.
 
 Standard library only until the wheels are installed: this file is the first thing to run on a bare machine, from
@@ -16,6 +17,7 @@ the checkout's root (``PYTHONPATH=. python3 scripts/gpu_checks.py`` where the pa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -187,35 +189,32 @@ def original_python(folder: Path, original_site: Path) -> Path:
     return path
 
 
-def run_part(part: Part, env: dict[str, str], limit: float) -> Result:
-    """Run ``part``'s commands under one time limit, each in its own process group (killed whole on timeout)."""
+def run_part(part: Part, env: dict[str, str], limit: float, log_dir: Optional[Path] = None) -> Result:
+    """Run ``part``'s commands under one time limit, each in its own process group, its output in a file (so that
+    a process it leaves behind cannot hold a pipe open); at the limit :func:`_stop` ends it and all it started."""
     result = Result(part.name, part.what, "ok", command=" && ".join(" ".join(c) for c in part.commands))
     start = time.monotonic()
     output = ""
-    for cmd in part.commands:
-        left = limit - (time.monotonic() - start)
-        proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            out, _ = proc.communicate(timeout=max(left, 1))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            result.status, result.note = "timeout", f"killed at its limit of {limit:.0f} s"
-            output += out or ""
-            break
-        output += out or ""
-        if proc.returncode != 0:
-            result.status = "failed"
-            result.note = _last_error(out or "") or f"exit status {proc.returncode}"
-            break
+    with tempfile.TemporaryDirectory(dir=log_dir) as logs:
+        for i, cmd in enumerate(part.commands):
+            log_path = Path(logs) / f"{i}.log"
+            with open(log_path, "w") as log_file:
+                proc = subprocess.Popen(
+                    cmd, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+                )
+                try:
+                    proc.wait(timeout=max(limit - (time.monotonic() - start), 1))
+                except subprocess.TimeoutExpired:
+                    _stop(proc)
+                    result.status, result.note = "timeout", f"stopped at its limit of {limit:.0f} s"
+            out = log_path.read_text(errors="replace")
+            output += out
+            if result.status == "timeout":
+                break
+            if proc.returncode != 0:
+                result.status = "failed"
+                result.note = _last_error(out) or f"exit status {proc.returncode}"
+                break
     result.seconds = time.monotonic() - start
     result.tail = output[-3000:]
     try:
@@ -223,15 +222,57 @@ def run_part(part: Part, env: dict[str, str], limit: float) -> Result:
             result.numbers = _numbers(json.loads(Path(part.report).read_text()))
         elif result.status == "ok" and part.name == "environment":
             result.numbers = json.loads(output.strip().splitlines()[-1])
-    except (
-        ValueError,
-        IndexError,
-        KeyError,
-        TypeError,
-        AttributeError,
-    ) as e:  # the part ran; its numbers did not read
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError) as e:  # it ran; its numbers did not read
         result.note = f"its report could not be read ({type(e).__name__}: {e})"
     return result
+
+
+GRACE_S = 10.0
+"""Seconds a stopped part gets to end its own processes (torchrun stops its workers on SIGTERM) before SIGKILL."""
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a part's command and everything it started: SIGTERM to its process group, then, after
+    :data:`GRACE_S`, SIGKILL to the group and to each descendant and its group (torchrun's workers run in sessions of
+    their own, which a signal to the command's group does not reach)."""
+    family = _descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=GRACE_S)
+    family += _descendants(proc.pid)
+    for pid in [proc.pid, *family]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + GRACE_S  # the next part may need the GPU memory they hold: wait for them to go
+    while any(_running(pid) for pid in family) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, theirs, ...), read from /proc."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _last_error(output: str) -> str:
@@ -299,6 +340,7 @@ def _args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[list[str]] = None, clock: Callable[[], float] = time.monotonic) -> int:
+    start = clock()  # the budget counts from here: the GPU probe and the install are in it
     args = _args(argv)
     if not (ROOT / "scripts" / "benchmark.py").is_file():
         print(f"Run this from the checkout's root (the parts run scripts/ and configs/ there), not from {ROOT}.")
@@ -342,7 +384,7 @@ def main(argv: Optional[list[str]] = None, clock: Callable[[], float] = time.mon
         print(f"--out {out} cannot be written ({e}); pick a writable folder.")
         shutil.rmtree(work, ignore_errors=True)
         return 2
-    return _run(args, todo, wheels, out, work, problems, cuda, clock)
+    return _run(args, todo, wheels, out, work, problems, cuda, clock, start)
 
 
 def _run(
@@ -354,8 +396,8 @@ def _run(
     problems: list,
     cuda: bool,
     clock: Callable[[], float],
+    start: float,
 ) -> int:
-    start = clock()
     results: list[Result] = []
     site, original_site = work / "site", work / "original" / "site-packages"
     try:
@@ -378,26 +420,30 @@ def _run(
         "WANDB_MODE": "disabled",
         "PYTHONUNBUFFERED": "1",
     }
+    table = _write(out, results)
     for part in todo:
         left = args.budget - (clock() - start)
         if part.skip_reason or not installed or (part.needs_cuda and not cuda):
             reason = part.skip_reason or ("the install failed" if not installed else "no CUDA device")
             results.append(Result(part.name, part.what, "skipped", note=reason))
-        elif left < min(part.limit_s, 20):
+        elif left < part.limit_s + GRACE_S:  # its limit and the time to stop it must fit
             results.append(Result(part.name, part.what, "not run", note=f"{left:.0f} s of the budget left"))
         else:
-            print(
-                f"[{clock() - start:5.0f} s] {part.name}: {part.what} (limit {min(part.limit_s, left):.0f} s)",
-                flush=True,
-            )
-            results.append(run_part(part, env, min(part.limit_s, left)))
+            print(f"[{clock() - start:5.0f} s] {part.name}: {part.what} (limit {part.limit_s:.0f} s)", flush=True)
+            results.append(run_part(part, env, part.limit_s, work))
             print(f"        {results[-1].status} in {results[-1].seconds:.0f} s {results[-1].note}", flush=True)
-    table = markdown_table(results)
-    (out / "gpu_checks.md").write_text(table + "\n")
-    (out / "gpu_checks.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+        table = _write(out, results)  # after every part: a run cut short still leaves its table
     print("\n" + table)
     shutil.rmtree(work, ignore_errors=True)
     return 0 if all(r.status in ("ok", "skipped", "not run") for r in results) else 1
+
+
+def _write(out: Path, results: list[Result]) -> str:
+    """Write the table and the details of ``results`` into ``out``; return the table."""
+    table = markdown_table(results)
+    (out / "gpu_checks.md").write_text(table + "\n")
+    (out / "gpu_checks.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+    return table
 
 
 def _has_cuda(env: dict[str, str]) -> bool:

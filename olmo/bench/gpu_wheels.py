@@ -1,7 +1,7 @@
 """The wheels a lent GPU machine needs for ``scripts/gpu_checks.py``, gathered here (``make gpu-wheels``) and checked
 there before anything runs. Standard library only: it runs before anything is installed.
 
-The lent machines (docs/gpu-checks.md) have Python 3.12, torch 2.11 with CUDA, numpy, requests, rich, tokenizers,
+The lent machines (docs/throughput.md, "The GPU checks") have Python 3.12, torch 2.11 with CUDA, numpy, requests, rich, tokenizers,
 pyarrow, huggingface_hub and the rest of their image, and no network. What they lack:
 
 * ours: omegaconf (with antlr4) and torchao (``model.float8``; 0.17 and newer run on torch >= 2.11);

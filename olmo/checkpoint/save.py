@@ -206,12 +206,16 @@ def plain_tensors(state: Any) -> Any:
 
 
 def _unwrapped(tensor: torch.Tensor) -> torch.Tensor:
-    """The plain tensor inside a wrapper subclass of one inner tensor (torchao's float8 weights), else ``tensor``."""
+    """The plain tensor a wrapper subclass holds the values of (torchao's float8 weights: their ``_tensor``, beside a
+    precomputed scale once FSDP has gathered them), found as the inner tensor of the wrapper's own shape and dtype;
+    ``tensor`` itself when it is plain or no inner tensor is that."""
     while type(tensor) not in (torch.Tensor, nn.Parameter) and hasattr(tensor, "__tensor_flatten__"):
         names, _ = tensor.__tensor_flatten__()
-        if len(names) != 1:
+        inner = [getattr(tensor, n) for n in names]
+        same = [t for t in inner if t.shape == tensor.shape and t.dtype == tensor.dtype]
+        if len(same) != 1:
             break
-        tensor = getattr(tensor, names[0])
+        tensor = same[0]
     return tensor
 
 

@@ -88,7 +88,7 @@ def main(argv: Optional[list[str]] = None, callbacks: Sequence[Callback] = ()) -
         raise OLMoCliError("Usage: scripts/train.py CONFIG.yaml [--key.path=value ...] (--help for more)")
     cfg = TrainConfig.load(argv[0], argv[1:])
     cfg.validate(env_world_size())
-    float8_problem = float8_device_problem(cfg.model.float8, launch_device())
+    float8_problem = float8_device_problem(cfg.model.float8, launch_device()) if cfg.model.trains_float8 else None
     if float8_problem is not None and not cfg.dry_run:
         raise OLMoConfigurationError(float8_problem)
     if float8_problem is not None:  # a dry run on a login node plans a GPU run

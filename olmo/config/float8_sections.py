@@ -1,5 +1,5 @@
 """The model's float8 training option (``model.float8``): which linear layers compute their matrix products in float8
-through torchao, with the checks of its values (``problems``). The conversion itself is :mod:`olmo.model.float8`.
+through torchao, with the checks of its values (``problems``). The conversion itself is :mod:`olmo.distributed.float8`.
 
 Absent (or ``enabled: false``) nothing is converted and a run computes exactly what it computed before the option
 existed. Float8 changes how the matrix products are computed, not the weights: parameters, optimizer state and
@@ -24,7 +24,8 @@ which the fused loss computes in chunks without the module's own forward."""
 
 @dataclass
 class Float8Config(BaseConfig):
-    """Float8 matrix products in the blocks' linear layers (torchao's float8 training), on Hopper or newer GPUs.
+    """Float8 matrix products in the blocks' linear layers (torchao's float8 training), on GPUs of compute capability
+    8.9 or newer (Ada, Hopper, Blackwell; the rowwise recipe 9.0).
 
     Each converted layer casts its input, weight and output gradient to float8 with a dynamic scale and multiplies
     them on the GPU's float8 tensor cores; the weights themselves stay in their usual precision. With FSDP and the

@@ -129,9 +129,11 @@ class ModelConfig(BaseConfig):
     """A mixture of experts in place of every block's MLP (OLMoE, FlexOlmo): ``{num_experts: 64, top_k: 8,
     hidden_size: 1024}``. None (or ``num_experts: 0``): dense blocks."""
     float8: Optional[Float8Config] = None
-    """Float8 matrix products in the blocks' linear layers through torchao, on Hopper or newer GPUs:
-    ``{enabled: true, recipe: tensorwise}``. Changes how training computes, not the weights: checkpoints hold ordinary
-    weights, and evaluation, generation and conversion never use it. None (or ``enabled: false``): no float8."""
+    """Float8 matrix products in the blocks' linear layers through torchao, on GPUs of compute capability 8.9 or newer
+    (Ada, Hopper, Blackwell; rowwise 9.0): ``{enabled: true, recipe: tensorwise}``. Changes how training computes,
+    not the weights: checkpoints hold ordinary weights. The in-loop evaluators run the trained model as it is (in
+    float8); ``eval.py``, generation, conversion and frozen references never use it. None (or ``enabled: false``): no
+    float8."""
 
     @property
     def is_moe(self) -> bool:

@@ -4,13 +4,14 @@ to float8 with dynamic scales and multiplies them on float8 tensor cores.
 
 Which layers: every plain ``nn.Linear`` except those ``model.float8.skip`` names, those narrower than
 ``model.float8.min_features`` and those whose widths are not multiples of 16 (float8 products need that); the output
-layer is never converted (its product runs in the loss, in chunks under ``fused_loss``). :func:`float8_plan` says
+layer is never converted (its product runs in the loss, in chunks under ``fused_loss``), nor the experts' router (its
+product is taken from its weight in fp32). :func:`float8_plan` says
 which and why, without torchao, so ``--dry_run`` and the tests can show it anywhere.
 
 The weights stay what they were (``Float8Linear`` keeps the layer's parameters and their names), so checkpoints,
 optimizer state and exports are those of a plain run. Under FSDP on GPUs (NCCL) with the ``tensorwise`` recipe the weights are
 all-gathered in float8 and their scales computed for all layers in one all-reduce after each optimizer step
-(:func:`after_optimizer_step`), as torchao recommends.
+(:func:`refresh_float8_scales`), as torchao recommends.
 """
 
 from __future__ import annotations
@@ -30,7 +31,14 @@ from ..exceptions import OLMoConfigurationError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Float8Plan", "float8_plan", "float8_device_problem", "check_float8_device", "convert_float8"]
+__all__ = [
+    "Float8Plan",
+    "float8_plan",
+    "float8_device_problem",
+    "check_float8_device",
+    "convert_float8",
+    "refresh_float8_scales",
+]
 
 MIN_CAPABILITY = {"tensorwise": (8, 9), "rowwise": (9, 0)}
 """The compute capability each recipe's float8 products need (tensorwise: Ada and newer; rowwise: Hopper and newer,
@@ -93,6 +101,8 @@ def float8_plan(model: nn.Module, cfg: Float8Config) -> Float8Plan:
 def _kept_reason(name: str, module: nn.Linear, cfg: Float8Config, matched: list[str]) -> Optional[str]:
     if name == OUTPUT_LAYER or type(module) is not nn.Linear:
         return "the output layer (its product runs in the loss)" if name == OUTPUT_LAYER else "not a plain linear"
+    if name.endswith(".moe.router"):
+        return "the expert router (its product is taken from its weight, in fp32)"
     if matched:
         return f"model.float8.skip ({matched[0]})"
     if module.in_features % 16 or module.out_features % 16:
@@ -160,7 +170,7 @@ def convert_float8(model: nn.Module, cfg: Float8Config, fsdp: bool) -> Float8Pla
     the model may be on the meta device) and return the plan.
 
     :param fsdp: FSDP2 will shard the model over NCCL: with the ``tensorwise`` recipe its weights are then
-        all-gathered in float8 and :func:`after_optimizer_step` computes their scales. (Not over gloo, which has no
+        all-gathered in float8 and :func:`refresh_float8_scales` computes their scales. (Not over gloo, which has no
         float8 type: emulated runs on CPUs all-gather their weights as they are.)
     """
     plan = float8_plan(model, cfg)
@@ -192,9 +202,10 @@ def convert_float8(model: nn.Module, cfg: Float8Config, fsdp: bool) -> Float8Pla
     return plan
 
 
-def after_optimizer_step(model: nn.Module) -> None:
-    """After each optimizer step of a model whose float8 weights FSDP all-gathers: compute every layer's weight
-    scale in one all-reduce (torchao's ``precompute_float8_dynamic_scale_for_fsdp``), instead of one per layer in
-    the next forward. Nothing for any other model."""
+def refresh_float8_scales(model: nn.Module) -> None:
+    """After each optimizer step, and after a checkpoint is loaded into it, of a model whose float8 weights FSDP
+    all-gathers: compute every layer's weight scale from the weights as they now are, in one all-reduce (torchao's
+    ``precompute_float8_dynamic_scale_for_fsdp``; else the next forward would use the scales of the weights before a
+    load, or compute one per layer). Nothing for any other model."""
     if getattr(model, _SCALES_FLAG, False):
         _torchao_float8().precompute_float8_dynamic_scale_for_fsdp(model)

@@ -27,7 +27,6 @@ from ..config import SchedulerUnits, TrainConfig
 from ..data import check_token_ids
 from ..distributed.collectives import DistEnv, all_reduce
 from ..distributed.context_parallel import ContextParallel, context_parallel_group
-from ..distributed.float8 import after_optimizer_step as float8_after_optimizer_step
 from ..distributed.parallelize import autocast_dtype, defer_replica_all_reduce
 from ..distributed.tensor_parallel import order_fused_rows
 from ..eval.evaluator import ModelEval
@@ -386,7 +385,6 @@ class TransformerTrainModule(TrainModule):
         set_learning_rate(self.optimizer, lr)
         with self.trainer.local_work():  # local work: timed to find a slow rank (stability.stragglers)
             self.optimizer.step()
-        float8_after_optimizer_step(self.model)  # float8 weights' scales for the next all-gather, if any
 
     def _learning_rate(self) -> float:
         """The scheduled LR for the current step (the first update uses step 1, as in OLMo). A stage with its own

@@ -28,6 +28,7 @@ from ..checkpoint import CheckpointInfo
 from ..config import TrainConfig
 from ..data import DataIndexLog, FilteredInstanceCounter, IterableDataset
 from ..distributed import DistEnv, autocast_dtype, model_config_fingerprint
+from ..distributed.float8 import refresh_float8_scales
 from ..eval import EvalRunner, Evaluator
 from ..util.rng import get_rng_state, set_rng_state
 from .callback import (
@@ -165,6 +166,7 @@ class Trainer(LoopControl):
             "Restoring %s (optimizer: %s, trainer state: %s)", info.path, load_optimizer_state, load_trainer_state
         )
         state = self.checkpointer.load(info, load_optimizer_state, load_trainer_state)
+        refresh_float8_scales(self.model)  # the loaded weights' (a rewind's included), not those before the load
         if state is not None:
             self._load_trainer_state(state, rollback)
             self.checkpointer.restored_step = self.state.global_step
@@ -459,6 +461,7 @@ class Trainer(LoopControl):
         self.train_module.train_batch(batch)
         with self.phase("optimizer", self.state.global_step):
             self.train_module.optim_step()
+            refresh_float8_scales(self.model)  # float8 weights' scales for the next all-gather, if any
         return self._step_record()
 
     def _step_record(self) -> StepMetrics:

@@ -12,6 +12,7 @@ from olmo.bench import gpu_checks
 from olmo.bench.gpu_checks import Part, markdown_table, run_part
 from olmo.bench.gpu_wheels import ORIGINAL, ORIGINAL_WHEEL, OURS, check_wheels, trim_wheel
 from olmo.testing import run_script
+from olmo.testing.processes import alive
 
 
 def _wheel(folder, name, version, tag="py3-none-any", files=None):
@@ -83,15 +84,21 @@ def test_the_original_wheel_is_trimmed_to_its_code_and_still_installs(tmp_path):
     assert (site / "olmo" / "__init__.py").read_text() == "NAME = 'original'\n"
 
 
-def test_a_part_that_hangs_is_killed_at_its_limit_and_a_failure_names_its_error(tmp_path):
-    sleeper = [
-        sys.executable,
-        "-c",
-        "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)'])",
-    ]
+def test_a_part_that_hangs_is_stopped_at_its_limit_with_all_it_started_and_a_failure_names_its_error(
+    tmp_path, monkeypatch
+):
+    # Like torchrun: the command starts a worker in a session of its own, which a signal to its group never reaches.
+    agent = (
+        "import subprocess, sys, time; "
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True); "
+        "print(w.pid, flush=True); time.sleep(120)"
+    )
+    monkeypatch.setattr(gpu_checks, "GRACE_S", 1.0)
     start = time.monotonic()
-    hung = run_part(Part("hang", "sleeps", [sleeper], 2), {}, 2)
-    assert hung.status == "timeout" and time.monotonic() - start < 20
+    hung = run_part(Part("hang", "sleeps", [[sys.executable, "-c", agent]], 3), {}, 3)
+    assert hung.status == "timeout" and time.monotonic() - start < 30
+    worker = int(hung.tail.split()[0])
+    assert not alive(worker), "the worker outlived its part"
     failing = [sys.executable, "-c", "raise ValueError('the wheel is wrong')"]
     failed = run_part(Part("fail", "raises", [failing, ["true"]], 30), {}, 30)
     assert failed.status == "failed" and failed.note == "ValueError: the wheel is wrong"
