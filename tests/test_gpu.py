@@ -1,6 +1,9 @@
 """What only a GPU can show: bf16 autocast with the fused loss, the SDPA flash kernel on our shapes, TF32,
 and a training step that never waits for the GPU between metric collections. Skipped without CUDA."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -89,6 +92,16 @@ def test_compiled_float8_training_follows_bf16(tmp_path, corpus, recipe):
     assert losses["float8"][-1] < losses["float8"][0] - 0.5, losses
     for plain, low in zip(losses["bf16"], losses["float8"]):
         assert low == pytest.approx(plain, rel=5e-2)
+
+
+def test_float8_weights_all_gathered_over_nccl_checkpoint_and_load_back(tmp_path):
+    """FSDP2 over NCCL (one rank) with weights all-gathered in float8: olmo/testing/float8_fsdp.py on the GPU."""
+    reason = _float8_skip_reason("tensorwise")
+    if reason is not None:
+        pytest.skip(reason)
+    cmd = [sys.executable, "-m", "olmo.testing.float8_fsdp", str(tmp_path / "store"), str(tmp_path / "ckpt")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "checkpoint ok" in result.stdout, result.stderr[-3000:]
 
 
 def _steps_without_host_sync(trainer, batches, steps: int) -> list:

@@ -289,3 +289,11 @@ def test_checkpoints_unwrap_float8_weights_into_their_own_memory(tmp_path):
 def test_the_plan_of_a_float8_run_says_so(tmp_path, corpus, capsys):
     assert run_train(_config(tmp_path, corpus, "planned", {"enabled": True}), "--dry_run") == 0
     assert "float8 (tensorwise) on the blocks' linear layers at least 1,024 wide" in capsys.readouterr().out
+
+
+def test_float8_weights_gathered_by_fsdp_checkpoint_and_load_back(tmp_path):
+    """The path GPUs take under FSDP (torchao's float8 weight wrapper inside DTensors, scales refreshed after each step
+    and after the load), emulated over gloo: olmo/testing/float8_fsdp.py, also run on CUDA by tests/test_gpu.py."""
+    cmd = [sys.executable, "-m", "olmo.testing.float8_fsdp", str(tmp_path / "store"), str(tmp_path / "ckpt")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "checkpoint ok" in result.stdout, result.stderr[-3000:]
