@@ -347,7 +347,15 @@ def main(argv: Optional[list[str]] = None, clock: Callable[[], float] = time.mon
         return 2
     wheels, out = (ROOT / args.wheels).resolve(), Path(args.out).resolve()
     if args.gather:
-        manifest = gather(wheels, args.python_version)
+        try:
+            manifest = gather(wheels, args.python_version)
+        except (RuntimeError, OSError) as e:
+            print(
+                f"Could not gather the wheels into {wheels} for Python {args.python_version}: {e}\nThis needs PyPI "
+                "(run it where the package registries can be reached); what was downloaded stays, and a second run "
+                "fetches only what is missing."
+            )
+            return 1
         files: dict[str, int] = manifest["files"]  # type: ignore[assignment]
         print(f"Gathered {len(files)} wheels ({sum(files.values()) / 2**20:.1f} MB) into {wheels}.")
         args.dry_run = True

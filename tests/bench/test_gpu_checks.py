@@ -67,6 +67,8 @@ def test_the_dry_run_lists_every_part_with_its_command_and_limit(tmp_path):
     assert "skipped: no flash-attn wheel" in result.stdout
     broken = run_script("gpu_checks.py", "--dry-run", "--wheels", str(tmp_path / "absent"))
     assert broken.returncode == 1 and "NOT ready" in broken.stdout
+    unknown = run_script("gpu_checks.py", "--dry-run", "--only", "1b-bf16,nope")
+    assert unknown.returncode == 2 and "--only names unknown parts ['nope']" in unknown.stdout
 
 
 def test_the_original_wheel_is_trimmed_to_its_code_and_still_installs(tmp_path):
