@@ -26,11 +26,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from ..util.pids import kill_tagged
 from .gpu_wheels import check_wheels, gather
 
 __all__ = ["Part", "parts", "main", "markdown_table"]
@@ -198,14 +200,20 @@ def run_part(part: Part, env: dict[str, str], limit: float, log_dir: Optional[Pa
     with tempfile.TemporaryDirectory(dir=log_dir) as logs:
         for i, cmd in enumerate(part.commands):
             log_path = Path(logs) / f"{i}.log"
+            token = uuid.uuid4().hex
             with open(log_path, "w") as log_file:
                 proc = subprocess.Popen(
-                    cmd, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+                    cmd,
+                    cwd=ROOT,
+                    env={**env, TOKEN_VAR: token},
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
                 try:
                     proc.wait(timeout=max(limit - (time.monotonic() - start), 1))
                 except subprocess.TimeoutExpired:
-                    _stop(proc)
+                    _stop(proc, token)
                     result.status, result.note = "timeout", f"stopped at its limit of {limit:.0f} s"
             out = log_path.read_text(errors="replace")
             output += out
@@ -229,50 +237,20 @@ def run_part(part: Part, env: dict[str, str], limit: float, log_dir: Optional[Pa
 
 GRACE_S = 10.0
 """Seconds a stopped part gets to end its own processes (torchrun stops its workers on SIGTERM) before SIGKILL."""
+TOKEN_VAR = "OLMO_GPU_CHECK_PART"
+"""Set to a token unique to each run of a part in its environment, which every process it starts inherits."""
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """End a part's command and everything it started: SIGTERM to its process group, then, after
-    :data:`GRACE_S`, SIGKILL to the group and to each descendant and its group (torchrun's workers run in sessions of
-    their own, which a signal to the command's group does not reach)."""
-    family = _descendants(proc.pid)
+def _stop(proc: subprocess.Popen, token: str) -> None:
+    """End a part's command and everything it started: SIGTERM to its process group (torchrun stops its workers on
+    it), then, after :data:`GRACE_S`, SIGKILL to every process carrying the part's token in its environment (torchrun's
+    workers run in sessions of their own, which a signal to the command's group does not reach)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=GRACE_S)
-    family += _descendants(proc.pid)
-    for pid in [proc.pid, *family]:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    kill_tagged(TOKEN_VAR, token, timeout=GRACE_S)  # the next part may need the GPU memory they hold
     proc.wait()
-    deadline = time.monotonic() + GRACE_S  # the next part may need the GPU memory they hold: wait for them to go
-    while any(_running(pid) for pid in family) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, theirs, ...), read from /proc."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def _last_error(output: str) -> str:

@@ -1,14 +1,13 @@
 """Launched processes in tests: start a command in its own session, find its torchrun workers, kill all of it.
 
 Every process :func:`launch` starts carries a unique token in its environment; on exit it SIGKILLs every process
-holding the token. That also catches torchrun's workers, which live in their own sessions and would survive a kill
-of the agent alone. Linux only (reads ``/proc``).
+holding the token (:func:`olmo.util.pids.kill_tagged`). That also catches torchrun's workers, which live in their own
+sessions and would survive a kill of the agent alone. Linux only (reads ``/proc``).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 import uuid
@@ -18,33 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from ..util.pids import alive, kill_tagged, stat
+
 __all__ = ["TOKEN_VAR", "alive", "launch", "returncode", "tail", "wait_until", "workers"]
 
 TOKEN_VAR = "OLMO_CRASH_TEST_TOKEN"
-
-
-def _pids_with_token(token: str) -> list[int]:
-    needle = f"{TOKEN_VAR}={token}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with suppress(OSError):  # gone, or a zombie
-                if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                    pids.append(int(entry))
-    return pids
-
-
-def _stat(pid: int) -> tuple[str, int]:
-    """(state, parent pid) of a process; the command name may hold spaces, so split after ')'."""
-    state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
-    return state, int(ppid)
-
-
-def alive(pid: int) -> bool:
-    try:
-        return _stat(pid)[0] != "Z"
-    except OSError:
-        return False
 
 
 @contextmanager
@@ -58,14 +35,7 @@ def launch(cmd: list[str], log: Path, **env_vars: str) -> Iterator[subprocess.Po
     try:
         yield proc
     finally:
-        for _ in range(100):
-            pids = _pids_with_token(token)
-            if not pids:
-                break
-            for pid in pids:
-                with suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
+        kill_tagged(TOKEN_VAR, token)
         proc.wait(timeout=30)
 
 
@@ -76,7 +46,7 @@ def workers(agent: subprocess.Popen) -> dict[int, int]:
         if not entry.isdigit():
             continue
         with suppress(OSError, ValueError, StopIteration):
-            state, ppid = _stat(int(entry))
+            state, ppid = stat(int(entry))
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             if ppid == agent.pid and state != "Z" and b"train.py" in cmdline:
                 environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
