@@ -12,13 +12,7 @@
 # is removed when the script ends (on success, failure or interruption). A COMMIT the clone does not hold is
 # refused before anything is exported (exit 2; fetch it into the clone first). --help anywhere before `--` prints
 # this comment block.
-for arg in "$@"; do
-  [ "$arg" = "--" ] && break
-  if [ "$arg" = "-h" ] || [ "$arg" = "--help" ]; then
-    sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"
-    exit 0
-  fi
-done
+. "$(dirname "$0")/lib/help.sh"
 set -euo pipefail
 src=${1:?usage: original_suite.sh ORIGINAL_GIT_DIR [COMMIT] [-- PYTEST_ARGS...]}
 shift

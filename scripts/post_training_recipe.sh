@@ -7,12 +7,7 @@
 # Without BASE_CHECKPOINT the quickstart trains one first (runs/OLMo-tiny-DATE). Outputs: runs/OLMo-tiny-sft,
 # runs/OLMo-tiny-dpo, data/post_training.
 set -euo pipefail
-for arg in "$@"; do
-  if [ "$arg" = "-h" ] || [ "$arg" = "--help" ]; then
-    sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"
-    exit 0
-  fi
-done
+. "$(dirname "$0")/lib/help.sh"  # --help prints the comment block above
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 export WANDB_MODE="${WANDB_MODE:-offline}"

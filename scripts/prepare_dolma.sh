@@ -13,13 +13,8 @@
 # dolma lives in its own virtualenv (.venv-dolma, built by `make dolma-env` on first use): it pins numpy<2
 # and tokenizers<=0.19, which clash with the trainer's .venv.
 set -euo pipefail
-# --help anywhere on the line prints the comment block above (rather than being taken as DOCS_GLOB or passed to dolma).
-for arg in "$@"; do
-  if [ "$arg" = "-h" ] || [ "$arg" = "--help" ]; then
-    sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"
-    exit 0
-  fi
-done
+# --help before a `--` prints the comment block above (rather than being taken as DOCS_GLOB or passed to dolma).
+. "$(dirname "$0")/lib/help.sh"
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 DOLMA="$REPO/.venv-dolma/bin/dolma"

@@ -4,13 +4,8 @@
 # Extra arguments are passed to scripts/train.py, e.g. --max_duration=50. Once the data exists,
 # `.venv/bin/python scripts/train.py configs/tiny/OLMo-tiny.yaml --help` lists every config field and its value.
 set -euo pipefail
-# --help anywhere on the line prints the comment block above (before `make install` and the data preparation run).
-for arg in "$@"; do
-  if [ "$arg" = "-h" ] || [ "$arg" = "--help" ]; then
-    sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"
-    exit 0
-  fi
-done
+# --help anywhere on the line (before a `--`) prints the comment block above, before `make install` and the data run.
+. "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."
 
 make install
