@@ -300,18 +300,11 @@ def print_table(report: dict[str, Any]) -> None:
             f"{precision} / {'on' if setup['compile'] else 'off'}",
             f"data {setup['data']}",
         ),
-        *(
-            [
-                (
-                    "float8",
-                    f"{f8['recipe']}{' (emulated)' if f8['emulate'] else ''}",
-                    f"{f8['converted']} linear layers",
-                )
-            ]
-            if (f8 := setup.get("float8"))
-            else []
-        ),
     ]
+    f8 = setup.get("float8")
+    if f8:
+        emulated = " (emulated)" if f8["emulate"] else ""
+        rows.append(("float8", f"{f8['recipe']}{emulated}", f"{f8['converted']} linear layers"))
     table = Table(
         "measurement",
         Column("value", justify="right"),
