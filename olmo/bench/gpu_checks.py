@@ -273,13 +273,10 @@ def _numbers(report: dict[str, Any]) -> dict[str, Any]:
             if ratio is not None:
                 out[f"({key}) ours/original"] = round(ratio, 3)
         return out
-    r = report.get("results", report)
-    keep = ("tokens_per_second", "mfu", "peak_memory_mb", "step_time_s", "ratio", "max_relative_difference")
-    out = {k: r[k] for k in keep if isinstance(r, dict) and k in r}
-    for key in ("comparison", "summary"):
-        if isinstance(report.get(key), dict):
-            out.update({k: v for k, v in report[key].items() if isinstance(v, (int, float, str))})
-    return out
+    if isinstance(report.get("summary"), dict):  # float8_curves
+        return {k: v for k, v in report["summary"].items() if isinstance(v, (int, float, str))}
+    r = report.get("results", {})  # benchmark.py
+    return {k: r[k] for k in ("tokens_per_second", "mfu", "peak_memory_mb", "step_time_s") if k in r}
 
 
 def markdown_table(results: list[Result]) -> str:
