@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from .base import BaseConfig
+from .bounds import with_bound_problems
 
 if TYPE_CHECKING:
     from .model_sections import ModelConfig
@@ -117,7 +118,8 @@ class RopeScalingConfig(BaseConfig):
         return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
 
     def problems(self, rope: bool) -> list[str]:
-        """One sentence per bad value of ``model.rope_scaling``, each naming the key and the fix.
+        """One sentence per bad value of ``model.rope_scaling``, each naming the key and the fix; a factor or beta
+        that is not finite or is past :data:`~olmo.config.bounds.MAX_SCALE` included.
 
         :param rope: ``model.rope``; the scaling applies to RoPE, so it needs it.
         """
@@ -146,7 +148,7 @@ class RopeScalingConfig(BaseConfig):
                 f"model.rope_scaling.low_freq_factor={self.low_freq_factor}, high_freq_factor={self.high_freq_factor}: "
                 f"llama3 scaling needs high_freq_factor > low_freq_factor > 0 (Llama 3.1: 4 and 1)."
             )
-        return out
+        return with_bound_problems(out, self, "model.rope_scaling.")
 
 
 def attention_option_problems(

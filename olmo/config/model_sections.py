@@ -172,7 +172,9 @@ class ModelConfig(BaseConfig):
 
     def problems(self) -> list[str]:
         """One sentence per value of this section that cannot work (empty when there is none), each naming the key
-        and the fix; its attention options' included."""
+        and the fix; its attention options' and experts' included. A float that is not finite, or a scale past
+        :data:`~olmo.config.bounds.MAX_SCALE`, is reported by the check of the whole config
+        (:func:`~olmo.config.bounds.non_finite_problems`) unless a check here reports its key."""
         out: list[str] = []
         if self.d_model % self.n_heads != 0:
             out.append(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}.")
@@ -215,7 +217,20 @@ class ModelConfig(BaseConfig):
             out += self.moe.problems(self)
         if self.float8 is not None:
             out += self.float8.problems()
-        return out + self._size_problems()
+        return out + self._scale_problems() + self._size_problems()
+
+    def _scale_problems(self) -> list[str]:
+        """Scales that must be positive: with zero or less a norm divides by zero or an init draws from no
+        distribution, and the run fails at its first step (or trains on NaN). ``nan`` is the finite check's."""
+        names = ["layer_norm_eps", "init_std", "emb_init_std", "init_cutoff_factor"]
+        names += ["alibi_bias_max"] if self.alibi else []
+        out = []
+        for name in names:
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                null = " (or null)" if name in ("emb_init_std", "init_cutoff_factor") else ""
+                out.append(f"model.{name}={value} must be a positive number{null}.")
+        return out
 
     def _unsupported_block_problems(self) -> list[str]:
         """OLMo's block options that only OLMo implements."""
