@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import math
 import os
 import shutil
 import signal
@@ -28,12 +28,15 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
+from ..exceptions import OLMoError
+from ..util.bounded_files import read_tail
 from ..util.pids import kill_tagged
-from .gpu_wheels import check_wheels, gather
+from .gpu_checks_table import Result, environment_numbers, markdown_table, out_problem, read_report, write_tables
+from .gpu_wheels import check_wheels, cpython_minor, gather, list_wheels
 
 __all__ = ["Part", "parts", "main", "markdown_table"]
 
@@ -59,18 +62,6 @@ class Part:
     """A JSON file the last command writes (a benchmark report), read back for the table's numbers."""
     skip_reason: Optional[str] = None
     """Why the part is left out before it starts (set when the machine lacks what it needs)."""
-
-
-@dataclass
-class Result:
-    name: str
-    what: str
-    status: str
-    seconds: float = 0.0
-    numbers: dict[str, Any] = field(default_factory=dict)
-    note: str = ""
-    command: str = ""
-    tail: str = ""
 
 
 def _bench(name: str, model: str, float8: Optional[str], work: Path, extra: tuple[str, ...] = ()) -> Part:
@@ -167,8 +158,9 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
 def install(wheels: Path, site: Path, original_site: Path) -> str:
     """Install our wheels into ``site`` and the original's (with its own wheel) into ``original_site``; return
     pip's last lines. ``--no-index --no-deps``: nothing is fetched, the set is what ``make gpu-wheels`` chose."""
-    ours = [str(w) for w in sorted(wheels.glob("*.whl"))]
-    original = [str(w) for w in sorted((wheels / "original").glob("*.whl"))]
+    listed = list_wheels(wheels)[0]
+    ours = [str(w) for w in listed if w.parent == wheels]
+    original = [str(w) for w in listed if w.parent != wheels]
     base = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target"]
     out = ""
     for target, files in ((site, ours), (original_site, ours + original)):
@@ -215,7 +207,7 @@ def run_part(part: Part, env: dict[str, str], limit: float, log_dir: Optional[Pa
                 except subprocess.TimeoutExpired:
                     _stop(proc, token)
                     result.status, result.note = "timeout", f"stopped at its limit of {limit:.0f} s"
-            out = log_path.read_text(errors="replace")
+            out = read_tail(log_path, LOG_TAIL).decode(errors="replace")  # a part may print without end
             output += out
             if result.status == "timeout":
                 break
@@ -226,15 +218,19 @@ def run_part(part: Part, env: dict[str, str], limit: float, log_dir: Optional[Pa
     result.seconds = time.monotonic() - start
     result.tail = output[-3000:]
     try:
-        if result.status == "ok" and part.report and Path(part.report).is_file():
-            result.numbers = _numbers(json.loads(Path(part.report).read_text()))
+        if result.status == "ok" and part.report and os.path.lexists(part.report):
+            result.numbers = read_report(part.report)
         elif result.status == "ok" and part.name == "environment":
-            result.numbers = json.loads(output.strip().splitlines()[-1])
-    except (ValueError, IndexError, KeyError, TypeError, AttributeError) as e:  # it ran; its numbers did not read
-        result.note = f"its report could not be read ({type(e).__name__}: {e})"
+            result.numbers = environment_numbers(output.strip().splitlines()[-1])
+    except (OLMoError, ValueError, IndexError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        result.note = (
+            f"its report could not be read ({type(e).__name__}: {str(e)[:300]})"  # it ran; not its numbers
+        )
     return result
 
 
+LOG_TAIL = 2**16
+"""Bytes of a part's output kept (its tail, its last error, the environment's line): a part may print without end."""
 GRACE_S = 10.0
 """Seconds a stopped part gets to end its own processes (torchrun stops its workers on SIGTERM) before SIGKILL."""
 TOKEN_VAR = "OLMO_GPU_CHECK_PART"
@@ -260,46 +256,6 @@ def _last_error(output: str) -> str:
     return (named or lines or [""])[-1][:300]
 
 
-def _numbers(report: dict[str, Any]) -> dict[str, Any]:
-    """The table's numbers from a benchmark's JSON (``scripts/benchmark.py``, ``benchmark_olmo.py`` or the loss
-    curves')."""
-    if "bit_identity" in report:  # benchmark_olmo.py: step-time ratios, ours over the original (below 1: faster)
-        identity = report["bit_identity"] or {}
-        out: dict[str, Any] = {
-            "bit_identical": all(identity.get(k) for k in ("logits_equal", "loss_equal", "grads_equal"))
-        }
-        for key, side in report.get("results", {}).items():
-            ratio = (side.get("ours_over_original") or {}).get("median")
-            if ratio is not None:
-                out[f"({key}) ours/original"] = round(ratio, 3)
-        return out
-    if isinstance(report.get("summary"), dict):  # float8_curves
-        return {k: v for k, v in report["summary"].items() if isinstance(v, (int, float, str))}
-    r = report.get("results", {})  # benchmark.py
-    return {k: r[k] for k in ("tokens_per_second", "mfu", "peak_memory_mb", "step_time_s") if k in r}
-
-
-def markdown_table(results: list[Result]) -> str:
-    """One table for RESEARCH_LOG: each part's status, time and main numbers."""
-    rows = [
-        "| part | what | status | time | tokens/s | MFU | peak memory | note |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        n = r.numbers
-        tps = f"{n['tokens_per_second']:,.0f}" if "tokens_per_second" in n else ""
-        mfu = f"{100 * n['mfu']:.1f}%" if isinstance(n.get("mfu"), (int, float)) else ""
-        mem = f"{n['peak_memory_mb']:,.0f} MB" if "peak_memory_mb" in n else ""
-        extra = ", ".join(
-            f"{k} {v}"
-            for k, v in n.items()
-            if k not in ("tokens_per_second", "mfu", "peak_memory_mb", "step_time_s")
-        )
-        note = "; ".join(x for x in (r.note, extra) if x).replace("|", "/")
-        rows.append(f"| {r.name} | {r.what} | {r.status} | {r.seconds:.0f} s | {tps} | {mfu} | {mem} | {note} |")
-    return "\n".join(rows)
-
-
 def _args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wheels", default=".whl", help="the folder `make gpu-wheels` filled (default .whl)")
@@ -314,17 +270,47 @@ def _args(argv: Optional[list[str]]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+BUDGET_MAX_S = 86_400.0
+"""The largest ``--budget``: a day (a lent machine is held for at most 30 minutes)."""
+
+
+def _flag_problem(args: argparse.Namespace) -> Optional[str]:
+    """The paragraph that refuses a flag's value, or None when every flag is usable."""
+    if not (math.isfinite(args.budget) and 0 <= args.budget <= BUDGET_MAX_S):
+        return (
+            f"--budget {args.budget} is not a number of seconds from 0 to {BUDGET_MAX_S:.0f}; give the seconds all "
+            "parts may take together, e.g. --budget 560 (0 runs no part and reports each as not run)."
+        )
+    try:
+        cpython_minor(args.python_version)
+    except ValueError as e:
+        return f"--python-version {e}; give the lent machine's Python as major.minor, e.g. --python-version 3.12."
+    names = [p.name for p in parts(Path("."), "", flash_attn=False)]
+    unknown = set((args.only or "").split(",")) - set(names) if args.only else set()
+    if unknown:
+        return f"--only names unknown parts {sorted(unknown)}; the parts are: {', '.join(names)}"
+    return None
+
+
 def main(argv: Optional[list[str]] = None, clock: Callable[[], float] = time.monotonic) -> int:
     start = clock()  # the budget counts from here: the GPU probe and the install are in it
     args = _args(argv)
+    problem = _flag_problem(args)
+    if problem:
+        print(problem)
+        return 2
     if not (ROOT / "scripts" / "benchmark.py").is_file():
         print(f"Run this from the checkout's root (the parts run scripts/ and configs/ there), not from {ROOT}.")
         return 2
-    wheels, out = (ROOT / args.wheels).resolve(), Path(args.out).resolve()
+    try:
+        wheels, out = (ROOT / args.wheels).resolve(), Path(args.out).resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop: RuntimeError up to Python 3.12
+        print(f"--wheels {args.wheels} or --out {args.out} cannot be resolved ({e}); give real folders.")
+        return 2
     if args.gather:
         try:
             manifest = gather(wheels, args.python_version)
-        except (RuntimeError, OSError) as e:
+        except (RuntimeError, OSError, OLMoError) as e:
             print(
                 f"Could not gather the wheels into {wheels} for Python {args.python_version}: {e}\nThis needs PyPI "
                 "(run it where the package registries can be reached); what was downloaded stays, and a second run "
@@ -334,25 +320,23 @@ def main(argv: Optional[list[str]] = None, clock: Callable[[], float] = time.mon
         files: dict[str, int] = manifest["files"]  # type: ignore[assignment]
         print(f"Gathered {len(files)} wheels ({sum(files.values()) / 2**20:.1f} MB) into {wheels}.")
         args.dry_run = True
+    if not args.dry_run:  # before any minute is spent: the table must have somewhere to go
+        problem = out_problem(out)
+        if problem:
+            print(f"--out {out} {problem}; pick a writable folder of its own (the table goes there).")
+            return 2
     python_version = args.python_version if args.dry_run else f"{sys.version_info.major}.{sys.version_info.minor}"
     problems = check_wheels(wheels, python_version)
     work = Path(tempfile.mkdtemp(prefix="gpu-checks-"))
-    flash = any(wheels.glob("flash_attn-*.whl"))
+    flash = any(w.name.startswith("flash_attn-") for w in list_wheels(wheels)[0])
     cuda = not args.dry_run and _has_cuda(dict(os.environ))
     todo = parts(work, str(work / "olmo-python"), flash, cuda or args.dry_run)
     if args.only:
-        wanted = set(args.only.split(","))
-        unknown = wanted - {p.name for p in todo}
-        if unknown:
-            print(
-                f"--only names unknown parts {sorted(unknown)}; the parts are: {', '.join(p.name for p in todo)}"
-            )
-            return 2
-        todo = [p for p in todo if p.name in wanted]
+        todo = [p for p in todo if p.name in args.only.split(",")]
     if args.dry_run:
         print(f"Wheel folder {wheels} for Python {python_version}: {'ready' if not problems else 'NOT ready'}")
-        for problem in problems:
-            print(f"  - {problem}")
+        for wheel_problem in problems:
+            print(f"  - {wheel_problem}")
         total = sum(p.limit_s for p in todo if p.skip_reason is None)
         print(f"\nParts, in order (limits add up to {total:.0f} s; the budget is {args.budget:.0f} s):")
         for p in todo:
@@ -360,13 +344,6 @@ def main(argv: Optional[list[str]] = None, clock: Callable[[], float] = time.mon
             print(f"  {p.name} ({p.limit_s:.0f} s{', GPU' if p.needs_cuda else ''}): {p.what}\n      {shown}")
         shutil.rmtree(work, ignore_errors=True)
         return 1 if problems else 0
-    try:  # before any minute is spent: the table must have somewhere to go
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "gpu_checks.md").touch()
-    except OSError as e:
-        print(f"--out {out} cannot be written ({e}); pick a writable folder.")
-        shutil.rmtree(work, ignore_errors=True)
-        return 2
     return _run(args, todo, wheels, out, work, problems, cuda, clock, start)
 
 
@@ -389,9 +366,7 @@ def _run(
         install(wheels, site, original_site)
         original_python(work, original_site)
         results.append(
-            Result(
-                "install", f"{len(list(wheels.rglob('*.whl')))} wheels from {wheels.name}", "ok", clock() - start
-            )
+            Result("install", f"{len(list_wheels(wheels)[0])} wheels from {wheels.name}", "ok", clock() - start)
         )
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         results.append(Result("install", "the wheels", "failed", clock() - start, note=str(e).splitlines()[0]))
@@ -403,7 +378,7 @@ def _run(
         "WANDB_MODE": "disabled",
         "PYTHONUNBUFFERED": "1",
     }
-    table = _write(out, results)
+    table = write_tables(out, results)
     for part in todo:
         left = args.budget - (clock() - start)
         if part.skip_reason or not installed or (part.needs_cuda and not cuda):
@@ -415,18 +390,10 @@ def _run(
             print(f"[{clock() - start:5.0f} s] {part.name}: {part.what} (limit {part.limit_s:.0f} s)", flush=True)
             results.append(run_part(part, env, part.limit_s, work))
             print(f"        {results[-1].status} in {results[-1].seconds:.0f} s {results[-1].note}", flush=True)
-        table = _write(out, results)  # after every part: a run cut short still leaves its table
+        table = write_tables(out, results)  # after every part: a run cut short still leaves its table
     print("\n" + table)
     shutil.rmtree(work, ignore_errors=True)
     return 0 if all(r.status in ("ok", "skipped", "not run") for r in results) else 1
-
-
-def _write(out: Path, results: list[Result]) -> str:
-    """Write the table and the details of ``results`` into ``out``; return the table."""
-    table = markdown_table(results)
-    (out / "gpu_checks.md").write_text(table + "\n")
-    (out / "gpu_checks.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
-    return table
 
 
 def _has_cuda(env: dict[str, str]) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,8 +27,26 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
-__all__ = ["OURS", "ORIGINAL", "gather", "check_wheels", "WheelProblem", "CARRY_LIMIT_MB"]
+from ..exceptions import OLMoError
+from ..util.atomic import atomic_write
+from ..util.bounded_files import open_zip, read_member
+
+__all__ = [
+    "OURS",
+    "ORIGINAL",
+    "gather",
+    "check_wheels",
+    "list_wheels",
+    "parse_wheel_name",
+    "tags_fit",
+    "cpython_minor",
+    "WheelName",
+    "WheelProblem",
+    "CARRY_LIMIT_MB",
+    "WHEEL_LIMIT",
+]
 
 OURS = ("omegaconf==2.4.0", "antlr4-python3-runtime==4.13.2", "torchao==0.18.0")
 """What our code imports that the lent image lacks."""
@@ -64,6 +83,18 @@ ORIGINAL_KEEP = ("olmo/", "olmo_data/__init__.py", "olmo_data/data.py")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64")
 CARRY_LIMIT_MB = 64
 """What a device call carries at most: the working tree and the wheels together."""
+WHEEL_LIMIT = CARRY_LIMIT_MB * 2**20
+"""The largest wheel file read: a larger one cannot travel to the lent machine."""
+DOWNLOAD_LIMIT = 2**30
+"""The largest downloaded wheel :func:`trim_wheel` reads (the original's is 145 MB)."""
+UNPACKED_LIMIT = 2**30
+"""The most bytes a wheel's members may declare together (what pip would unpack from it)."""
+METADATA_LIMIT = 4 * 2**20
+"""The most bytes a wheel's METADATA may unpack to (the gathered ones hold under 100 KB)."""
+MAX_MEMBERS = 20_000
+"""The most members a wheel may have (torchao's has about 1,000)."""
+MAX_ENTRIES = 10_000
+"""The most entries of the wheel folder (and of its ``original/``) looked at."""
 
 
 @dataclass(frozen=True)
@@ -87,8 +118,12 @@ def _pip_download(specs: list[str], folder: Path, python_version: str) -> subpro
 
 def gather(folder: Path, python_version: str = "3.12") -> dict[str, object]:
     """Download every wheel into ``folder`` for ``python_version`` on x86-64 Linux, trim the original's, write
-    ``manifest.json`` and return it. Raises ``RuntimeError`` naming what pip could not find."""
+    ``manifest.json`` and return it. Raises ``RuntimeError`` naming what pip could not find, or
+    :class:`~olmo.exceptions.OLMoError` for a downloaded wheel it cannot read within its limits."""
     folder.mkdir(parents=True, exist_ok=True)
+    manifest_path = folder / "manifest.json"
+    if manifest_path.is_symlink() or (manifest_path.exists() and not manifest_path.is_file()):
+        raise RuntimeError(f"{manifest_path} is not a regular file; remove it (it is written over by a new one).")
     result = _pip_download([*OURS, *ORIGINAL], folder, python_version)
     if result.returncode != 0:
         raise RuntimeError(f"pip download failed for Python {python_version}:\n{result.stderr[-2000:]}")
@@ -96,7 +131,10 @@ def gather(folder: Path, python_version: str = "3.12") -> dict[str, object]:
         result = _pip_download([ORIGINAL_WHEEL], Path(tmp), python_version)
         if result.returncode != 0:
             raise RuntimeError(f"pip download {ORIGINAL_WHEEL} failed:\n{result.stderr[-2000:]}")
-        (original,) = Path(tmp).glob("*.whl")
+        downloaded = sorted(Path(tmp).glob("*.whl"))
+        if len(downloaded) != 1:
+            raise RuntimeError(f"pip download {ORIGINAL_WHEEL} gave {len(downloaded)} wheels, not one")
+        original = downloaded[0]
         (folder / "original").mkdir(exist_ok=True)
         trim_wheel(original, folder / "original" / original.name, ORIGINAL_KEEP)
     flash = _pip_download(["flash-attn"], folder, python_version)
@@ -105,22 +143,31 @@ def gather(folder: Path, python_version: str = "3.12") -> dict[str, object]:
         "ours": list(OURS),
         "original": [*ORIGINAL, ORIGINAL_WHEEL],
         "flash_attn": "downloaded" if flash.returncode == 0 else "no wheel on PyPI (put one here by hand)",
-        "files": {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*.whl"))},
+        "files": {
+            p.relative_to(folder).as_posix(): p.stat().st_size for p in list_wheels(folder)[0] if p.is_file()
+        },
     }
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    atomic_write(manifest_path, json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
 def trim_wheel(source: Path, target: Path, keep: tuple[str, ...]) -> None:
     """Copy the wheel ``source`` to ``target`` with only the files under ``keep`` and its metadata, the RECORD
-    rewritten to list (and hash) exactly what remains, so pip installs it as any wheel."""
-    with zipfile.ZipFile(source) as src, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as out:
-        record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
+    rewritten to list (and hash) exactly what remains, so pip installs it as any wheel. ``source`` is read within
+    the limits of :func:`check_wheels` (the original's whole wheel, 145 MB, within :data:`DOWNLOAD_LIMIT`)."""
+    what = f"The downloaded wheel '{source}'"
+    with (
+        open_zip(source, DOWNLOAD_LIMIT, what, max_members=MAX_MEMBERS) as src,
+        zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as out,
+    ):
+        record_name = next((n for n in src.namelist() if n.endswith(".dist-info/RECORD")), None)
+        if record_name is None:
+            raise RuntimeError(f"{what} has no .dist-info/RECORD; download it again.")
         lines = []
         for name in src.namelist():
             if name == record_name or not (name.startswith(keep) or ".dist-info/" in name):
                 continue
-            data = src.read(name)
+            data = read_member(src, name, CARRY_LIMIT_MB * 2**20, what)
             out.writestr(name, data)
             digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
             lines.append(f"{name},sha256={digest},{len(data)}")
@@ -131,59 +178,166 @@ def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def _tags_fit(filename: str, python_version: str) -> bool:
-    """Whether a wheel's file name tags fit CPython ``python_version`` on x86-64 Linux."""
-    parts = filename[: -len(".whl")].split("-")
-    if len(parts) < 5:
-        return False
-    python, abi, platform = parts[-3:]
-    cp = "cp" + python_version.replace(".", "")
-    pythons, abis = python.split("."), abi.split(".")
-    python_ok = bool({cp, "py3", "py" + cp[2:]} & set(pythons)) or any(
-        p.startswith("cp3") and "abi3" in abis and int(p[2:]) <= int(cp[2:]) for p in pythons
+def _shown(text: str, n: int = 80) -> str:
+    """A value read from a file, quoted and cut for a message."""
+    return repr(text if len(text) <= n else text[:n] + "...")
+
+
+def cpython_minor(python_version: str) -> int:
+    """The minor version of ``python_version`` (``"3.12"`` -> 12). Raises ``ValueError`` for anything but ``3.N``."""
+    match = re.fullmatch(r"3\.([0-9]{1,2})", python_version, flags=re.ASCII)
+    if not match:
+        raise ValueError(f"{_shown(python_version)} is not a CPython 3 version such as 3.12")
+    return int(match.group(1))
+
+
+@dataclass(frozen=True)
+class WheelName:
+    """The fields of a wheel's file name: ``name-version(-build)?-python-abi-platform.whl``, each tag field a
+    ``.``-separated set of tags."""
+
+    name: str
+    version: str
+    build: Optional[str]
+    pythons: tuple[str, ...]
+    abis: tuple[str, ...]
+    platforms: tuple[str, ...]
+
+
+_WHEEL_NAME = re.compile(
+    r"(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._]*[A-Za-z0-9])?)-(?P<version>[A-Za-z0-9_.!+]+)"
+    r"(?:-(?P<build>[0-9][A-Za-z0-9_]*))?-(?P<python>[^-]+)-(?P<abi>[^-]+)-(?P<platform>[^-]+)\.whl",
+    flags=re.ASCII,
+)
+_TAG = {
+    "python": re.compile(r"(?:py|cp|pp|ip|jy)[0-9]+", flags=re.ASCII),
+    "abi": re.compile(r"[a-z0-9_]+", flags=re.ASCII),
+    "platform": re.compile(r"[a-z0-9_]+", flags=re.ASCII),
+}
+_LINUX_X86_64 = re.compile(r"(?:linux|manylinux[0-9]*|manylinux_[0-9]+_[0-9]+)_x86_64", flags=re.ASCII)
+
+
+def parse_wheel_name(filename: str) -> WheelName:
+    """The fields of the wheel file name ``filename`` (the wheel spec's ``{distribution}-{version}(-{build
+    tag})?-{python tag}-{abi tag}-{platform tag}.whl``). Raises ``ValueError`` saying what is malformed."""
+    match = _WHEEL_NAME.fullmatch(filename)
+    if not match:
+        raise ValueError(
+            "not name-version(-build)?-python-abi-platform.whl in ASCII letters, digits and . _ ! +, "
+            "e.g. omegaconf-2.4.0-py3-none-any.whl"
+        )
+    tags: dict[str, tuple[str, ...]] = {}
+    for field, pattern in _TAG.items():
+        tags[field] = tuple(match.group(field).split("."))
+        bad = [t for t in tags[field] if not pattern.fullmatch(t)]
+        if bad:
+            kind = "an implementation and a version, e.g. py3 or cp312" if field == "python" else "lowercase"
+            raise ValueError(f"its {field} tag {_shown(bad[0])} is not {kind}")
+    return WheelName(
+        match["name"], match["version"], match["build"], tags["python"], tags["abi"], tags["platform"]
     )
-    platform_ok = platform == "any" or ("x86_64" in platform and "linux" in platform)
-    return python_ok and platform_ok
+
+
+def tags_fit(wheel: WheelName, python_version: str) -> bool:
+    """Whether a wheel's tags fit CPython ``python_version`` on x86-64 Linux (glibc)."""
+    minor = cpython_minor(python_version)
+    cp = f"cp3{minor}"
+    if not any(p == "any" or _LINUX_X86_64.fullmatch(p) for p in wheel.platforms):
+        return False
+    for python in wheel.pythons:
+        stable = re.fullmatch(r"cp3([0-9]+)", python)
+        for abi in wheel.abis:
+            if abi == "none" and python in (cp, "py3", f"py3{minor}"):
+                return True
+            if abi == cp and python == cp:
+                return True
+            if abi == "abi3" and stable and int(stable.group(1)) <= minor:
+                return True
+    return False
+
+
+def list_wheels(folder: Path) -> tuple[list[Path], list[WheelProblem]]:
+    """The ``*.whl`` entries of ``folder`` and of ``folder/original`` (what :func:`olmo.bench.gpu_checks.install`
+    installs; nothing deeper is looked at), sorted, and the problems met listing them. At most
+    :data:`MAX_ENTRIES` entries of each folder are looked at; their types are checked when each is read."""
+    found: list[Path] = []
+    problems: list[WheelProblem] = []
+    for sub in (folder, folder / "original"):
+        if sub != folder and not sub.exists():
+            continue
+        try:
+            with os.scandir(sub) as entries:
+                for i, entry in enumerate(entries):
+                    if i >= MAX_ENTRIES:
+                        problems.append(
+                            WheelProblem(str(sub), f"holds more than {MAX_ENTRIES:,} entries; clean it")
+                        )
+                        break
+                    if entry.name.endswith(".whl"):
+                        found.append(Path(entry.path))
+        except OSError as e:
+            problems.append(WheelProblem(str(sub), f"cannot be listed ({e.strerror or e}); it must be a folder"))
+    return sorted(found), problems
+
+
+def _read_metadata(wheel: Path) -> tuple[dict[str, str], int]:
+    """The Name and Version of ``wheel``'s METADATA, and the wheel's size; raises :class:`OLMoError` naming what
+    is wrong (not a regular file, too large, an unsafe member name, METADATA unpacking past its limit)."""
+    what = "it"
+    with open_zip(
+        wheel, WHEEL_LIMIT, what, max_members=MAX_MEMBERS, max_unpacked=UNPACKED_LIMIT, kind="wheel"
+    ) as z:
+        names = [n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+        text = read_member(z, names[0], METADATA_LIMIT, what).decode("utf-8", "replace") if names else ""
+    headers = text.replace("\r\n", "\n").split("\n\n", 1)[0]  # the body (a README) is no field
+    return dict(re.findall(r"^(Name|Version): *(.+?) *$", headers, flags=re.M)), wheel.stat().st_size
 
 
 def check_wheels(folder: Path, python_version: str = "3.12") -> list[WheelProblem]:
     """Everything wrong with ``folder`` for a lent machine's ``python_version`` (empty when it is ready): a missing
-    or unreadable wheel, one whose tags or metadata do not fit, two versions of one package, or more than a device
-    call can carry."""
+    or unreadable wheel, a file name that is not a wheel's, one whose tags or metadata do not fit, an entry that is
+    not a regular file (or a symlink to one), a file over :data:`WHEEL_LIMIT`, a member with an unsafe name, two
+    versions of one package, or more than a device call can carry. Raises ``ValueError`` for a malformed
+    ``python_version``."""
+    cpython_minor(python_version)
     if not folder.is_dir():
-        return [WheelProblem(str(folder), "no such folder: run `make gpu-wheels` here first")]
-    wheels = sorted(folder.rglob("*.whl"))
-    problems: list[WheelProblem] = []
+        problem = "is not a folder" if folder.exists() else "no such folder"
+        return [WheelProblem(str(folder), f"{problem}: run `make gpu-wheels` here first")]
+    wheels, problems = list_wheels(folder)
     found: dict[str, list[str]] = {}
+    size = 0
     for wheel in wheels:
         shown = wheel.relative_to(folder).as_posix()
-        if not _tags_fit(wheel.name, python_version):
+        shown = shown if shown.isprintable() else ascii(shown)  # a name cannot forge lines of the report
+        try:
+            name = parse_wheel_name(wheel.name)
+        except ValueError as e:
+            problems.append(WheelProblem(shown, f"is not a wheel's file name: {e}; rename it or remove it"))
+            continue
+        if not tags_fit(name, python_version):
             problems.append(WheelProblem(shown, f"does not fit CPython {python_version} on x86-64 Linux"))
         try:
-            with zipfile.ZipFile(wheel) as z:
-                metadata = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
-                text = z.read(metadata).decode("utf-8", "replace") if metadata else ""
-        except (zipfile.BadZipFile, OSError) as e:
-            problems.append(WheelProblem(shown, f"is not a readable wheel ({e}); run `make gpu-wheels` again"))
+            fields, wheel_size = _read_metadata(wheel)
+        except OLMoError as e:
+            problem = str(e).removeprefix("it ").rstrip(".")
+            problems.append(WheelProblem(shown, f"{problem}; remove it or run `make gpu-wheels` again"))
             continue
-        fields = dict(re.findall(r"^(Name|Version): (.+)$", text, flags=re.M))
+        size += wheel_size
         if not fields.get("Name") or not fields.get("Version"):
             problems.append(WheelProblem(shown, "has no METADATA naming the package and version"))
             continue
-        stem = wheel.name.split("-")
-        if _normal(stem[0]) != _normal(fields["Name"]) or stem[1] != fields["Version"]:
-            problems.append(
-                WheelProblem(shown, f"holds {fields['Name']} {fields['Version']}, not what its name says")
-            )
+        if _normal(name.name) != _normal(fields["Name"]) or name.version != fields["Version"]:
+            held = f"{_shown(fields['Name'])} {_shown(fields['Version'])}"
+            problems.append(WheelProblem(shown, f"holds {held}, not what its name says"))
         found.setdefault(_normal(fields["Name"]), []).append(fields["Version"])
-    for name, versions in found.items():
+    for package, versions in found.items():
         if len(versions) > 1:
-            problems.append(WheelProblem(name, f"{len(versions)} versions ({', '.join(versions)}): keep one"))
+            shown_versions = ", ".join(_shown(v, 20) for v in versions[:5])
+            problems.append(WheelProblem(package[:80], f"{len(versions)} versions ({shown_versions}): keep one"))
     for spec in (*OURS, *ORIGINAL, ORIGINAL_WHEEL):
-        name, version = spec.split("==")
-        if version not in found.get(_normal(name), []):
+        package, version = spec.split("==")
+        if version not in found.get(_normal(package), []):
             problems.append(WheelProblem(spec, "missing: run `make gpu-wheels`"))
-    size_mb = sum(w.stat().st_size for w in wheels) / 2**20
-    if size_mb > CARRY_LIMIT_MB - 12:  # the working tree travels too (~10 MB)
-        problems.append(WheelProblem(str(folder), f"{size_mb:.0f} MB of wheels leave no room for the tree"))
+    if size / 2**20 > CARRY_LIMIT_MB - 12:  # the working tree travels too (~10 MB)
+        problems.append(WheelProblem(str(folder), f"{size / 2**20:.0f} MB of wheels leave no room for the tree"))
     return problems
