@@ -10,6 +10,11 @@ the end) and the details (``DIR/gpu_checks.json``: each part's command, status, 
 output) are written, ready for RESEARCH_LOG. ``--dry-run`` lists the parts with
 their commands and limits and checks the wheel folder, and runs nothing.
 
+What it reads is bounded (:mod:`olmo.util.bounded_files`): a wheel must be a regular file (or a symlink to one) of
+at most 64 MiB with safe member names (:func:`olmo.bench.gpu_wheels.check_wheels` lists its limits), a part's report
+one of at most 16 MiB, and of a part's output only the last 64 KiB are kept. ``--budget`` is 0 to 86400 seconds,
+``--python-version`` is ``3.N``; ``gpu_checks.md``/``.json`` are written (by a rename) only over earlier ones.
+
 Standard library only until the wheels are installed: this file is the first thing to run on a bare machine, from
 the checkout's root (``PYTHONPATH=. python3 scripts/gpu_checks.py`` where the package is not installed).
 """

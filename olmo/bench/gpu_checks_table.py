@@ -129,9 +129,9 @@ def out_problem(out: Path) -> Optional[str]:
         return f"cannot be created ({e.strerror or e})"
     for name in ("gpu_checks.md", "gpu_checks.json"):
         path = out / name
-        if path.is_symlink():
+        if os.path.islink(path):
             return f"holds {name} as a symlink (to '{os.readlink(path)}'), which a write would follow; remove it"
-        if not path.exists():
+        if not os.path.lexists(path):
             continue
         try:
             text = read_bounded(path, REPORT_LIMIT, f"Its {name}", OLMoCliError).decode(errors="replace")

@@ -12,6 +12,13 @@ pyarrow, huggingface_hub and the rest of their image, and no network. What they 
   is put into the folder by hand (``flash_attn-*.whl``) and the check says so otherwise.
 
 ``manifest.json`` in the folder records what was gathered, for which Python, and each file's size.
+
+:func:`check_wheels` reads the folder within limits: the ``*.whl`` entries of the folder and of ``original/`` (at most
+:data:`MAX_ENTRIES` entries each), each a file name of the wheel spec (``name-version(-build)?-python-abi-platform.whl``),
+a regular file (or a symlink to one; a FIFO, device or folder is refused without being opened for reading) of at
+most :data:`WHEEL_LIMIT`, a zip of at most :data:`MAX_MEMBERS` members declaring at most :data:`UNPACKED_LIMIT`
+together, every member name relative and inside the folder it is unpacked into, and a METADATA that unpacks within
+:data:`METADATA_LIMIT`. Anything else is one :class:`WheelProblem` naming the file.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import tempfile
@@ -122,7 +130,7 @@ def gather(folder: Path, python_version: str = "3.12") -> dict[str, object]:
     :class:`~olmo.exceptions.OLMoError` for a downloaded wheel it cannot read within its limits."""
     folder.mkdir(parents=True, exist_ok=True)
     manifest_path = folder / "manifest.json"
-    if manifest_path.is_symlink() or (manifest_path.exists() and not manifest_path.is_file()):
+    if os.path.islink(manifest_path) or (os.path.lexists(manifest_path) and not manifest_path.is_file()):
         raise RuntimeError(f"{manifest_path} is not a regular file; remove it (it is written over by a new one).")
     result = _pip_download([*OURS, *ORIGINAL], folder, python_version)
     if result.returncode != 0:
@@ -263,7 +271,7 @@ def list_wheels(folder: Path) -> tuple[list[Path], list[WheelProblem]]:
     found: list[Path] = []
     problems: list[WheelProblem] = []
     for sub in (folder, folder / "original"):
-        if sub != folder and not sub.exists():
+        if sub != folder and not os.path.lexists(sub):
             continue
         try:
             with os.scandir(sub) as entries:
@@ -300,8 +308,13 @@ def check_wheels(folder: Path, python_version: str = "3.12") -> list[WheelProble
     versions of one package, or more than a device call can carry. Raises ``ValueError`` for a malformed
     ``python_version``."""
     cpython_minor(python_version)
-    if not folder.is_dir():
-        problem = "is not a folder" if folder.exists() else "no such folder"
+    try:
+        problem = None if stat.S_ISDIR(os.stat(folder).st_mode) else "is not a folder"
+    except FileNotFoundError:
+        problem = "no such folder"
+    except OSError as e:
+        problem = f"cannot be read ({e.strerror or e})"
+    if problem:
         return [WheelProblem(str(folder), f"{problem}: run `make gpu-wheels` here first")]
     wheels, problems = list_wheels(folder)
     found: dict[str, list[str]] = {}

