@@ -20,13 +20,18 @@ tokenizer's own or a named built-in, then tokenized, with only the assistant tur
 from __future__ import annotations
 
 import json
+import os
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+import secrets
+import stat
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from ..exceptions import OLMoDataError
+from .template_budget import Meter, TemplateBudget, TemplateBudgetError
 
 __all__ = ["BUILT_IN", "ChatTemplate", "load_chat_template"]
 
@@ -59,23 +64,14 @@ BUILT_IN = {
 """Templates known by name (``--chat-template tulu``)."""
 
 
-_MAX_REPEAT = 1_000_000
-"""The longest string or list a template may build with ``*``."""
-_MAX_EXPONENT = 1_000
-"""The largest exponent a template may raise to with ``**``."""
-
-
 def _raise(message: str) -> None:
     raise ValueError(message)
 
 
-_START, _END = "\x00<generation>\x00", "\x00</generation>\x00"
-"""What a ``{% generation %}`` block's output is wrapped in while rendering, then removed (:func:`_unmark`)."""
-
-
 def _generation_extension() -> Any:
     """The ``{% generation %} ... {% endgeneration %}`` block of transformers' templates: what it renders is the
-    assistant's, the tokens to train on."""
+    assistant's, the tokens to train on. While :meth:`ChatTemplate.label_spans` renders, the environment's
+    ``label_markers`` wrap that output (:class:`_Markers`); otherwise it is output as it is."""
     from jinja2 import nodes
     from jinja2.ext import Extension
 
@@ -88,35 +84,77 @@ def _generation_extension() -> Any:
             return nodes.CallBlock(self.call_method("_mark"), [], [], body).set_lineno(lineno)
 
         def _mark(self, caller: Any) -> str:
-            return _START + caller() + _END
+            markers = getattr(self.environment, "label_markers", None)
+            return caller() if markers is None else markers.start + caller() + markers.end
 
     return Generation
 
 
-def _unmark(marked: str) -> tuple[str, list[tuple[int, int]]]:
-    """The text without the generation markers, and the (start, end) spans they enclosed."""
-    text: list[str] = []
-    spans: list[tuple[int, int]] = []
-    pos = 0
-    length = 0
-    while True:
-        start = marked.find(_START, pos)
-        if start < 0:
-            text.append(marked[pos:])
-            return "".join(text), spans
-        end = marked.find(_END, start)
-        text.append(marked[pos:start])
-        length += start - pos
-        inner = marked[start + len(_START) : end]
-        text.append(inner)
-        spans.append((length, length + len(inner)))
-        length += len(inner)
-        pos = end + len(_END)
+class _Markers:
+    """The text a ``{% generation %}`` block's output is wrapped in for one rendering, found and removed after it
+    (:meth:`unmark`). Each holds a fresh random nonce that no input of the rendering contains (checked), so nothing a
+    conversation, a tool or a special token holds can open, close or move a label span."""
+
+    def __init__(self, inputs: Sequence[Any]):
+        while True:
+            nonce = secrets.token_hex(16)
+            if not any(nonce in text for text in _strings(inputs)):
+                break
+        self.start, self.end = f"\x00<generation {nonce}>\x00", f"\x00</generation {nonce}>\x00"
+
+    def unmark(self, marked: str) -> Optional[tuple[str, list[tuple[int, int]]]]:
+        """The text without the markers and the (start, end) spans they enclose (nested blocks count once), or None
+        when they do not pair up (the template cut or reordered a block's output)."""
+        text: list[str] = []
+        spans: list[tuple[int, int]] = []
+        pos = length = depth = opened = 0
+        while True:
+            starts, ends = marked.find(self.start, pos), marked.find(self.end, pos)
+            if starts < 0 and ends < 0:
+                break
+            is_start = ends < 0 or 0 <= starts < ends
+            at, marker = (starts, self.start) if is_start else (ends, self.end)
+            text.append(marked[pos:at])
+            length += at - pos
+            pos = at + len(marker)
+            depth += 1 if is_start else -1
+            if depth < 0:
+                return None
+            if is_start and depth == 1:
+                opened = length
+            elif depth == 0:
+                spans.append((opened, length))
+        text.append(marked[pos:])
+        return ("".join(text), spans) if depth == 0 else None
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in ``value`` (dict keys too), however deeply nested."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+
+
+def _template_line(error: BaseException) -> str:
+    """`` (template line N)``: where ``error`` was raised, as Jinja's traceback names it, or ""."""
+    line, tb = None, error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return "" if line is None else f" (template line {line})"
 
 
 @dataclass
 class ChatTemplate:
-    """A Jinja chat template and the special tokens it may use."""
+    """A Jinja chat template and the special tokens it may use, evaluated within ``budget``."""
 
     source: str
     """The template's text."""
@@ -124,69 +162,105 @@ class ChatTemplate:
     """Where it came from, for messages: a built-in name or a file."""
     eos_token: str = "<|endoftext|>"
     bos_token: str = ""
+    budget: TemplateBudget = field(default_factory=TemplateBudget)
+    """The limits of memory and time every evaluation of the template runs under (:mod:`.template_budget`)."""
 
     def __post_init__(self) -> None:
         from jinja2 import TemplateSyntaxError
         from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        class Bounded(ImmutableSandboxedEnvironment):  # type: ignore[misc]
-            """No arithmetic that builds something huge: a template may not exhaust the memory either."""
+        from .template_sandbox import BudgetedSandbox
 
-            intercepted_binops = frozenset({"*", "**"})
-
-            def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-                if operator == "**" and isinstance(right, (int, float)) and abs(right) > _MAX_EXPONENT:
-                    raise ValueError(f"the exponent {right} is larger than a chat template needs")
-                if operator == "*" and any(isinstance(v, (str, list, tuple)) for v in (left, right)):
-                    length = len(left) * right if isinstance(left, (str, list, tuple)) else len(right) * left
-                    if length > _MAX_REPEAT:
-                        raise ValueError(f"repeating to {length:,} items is more than a chat template needs")
-                return super().call_binop(context, operator, left, right)
-
-        env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _generation_extension()])
-        env.filters["tojson"] = _tojson
+        if len(self.source) > self.budget.max_template_chars:
+            raise OLMoDataError(
+                f"The chat template {self.name} is {len(self.source):,} characters long, more than the "
+                f"{self.budget.max_template_chars:,} a chat template may have "
+                f"(olmo.data.template_budget.MAX_TEMPLATE_CHARS; real ones are a few KB). Pass the template itself, "
+                f"or a built-in one ({', '.join(BUILT_IN)})."
+            )
+        env = BudgetedSandbox(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _generation_extension()]
+        )
+        env.filters["tojson"] = env._metered_filter("tojson", _tojson)
         env.globals["raise_exception"] = _raise
+        self._env = env
         try:
-            self._template = env.from_string(self.source)
+            self._template = env.from_string(env.parse_metered(self.source))
         except TemplateSyntaxError as e:
             raise OLMoDataError(
                 f"The chat template {self.name} is not valid Jinja (line {e.lineno}: {e.message}). Fix the template "
                 f"or pass a built-in one ({', '.join(BUILT_IN)})."
             ) from None
+        except (RecursionError, MemoryError, SyntaxError, ValueError, OverflowError) as e:
+            raise OLMoDataError(
+                f"The chat template {self.name} cannot be compiled ({type(e).__name__}: {e}; nested too deeply?). "
+                f"Fix the template or pass a built-in one ({', '.join(BUILT_IN)})."
+            ) from None
+        self._has_blocks = re.search(r"{%-?\s*generation\s*-?%}", self.source) is not None
 
     def render(
         self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False, tools: Optional[list] = None
     ) -> str:
-        """The text of ``messages``; the template's own errors (``raise_exception``, a missing key) become
-        ``ValueError``s naming the template."""
-        return _unmark(self._render(messages, add_generation_prompt, tools))[0]
+        """The text of ``messages``; the template's own errors (``raise_exception``, a missing key) and an evaluation
+        over its budget become ``ValueError``\\s naming the template."""
+        return self._render(messages, add_generation_prompt, tools, self._deadline(), None)
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.budget.max_seconds
 
     def _render(
-        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False, tools: Optional[list] = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: Optional[list],
+        deadline: float,
+        markers: Optional[_Markers],
     ) -> str:
+        self._env.meter, self._env.label_markers = Meter(self.budget, deadline), markers
         try:
-            return self._template.render(
+            text = self._template.render(
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
                 tools=tools,
                 eos_token=self.eos_token,
                 bos_token=self.bos_token,
             )
+            return self._env.meter.result(text)
+        except TemplateBudgetError as e:
+            raise TemplateBudgetError(
+                f"the chat template {self.name} went over its budget{_template_line(e)}: {e}"
+            ) from None
         except Exception as e:  # the template's own failure, whatever it raised
-            raise ValueError(f"the chat template {self.name} failed: {type(e).__name__}: {e}") from None
+            raise ValueError(
+                f"the chat template {self.name} failed: {type(e).__name__}: {e}{_template_line(e)}"
+            ) from None
+        finally:
+            self._env.meter, self._env.label_markers = Meter(self.budget, deadline), None
 
     def label_spans(self, messages: Sequence[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
         """The whole text and the (start, end) character spans to train on: the template's ``{% generation %}``
-        blocks when it has them, else each assistant turn as the text it adds to the conversation before it."""
-        text, spans = _unmark(self._render(messages))
-        if spans or re.search(r"{%-?\s*generation\s*-?%}", self.source):
-            return text, spans
+        blocks when it has them, else each assistant turn as the text it adds to the conversation before it.
+
+        The blocks are found by markers no input can hold (:class:`_Markers`), and the text without them must be the
+        text the template renders without markers: otherwise the template is refused (a ``ValueError``)."""
+        deadline = self._deadline()
+        if self._has_blocks:
+            markers = _Markers([messages, self.eos_token, self.bos_token])
+            found = markers.unmark(self._render(messages, False, None, deadline, markers))
+            if found is None or found[0] != self._render(messages, False, None, deadline, None):
+                raise ValueError(
+                    f"the chat template {self.name} changes or cuts the output of its {{% generation %}} blocks "
+                    f"(a filter or variable applied to it), so the assistant's tokens cannot be found; put the "
+                    f"blocks around the assistant's text as it is output"
+                )
+            return found
+        text = self._render(messages, False, None, deadline, None)
+        spans = []
         for i, message in enumerate(messages):
             if message.get("role") != "assistant":
                 continue
-            before = self.render(messages[:i], add_generation_prompt=True)
-            through = self.render(messages[: i + 1])
+            before = self._render(messages[:i], True, None, deadline, None)
+            through = self._render(messages[: i + 1], False, None, deadline, None)
             if not text.startswith(through) or not through.startswith(before):
                 raise ValueError(
                     f"the chat template {self.name} does not render messages[{i}] (an assistant turn) as a "
@@ -213,40 +287,33 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: Optional[int] = None
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys)
 
 
-def load_chat_template(spec: str, eos_token: str = "<|endoftext|>", bos_token: str = "") -> ChatTemplate:
+def load_chat_template(
+    spec: str, eos_token: str = "<|endoftext|>", bos_token: str = "", budget: Optional[TemplateBudget] = None
+) -> ChatTemplate:
     """The template ``spec`` names: a built-in (:data:`BUILT_IN`), a ``.jinja`` file, a ``tokenizer_config.json``
     (its ``chat_template``), or a folder holding either (``chat_template.jinja`` first, as transformers reads it).
+    A file is read only if it is a regular file of at most ``budget.max_template_file_bytes``.
 
     :raises OLMoDataError: naming ``spec`` and what to pass instead.
     """
+    budget = budget or TemplateBudget()
     if spec in BUILT_IN:
-        return ChatTemplate(BUILT_IN[spec], f"'{spec}' (built in)", eos_token, bos_token)
+        return ChatTemplate(BUILT_IN[spec], f"'{spec}' (built in)", eos_token, bos_token, budget)
     path = Path(spec)
     if path.is_dir():
         for name in ("chat_template.jinja", "tokenizer_config.json"):
-            if (path / name).is_file():
+            if (path / name).exists() or (path / name).is_symlink():
                 path = path / name
                 break
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise OLMoDataError(
             f"--chat-template '{spec}' is neither a built-in template ({', '.join(BUILT_IN)}) nor a file (a .jinja "
             f"template or a tokenizer_config.json with a chat_template) nor a folder holding one."
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise OLMoDataError(
-            f"The chat template '{path}' cannot be read ({e}); pass a readable UTF-8 file."
-        ) from None
-    if path.suffix != ".json":
-        return ChatTemplate(text, f"'{path}'", eos_token, bos_token)
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise OLMoDataError(
-            f"'{path}' is not valid JSON ({e}); pass a tokenizer_config.json or a .jinja file."
-        ) from None
-    template = config.get("chat_template") if isinstance(config, dict) else None
+    config = _read_template_file(path, budget.max_template_file_bytes)
+    if not isinstance(config, dict):
+        return ChatTemplate(config, f"'{path}'", eos_token, bos_token, budget)
+    template = config.get("chat_template")
     if isinstance(template, list):  # transformers' named templates: the default one
         template = next(
             (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None
@@ -260,4 +327,48 @@ def load_chat_template(spec: str, eos_token: str = "<|endoftext|>", bos_token: s
     eos = eos.get("content", eos_token) if isinstance(eos, dict) else eos
     bos = config.get("bos_token") or bos_token
     bos = bos.get("content", bos_token) if isinstance(bos, dict) else bos
-    return ChatTemplate(template, f"'{path}'", str(eos), str(bos))
+    return ChatTemplate(template, f"'{path}'", str(eos), str(bos), budget)
+
+
+def _read_template_file(path: Path, limit: int) -> Any:
+    """The text of a template file, or the object of a ``.json`` one; only a regular file of at most ``limit``
+    bytes is read (not a FIFO or a device, which could block or never end).
+
+    :raises OLMoDataError: naming the file and what to pass instead.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise OLMoDataError(
+            f"The chat template '{path}' cannot be read ({e.strerror}); pass a readable file."
+        ) from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OLMoDataError(
+                f"The chat template '{path}' is not a regular file (a FIFO, a device or a socket, perhaps through a "
+                f"symlink); pass a .jinja file or a tokenizer_config.json."
+            )
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OLMoDataError(
+            f"The chat template file '{path}' is larger than {limit:,} bytes "
+            f"(olmo.data.template_budget.MAX_TEMPLATE_FILE_BYTES); a chat template is a few KB. Pass the template "
+            f"itself (a .jinja file) or the tokenizer's tokenizer_config.json."
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise OLMoDataError(
+            f"The chat template '{path}' is not UTF-8 (byte {data[e.start]:#04x} at offset {e.start}); pass a UTF-8 "
+            f"file."
+        ) from None
+    if path.suffix != ".json":
+        return text
+    try:
+        config = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise OLMoDataError(
+            f"'{path}' is not valid JSON ({e}); pass a tokenizer_config.json or a .jinja file."
+        ) from None
+    return config if isinstance(config, dict) else {}
