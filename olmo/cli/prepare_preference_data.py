@@ -7,12 +7,14 @@ assistant's answer (messages as ``prepare_sft_data.py`` takes them). Each side i
 ``prepare_sft_data.py`` formats a conversation (OLMo's Tulu format, or ``--chat-template``), truncated or padded to
 ``--seq-len``; only the assistant's tokens are labels. ``DIR/input_ids.npy`` and ``DIR/label_mask.npy`` hold the
 chosen side of pair i at instance 2i and the rejected side at 2i + 1; a pair with a side whose answer is truncated
-away is dropped whole, so pairs stay aligned. Train with ``--data.paths=[DIR/input_ids.npy]
+away, or whose two sides are the same tokens within ``--seq-len``, is dropped whole, so pairs stay aligned. Train with ``--data.paths=[DIR/input_ids.npy]
 --data.label_mask_paths=[DIR/label_mask.npy]`` and an even ``global_train_batch_size``.
 
 A line that is not such a pair (invalid JSON, a missing side, a side that is not a list of messages or does not end
-with a non-empty assistant answer, the same conversation on both sides) or a conversation the chat template fails on
-stops the run naming the file and line, before anything is written to DIR. The other flags and checks are
+with a non-empty assistant answer, the same conversation on both sides, sides whose messages before the answer
+differ, sides that tokenize the same), a line longer than 8 MiB or nested deeper than 64 arrays and objects
+(``olmo/util/bounded_json_lines.py``), an INPUT that is not a regular file, or a conversation the chat template fails
+on stops the run naming the file and line, before anything is written to DIR. The other flags and checks are
 ``prepare_sft_data.py``'s.
 """
 
@@ -35,11 +37,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     summary = write_preference_dataset(args.input, args.output, formatter, args.dtype, anchor)
     total = 2 * summary.kept * args.seq_len
     log.info(
-        "Kept %s pairs (%s instances), dropped %d whose answer on one side was truncated away; %d kept pairs were "
-        "truncated to %d tokens.",
+        "Kept %s pairs (%s instances), dropped %d whose answer on one side was truncated away and %d whose sides "
+        "differ only past the length; %d kept pairs were truncated to %d tokens.",
         f"{summary.kept:,}",
         f"{2 * summary.kept:,}",
         summary.truncated_away,
+        summary.same_within_length,
         summary.truncated,
         args.seq_len,
     )

@@ -1,6 +1,11 @@
 """Preference pairs for DPO (issue 40): ``{"chosen": messages, "rejected": messages}`` lines tokenized into the SFT
 format (``input_ids.npy`` and ``label_mask.npy``, :mod:`olmo.data.sft`), pair ``i`` at instances ``2i`` (chosen) and
-``2i + 1`` (rejected). A pair is dropped, both halves, when either has no label token left within the length.
+``2i + 1`` (rejected). A pair is dropped, both halves, when either has no label token left within the length, or
+when its two sides are the same tokens within it.
+
+A pair is refused, naming its file and line, unless both sides hold the same messages before their last one (the
+assistant's answer) and the two sides tokenize differently; lines are read with their size and nesting bounded
+(:mod:`olmo.util.bounded_json_lines`).
 """
 
 from __future__ import annotations
@@ -8,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
 from ..exceptions import OLMoDataError
-from ..util.json_lines import json_type, read_json_lines
+from ..util.bounded_json_lines import read_bounded_json_lines
+from ..util.json_lines import json_type
 from .sft import (
     ConversationError,
     ConversationLog,
@@ -39,6 +45,8 @@ class PairSummary:
     kept: int = 0
     truncated_away: int = 0
     """Pairs dropped because a side had no label token within the length."""
+    same_within_length: int = 0
+    """Pairs dropped because their two sides were the same tokens within the length (they differ past it)."""
     truncated: int = 0
     """Kept pairs with a side cut to the length."""
     tokens: int = 0
@@ -61,12 +69,17 @@ def _side_problem(side: Any) -> str | None:
     return None
 
 
-def read_pairs(path: Path) -> Iterator[tuple[int, list[dict[str, str]], list[dict[str, str]]]]:
-    """(line number, chosen, rejected) for every non-blank line.
+def read_pairs(
+    path: Path, max_line_bytes: Optional[int] = None
+) -> Iterator[tuple[int, list[dict[str, str]], list[dict[str, str]]]]:
+    """(line number, chosen, rejected) for every non-blank line: two conversations with the same messages before the
+    last one, the assistant's answer, which must differ. Each line is read bounded (the file's type, each line's size
+    and nesting: :func:`olmo.util.bounded_json_lines.read_bounded_json_lines`, whose limit ``max_line_bytes``
+    overrides).
 
     :raises OLMoDataError: naming the file and line of the first line that is not such a pair.
     """
-    for line_no, line in read_json_lines(path):
+    for line_no, line in read_bounded_json_lines(path, max_line_bytes):
         where = f"'{path}' line {line_no}"
         missing = [key for key in ("chosen", "rejected") if key not in line]
         if missing:
@@ -78,12 +91,38 @@ def read_pairs(path: Path) -> Iterator[tuple[int, list[dict[str, str]], list[dic
             problem = _side_problem(line[key])
             if problem is not None:
                 raise OLMoDataError(f"{where}: '{key}' {problem}. Every line must look like {PAIR_EXAMPLE}.")
-        if line["chosen"] == line["rejected"]:
+        chosen, rejected = line["chosen"], line["rejected"]
+        if chosen == rejected:
             raise OLMoDataError(
                 f"{where}: 'chosen' and 'rejected' are the same conversation, which teaches no preference. Remove "
                 f"the line or fix one side."
             )
-        yield line_no, line["chosen"], line["rejected"]
+        problem = _prompt_problem(chosen[:-1], rejected[:-1])
+        if problem is not None:
+            raise OLMoDataError(
+                f"{where}: 'chosen' and 'rejected' {problem}, so they are not two answers to one prompt: a preference "
+                f"pair compares two assistant answers to the same conversation. Give both sides the same messages "
+                f"before their last (assistant) message, or remove the line."
+            )
+        yield line_no, chosen, rejected
+
+
+def _prompt_problem(chosen: list[dict[str, str]], rejected: list[dict[str, str]]) -> Optional[str]:
+    """How the messages before the two answers differ, or None when they are the same."""
+    for i, (a, b) in enumerate(zip(chosen, rejected)):
+        if (a["role"], a["content"]) != (b["role"], b["content"]):
+            return f"differ at message [{i}] ({a['role']} {_preview(a)} against {b['role']} {_preview(b)})"
+        if a != b:
+            return f"differ at message [{i}] in a key other than 'role' and 'content'"
+    if len(chosen) != len(rejected):
+        return f"have {len(chosen)} and {len(rejected)} messages before their answers"
+    return None
+
+
+def _preview(message: dict[str, str]) -> str:
+    """The start of a message's content, for an error."""
+    content = message["content"]
+    return repr(content[:40] + ("..." if len(content) > 40 else ""))
 
 
 def write_pairs(
@@ -110,6 +149,15 @@ def write_pairs(
         for (line_no, _, _), chosen, rejected in zip(batch, formatted[: len(batch)], formatted[len(batch) :]):
             if not any(chosen[1]) or not any(rejected[1]):
                 summary.truncated_away += 1
+                continue
+            if chosen[:2] == rejected[:2]:  # the same ids and labels: the pair's loss has no gradient
+                if max(chosen[2], rejected[2]) <= seq_len:
+                    raise OLMoDataError(
+                        f"'{source}' line {line_no}: 'chosen' and 'rejected' tokenize the same (their texts differ "
+                        f"only where the format drops it, such as surrounding whitespace), which teaches no "
+                        f"preference. Remove the line or make the answers differ."
+                    )
+                summary.same_within_length += 1
                 continue
             for side, (ids, mask, length) in (("chosen", chosen), ("rejected", rejected)):
                 instance = 2 * summary.kept + (side == "rejected")
@@ -140,15 +188,15 @@ def write_preference_dataset(
 
     def write(staging: Path) -> PairSummary:
         summary = write_pairs(source, formatter, staging, dtype)
-        if summary.kept + summary.truncated_away == 0:
+        if summary.kept + summary.truncated_away + summary.same_within_length == 0:
             raise OLMoDataError(
                 f"'{source}' holds no pair (it is empty or blank), so nothing was written to '{out}'. Write one pair "
                 f"per line: {PAIR_EXAMPLE}."
             )
         if summary.kept == 0:
             raise OLMoDataError(
-                f"No pair of '{source}' keeps an answer token on both sides within --seq-len {formatter.seq_len}; "
-                f"raise --seq-len."
+                f"No pair of '{source}' keeps an answer token on both sides, and two sides that differ, within "
+                f"--seq-len {formatter.seq_len}; raise --seq-len."
             )
         return summary
 
