@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from olmo.checkpoint.model_loading import load_model
+from olmo.config.dpo_sections import beta_problem
 from olmo.exceptions import OLMoCliError
 from olmo.model.loss import next_token_labels
-from olmo.train.dpo import sequence_log_probs
+from olmo.train.dpo import identical_pairs, sequence_log_probs
 
 log = logging.getLogger("eval_preferences")
 
@@ -40,15 +41,17 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.batch_size < 2 or args.batch_size % 2:
         parser.error(f"--batch-size {args.batch_size} must be even and at least 2 (whole pairs)")
-    if not args.beta > 0:
-        parser.error(f"--beta {args.beta} must be above 0")
+    problem = beta_problem(args.beta, "--beta")
+    if problem is not None:
+        parser.error(problem)
     return args
 
 
 def read_pairs(folder: Path, seq_len: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """The token ids and label masks (2P, seq_len) of ``folder``'s pairs.
 
-    :raises OLMoCliError: for a folder without both files, or files that are not whole pairs of ``seq_len``."""
+    :raises OLMoCliError: for a folder without both files, files that are not whole pairs of ``seq_len``, or a pair
+        whose two sides are the same."""
     paths = [folder / "input_ids.npy", folder / "label_mask.npy"]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
@@ -62,7 +65,16 @@ def read_pairs(folder: Path, seq_len: int, dtype: str) -> tuple[np.ndarray, np.n
             f"'{folder}' holds {len(ids)} tokens and {len(mask)} mask entries: not whole pairs of the models' "
             f"sequence length {seq_len} (model.max_sequence_length). Prepare the pairs with --seq-len {seq_len}."
         )
-    return ids.reshape(-1, seq_len), mask.reshape(-1, seq_len)
+    rows, labels = ids.reshape(-1, seq_len), mask.reshape(-1, seq_len)
+    same = identical_pairs(rows, labels)
+    if same.any():
+        pair = int(same.nonzero()[0][0])
+        raise OLMoCliError(
+            f"'{folder}' holds {int(same.sum())} pair(s) whose two sides are the same tokens and labels (the first: "
+            f"pair {pair}, instances {2 * pair} and {2 * pair + 1}), which no model can prefer. Prepare the pairs "
+            f"again with scripts/prepare_preference_data.py, which names each such line of the input."
+        )
+    return rows, labels
 
 
 def log_probs(model: torch.nn.Module, ids: np.ndarray, mask: np.ndarray, batch_size: int) -> torch.Tensor:

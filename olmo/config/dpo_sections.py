@@ -4,7 +4,9 @@ values against the rest of the run (``problems``). :class:`olmo.train.dpo.DPOTra
 The data are pairs prepared by ``scripts/prepare_preference_data.py``: instance ``2i`` is pair ``i``'s chosen
 conversation and ``2i + 1`` its rejected one, each labelled on its answer. The data order shuffles pairs and never
 splits one (``global_indices.npy`` keeps each pair's two instances next to each other, and each rank trains whole
-pairs), so every count of instances (``global_train_batch_size``, the device and micro-batches) must be even.
+pairs), so every count of instances (``global_train_batch_size``, the device and micro-batches) must be even. The
+label mask the script writes beside the tokens is required (``data.label_mask_paths``): it is what makes each side's
+log-probability that of its answer alone.
 """
 
 from __future__ import annotations
@@ -19,7 +21,24 @@ from .sections import StrEnum
 if TYPE_CHECKING:
     from .train_config import TrainConfig
 
-__all__ = ["DPOConfig", "DPOLoss"]
+__all__ = ["DPOConfig", "DPOLoss", "DPO_BETA_RANGE", "beta_problem"]
+
+DPO_BETA_RANGE = (1e-4, 100.0)
+"""The values ``dpo.beta`` (and ``eval_preferences.py --beta``) may take. Published runs use 0.01 to 10 (DPO 0.1,
+IPO's tau 0.01 to 1, Tulu 3's length-normalized DPO 5); far outside, the loss saturates (a huge beta: ``beta * delta``
+overflows or the sigmoid is flat, so the first step's loss is not finite or there is no gradient) or the pull toward
+the reference vanishes (a tiny beta; IPO's target ``1 / (2 beta)`` overflows)."""
+
+
+def beta_problem(beta: float, key: str) -> Optional[str]:
+    """Why ``beta``, given as ``key``, cannot be DPO's beta, or None."""
+    low, high = DPO_BETA_RANGE
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not low <= beta <= high:
+        return (
+            f"{key}={beta} must be a number in [{low:g}, {high:g}] (e.g. 0.1; Tulu 3 used 5 with loss norm): outside "
+            f"it the loss overflows or saturates, or the pull toward the reference vanishes."
+        )
+    return None
 
 
 class DPOLoss(StrEnum):
@@ -51,7 +70,8 @@ class DPOConfig:
     enabled: bool = False
     """Train on preference pairs with the DPO loss instead of the cross entropy."""
     beta: float = 0.1
-    """The strength of the pull toward the reference (DPO's beta; IPO's tau). Above 0."""
+    """The strength of the pull toward the reference (DPO's beta; IPO's tau), in [1e-4, 100]
+    (:data:`DPO_BETA_RANGE`)."""
     loss: DPOLoss = DPOLoss.sigmoid
     """``sigmoid`` (DPO), ``ipo`` or ``norm`` (length-normalized DPO, Tulu 3's)."""
     label_smoothing: float = 0.0
@@ -59,7 +79,8 @@ class DPOConfig:
     precompute_reference: bool = False
     """Compute the reference's log-probability of every instance once, before the first step, into
     ``save_folder/train_data/dpo_reference_logps.npy`` (reused by a resume, and by a later run in the same folder
-    while the reference and data match its record), then free the reference model: no reference in memory and no
+    while the reference and the data match its record: the data by content, each local file's SHA-256, read at every
+    launch, and each remote file's size and version), then free the reference model: no reference in memory and no
     reference forward pass during training. False: the frozen model computes them on the fly, each step."""
     reference_path: Optional[str] = None
     """The checkpoint whose model, frozen, is the reference. Null: the model this run starts from (``load_path``),
@@ -71,10 +92,9 @@ class DPOConfig:
         if not self.enabled:
             return []
         out: list[str] = []
-        if not (math.isfinite(self.beta) and self.beta > 0):
-            out.append(
-                f"dpo.beta={self.beta} must be a finite number above 0 (e.g. 0.1; Tulu 3 used 5 with loss norm)."
-            )
+        problem = beta_problem(self.beta, "dpo.beta")
+        if problem is not None:
+            out.append(problem)
         if self.loss not in DPOLoss.__members__:
             out.append(f"dpo.loss={self.loss!r} is not a DPO loss; use sigmoid, ipo or norm.")
         if not (math.isfinite(self.label_smoothing) and 0 <= self.label_smoothing < 0.5):
@@ -83,6 +103,13 @@ class DPOConfig:
             out.append(
                 f"dpo.label_smoothing={self.label_smoothing} has no meaning for loss ipo (a squared distance, not a "
                 f"probability); set it to 0 or use loss sigmoid or norm."
+            )
+        if cfg.data.label_mask_paths is None and cfg.data.mixture is None:
+            out.append(
+                "dpo.enabled=true needs data.label_mask_paths: without a label mask every token (the prompt, the role "
+                "headers, the padding) counts in each answer's log-probability, so the loss, its length "
+                "normalization and the rewards are wrong. scripts/prepare_preference_data.py writes the mask beside "
+                "the tokens: pass --data.label_mask_paths=[DIR/label_mask.npy] with --data.paths=[DIR/input_ids.npy]."
             )
         problem = missing_slash_problem(self.reference_path, "dpo.reference_path")
         if problem is not None:

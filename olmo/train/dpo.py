@@ -29,7 +29,7 @@ from ..config import DPOLoss, TrainConfig
 from ..data import check_token_ids
 from ..distributed.collectives import all_reduce
 from ..distributed.parallelize import ParallelizeOptions, build_model
-from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
+from ..exceptions import OLMoCheckpointError, OLMoConfigurationError, OLMoDataError
 from ..model.layers import lm_head
 from ..model.loss import OutputHead, next_token_labels, per_token_cross_entropy
 from .dpo_reference import precomputed_reference, reference_of_batch
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ..checkpoint.restore import LaunchPlan
     from .stages import Stage
 
-__all__ = ["DPOTrainModule", "dpo_pair_losses", "resolve_dpo_reference", "sequence_log_probs"]
+__all__ = ["DPOTrainModule", "dpo_pair_losses", "identical_pairs", "resolve_dpo_reference", "sequence_log_probs"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,7 @@ class DPOTrainModule(TransformerTrainModule):
     def train_batch(self, batch: dict[str, Any], dry_run: bool = False) -> None:
         assert self.reference is not None or self.reference_logps is not None, "enter_stage was not called"
         check_token_ids(batch, self.cfg.model.vocab_size, self.trainer.global_step)
+        self._check_pairs_differ(batch)
         device, W, dpo = self.env.device, self.env.world_size, self.cfg.dpo
         max_doc_lens = batch.get("max_doc_lens")
         indices = batch.get("index")  # on the host: the rows' instances, for precomputed reference values
@@ -189,6 +190,28 @@ class DPOTrainModule(TransformerTrainModule):
         for name, value in zip(names, per_pair.unbind()):
             if name is not None:
                 self.record_metric(f"train/dpo/{name}", value, ReduceType.sum)
+
+    def _check_pairs_differ(self, batch: dict[str, Any]) -> None:
+        """Refuse a batch holding a pair whose two rows are the same tokens and labels (data prepared before
+        ``prepare_preference_data.py`` refused such pairs): its loss is constant and it has no gradient."""
+        same = identical_pairs(batch["input_ids"], batch.get("label_mask"))
+        if not same.any():
+            return
+        row = 2 * int(same.nonzero()[0][0])
+        index = [int(i) for i in batch["index"][row : row + 2]] if "index" in batch else [row, row + 1]
+        raise OLMoDataError(
+            f"Instances {index[0]} and {index[1]} of data.paths (a pair, at step {self.trainer.global_step}) are the "
+            f"same tokens and labels, so the pair teaches no preference (its loss has no gradient). The files were "
+            f"prepared by a scripts/prepare_preference_data.py older than its check for such pairs: prepare them "
+            f"again (it names each such line of the input) and train on the new files."
+        )
+
+
+def identical_pairs(ids: Any, mask: Optional[Any] = None) -> Any:
+    """(P,) whether each pair of rows ``2j``, ``2j + 1`` of ``ids`` (2P, T) (and of the label ``mask``, when given) is
+    the same twice; numpy arrays or tensors."""
+    same = (ids[0::2] == ids[1::2]).all(1)
+    return same if mask is None else same & (mask[0::2] == mask[1::2]).all(1)
 
 
 def _log_probs(

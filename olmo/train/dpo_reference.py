@@ -2,16 +2,18 @@
 
 Every instance's summed log-probability of its labels under the frozen reference goes into
 ``save_folder/train_data/dpo_reference_logps.npy`` (float32, one per instance, in instance order), written by rank 0
-through a temporary file and a rename, with a record beside it (``.json``: the reference, the data files, the number
-of instances, the sequence length and the file's crc32). A launch in which every rank finds a matching record and
-checksum reads the file without building the reference at all; otherwise the ranks compute the values anew (each
-rank then holds all of them; only rank 0 writes the file). The data-parallel ranks split the instances (rank ``r``
+through a temporary file and a rename, with a record beside it (``.json``: the reference, the data files with a
+fingerprint of each one's content (:func:`data_fingerprint`: files prepared again are told apart even when they hold
+as many instances), the number of instances, the sequence length and the file's crc32). A launch in which every rank
+finds a matching record and checksum reads the file without building the reference at all; otherwise the ranks
+compute the values anew (each rank then holds all of them; only rank 0 writes the file). The data-parallel ranks split the instances (rank ``r``
 of ``D`` takes instances ``r, r + D, ...``), each in micro-batches of ``device_train_microbatch_size``, under the
 run's autocast; ranks of a tensor-parallel group compute the same instances together.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -28,14 +30,19 @@ from torch import nn
 from ..config import TrainConfig
 from ..data import DataCollator, DataContext, build_dataset
 from ..distributed.collectives import DistEnv, all_reduce, barrier
-from ..util import write_result_file
+from ..exceptions import OLMoError
+from ..util import local_path_of, write_result_file
 from ..util.atomic import atomic_file
+from ..util.bounded_files import open_regular, read_bounded
 
-__all__ = ["REFERENCE_FILE", "precomputed_reference", "reference_of_batch"]
+__all__ = ["REFERENCE_FILE", "data_fingerprint", "precomputed_reference", "reference_of_batch"]
 
 log = logging.getLogger(__name__)
 
 REFERENCE_FILE = "dpo_reference_logps.npy"
+_HASH_CHUNK = 1 << 20
+_MAX_RECORD_BYTES = 1 << 24
+"""The largest record read (its files' names and fingerprints): far above what thousands of data files take."""
 
 
 def _record(cfg: TrainConfig, dataset: Any) -> dict[str, Any]:
@@ -43,19 +50,39 @@ def _record(cfg: TrainConfig, dataset: Any) -> dict[str, Any]:
         "reference": cfg.dpo.reference_path,
         "instances": len(dataset),
         "sequence_length": cfg.model.max_sequence_length,
-        "files": [*map(str, dataset.paths), *map(str, dataset.label_mask_paths or [])],
+        "files": data_fingerprint(dataset),
         "dtype": "float32",
     }
 
 
+def data_fingerprint(dataset: Any) -> dict[str, dict[str, Any]]:
+    """What identifies the content of each of ``dataset``'s token and label-mask files: a local file's size and
+    SHA-256 (read in chunks), a remote file's size and version (ETag, generation or Last-Modified, as the server
+    says), so that files prepared again, even with as many instances, are told apart."""
+    remote = dataset.remote_records() if dataset.has_remote_files else {}
+    out: dict[str, dict[str, Any]] = {}
+    for path in [*map(str, dataset.paths), *map(str, dataset.label_mask_paths or [])]:
+        if path in remote:
+            out[path] = {"size": remote[path].size, "version": remote[path].version}
+            continue
+        digest, size = hashlib.sha256(), 0
+        with open_regular(local_path_of(path), 1 << 62, f"The data file '{path}'") as f:
+            while chunk := f.read(_HASH_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+        out[path] = {"size": size, "sha256": digest.hexdigest()}
+    return out
+
+
 def _reusable(path: Path, record: dict[str, Any]) -> bool:
-    """Whether ``path`` holds the values ``record`` describes (its record matches, and the file its checksum)."""
+    """Whether ``path`` holds the values ``record`` describes (its record matches, and the file its checksum). Both
+    files are read only when they are regular files of the sizes they must have."""
     try:
-        held = json.loads(path.with_name(path.name + ".json").read_text())
-        data = path.read_bytes() if path.stat().st_size == 4 * record["instances"] else None
-    except (OSError, ValueError):
+        held = json.loads(read_bounded(path.with_name(path.name + ".json"), _MAX_RECORD_BYTES))
+        data = read_bounded(path, 4 * record["instances"])
+    except (OLMoError, OSError, ValueError):
         return False
-    return data is not None and held == {**record, "crc32": zlib.crc32(data)}
+    return len(data) == 4 * record["instances"] and held == {**record, "crc32": zlib.crc32(data)}
 
 
 def precomputed_reference(
