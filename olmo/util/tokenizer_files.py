@@ -26,6 +26,7 @@ from typing import Optional
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..exceptions import OLMoConfigurationError
+from .bounded_files import read_bounded
 
 __all__ = [
     "DEFAULT_TOKENIZER",
@@ -94,9 +95,14 @@ def resolve_tokenizer_path(identifier: str) -> Optional[Path]:
     )
 
 
+TOKENIZER_FILE_LIMIT = 256 << 20
+"""The largest tokenizer file read (OLMo's are 2-7 MB; the largest tokenizer.json files published are ~35 MB)."""
+
+
 @lru_cache(maxsize=8)
 def _load_file(path: str, mtime: float) -> HFTokenizer:
-    return HFTokenizer.from_file(path)
+    data = read_bounded(path, TOKENIZER_FILE_LIMIT, f"The tokenizer file '{path}'", OLMoConfigurationError)
+    return HFTokenizer.from_str(data.decode("utf-8", errors="replace"))
 
 
 def load_base_tokenizer(identifier: str) -> HFTokenizer:
@@ -112,6 +118,8 @@ def load_base_tokenizer(identifier: str) -> HFTokenizer:
         return _load_from_hub(identifier)
     try:
         return _load_file(str(path), path.stat().st_mtime)
+    except OLMoConfigurationError:
+        raise
     except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
         raise OLMoConfigurationError(
             f"tokenizer.identifier={identifier!r}: '{path}' is not a tokenizer file ({e}). Give a "
