@@ -21,6 +21,7 @@ from ..config import TrainConfig
 from ..exceptions import OLMoCheckpointError
 from ..util import is_url, remove_path, unwritable_reason
 from ..util.checkpoint_dirs import STEP_DIR, read_marker, unreadable_checkpoints
+from .kept_inputs import Removal, check_inputs_kept, later_removals
 from .olmo_formats import clean_model_state, load_train_state
 from .safe_reads import (
     MARKER,
@@ -51,6 +52,8 @@ __all__ = [
     "preflight_restore",
     "prepare_save_folder",
     "claim_save_folder",
+    "check_kept_inputs",
+    "planned_removals",
     "resumes_in_save_folder",
     "replaces_previous_run",
 ]
@@ -257,7 +260,8 @@ def _check_writable(root: Path) -> None:
 
 
 def prepare_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
-    """Check that ``save_folder`` can be written and holds no other run (unless ``save_overwrite``).
+    """Check that ``save_folder`` can be written, holds no other run (unless ``save_overwrite``), and that nothing the
+    run reads lies where the launch or the run deletes (:func:`check_kept_inputs`).
 
     Writes nothing; :func:`claim_save_folder` acts on it once every other check has passed.
 
@@ -265,6 +269,7 @@ def prepare_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
     """
     root, plan = Path(cfg.save_folder), launch.restore
     _check_writable(root)
+    check_kept_inputs(cfg, launch)
     if cfg.save_overwrite:
         return
     existing = list_checkpoints(root)
@@ -313,6 +318,7 @@ def claim_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
       replaces only what it writes again.
     * A symlink is removed or moved as a link; what it points to (perhaps another run's files) is never touched.
     """
+    check_kept_inputs(cfg, launch)  # again, right before the removals: a caller may not have prepared the folder
     try:
         _clean_save_folder(cfg, launch)
         Path(cfg.save_folder).mkdir(parents=True, exist_ok=True)
@@ -335,17 +341,13 @@ def _clean_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
     if not cfg.save_overwrite or not root.is_dir():
         return
     if _resuming_here(root, plan):
-        assert plan is not None
-        for c in list_checkpoints(root):
-            if c.step > plan.info.step:
-                log.warning(
-                    "Removing %s, newer than the checkpoint this run resumes from (--save_overwrite).", c.path
-                )
-                delete_checkpoint(c)
+        for c in _newer_checkpoints(root, launch):
+            log.warning("Removing %s, newer than the checkpoint this run resumes from (--save_overwrite).", c.path)
+            delete_checkpoint(c)
         return
     if not replaces_previous_run(cfg, launch):  # with try_load_latest_save: the run replaces what it writes again
         return
-    doomed = sorted(p for p in root.iterdir() if p.name in RUN_FILES or _RUN_PATTERNS.match(p.name))
+    doomed = _previous_run_entries(root)
     if not doomed:
         return
     log.warning(
@@ -356,3 +358,56 @@ def _clean_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
             (Path(c.path) / MARKER).unlink()
     for entry in doomed:
         remove_path(entry)
+
+
+def _previous_run_entries(root: Path) -> list[Path]:
+    """The entries of ``root`` that a new run with ``--save_overwrite`` removes: the previous run's files."""
+    return sorted(p for p in root.iterdir() if p.name in RUN_FILES or _RUN_PATTERNS.match(p.name))
+
+
+def _newer_checkpoints(root: Path, launch: LaunchPlan) -> list[CheckpointInfo]:
+    """The checkpoints of ``root`` newer than the one a launch resuming in it restores (``--save_overwrite`` removes
+    them)."""
+    plan = launch.restore
+    assert plan is not None
+    return [c for c in list_checkpoints(root) if c.step > plan.info.step and c.path not in launch.unusable]
+
+
+def planned_removals(cfg: TrainConfig, launch: LaunchPlan) -> list[Removal]:
+    """What :func:`claim_save_folder` removes from ``save_folder`` (or moves aside) for this launch, and why."""
+    root, plan = Path(cfg.save_folder), launch.restore
+    out = [
+        Removal(Path(p), "the launch moves aside (renames), as an unusable checkpoint") for p in launch.unusable
+    ]
+    if not cfg.save_overwrite or not root.is_dir():
+        return out
+    if _resuming_here(root, plan):
+        assert plan is not None
+        why = (
+            f"--save_overwrite removes before this run starts, as a checkpoint newer than step {plan.info.step}, "
+            f"which the run resumes from"
+        )
+        fix = "resume from the newest checkpoint (--try_load_latest_save)"
+        return out + [Removal(Path(c.path), why, fix) for c in _newer_checkpoints(root, launch)]
+    if replaces_previous_run(cfg, launch):
+        why = "--save_overwrite removes before this run starts, with the rest of the previous run in the folder"
+        out += [Removal(p, why) for p in _previous_run_entries(root)]
+    return out
+
+
+def check_kept_inputs(cfg: TrainConfig, launch: LaunchPlan) -> None:
+    """Refuse the launch when something it reads lies where it deletes: in what :func:`claim_save_folder` removes up
+    front, or (for the references and data, read all along) in a checkpoint of ``save_folder`` that the run may
+    delete later (:mod:`olmo.checkpoint.kept_inputs`). Writes nothing.
+
+    :raises OLMoCheckpointError: naming the key, its path and the fix.
+    """
+    if is_url(cfg.save_folder):
+        return
+    plan = launch.restore
+    now = planned_removals(cfg, launch)
+    start_step = plan.info.step if plan is not None and plan.load_trainer_state else 0
+    later = later_removals(cfg, start_step, [r.entry for r in now])
+    # With try_load_latest_save, a checkpoint found in the folder wins, and load_path is not read.
+    ignored = plan is not None and cfg.load_path is not None and Path(plan.info.path) != Path(str(cfg.load_path))
+    check_inputs_kept(cfg, now, later, skip=("load_path",) if ignored else ())

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Optional
 
@@ -43,6 +44,7 @@ from ..util import is_url, redact_url
 from ..util.checkpoint_dirs import STEP_DIR, CheckpointInfo, find_latest_checkpoint, list_checkpoints
 from ..util.remote_files import RemoteAccessDenied, RemoteTimeoutError
 from .dcp_reader import DirectFileSystemReader
+from .kept_inputs import canonical_entry
 from .olmo_formats import (
     CONVERT_COMMAND,
     clean_model_state,
@@ -382,25 +384,44 @@ def sharded_model_shapes(folder: str) -> dict[str, tuple]:
     }
 
 
-def prune_checkpoints(folder: os.PathLike | str, sharded: bool, keep: int) -> list[Path]:
-    """Delete the oldest committed checkpoints of one kind so that ``keep`` remain (-1 keeps all)."""
+def prune_checkpoints(
+    folder: os.PathLike | str, sharded: bool, keep: int, kept: Collection[Path] = ()
+) -> list[Path]:
+    """Delete the oldest committed checkpoints of one kind so that ``keep`` remain (-1 keeps all).
+
+    :param kept: checkpoints never deleted, nor counted (as :func:`~olmo.checkpoint.kept_inputs.kept_checkpoints`
+        gives them: what the run reads)."""
     if keep < 0 or rank() != 0:
         return []
-    mine = [c for c in list_checkpoints(folder) if c.sharded == sharded and not c.ephemeral]
+    mine = [c for c in _deletable(folder, kept) if c.sharded == sharded and not c.ephemeral]
     doomed = mine[: max(0, len(mine) - max(keep, 1))]
     for c in doomed:
         delete_checkpoint(c)
     return [Path(c.path) for c in doomed]
 
 
-def remove_ephemeral_checkpoints(folder: os.PathLike | str, keep_step: Optional[int] = None) -> list[Path]:
-    """Delete ephemeral checkpoints except the one at ``keep_step`` (rank 0 does the work)."""
+def remove_ephemeral_checkpoints(
+    folder: os.PathLike | str, keep_step: Optional[int] = None, kept: Collection[Path] = ()
+) -> list[Path]:
+    """Delete ephemeral checkpoints except the one at ``keep_step`` and those in ``kept`` (rank 0 does the work)."""
     if rank() != 0:
         return []
-    doomed = [c for c in list_checkpoints(folder) if c.ephemeral and c.step != keep_step]
+    doomed = [c for c in _deletable(folder, kept) if c.ephemeral and c.step != keep_step]
     for c in doomed:
         delete_checkpoint(c)
     return [Path(c.path) for c in doomed]
+
+
+def _deletable(folder: os.PathLike | str, kept: Collection[Path]) -> list[CheckpointInfo]:
+    """The committed checkpoints of ``folder``, oldest first, without those in ``kept``."""
+    found = list_checkpoints(folder)
+    if not kept:
+        return found
+    mine = [c for c in found if canonical_entry(Path(c.path)) not in kept]
+    for c in found:
+        if c not in mine:
+            log.warning("Keeping checkpoint %s: this run reads it (a reference or data inside it).", c.path)
+    return mine
 
 
 def delete_checkpoint(checkpoint: CheckpointInfo) -> None:

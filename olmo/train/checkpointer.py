@@ -31,6 +31,7 @@ from ..checkpoint import (
     prune_checkpoints,
     remove_ephemeral_checkpoints,
 )
+from ..checkpoint.kept_inputs import canonical_entry, kept_checkpoints
 from ..checkpoint.upload import build_checkpoint_uploader
 from ..config import TrainConfig
 from ..distributed.collectives import DistEnv, barrier
@@ -74,6 +75,9 @@ class Checkpointer:
         self.restored_step: Optional[int] = None
         self.restored_path: Optional[str] = None  # the checkpoint this launch restored, if any
         self.exported_step: Optional[int] = None
+        # What the run reads inside save_folder (launches that would delete it are refused up front): kept through
+        # retention and rewinds.
+        self.kept = kept_checkpoints(cfg) if env.rank == 0 else set[Path]()
 
     def enabled(self, sharded: bool) -> bool:
         """Whether the config saves checkpoints of this kind on a schedule."""
@@ -225,7 +229,9 @@ class Checkpointer:
         the next saves of any kind are due again."""
         if self.env.rank == 0:
             for c in list_checkpoints(self.cfg.save_folder):
-                if c.step >= step:
+                if c.step >= step and canonical_entry(Path(c.path)) in self.kept:
+                    log.warning("Keeping checkpoint %s of a later step: this run reads it.", c.path)
+                elif c.step >= step:
                     log.warning("Deleting checkpoint %s: it was written during the offending stretch.", c.path)
                     delete_checkpoint(c)
         barrier()
@@ -247,11 +253,12 @@ class Checkpointer:
         if pending.meta["sharded"]:
             # A newer sharded checkpoint makes every older ephemeral one redundant.
             ephemeral = pending.meta["ephemeral"]
-            remove_ephemeral_checkpoints(folder, keep_step=pending.meta["step"] if ephemeral else None)
+            keep_step = pending.meta["step"] if ephemeral else None
+            remove_ephemeral_checkpoints(folder, keep_step=keep_step, kept=self.kept)
             if not ephemeral:
-                prune_checkpoints(folder, True, self.cfg.save_num_checkpoints_to_keep)
+                prune_checkpoints(folder, True, self.cfg.save_num_checkpoints_to_keep, self.kept)
         else:
-            prune_checkpoints(folder, False, self.cfg.save_num_unsharded_checkpoints_to_keep)
+            prune_checkpoints(folder, False, self.cfg.save_num_unsharded_checkpoints_to_keep, self.kept)
         log.info("Saved checkpoint %s", path)
         meta = pending.meta
         kind = ("ephemeral" if meta["ephemeral"] else "sharded") if meta["sharded"] else "unsharded"
