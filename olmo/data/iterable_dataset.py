@@ -124,11 +124,12 @@ class InstanceStream(torch.utils.data.IterableDataset):
 class IterableDataset(torch.utils.data.IterableDataset):
     """Yields this rank's instances of an epoch, in the global order, as ``dict(**dataset[i], index=i)``.
 
-    The epoch's order is written once, by rank 0, to ``{work_dir}/global_indices.npy`` (epoch 0) or
+    The epoch's order is written once, by one process (global rank 0), to ``{work_dir}/global_indices.npy`` (epoch 0) or
     ``global_indices_epoch{E}.npy`` as a raw uint32 memmap without a header (so users can inspect which instances
     made up any batch), and memory-mapped by every rank and DataLoader worker (:mod:`olmo.data.order_file`): a
     relaunch reuses the file after a cheap check instead of recomputing the permutation. Under a process group
-    of ``world_size`` ranks, the other ranks wait for rank 0's file. A rank that finds no matching file (no
+    (``world_size`` data-parallel ranks, each perhaps several processes under context or tensor parallelism),
+    every other process waits for that file. A rank that finds no matching file (no
     ``work_dir``, no process group to wait in, or a ``save_folder`` that its node does not share) computes the order
     in its own memory.
 
@@ -147,7 +148,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
     :param start_index: global instances of this epoch already consumed (a resume position).
     :param world_size: number of data-parallel ranks.
     :param rank: this process's rank.
-    :param work_dir: where rank 0 writes the order files; None writes nothing.
+    :param work_dir: where the order files are written (by global rank 0); None writes nothing.
     :param overwrite: replace an order file that holds a different order instead of raising.
     :param shuffle: permute the instances; otherwise the order is ``0..N-1``.
     :param max_examples: OLMo's: train on the first ``max_examples`` entries of the order only.
@@ -180,7 +181,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
         num_threads: Optional[int] = None,
         pairs: bool = False,
     ):
-        del fs_local_rank, num_threads  # OLMo's: the order file is written by rank 0 alone, without threads
+        del fs_local_rank, num_threads  # OLMo's: the order file is written by one process, without threads
         world_size = env_world_size() if world_size is None else world_size
         rank = env_rank() if rank is None else rank
         assert 0 <= rank < world_size, f"rank {rank} is not in [0, {world_size})"
@@ -275,9 +276,9 @@ class IterableDataset(torch.utils.data.IterableDataset):
             else:
                 if path is not None and self._in_process_group():
                     log.warning(
-                        "Rank %d does not see the data order that rank 0 wrote to %s (is save_folder on a file "
+                        "Rank %d does not see the data order that global rank 0 wrote to %s (is save_folder on a file "
                         "system that every node shares?); computing it in this process's memory (%.1f GB).",
-                        self.rank,
+                        dist.get_rank(),
                         path,
                         spec.num_instances * 4 / 1e9,
                     )
@@ -286,7 +287,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
         return self._order[1]
 
     def reshuffle(self, epoch: int) -> None:
-        """Move to ``epoch``: start from its first instance and (rank 0) write its order file."""
+        """Move to ``epoch``: start from its first instance and (global rank 0) write its order file."""
         self.epoch = epoch
         self.start_index = 0
         self.stop_index = None
@@ -330,8 +331,8 @@ class IterableDataset(torch.utils.data.IterableDataset):
         path = self.order_file()
         if path is None:
             return
-        ok = True
-        if self.rank == 0:
+        ok, writer = True, self._writes_order()
+        if writer:
             try:
                 self._write_order_file(path)
             except BaseException:
@@ -342,10 +343,22 @@ class IterableDataset(torch.utils.data.IterableDataset):
             raise OLMoDataError(
                 f"Rank 0 could not write the data order to {path}; its error message says why (fix that and relaunch)."
             )
-        self._order_file_ready = self.rank == 0
+        self._order_file_ready = writer
 
     def _in_process_group(self) -> bool:
-        return self.world_size > 1 and dist.is_initialized() and dist.get_world_size() == self.world_size
+        """Whether this process's peers in the process group read the order file too: the group holds the
+        ``world_size`` data-parallel ranks, each once or, with context or tensor parallelism, several times over."""
+        if not dist.is_initialized():
+            return False
+        group = dist.get_world_size()
+        return group > 1 and group % self.world_size == 0
+
+    def _writes_order(self) -> bool:
+        """Whether this process writes the order file: one process in all, global rank 0 of the process group (the
+        context- and tensor-parallel peers of data rank 0 read the same order, and wait for it as the others do);
+        data rank 0 without a group. A node that does not share ``save_folder`` computes the order in memory
+        (:meth:`global_indices`)."""
+        return dist.get_rank() == 0 if self._in_process_group() else self.rank == 0
 
     def _agree(self, ok: bool) -> bool:
         """Whether rank 0 succeeded, as every rank of the process group learns it (True without a group)."""
