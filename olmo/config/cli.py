@@ -343,7 +343,8 @@ def parse_override(arg: str, schema: Any) -> str:
 
 
 def config_error(e: OmegaConfBaseException, source: str) -> OLMoConfigurationError:
-    """An OmegaConf error as one paragraph naming the key, where it came from (``source``) and the fix."""
+    """An OmegaConf error as one paragraph naming the key, where it came from (``source``) and the fix: "Invalid config
+    key" for a key the schema does not have, "Invalid value for config key" for a value a key cannot hold."""
     key = getattr(e, "full_key", None)
     if not key:  # a merge error at a section names no key; an override's own text does
         given = re.match(r"from the command-line override '--([^=']+)", source)
@@ -352,6 +353,7 @@ def config_error(e: OmegaConfBaseException, source: str) -> OLMoConfigurationErr
     cause = e.__cause__ or e.__context__
     if cause is not None and not isinstance(cause, OmegaConfBaseException):
         msg = f"{msg} ({cause})"
+    what = "Invalid config key" if isinstance(e, ConfigKeyError) else "Invalid value for config key"
     if isinstance(e, ConfigKeyError):
         fix = "Remove or rename that key (see olmo/config/train_config.py for every field and its meaning)."
     elif "is not a subclass of" in msg:
@@ -362,7 +364,7 @@ def config_error(e: OmegaConfBaseException, source: str) -> OLMoConfigurationErr
     else:
         fix = f"Fix the value in the YAML file or override it, e.g. --{key}=VALUE."
     stop = "" if msg.endswith(("?", "!")) else "."
-    return OLMoConfigurationError(f"Invalid config key '{key}' ({source}): {msg}{stop} {fix}")
+    return OLMoConfigurationError(f"{what} '{key}' ({source}): {msg}{stop} {fix}")
 
 
 def override_yaml_error(override: str, e: yaml.YAMLError) -> OLMoCliError:

@@ -109,7 +109,7 @@ def test_every_config_problem_is_reported_at_once(tmp_path):
     assert result.returncode != 0 and "Traceback" not in result.stderr
     err = result.stderr
     assert "has 4 problems" in err or "have 4 problems" in err, err
-    assert "Invalid config key 'seed' (in " in err and "Invalid config key 'optimizer.lr' (in " in err
+    assert "Invalid value for config key 'seed' (in " in err and "Invalid config key 'optimizer.lr' (in " in err
     assert "'model.n_layer' (from the command-line override '--model.n_layer=2')" in err
     assert "'optimizer.learning_rate' (from the command-line override '--optimizer.learning_rate=abc')" in err
     assert "Did you mean: 'n_layers'? Remove" in err  # no "?." before the advice

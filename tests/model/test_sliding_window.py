@@ -247,7 +247,7 @@ def test_a_section_given_one_value_is_named_with_how_to_set_it(tmp_path, key, va
     config = write_config(tmp_path / "c.yaml", tiny_config_dict(tmp_path / "run", [str(tmp_path / "a.npy")]))
     with pytest.raises(OLMoConfigurationError) as e:
         run_main("train.py", config, f"--{key}={value}")
-    assert f"Invalid config key '{key}'" in str(e.value) and f"--{key}.FIELD=VALUE" in str(e.value)
+    assert f"Invalid value for config key '{key}'" in str(e.value) and f"--{key}.FIELD=VALUE" in str(e.value)
 
 
 def test_a_gigabyte_window_mask_warns_at_startup_unless_flash_attn_takes_the_window(tmp_path, caplog):
