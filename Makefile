@@ -11,9 +11,15 @@ $(PY):
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build on CPU machines.
 	$(VENV)/bin/pip install --progress-bar off "torch==2.13.0"
 
-install: $(PY)
+# The package is installed editable, so code changes need no reinstall: pip runs again only when the setup files
+# change (or the stamp is gone: `rm $(VENV)/.installed`, or `make -B install`, reinstalls). Order-only on $(PY): its
+# mtime is the system interpreter's (a link), and a new virtualenv has no stamp anyway.
+install: $(VENV)/.installed
+
+$(VENV)/.installed: setup.py pyproject.toml | $(PY)
 	@echo "[install 2/2 $$(date +%T)] olmo-trainer and its dependencies, editable (~1 minute on a fresh machine)"
 	$(VENV)/bin/pip install --progress-bar off -e ".[dev,hf,float8]"
+	@touch $@
 	@echo "[install done $$(date +%T)]"
 
 checks: install
