@@ -1,10 +1,11 @@
-"""Import a Hugging Face transformers OLMo, OLMo-2 or OLMo-3 model as one of our unsharded checkpoints.
+"""Import a Hugging Face transformers model of the OLMo family as one of our unsharded checkpoints.
 
     python scripts/convert_from_hf.py HF_DIR OUTPUT_DIR [--safetensors]
 
-HF_DIR is a local directory written by transformers' ``save_pretrained`` (``OlmoForCausalLM``, ``Olmo2ForCausalLM``
-or ``Olmo3ForCausalLM``: its sliding-window layers become ``model.sliding_window``, the shortest pattern that gives
-them, and YaRN or llama3 RoPE scaling ``model.rope_scaling``). OUTPUT_DIR receives ``model.pt`` (or
+HF_DIR is a local directory written by transformers' ``save_pretrained`` of one of the classes
+:data:`olmo.hf.HF_MODEL_TYPES` lists (``--help`` prints them): OLMo, OLMo-2, OLMo-3 (its sliding-window layers become
+``model.sliding_window``, the shortest pattern that gives them, and YaRN or llama3 RoPE scaling
+``model.rope_scaling``), OLMoE and FlexOlmo (``model.moe``). OUTPUT_DIR receives ``model.pt`` (or
 ``model.safetensors``), ``train.pt`` (step 0) and a ``config.yaml`` whose ``model`` section reproduces the
 architecture exactly (its ``tokenizer.identifier`` points at HF_DIR's ``tokenizer.json`` when there is one),
 committed like every trainer checkpoint. There is no optimizer state (the trainer then starts a fresh optimizer by
@@ -12,8 +13,10 @@ itself), so fine-tune with
 
     python scripts/train.py CONFIG --load_path=OUTPUT_DIR --reset_trainer_state
 
-where CONFIG carries the ``model`` section of OUTPUT_DIR/config.yaml. Everything is checked (an unknown model
-type, options our model does not implement, weights that do not match config.json) before anything is written.
+where CONFIG carries the ``model`` section of OUTPUT_DIR/config.yaml. Everything is checked before anything is
+written: an unknown model type, options our model does not implement, a config the trainer's own validation refuses
+(a NaN or infinite RoPE factor or loss weight, a scale past a million), weights that do not match config.json, and
+any weight with a NaN or infinite value (named with its file).
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from typing import Optional
 from olmo.checkpoint.save import check_new_output_dir, write_imported_checkpoint
 from olmo.config import TokenizerConfig, TrainConfig
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError
-from olmo.hf import from_hf_state, model_config_from_hf
+from olmo.hf import from_hf_state, hf_class_listing, model_config_from_hf
 from olmo.hf.files import hf_tokenizer_vocab_size, read_hf_config, read_hf_weights
+from olmo.hf.import_checks import check_imported_config
 from olmo.model import OLMo
 from olmo.util import is_url
 from olmo.util.tokenizer_files import DEFAULT_TOKENIZER
@@ -41,8 +45,8 @@ log = logging.getLogger("convert_from_hf")
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="convert_from_hf.py",
-        description="Convert a Hugging Face OLMo / OLMo-2 / OLMo-3 model directory (OlmoForCausalLM, "
-        "Olmo2ForCausalLM, Olmo3ForCausalLM) into an unsharded checkpoint of ours.",
+        description=f"Convert a Hugging Face transformers model directory of the OLMo family ({hf_class_listing()}) "
+        "into an unsharded checkpoint of ours.",
     )
     parser.add_argument(
         "hf_dir",
@@ -93,12 +97,15 @@ def convert_from_hf(hf_dir: str, output_dir: str, safetensors: bool = False) -> 
     start = time.perf_counter()
     tokenizer_vocab = hf_tokenizer_vocab_size(source)  # None without a tokenizer.json that loads
     model_cfg = model_config_from_hf(hf_config, tokenizer_vocab)
+    tokenizer_file = source / "tokenizer.json"
+    identifier = str(tokenizer_file.resolve()) if tokenizer_vocab is not None else DEFAULT_TOKENIZER
+    cfg = TrainConfig(run_name=target.name, model=model_cfg, tokenizer=TokenizerConfig(identifier=identifier))
+    check_imported_config(cfg, hf_config.model_type, source)  # a config the trainer refuses is refused here
     state = from_hf_state(read_hf_weights(source), model_cfg, str(source))
     model = OLMo(model_cfg, init_params=False)
     model.load_state_dict(state, strict=True)  # casts to the model's fp32
     del state
 
-    tokenizer_file = source / "tokenizer.json"
     if tokenizer_vocab is None:
         log.warning(
             "'%s' has no tokenizer.json that loads; config.yaml names %s, which may not match (set "
@@ -107,8 +114,6 @@ def convert_from_hf(hf_dir: str, output_dir: str, safetensors: bool = False) -> 
             source,
             DEFAULT_TOKENIZER,
         )
-    identifier = str(tokenizer_file.resolve()) if tokenizer_vocab is not None else DEFAULT_TOKENIZER
-    cfg = TrainConfig(run_name=target.name, model=model_cfg, tokenizer=TokenizerConfig(identifier=identifier))
     write_imported_checkpoint(target, cfg, model, None, safetensors)
     log.info(
         "Wrote %s (%s, %d parameters) in %.1f s. Fine-tune with the model section of its config.yaml and "

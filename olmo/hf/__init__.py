@@ -1,7 +1,8 @@
 """Hugging Face transformers interop: ``mapping`` (our model <-> ``OlmoForCausalLM``/``Olmo2ForCausalLM``/
-``Olmo3ForCausalLM``: configs and state dicts, both ways; the names re-exported here; its sliding-window and RoPE
-scaling part is ``olmo3``) and ``files`` (model directories: config.json, safetensors shards, tokenizer and
-generation files). transformers is imported inside functions only.
+``Olmo3ForCausalLM``/``OlmoeForCausalLM``/``FlexOlmoForCausalLM``: configs and state dicts, both ways; the names
+re-exported here; its sliding-window and RoPE scaling part is ``olmo3``, its experts' ``olmoe``), ``files`` (model
+directories: config.json, safetensors shards, tokenizer and generation files) and ``import_checks`` (what an import
+must pass before anything is written). transformers is imported inside functions only.
 
 May import: ``olmo.checkpoint``, ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.
 """
@@ -10,6 +11,7 @@ from .mapping import (
     HF_MODEL_TYPES,
     build_hf_config,
     from_hf_state,
+    hf_class_listing,
     hf_config_class,
     hf_config_kwargs,
     hf_model_type,
@@ -20,6 +22,7 @@ from .mapping import (
 
 __all__ = [
     "HF_MODEL_TYPES",
+    "hf_class_listing",
     "hf_config_class",
     "import_transformers",
     "hf_model_type",

@@ -29,6 +29,7 @@ from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
 from ..util import default_file_mode
 from ..util.progress import ProgressLog
 from ..util.tokenizer_files import load_base_tokenizer
+from .import_checks import non_finite_count, non_finite_weight_error
 from .mapping import (
     HF_MODEL_TYPES,
     build_hf_config,
@@ -70,6 +71,8 @@ _UNITS = {
 def export_tokenizer(identifier: str, model_cfg: ModelConfig, flag: str = "--tokenizer") -> HFTokenizer:
     """The tokenizer to ship with an export, checked to fit the model's embedding.
 
+    :param flag: What the user sets to ship another tokenizer, named in the refusal (which says nothing of what was
+        or was not written: the caller knows).
     :raises OLMoConfigurationError: if it does not resolve, or has more tokens than the embedding has rows.
     """
     try:
@@ -80,7 +83,7 @@ def export_tokenizer(identifier: str, model_cfg: ModelConfig, flag: str = "--tok
         raise OLMoConfigurationError(
             f"The tokenizer {identifier!r} has {tokenizer.get_vocab_size()} tokens, more than the model's "
             f"{model_cfg.effective_embedding_size} embedding rows, so it is not the run's tokenizer. Set {flag} "
-            f"to the tokenizer the model was trained with. Nothing was written."
+            f"to the tokenizer the model was trained with."
         )
     return tokenizer
 
@@ -270,9 +273,11 @@ def read_hf_config(path: Path) -> Any:
 
 def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the model in ``path``: ``model.safetensors``, the shards its index names, or
-    ``pytorch_model.bin`` (weights-only).
+    ``pytorch_model.bin`` (weights-only); each floating-point one checked to be finite as its file is read.
 
     :raises OLMoConfigurationError: if there are no weights.
+    :raises OLMoCheckpointError: for a file that does not read, or a tensor with a NaN or infinite value (naming
+        the tensor and its file).
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -285,6 +290,7 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
         state = safe_torch_load(path / "pytorch_model.bin")
         if not isinstance(state, dict):
             raise _not_a_model(path, "pytorch_model.bin holds no state dict")
+        _check_finite(state, path / "pytorch_model.bin")
         return state
     else:
         raise _not_a_model(path, "it has no model.safetensors, safetensors index or pytorch_model.bin")
@@ -293,11 +299,22 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
     for i, file in enumerate(files):
         progress.update(i)
         try:
-            state.update(load_file(str(path / file)))
+            tensors = load_file(str(path / file))
         except (SafetensorError, OSError) as e:
             raise OLMoCheckpointError(f"Could not read '{path / file}' ({e}); it is damaged or missing.") from None
+        _check_finite(tensors, path / file)
+        state.update(tensors)
     progress.update(len(files))
     return state
+
+
+def _check_finite(state: Mapping[str, Any], file: Path) -> None:
+    """Refuse the first floating-point tensor of ``state`` (read from ``file``) that holds a NaN or an infinity."""
+    for name, tensor in state.items():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+            bad = non_finite_count(tensor)
+            if bad:
+                raise non_finite_weight_error(name, file, bad, tensor.numel())
 
 
 def _index_files(index: Path) -> list[str]:

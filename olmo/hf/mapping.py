@@ -51,6 +51,7 @@ from .olmoe import (
 
 __all__ = [
     "HF_MODEL_TYPES",
+    "hf_class_listing",
     "hf_config_class",
     "import_transformers",
     "hf_model_type",
@@ -68,6 +69,13 @@ HF_MODEL_TYPES = {
     **MOE_MODEL_TYPES,
 }
 """The transformers ``model_type`` values we convert, and their model class."""
+
+
+def hf_class_listing() -> str:
+    """Every transformers class we convert, with its ``model_type``, as help texts and messages list them:
+    ``OlmoForCausalLM (olmo), Olmo2ForCausalLM (olmo2), ...`` (read from :data:`HF_MODEL_TYPES`)."""
+    return ", ".join(f"{name} ({model_type})" for model_type, name in HF_MODEL_TYPES.items())
+
 
 _NORM_AFTER_TYPES = ("olmo2", "olmo3", "flex_olmo")
 """The model types with the OLMo-2 blocks (norm after, RMSNorm with weights, QK-norm)."""
@@ -293,8 +301,8 @@ def model_config_from_hf(hf: Any, vocab_size: Optional[int] = None) -> ModelConf
     problems += rope.problems + _import_problems(hf, rope.theta)
     if problems:
         raise OLMoConfigurationError(
-            f"This {hf.model_type} model cannot be represented by our model exactly; nothing was written: "
-            + " ".join(problems)
+            f"This {hf.model_type} model cannot be represented by our model exactly; nothing was written. In its "
+            f"config.json: " + " ".join(problems)
         )
     norm_after = hf.model_type in _NORM_AFTER_TYPES
     moe = moe_config_from_hf(hf) if hf.model_type in MOE_MODEL_TYPES else {}
