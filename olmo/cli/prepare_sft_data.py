@@ -9,7 +9,8 @@ Only the assistant's content and its eos are trained on (label mask True). Examp
 padded (``--pad``, mask False) to exactly ``--seq-len`` tokens, so instance ``i`` of the output is example
 ``i`` (without ``--pack``); examples with no label token left are dropped. This is the format of OLMo's
 ``scripts/prepare_tulu_data.py``. With ``--chat-template`` each conversation is rendered by a Jinja chat template
-instead (built-in ``tulu`` or ``olmo3``, or the tokenizer's own: ``olmo/data/chat_templates.py``; sandboxed) and the
+instead (built-in ``tulu`` or ``olmo3``, or the tokenizer's own: ``olmo/data/chat_templates.py``; sandboxed, within a
+budget of memory and time: ``olmo/data/template_budget.py``) and the
 tokens of the whole text are kept, the template's assistant tokens as labels: the ids and mask transformers'
 ``apply_chat_template(..., return_assistant_tokens_mask=True)`` gives; a conversation the template fails on stops
 the run naming its line. ``--pack`` puts several conversations in each instance, in order, padding only the tails;

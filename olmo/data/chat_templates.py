@@ -2,11 +2,12 @@
 tokenizer's own or a named built-in, then tokenized, with only the assistant turns marked as labels.
 
 - **The template is data, never code.** It runs in Jinja's immutable sandbox (no attribute access to Python
-  internals, no mutation of the messages; ``range`` bounded, and here no ``*`` or ``**`` that would build a string,
-  list or number beyond any chat's size), with the context transformers gives a template: ``messages``,
-  ``add_generation_prompt``, ``tools``, the special tokens (``eos_token``, ``bos_token``), ``raise_exception``, and
-  the ``tojson`` filter; blocks trim their newlines (``trim_blocks``, ``lstrip_blocks``) and loops may ``break``.
-  So the text, and the token ids of the whole text, are what ``apply_chat_template`` gives for the same template.
+  internals, no mutation of the messages), every step metered against a budget of memory and time it cannot get round
+  (:mod:`.template_budget`: sizes of the template and of every value, steps, wall clock), with the context
+  transformers gives a template: ``messages``, ``add_generation_prompt``, ``tools``, the special tokens (``eos_token``,
+  ``bos_token``), ``raise_exception``, and the ``tojson`` filter; blocks trim their newlines (``trim_blocks``,
+  ``lstrip_blocks``) and loops may ``break``. So the text, and the token ids of the whole text, are what
+  ``apply_chat_template`` gives for the same template.
 - **Where a template comes from** (:func:`load_chat_template`): a built-in name (:data:`BUILT_IN`), or a file: a
   ``.jinja`` template, or a ``tokenizer_config.json`` whose ``chat_template`` holds it. Beside a ``tokenizer.json``,
   ``chat_template.jinja`` wins over ``tokenizer_config.json``, as in transformers.
@@ -14,7 +15,9 @@ tokenizer's own or a named built-in, then tokenized, with only the assistant tur
   ``return_assistant_tokens_mask``; the built-ins have them), or, in a template without them, each assistant turn as
   the text the template adds between rendering the conversation up to the turn with the generation prompt and
   rendering it through the turn (a template whose renderings are not prefixes of each other is refused, naming the
-  turn). Tokens whose text starts inside such a span are labels; headers and everything else are context.
+  turn). Tokens whose text starts inside such a span are labels; headers and everything else are context. The
+  blocks' output is marked with a nonce drawn for each rendering that no input holds, and the text without the marks
+  must equal the rendering without them, so no text of a message, a tool or a special token can move a label span.
 """
 
 from __future__ import annotations
