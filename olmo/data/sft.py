@@ -195,8 +195,8 @@ class TemplateFormatter:
         for index, messages in enumerate(conversations):
             try:
                 ids, mask = self.template.tokenize(messages, self.tokenizer.base)
-            except ValueError as e:
-                raise ConversationError(index, str(e)) from None
+            except ValueError as e:  # the template's failure, or its budget's: one sentence, ended by the caller
+                raise ConversationError(index, str(e).rstrip(".")) from None
             out.append(fit(ids, mask, self.seq_len, self.pad))
         return out
 

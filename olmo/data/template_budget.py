@@ -46,8 +46,9 @@ __all__ = [
     "text_size",
 ]
 
-MAX_TEMPLATE_CHARS = 256 * 1024
-"""The longest template source, in characters (real chat templates are a few KB)."""
+MAX_TEMPLATE_CHARS = 128 * 1024
+"""The longest template source, in characters (real chat templates are a few KB; compiling this many takes a few
+seconds)."""
 MAX_TEMPLATE_FILE_BYTES = 16 * 1024 * 1024
 """The largest template file read: a ``.jinja`` file or a ``tokenizer_config.json`` (which also lists the tokens)."""
 MAX_STRING_CHARS = 4 * 1024 * 1024
