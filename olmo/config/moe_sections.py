@@ -119,8 +119,9 @@ class ExpertParallelConfig(BaseConfig):
     """Ranks that share each layer's experts (1: none; every rank computes every expert on its own tokens). Must
     divide the world size and ``model.moe.num_experts``."""
 
-    def problems(self, model: ModelConfig, strategy: str, sharding: str, world_size: int) -> list[str]:
-        """One sentence per reason ``degree`` cannot work for ``model`` on ``world_size`` ranks."""
+    def problems(self, model: ModelConfig, strategy: str, sharding: str, world_size: Optional[int]) -> list[str]:
+        """One sentence per reason ``degree`` cannot work for ``model`` on ``world_size`` ranks (None: any number;
+        ``--dry_run`` started as one process)."""
         d = self.degree
         if isinstance(d, bool) or not isinstance(d, int) or d < 1:
             return [f"expert_parallel.degree={d!r} must be a whole number >= 1 (1 = no expert parallelism)."]
@@ -136,7 +137,7 @@ class ExpertParallelConfig(BaseConfig):
                 f"expert_parallel.degree={d} must divide model.moe.num_experts={model.moe.num_experts} (each rank "
                 f"holds num_experts / degree experts)."
             )
-        if world_size % d:
+        if world_size is not None and world_size % d:
             out.append(
                 f"expert_parallel.degree={d} must divide the number of processes launched ({world_size}); launch a "
                 f"multiple of {d} with torchrun --nproc_per_node, or change the degree."

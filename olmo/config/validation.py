@@ -23,6 +23,7 @@ from .attention_sections import attention_mask_warnings
 from .bounds import MAX_TIMEOUT_SECONDS, non_finite_problems
 from .data_sections import DataConfig
 from .eval_sections import EvaluatorConfig, task_labels, unknown_label_problems
+from .layout_checks import batch_layout_problems, layout_world_size, strategy_problems
 from .optim_sections import SchedulerConfig
 from .sections import EvaluatorType, FSDPWrapStrategy, OptimizerType, SchedulerUnits, TruncationDirection
 from .stage_sections import (
@@ -80,8 +81,11 @@ def _key_of(problem: str) -> str:
 def _value_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     """Every section's problems and the run's, in the order of the report."""
     problems: list[str] = []
+    layout_world = layout_world_size(cfg, world_size)
     problems += cfg.model.problems()
-    problems += _batch_problems(cfg, world_size)
+    problems += batch_layout_problems(cfg, layout_world)
+    if cfg.global_train_batch_size > 0 and cfg.device_train_microbatch_size > 0:  # durations count in batches
+        problems += _run_settings_problems(cfg)
     problems += cfg.data.problems(
         cfg.model.vocab_size, cfg.model.max_sequence_length, _segment_durations(cfg, None), _stage_mixtures(cfg)
     )
@@ -89,7 +93,7 @@ def _value_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     problems += _checkpoint_problems(cfg)
     problems += _run_name_problems(cfg)
     problems += _location_problems(cfg)
-    problems += _strategy_problems(cfg, world_size)
+    problems += strategy_problems(cfg, layout_world)
     if cfg.evaluators:
         problems += evaluator_problems(cfg)
     problems += tokenizer_problems(cfg)
@@ -104,28 +108,9 @@ def _value_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     return problems
 
 
-def _batch_problems(cfg: TrainConfig, world_size: int) -> list[str]:
-    """The run's batch sizes against ``world_size``, and its other top-level settings of how it runs."""
+def _run_settings_problems(cfg: TrainConfig) -> list[str]:
+    """The run's other top-level settings of how it runs."""
     out: list[str] = []
-    micro = cfg.device_train_microbatch_size
-    if cfg.global_train_batch_size <= 0 or micro <= 0:
-        return ["global_train_batch_size and device_train_microbatch_size must be positive."]
-    dp = cfg.data_parallel_size(world_size)
-    if cfg.global_train_batch_size % (micro * dp) != 0:
-        ranks = f"world size ({world_size})" if dp == world_size else f"data-parallel ranks ({dp} of {world_size})"
-        out.append(
-            f"global_train_batch_size={cfg.global_train_batch_size} must be divisible by "
-            f"device_train_microbatch_size ({micro}) x {ranks} = {micro * dp}; "
-            f"change one of them (e.g. --global_train_batch_size={max(1, cfg.global_train_batch_size // (micro * dp)) * micro * dp})."
-        )
-    derived = cfg.device_batch_size(world_size)
-    if cfg.device_train_batch_size is not None and cfg.device_train_batch_size != derived:
-        # OLMo wrote this derived value into every saved config.yaml, for the world size of that run.
-        log.warning(
-            "device_train_batch_size=%d is ignored: it is derived as global_train_batch_size / world size = %d.",
-            cfg.device_train_batch_size,
-            derived,
-        )
     if cfg.float32_matmul_precision not in ("highest", "high", "medium"):
         out.append(f"float32_matmul_precision={cfg.float32_matmul_precision!r} must be highest, high or medium.")
     if cfg.precision is not None and cfg.precision not in PRECISIONS:
@@ -210,34 +195,6 @@ def _location_problems(cfg: TrainConfig) -> list[str]:
     values = {"save_folder": cfg.save_folder, "load_path": cfg.load_path}
     out = [p for key, value in values.items() if (p := missing_slash_problem(value, key)) is not None]
     return out + cfg.kl_reference.problems()
-
-
-def _strategy_problems(cfg: TrainConfig, world_size: int) -> list[str]:
-    """``distributed_strategy`` (and ``expert_parallel``) against the processes launched."""
-    sharding = str((cfg.fsdp.sharding_strategy if cfg.fsdp is not None else None) or "FULL_SHARD")
-    ep = cfg.expert_parallel.problems(cfg.model, str(cfg.distributed_strategy), sharding, world_size)
-    # A dry run plans a launch elsewhere: the degrees are checked against the model, not this process count.
-    launched = None if cfg.dry_run else world_size
-    ep += cfg.context_parallel.problems(
-        cfg.model, str(cfg.distributed_strategy), launched, cfg.expert_parallel.degree
-    )
-    ep += cfg.tensor_parallel.problems(
-        cfg.model, str(cfg.distributed_strategy), launched, cfg.expert_parallel.degree, cfg.context_parallel.degree
-    )
-    if cfg.model.trains_float8 and cfg.tensor_parallel.degree > 1:
-        ep.append(
-            f"model.float8.enabled=true with tensor_parallel.degree={cfg.tensor_parallel.degree} is not implemented "
-            "(float8 layers would need torchao's float8 tensor-parallel styles in place of torch's); train with "
-            "FSDP alone (--tensor_parallel.degree=1) or without float8 (--model.float8.enabled=false)."
-        )
-    if ep:
-        return ep
-    if cfg.distributed_strategy == "single" and world_size > 1:
-        return [
-            f"distributed_strategy=single trains on one device, but {world_size} processes were launched. Use "
-            f"--distributed_strategy=fsdp (or ddp) under torchrun, or launch one process."
-        ]
-    return []
 
 
 def _length_in_steps(cfg: TrainConfig, duration: Any) -> Optional[int]:

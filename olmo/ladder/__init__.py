@@ -15,9 +15,23 @@
 (the run planner sizes stages with ``olmo.train.stages``).
 """
 
-from .config import NAMED_SIZES, BatchRule, LadderConfig, LRRule, SizeSpec, load_ladder
-from .fit import PowerLawFit, fit_chinchilla, fit_loss_vs_compute, fit_power_law
-from .plan import Rung, plan_ladder, write_rung_config
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import NAMED_SIZES, BatchRule, LadderConfig, LRRule, SizeSpec, load_ladder
+    from .fit import PowerLawFit, fit_chinchilla, fit_loss_vs_compute, fit_power_law
+    from .plan import Rung, plan_ladder, write_rung_config
+
+# Loaded on first use: ``scripts/plan.py`` answers its usage and config errors without importing torch.
+_LAZY = {
+    "config": ("NAMED_SIZES", "BatchRule", "LadderConfig", "LRRule", "SizeSpec", "load_ladder"),
+    "fit": ("PowerLawFit", "fit_power_law", "fit_loss_vs_compute", "fit_chinchilla"),
+    "plan": ("Rung", "plan_ladder", "write_rung_config"),
+}
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 
 __all__ = [
     "NAMED_SIZES",
@@ -34,3 +48,11 @@ __all__ = [
     "plan_ladder",
     "write_rung_config",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULE_OF:
+        value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,6 +7,7 @@ with them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -15,10 +16,10 @@ from typing import Optional
 import torch
 
 from ..config import FSDPConfig, LayerNormType, ShardingStrategy, TrainConfig
+from ..distributed.launch_memory import meta_model, state_bytes_per_param
 from ..distributed.parallelize import apply_activation_checkpointing
 from ..exceptions import OLMoConfigurationError
-from ..model import OLMo
-from ..model.flops import cpu_peak_flops, gpu_peak_flops
+from ..model.flops import _MIN_CPU_SHARE, PeakFlops, cpu_peak_flops, gpu_peak_flops
 from ..model.loss import FUSED_LOSS_CHUNK_TOKENS
 
 __all__ = [
@@ -100,10 +101,39 @@ def _device(name: str, memory: float, peak_flops_override: Optional[float]) -> D
         return DeviceSpec(name, is_gpu, memory, float(peak_flops_override), "speed_monitor.gpu_flops_available")
     if not is_gpu:
         peak = cpu_peak_flops()
-        return DeviceSpec(name, False, memory, peak.flops, peak.source)
+        return DeviceSpec(name, False, memory, peak.flops, _cpu_peak_source(peak))
     flops = gpu_peak_flops(name)
     source = f"the dense bf16 peak of {name}" if flops else "unknown (set speed_monitor.gpu_flops_available)"
     return DeviceSpec(name, True, memory, flops, source)
+
+
+MAX_PEAK_CACHE_BYTES = 1 << 20
+"""The CPU peak cache holds a few entries of a hundred bytes; a larger file is not read."""
+
+
+def _cpu_peak_source(peak: PeakFlops) -> str:
+    """Where a CPU's peak FLOP/s came from and how it was measured: the best of short fp32 matmuls, taken when the
+    machine was idle or, provisionally, while other work was running (then the peak is likely low and the time
+    estimated from it long, until a run on an idle machine measures it again)."""
+    entry: object = None
+    path = peak.cache_file
+    try:
+        if path is not None and path.is_file() and path.stat().st_size <= MAX_PEAK_CACHE_BYTES:
+            entry = json.loads(path.read_text()).get(peak.cache_key)
+    except (OSError, ValueError, AttributeError):
+        entry = None
+    how = f"{peak.source}: the best of a few 1-2k fp32 matmuls"
+    if not isinstance(entry, dict) or not isinstance(entry.get("cpu_share"), (int, float)):
+        return how
+    when = f" on {entry['measured']}" if isinstance(entry.get("measured"), str) else ""
+    share = float(entry["cpu_share"])
+    if entry.get("idle") is False or share < _MIN_CPU_SHARE:
+        return (
+            f"{how}, measured{when} while other work was running ({share:.0%} of its threads' time): provisional and "
+            f"likely low, so the time is likely long; measured again by the next run on an idle machine, or pin "
+            f"speed_monitor.gpu_flops_available"
+        )
+    return f"{how}, measured{when} on an idle machine"
 
 
 @dataclass(frozen=True)
@@ -127,8 +157,7 @@ class ModelFacts:
 def model_facts(cfg: TrainConfig) -> ModelFacts:
     """Build ``OLMo(cfg.model)`` on the meta device, apply the config's activation checkpointing to it (as
     training does), and count."""
-    with torch.device("meta"):
-        model = OLMo(cfg.model)
+    model = meta_model(cfg.model)
     blocks = model.transformer.typed_blocks()
     checkpointed = 0
     if cfg.activation_checkpointing is not None:
@@ -257,7 +286,7 @@ def estimate_memory(
     params, grads = 4 * P / shard, 4 * P / shard
     if device.is_gpu and cfg.grad_accum_steps(world_size) == 1:
         grads = 0.0  # the peak is the first backward's start: no gradient exists yet (zero_grad frees them)
-    optimizer = (8 if cfg.optimizer.name == "adamw" else 4) * P / shard
+    optimizer = state_bytes_per_param(str(cfg.optimizer.name))[2] * P / shard
 
     gathered = 0.0
     if fsdp_units:

@@ -21,24 +21,24 @@ import copy
 import json
 import sys
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..config import ShardingStrategy, TrainConfig
+from ..config.layout_checks import MAX_WORLD_SIZE, layout_problems
 from ..exceptions import OLMoConfigurationError
-from .estimates import (
-    FRAGMENTATION,
-    GPUS_PER_NODE,
-    DeviceSpec,
-    estimate_memory,
-    model_facts,
-    resolve_device,
-    shard_degree,
-)
 
-__all__ = ["MeshPlan", "plan_meshes", "main"]
+if TYPE_CHECKING:
+    from .estimates import DeviceSpec
+
+# The estimates build the model on the meta device, so they import torch: loaded only once the config and its
+# layout are known to be good, so that usage errors, --help and refusals answer in a second.
+
+__all__ = ["MeshPlan", "check_layout", "plan_meshes", "format_plans", "main"]
 
 DEVICES = {"h100": "H100", "h200": "H200", "a100": "A100", "cpu": "cpu"}
 DEFAULT_MFU = 0.45
+GIB = 2**30
+"""Memory is shown in GiB (2^30 bytes), as GPU makers state device memory (an H100 has 80 GiB)."""
 
 
 @dataclass
@@ -58,7 +58,10 @@ class MeshPlan:
 
 
 def _meshes(cfg: TrainConfig, world_size: int) -> list[tuple[str, TrainConfig]]:
-    """The configured layout first, then the other FSDP layouts (and expert-parallel degrees) this world allows."""
+    """The configured layout first, then the other FSDP layouts (and expert-parallel, context- and tensor-parallel
+    degrees) this world allows: each one that a launch would accept (:func:`olmo.config.validation.layout_problems`)."""
+    from .estimates import GPUS_PER_NODE
+
     out = [("configured", cfg)]
     if world_size == 1:
         return out  # one rank: nothing to shard
@@ -86,17 +89,19 @@ def _meshes(cfg: TrainConfig, world_size: int) -> list[tuple[str, TrainConfig]]:
             other.fsdp.sharding_strategy = strategy
             other.fsdp.hybrid_sharding_num_model_replicas = replicas
             other.expert_parallel.degree = degree
-            out.append((label + (f" + EP {degree}" if degree > 1 else ""), other))
+            if not layout_problems(other, world_size):
+                out.append((label + (f" + EP {degree}" if degree > 1 else ""), other))
     seq = cfg.model.max_sequence_length
     if (seq >= 16384 or cfg.context_parallel.degree > 1) and not cfg.model.is_moe:
         for cp in (2, 4, 8, 16):
-            if cp <= world_size and world_size % cp == 0 and seq % (2 * cp) == 0:
+            if cp <= world_size:
                 other = copy.deepcopy(cfg)
                 assert other.fsdp is not None
                 other.fsdp.sharding_strategy = ShardingStrategy.FULL_SHARD
                 other.fsdp.hybrid_sharding_num_model_replicas = None
                 other.context_parallel.degree = cp
-                out.append((f"FULL_SHARD + CP {cp}", other))
+                if not layout_problems(other, world_size):
+                    out.append((f"FULL_SHARD + CP {cp}", other))
     m = cfg.model
     if (m.d_model >= 4096 or cfg.tensor_parallel.degree > 1) and not m.is_moe and not m.alibi:
         cp = cfg.context_parallel.degree  # a long-context config keeps its context parallelism
@@ -108,13 +113,35 @@ def _meshes(cfg: TrainConfig, world_size: int) -> list[tuple[str, TrainConfig]]:
             other.tensor_parallel.degree = tp
             # Within a node (its all-reduces run in every layer), and dividing the heads and hidden units.
             fits_node = tp <= min(world_size, GPUS_PER_NODE)
-            if fits_node and not other.tensor_parallel.problems(m, "fsdp", world_size, 1, cp):
+            if fits_node and not layout_problems(other, world_size):
                 out.append((f"FULL_SHARD{f' + CP {cp}' if cp > 1 else ''} + TP {tp}", other))
     return out
 
 
+def check_layout(cfg: TrainConfig, world_size: int, config: str = "the config") -> None:
+    """Refuse a configured layout that ``scripts/train.py`` would refuse on ``world_size`` processes, with the same
+    checks (the model's values and :func:`olmo.config.validation.layout_problems`).
+
+    :raises OLMoConfigurationError: listing every problem, each naming its key and fix.
+    """
+    problems = cfg.model.problems() + layout_problems(cfg, world_size)
+    if problems:
+        listing = "\n".join(f"  - {p}" for p in problems)
+        raise OLMoConfigurationError(
+            f"{config} cannot launch on --world_size={world_size}: scripts/train.py refuses it for "
+            f"{len(problems)} reason(s), so there is nothing to plan. Fix them in the YAML or with --key=value, or "
+            f"plan another --world_size:\n{listing}"
+        )
+
+
 def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: float = DEFAULT_MFU) -> list[MeshPlan]:
-    """Every mesh of :func:`_meshes` for ``cfg`` on ``world_size`` ranks of ``device``."""
+    """Every mesh of :func:`_meshes` for ``cfg`` on ``world_size`` ranks of ``device``.
+
+    :raises OLMoConfigurationError: when a launch would refuse the configured layout (:func:`check_layout`).
+    """
+    from .estimates import estimate_memory, model_facts, shard_degree
+
+    check_layout(cfg, world_size)
     facts = model_facts(cfg)
     plans = []
     for name, mesh_cfg in _meshes(cfg, world_size):
@@ -149,16 +176,19 @@ def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: floa
 
 
 def format_plans(plans: list[MeshPlan], device: DeviceSpec, world_size: int) -> str:
-    gb = 1e9
+    """The plans as a table, memory in GiB."""
+    from .estimates import FRAGMENTATION
+
     lines = [
-        f"{world_size} x {device.name} ({device.memory_bytes / gb:.0f} GB each, peak "
-        f"{(device.peak_flops or 0) / 1e12:.0f} TFLOP/s); memory per rank with {FRAGMENTATION:.0%} allocator headroom:",
+        f"{world_size:,} x {device.name} ({device.memory_bytes / GIB:.0f} GiB each, peak "
+        f"{(device.peak_flops or 0) / 1e12:.0f} TFLOP/s); memory per rank in GiB, with {FRAGMENTATION:.0%} "
+        f"allocator headroom:",
         f"{'mesh':28s} {'repl x shard':>12s} {'EP':>3s} {'CP':>3s} {'TP':>3s} {'micro':>5s} {'params':>7s} {'grads':>6s} {'optim':>6s} "
         f"{'gather':>6s} {'activ':>7s} {'loss':>6s} {'total':>7s}  fits  step",
     ]
     for p in plans:
-        m = {k: v / gb for k, v in p.memory.items()}
-        step = f"{p.step_seconds:.2f} s" if p.step_seconds is not None else "?"
+        m = {k: v / GIB for k, v in p.memory.items()}
+        step = f"{p.step_seconds:.3g} s" if p.step_seconds is not None else "?"
         fits = (
             "yes"
             if p.fits
@@ -180,7 +210,7 @@ def format_plans(plans: list[MeshPlan], device: DeviceSpec, world_size: int) -> 
                 f"these do: {', '.join(fitting)}."
                 if fitting
                 else f"no mesh of this world size does. One micro-batch's activations and loss take "
-                f"{(configured.memory['activations'] + configured.memory['loss']) / 1e9:.0f} GB per rank, which more "
+                f"{(configured.memory['activations'] + configured.memory['loss']) / GIB:.0f} GiB per rank, which more "
                 f"ranks do not divide: activation_checkpointing, fused_loss, context_parallel, tensor_parallel or a shorter sequence "
                 f"would."
             )
@@ -190,15 +220,20 @@ def format_plans(plans: list[MeshPlan], device: DeviceSpec, world_size: int) -> 
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The command's flags, and the config overrides (``--key=value``) without their dashes."""
     parser = argparse.ArgumentParser(prog="plan.py", description=__doc__.split("\n")[0])
     parser.add_argument("config")
-    parser.add_argument("--world_size", type=int, required=True)
+    parser.add_argument(
+        "--world_size", type=int, required=True, help=f"ranks (processes), 1 to {MAX_WORLD_SIZE:,}"
+    )
     parser.add_argument("--device", choices=sorted(DEVICES), required=True)
     parser.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="assumed MFU for the step time")
     parser.add_argument("--json", action="store_true")
     args, rest = parser.parse_known_args(argv)
     if args.world_size < 1:
         parser.error(f"--world_size={args.world_size} must be at least 1")
+    if args.world_size > MAX_WORLD_SIZE:
+        parser.error(f"--world_size={args.world_size} must be at most {MAX_WORLD_SIZE:,} (about a million ranks)")
     if not 0 < args.mfu <= 1:
         parser.error(f"--mfu={args.mfu} must be in (0, 1]")
     unknown = [a for a in rest if not (a.startswith("--") and "=" in a)]
@@ -208,11 +243,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """``scripts/plan.py``: see the module's docstring."""
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = TrainConfig.load(args.config, overrides)
-    problems = cfg.model.problems()
-    if problems:
-        raise OLMoConfigurationError(f"{args.config}: {' '.join(problems)}")
+    check_layout(cfg, args.world_size, args.config)  # before torch is imported: a refusal answers at once
+    from .estimates import resolve_device
+
     device = resolve_device(DEVICES[args.device], cfg.speed_monitor.gpu_flops_available)
     plans = plan_meshes(cfg, args.world_size, device, args.mfu)
     if args.json:

@@ -21,6 +21,8 @@ from ..config import (
     SchedulerUnits,
     TrainConfig,
 )
+from ..config.layout_checks import smallest_world_size
+from ..distributed.launch_memory import state_bytes_per_param
 from ..train.stages import plan_stages
 from .estimates import (
     DeviceSpec,
@@ -91,12 +93,20 @@ class RunPlan:
 
 
 def _distributed(cfg: TrainConfig, world_size: int) -> str:
-    degrees = {"context_parallel": cfg.context_parallel.degree, "tensor_parallel": cfg.tensor_parallel.degree}
+    """How the run spreads over ``world_size`` processes; for one process, also the degrees it will need torchrun for
+    (a dry run started as one process plans them elsewhere)."""
+    degrees = {
+        "expert_parallel": cfg.expert_parallel.degree,
+        "context_parallel": cfg.context_parallel.degree,
+        "tensor_parallel": cfg.tensor_parallel.degree,
+    }
     split = ", ".join(f"{key}.degree={d}" for key, d in degrees.items() if isinstance(d, int) and d > 1)
     if world_size == 1:
         if split:
+            need = smallest_world_size(cfg)
             return (
-                f"single process (no sharding); under torchrun: {split} (scripts/plan.py --world_size N plans it)"
+                f"single process (no sharding); under torchrun: {split}, on a multiple of {need} processes "
+                f"(scripts/plan.py --world_size N plans it)"
             )
         return "single process (no sharding)"
     suffix = f"; {split}" if split else ""
@@ -187,11 +197,17 @@ def plan_run(
     notes.append(f"Memory: weights, gradients, optimizer state, one micro-batch's activations, {overhead}.")
     if facts.expert_params:
         shard = shard_degree(cfg, world_size)
-        state = 4 + 4 + (8 if cfg.optimizer.name == "adamw" else 4)
+        state = sum(state_bytes_per_param(str(cfg.optimizer.name)))
         notes.append(
             f"Experts: {facts.expert_params:,} parameters ({facts.expert_params / facts.num_params:.0%} of the model); "
             f"their weights, gradients and optimizer state take {state * facts.expert_params / shard / 1e9:.2f} GB "
-            f"per rank, sharded by FSDP over {shard} rank(s)."
+            + (
+                f"per rank, sharded by FSDP over {shard} ranks."
+                if shard > 1
+                else "in this one process (nothing is sharded)."
+                if world_size == 1
+                else "on every rank (not sharded)."
+            )
         )
     gb = 1e9
     return RunPlan(
