@@ -184,7 +184,7 @@ class ChatTemplate:
         env = BudgetedSandbox(
             trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _generation_extension()]
         )
-        env.filters["tojson"] = env._metered_filter("tojson", _tojson)
+        env.filters["tojson"] = env.metered_filter("tojson", _tojson)
         env.globals["raise_exception"] = _raise
         self._env = env
         try:

@@ -125,7 +125,7 @@ class BudgetedSandbox(ImmutableSandboxedEnvironment):  # type: ignore[misc]
         self.meter = Meter(TemplateBudget(), time.monotonic())
         self.label_markers: Any = None
         """What ``{% generation %}`` blocks' output is wrapped in while a rendering looks for labels, or None."""
-        self.filters = {name: self._metered_filter(name, f) for name, f in self.filters.items()}
+        self.filters = {name: self.metered_filter(name, f) for name, f in self.filters.items()}
         self.filters.update(_olmo_iterate=_iterate, _olmo_emit=_emit, _olmo_concat=_concat)
         self.globals["lipsum"] = self._lipsum
 
@@ -140,7 +140,8 @@ class BudgetedSandbox(ImmutableSandboxedEnvironment):  # type: ignore[misc]
         tree.set_environment(self)
         return tree
 
-    def _metered_filter(self, name: str, func: Callable) -> Callable:
+    def metered_filter(self, name: str, func: Callable) -> Callable:
+        """``func``, the filter called ``name``, metered: its arguments and result checked, its growth refused."""
         pass_arg = getattr(getattr(func, "jinja_pass_arg", None), "name", None)
         growth = _GROWTH.get(name)
 
