@@ -13,7 +13,7 @@ away, or whose two sides are the same tokens within ``--seq-len``, is dropped wh
 A line that is not such a pair (invalid JSON, a missing side, a side that is not a list of messages or does not end
 with a non-empty assistant answer, the same conversation on both sides, sides whose messages before the answer
 differ, sides that tokenize the same), a line longer than 8 MiB or nested deeper than 64 arrays and objects
-(``olmo/util/bounded_json_lines.py``), an INPUT that is not a regular file, or a conversation the chat template fails
+(``olmo/util/json_lines.py``), an INPUT that is not a regular file, or a conversation the chat template fails
 on stops the run naming the file and line, before anything is written to DIR. The other flags and checks are
 ``prepare_sft_data.py``'s.
 """

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from ..exceptions import OLMoCliError, OLMoDataError
 from ..util import nearest_existing, unwritable_reason
+from ..util.bounded_files import read_bounded
 from ..util.json_lines import json_type, read_json_lines
 
 if TYPE_CHECKING:
@@ -93,21 +94,28 @@ def find_inputs(inputs: list[str], pattern: str) -> list[Path]:
     return files
 
 
+MAX_DOCUMENT_BYTES = 64 << 20
+"""The most bytes one document may hold: a plain-text file, or one line of a JSON-lines file (64 MiB, some 16 million
+tokens, while tokenizing takes about a hundred times a document's size in memory)."""
+
+
 def read_documents(path: Path, text_key: str) -> Iterator[tuple[str, str]]:
     """(source id, text) for every document in ``path``: the whole file for plain text, the ``text_key`` string of
-    every line for JSON lines.
+    every line for JSON lines; each a regular file, a document at most :data:`MAX_DOCUMENT_BYTES`.
 
-    :raises OLMoDataError: for an unreadable file, or a JSON line without a string under ``text_key``.
+    :raises OLMoDataError: for an unreadable file, a document too large, or a JSON line without a string under
+        ``text_key``.
     """
     if not path.name.endswith(JSON_SUFFIXES):
         try:
-            yield str(path), path.read_text(encoding="utf-8", errors="replace")
+            text = read_bounded(path, MAX_DOCUMENT_BYTES, f"'{path}' (one document)")
         except OSError as e:
             raise OLMoDataError(
                 f"Cannot read '{path}' ({e.strerror or e}). Check that it is a readable file."
             ) from None
+        yield str(path), text.decode("utf-8", errors="replace")
         return
-    for line_no, doc in read_json_lines(path):
+    for line_no, doc in read_json_lines(path, MAX_DOCUMENT_BYTES, what="document"):
         if text_key not in doc:
             strings = [k for k, v in doc.items() if isinstance(v, str)]
             raise OLMoDataError(

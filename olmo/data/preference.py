@@ -5,7 +5,7 @@ when its two sides are the same tokens within it.
 
 A pair is refused, naming its file and line, unless both sides hold the same messages before their last one (the
 assistant's answer) and the two sides tokenize differently; lines are read with their size and nesting bounded
-(:mod:`olmo.util.bounded_json_lines`).
+(:mod:`olmo.util.json_lines`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from ..exceptions import OLMoDataError
-from ..util.bounded_json_lines import read_bounded_json_lines
-from ..util.json_lines import json_type
+from ..util.json_lines import json_type, read_json_lines
 from .sft import (
     ConversationError,
     ConversationLog,
@@ -74,12 +73,12 @@ def read_pairs(
 ) -> Iterator[tuple[int, list[dict[str, str]], list[dict[str, str]]]]:
     """(line number, chosen, rejected) for every non-blank line: two conversations with the same messages before the
     last one, the assistant's answer, which must differ. Each line is read bounded (the file's type, each line's size
-    and nesting: :func:`olmo.util.bounded_json_lines.read_bounded_json_lines`, whose limit ``max_line_bytes``
+    and nesting: :func:`olmo.util.json_lines.read_json_lines`, whose limit ``max_line_bytes``
     overrides).
 
     :raises OLMoDataError: naming the file and line of the first line that is not such a pair.
     """
-    for line_no, line in read_bounded_json_lines(path, max_line_bytes):
+    for line_no, line in read_json_lines(path, max_line_bytes):
         where = f"'{path}' line {line_no}"
         missing = [key for key in ("chosen", "rejected") if key not in line]
         if missing:

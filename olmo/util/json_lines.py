@@ -1,20 +1,32 @@
-"""Reading JSON-lines files (``.gz`` too) with errors that name the file and the line."""
+"""Reading JSON-lines files (``.gz`` too) with errors that name the file and the line, each line bounded.
+
+The rule for every user-supplied JSON-lines file (issue 50): only a regular file (or a symlink to one) is opened,
+never a FIFO, a device (``/dev/zero``) or a directory (:func:`olmo.util.bounded_files.open_regular`); each line is
+read with at most :data:`MAX_LINE_BYTES` bytes (after ``.gz`` decompression; callers may state another limit) and
+refused as soon as it is longer, before it is decoded or parsed, so one endless line cannot fill the memory; and a
+line whose arrays and objects nest deeper than :data:`MAX_JSON_DEPTH` is refused before :mod:`json` recurses into it.
+The whole file may be of any size: lines are read one at a time.
+"""
 
 from __future__ import annotations
 
 import gzip
 import json
 import logging
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Optional
+
+import numpy as np
 
 from ..exceptions import OLMoDataError
+from .bounded_files import open_regular, size_text
 
 log = logging.getLogger(__name__)
 
-__all__ = ["json_type", "read_json_lines", "read_metrics_jsonl"]
+__all__ = ["MAX_LINE_BYTES", "MAX_JSON_DEPTH", "json_depth", "json_type", "read_json_lines", "read_metrics_jsonl"]
 
 
 def json_type(value: object) -> str:
@@ -23,47 +35,97 @@ def json_type(value: object) -> str:
     return names.get(type(value), "a number")
 
 
-def read_json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for every non-blank line of a JSON-lines file, ``.gz`` decompressed.
+MAX_LINE_BYTES = 8 << 20
+"""The most bytes one line may hold, its newline left out (8 MiB): a conversation of some two million tokens, far
+past any sequence length trained on, while tokenizing a line takes about a hundred times its size in memory."""
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of arrays and objects a line may hold (a conversation needs 3: the line, a list of messages, a
+message); well below the depth at which Python's parser, or any code walking the value, runs out of stack."""
 
-    :raises OLMoDataError: naming the file (and line) when it cannot be read, is not gzip though named
-        ``.gz``, or has a line that is not UTF-8 or not a JSON object.
-    """
-    opener: Any = gzip.open if path.name.endswith(".gz") else open
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*+\\?(?:"|\Z)', re.DOTALL)
+"""A JSON string, or an unterminated one up to the end (possessive, so matching it is linear in the line)."""
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_depth(line: bytes) -> int:
+    """The deepest nesting of arrays and objects in the JSON text ``line`` (brackets inside strings not counted)."""
+    brackets = np.frombuffer(_STRING.sub(b"", line).translate(None, _NOT_BRACKETS), dtype=np.uint8)
+    if not len(brackets):
+        return 0
+    steps = np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1).astype(np.int32)
+    return int(steps.cumsum().max())
+
+
+def _lines(f: BinaryIO, limit: int, where: str, what: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) for every line of ``f``, each read with at most ``limit + 1`` bytes."""
     line_no = 0
+    while line := f.readline(limit + 1):
+        line_no += 1
+        if len(line) > limit and not line.endswith(b"\n"):
+            raise OLMoDataError(
+                f"{where} line {line_no} is longer than {limit:,} bytes ({size_text(limit)}, the limit of one "
+                f"line): no {what} trained on is that long. Shorten that line or remove it."
+            )
+        yield line_no, line
+
+
+def read_json_lines(
+    path: Path, max_line_bytes: Optional[int] = None, max_depth: Optional[int] = None, what: str = "conversation"
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every non-blank line of the JSON-lines file ``path`` (``.gz`` decompressed), each
+    line bounded as the module says.
+
+    :param max_line_bytes: the limit of one line; None: :data:`MAX_LINE_BYTES`.
+    :param max_depth: the limit of nesting; None: :data:`MAX_JSON_DEPTH`.
+    :param what: what one line holds, for the message about a line too long ("conversation", "document").
+    :raises OLMoDataError: naming the file (and line) when it is not a regular file, cannot be read, is not gzip though
+        named ``.gz``, or has a line that is too long, too deeply nested, not UTF-8 or not a JSON object.
+    """
+    limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    depth_limit = MAX_JSON_DEPTH if max_depth is None else max_depth
+    where, line_no = f"'{path}'", 0
     try:
-        with opener(path, "rb") as f:
-            for line_no, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                where = f"'{path}' line {line_no}"
-                try:
-                    value = json.loads(line.decode("utf-8"))
-                except UnicodeDecodeError as e:
-                    raise OLMoDataError(
-                        f"{where} is not UTF-8 (byte {line[e.start]:#04x} at offset {e.start}). Re-encode the "
-                        f"file as UTF-8, e.g. with iconv."
-                    ) from None
-                except json.JSONDecodeError as e:
-                    raise OLMoDataError(
-                        f"{where} is not valid JSON ({e.msg}, column {e.colno}). Write one JSON object per line "
-                        f"(JSON lines, not a JSON document), or remove that line."
-                    ) from None
-                if not isinstance(value, dict):
-                    raise OLMoDataError(
-                        f"{where} is {json_type(value)}, not a JSON object. Write one JSON object per line."
-                    )
-                yield line_no, value
+        with open_regular(path, 1 << 62, where) as raw:
+            f: Any = gzip.GzipFile(fileobj=raw, mode="rb") if path.name.endswith(".gz") else raw
+            for line_no, line in _lines(f, limit, where, what):
+                if line.strip():
+                    yield line_no, _parse(line, f"{where} line {line_no}", depth_limit)
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         after = f" after line {line_no}" if line_no else ""
         raise OLMoDataError(
-            f"'{path}' is not a complete gzip file ({e}){after}. Recompress it, or drop '.gz' from its name if "
-            f"it is not compressed."
+            f"{where} is not a complete gzip file ({e}){after}. Recompress it, or drop '.gz' from its name if it is "
+            f"not compressed."
         ) from None
     except OSError as e:
         raise OLMoDataError(
-            f"Cannot read '{path}' ({e.strerror or e}). Check that it is a readable file."
+            f"Cannot read {where} ({e.strerror or e}). Check that it is a readable file."
         ) from None
+
+
+def _parse(line: bytes, where: str, depth_limit: int) -> dict[str, Any]:
+    """The JSON object of one line, its nesting checked first (only when it holds enough brackets to be too deep)."""
+    if line.count(b"[") + line.count(b"{") > depth_limit:
+        depth = json_depth(line)
+        if depth > depth_limit:
+            raise OLMoDataError(
+                f"{where} nests arrays and objects {depth} deep, past the limit of {depth_limit} (a conversation "
+                f"needs 3: the line, a list of messages, a message). Remove the deeply nested values from that line."
+            )
+    try:
+        value = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise OLMoDataError(
+            f"{where} is not UTF-8 (byte {line[e.start]:#04x} at offset {e.start}). Re-encode the file as UTF-8, "
+            f"e.g. with iconv."
+        ) from None
+    except json.JSONDecodeError as e:
+        raise OLMoDataError(
+            f"{where} is not valid JSON ({e.msg}, column {e.colno}). Write one JSON object per line (JSON lines, not "
+            f"a JSON document), or remove that line."
+        ) from None
+    if not isinstance(value, dict):
+        raise OLMoDataError(f"{where} is {json_type(value)}, not a JSON object. Write one JSON object per line.")
+    return value
 
 
 def read_metrics_jsonl(path: Path) -> dict[int, dict[str, float]]:

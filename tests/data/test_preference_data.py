@@ -23,8 +23,11 @@ def _turns(question, answer):
 PAIRS = [
     {"chosen": _turns("Capital of France?", "Paris."), "rejected": _turns("Capital of France?", "Berlin.")},
     {"chosen": _turns("2+2?", "Four."), "rejected": _turns("2+2?", "Five, probably.")},
-    # The rejected side's answer falls beyond --seq-len: the pair is dropped whole.
-    {"chosen": _turns("Say hi.", "Hi."), "rejected": _turns("Say hi. " + "please " * 60, "Hello there.")},
+    # Both answers fall beyond --seq-len: the pair is dropped whole.
+    {
+        "chosen": _turns("Say hi. " + "please " * 60, "Hi."),
+        "rejected": _turns("Say hi. " + "please " * 60, "Hello there."),
+    },
 ]
 
 

