@@ -20,65 +20,27 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Optional
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Optional
 
-from olmo.checkpoint.restore import (
-    LaunchPlan,
-    RestorePlan,
-    claim_save_folder,
-    plan_restore,
-    prepare_save_folder,
-    replaces_previous_run,
-    resumes_in_save_folder,
-)
-from olmo.config import DataConfig, TrainConfig
+from olmo.config import TrainConfig
 from olmo.config.docs import describe_config
-from olmo.data import DataContext, IterableDataset, MemMapDataset, build_dataset
-from olmo.data.mixture import MixturePlan
-from olmo.distributed import (
-    DistEnv,
-    ParallelizeOptions,
-    barrier,
-    build_model,
-    init_distributed,
-    teardown_distributed,
-)
-from olmo.distributed.collectives import launch_device
-from olmo.distributed.float8 import float8_device_problem
-from olmo.eval import Evaluator, evaluators_of_run
-from olmo.exceptions import OLMoCliError, OLMoConfigurationError, OLMoDataError
-from olmo.hf.files import check_hf_export
-from olmo.ladder.run_planner import format_plan, plan_run
-from olmo.model import describe_attention
-from olmo.optim import build_optimizer, build_scheduler
-from olmo.train import Trainer
-from olmo.train.build_module import build_train_module, train_module_class
-from olmo.train.callback import Callback
-from olmo.train.dpo import resolve_dpo_reference
-from olmo.train.stability import read_skip_ranges
-from olmo.train.stages import (
-    StagePlan,
-    build_stage_dataloader,
-    check_kl_reference,
-    check_recorded_data,
-    check_resume_point,
-    check_schedule_lengths,
-    mixture_file,
-    plan_stages,
-    preflight_kl_reference,
-)
+from olmo.exceptions import OLMoCliError
 from olmo.util import env_rank, env_world_size
-from olmo.util.rng import seed_all
 from olmo.util.secrets import redact_text
+
+if TYPE_CHECKING:
+    from olmo.train.callback import Callback
 
 log = logging.getLogger("train")
 
 
 def main(argv: Optional[list[str]] = None, callbacks: Sequence[Callback] = ()) -> int:
     """Train as ``scripts/train.py ARGV`` does; ``callbacks``: the training loop's own callbacks, called after the
-    built-in ones (:mod:`olmo.train.callback`; README, "Your own callbacks")."""
+    built-in ones (:mod:`olmo.train.callback`; README, "Your own callbacks").
+
+    Usage errors, ``--help``, a bad ``callbacks`` list and every config error are answered before torch is imported
+    (torch alone takes seconds to import; the config layer never needs it): only then is the launch imported."""
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         if env_rank() == 0:  # under torchrun, once, not once per rank
@@ -86,165 +48,15 @@ def main(argv: Optional[list[str]] = None, callbacks: Sequence[Callback] = ()) -
         return 0
     if not argv or argv[0].startswith("-"):
         raise OLMoCliError("Usage: scripts/train.py CONFIG.yaml [--key.path=value ...] (--help for more)")
+    if not isinstance(callbacks, (list, tuple)) or callbacks:  # passed: olmo.train (and torch) is imported already
+        from olmo.train.callback import check_callbacks
+
+        check_callbacks(callbacks)
     cfg = TrainConfig.load(argv[0], argv[1:])
     cfg.validate(env_world_size())
-    float8_problem = float8_device_problem(cfg.model.float8, launch_device()) if cfg.model.trains_float8 else None
-    if float8_problem is not None and not cfg.dry_run:
-        raise OLMoConfigurationError(float8_problem)
-    if float8_problem is not None:  # a dry run on a login node plans a GPU run
-        log.warning("%s", float8_problem)
-    # A bad name, or a module that cannot train a stage's KL penalty, fails before anything is built.
-    train_module_class(cfg, cfg.train_module)
-    if cfg.hf_export.enabled:
-        check_hf_export(cfg.model, cfg.tokenizer.identifier)  # the export at the end must not fail
-    opened: dict[int, MemMapDataset] = {}  # each data config's dataset, opened once (keyed by the config's id)
-    data_context = DataContext.from_train_config(cfg)
+    from olmo.cli.train_launch import launch  # torch, the model, the data and the trainer
 
-    def dataset_of(data: DataConfig) -> MemMapDataset:
-        if id(data) not in opened:
-            opened[id(data)] = build_dataset(data, cfg.model, data_context, include_instance_metadata=False)
-        return opened[id(data)]
-
-    # The stages' lengths (in epochs: of their data) must add up to max_duration.
-    try:
-        stages = plan_stages(cfg, lambda data: len(dataset_of(data)))  # a length in epochs opens the data
-        mixes = mixture_plans(stages, dataset_of)  # a mix its sources cannot meet is refused before any write
-        check_schedule_lengths(cfg, stages)
-    except (OLMoDataError, OLMoConfigurationError):
-        if cfg.dry_run and env_rank() == 0:
-            print(format_plan(plan_run(cfg, env_world_size(), None)))
-        raise
-    preflight_kl_reference(cfg)
-    launch = plan_restore(cfg)  # opens every checkpoint file it will read
-    resolve_dpo_reference(cfg, launch)  # recorded in config.yaml, so a resume keeps the reference
-    check_resume(cfg, stages, launch)
-    prepare_save_folder(cfg, launch)
-    # Every rank checks the files; only rank 0 pays for the full token-id scan. A staged run checks every
-    # stage's data.
-    scan_tokens = 2**31 if env_rank() == 0 else 0
-    try:
-        for stage in stages.stages:
-            if stage.segment == stage.index:  # the first stage of its data
-                dataset_of(stage.data).validate(cfg.model.vocab_size, scan_tokens)
-        check_data(cfg, stages, launch, dataset_of)
-        evaluators = evaluators_of_run(cfg, env_world_size(), env_rank())
-    except (OLMoDataError, OLMoConfigurationError):
-        if cfg.dry_run and env_rank() == 0:  # the plan needs no data: show it, then what is wrong with the data
-            print(format_plan(plan_run(cfg, env_world_size(), None)))
-        raise
-    if cfg.dry_run and not cfg.force_save_unsharded:
-        if env_rank() == 0:
-            print(format_plan(plan_run(cfg, env_world_size(), len(dataset_of(stages.stages[0].data)))))
-            for name, mix in mixes.items():
-                print(f"\nmixture ({name}):\n  " + "\n  ".join(mix.describe()))
-        return 0
-
-    env = init_distributed(cfg.distributed_timeout_minutes)
-    try:
-        return train(cfg, env, stages, launch, evaluators, dataset_of(stages.stages[0].data), mixes, callbacks)
-    finally:
-        teardown_distributed()  # after train() returned: what it built is garbage now, and is collected
-
-
-def mixture_plans(stages: StagePlan, dataset_of: Callable[[DataConfig], MemMapDataset]) -> dict[str, MixturePlan]:
-    """The mixture of each data segment that is one (built now: its sources' sizes decide it), by file name:
-    ``mixture.json`` for the first segment, ``mixture-{stage name}.json`` for a later stage's own."""
-    out: dict[str, MixturePlan] = {}
-    for stage in stages.stages:
-        if stage.segment == stage.index and stage.data.mixture is not None:
-            out[mixture_file(stage)] = dataset_of(stage.data).mixture_plan
-    return out
-
-
-def continued_state(cfg: TrainConfig, launch: LaunchPlan) -> Optional[RestorePlan]:
-    """The restore of a launch that continues a checkpoint's trainer state (its step and data position), else None."""
-    plan = launch.restore
-    return plan if plan is not None and plan.load_trainer_state and cfg.restore_dataloader else None
-
-
-def check_resume(cfg: TrainConfig, stages: StagePlan, launch: LaunchPlan) -> None:
-    """What continuing a run depends on, checked before anything is written: the batches rollbacks took out
-    (``skipped_batches.json``, read unless the launch replaces the run), and, when the launch continues a
-    checkpoint's trainer state, the steps left, the schedule and the KL stage's reference."""
-    if not replaces_previous_run(cfg, launch):
-        read_skip_ranges(cfg.save_folder)
-    plan = continued_state(cfg, launch)
-    if plan is not None:
-        check_resume_point(cfg, stages, plan.info.path, plan.info.step, resumes_in_save_folder(cfg, launch))
-        check_kl_reference(cfg, stages, plan.info.path, plan.info.step)
-
-
-def check_data(
-    cfg: TrainConfig, stages: StagePlan, launch: LaunchPlan, dataset_of: Callable[[DataConfig], MemMapDataset]
-) -> None:
-    """Once its files are checked, each data segment can be put in order as training will (at least one global
-    batch, fewer than 2**32 instances: the order's own checks, without building or writing it), and a resume in
-    the run's own folder finds the data the run recorded."""
-    for stage in stages.stages:
-        if stage.segment == stage.index:
-            data = dataset_of(stage.data)
-            world, rank = cfg.data_parallel_size(env_world_size()), cfg.data_parallel_rank(env_rank())
-            IterableDataset(data, cfg.global_train_batch_size, world_size=world, rank=rank, pairs=cfg.dpo.enabled)
-    plan = continued_state(cfg, launch)
-    if plan is not None and resumes_in_save_folder(cfg, launch):
-        fix = (
-            f"start a new run from the checkpoint (--load_path={plan.info.path} --save_folder=NEW_FOLDER), which plans "
-            f"and records its data anew"
-        )
-        check_recorded_data(cfg, stages, dataset_of, fix)
-
-
-def train(
-    cfg: TrainConfig,
-    env: DistEnv,
-    stages: StagePlan,
-    launch: LaunchPlan,
-    evaluators: list[Evaluator],
-    dataset: MemMapDataset,
-    mixes: Optional[dict[str, MixturePlan]] = None,
-    callbacks: Sequence[Callback] = (),
-) -> int:
-    """Build the run on the initialized process group, restore what ``launch`` says and train on ``dataset`` (the first stage's
-    data, checked already); ``mixes`` are recorded in ``train_data/`` once the save folder is this run's. Return the
-    exit code."""
-    seed_all(cfg.seed)
-    log.info(
-        "World size %d; device batch %d in micro-batches of %d (%d accumulation steps).",
-        env.world_size,
-        cfg.device_batch_size(env.world_size),
-        cfg.device_train_microbatch_size,
-        cfg.grad_accum_steps(env.world_size),
-    )
-    if env.is_main and not cfg.dry_run:
-        claim_save_folder(cfg, launch)  # the launch's first write: cleans up, then writes config.yaml
-        for name, mix in (mixes or {}).items():
-            mix.write(Path(cfg.save_folder) / "train_data", name)
-    barrier()  # nobody writes into save_folder before rank 0 has made it this run's
-    train_loader = build_stage_dataloader(
-        cfg, stages.stages[0], cfg.data_parallel_size(env.world_size), cfg.data_parallel_rank(env.rank), dataset
-    )
-    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg, training=True))
-    active = model.num_active_params()
-    log.info(
-        "Model: %s parameters (%s without embeddings%s), %.2f GFLOPs/token.",
-        f"{model.num_params():,}",
-        f"{model.num_params(include_embedding=False):,}",
-        f"; {active:,} active per token" if active != model.num_params() else "",
-        model.num_flops_per_token() / 1e9,
-    )
-    optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
-    train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), cfg.train_module)
-    trainer = Trainer(cfg, env, train_module, train_loader, evaluators, stages, callbacks)
-    log_speed_setup(cfg, trainer)
-    plan = launch.restore
-    if plan is not None:
-        trainer.restore(plan.info, plan.load_optimizer_state, plan.load_trainer_state)
-    if cfg.force_save_unsharded:
-        trainer.checkpointer.save(trainer.state.global_step, sharded=False)
-    if cfg.dry_run:  # with force_save_unsharded: the checkpoint is converted, and that was all
-        log.info("Dry run: stopping before training.")
-        return 0
-    return trainer.fit()
+    return launch(cfg, callbacks)
 
 
 def print_help(args: list[str]) -> None:
@@ -264,24 +76,3 @@ def print_help(args: list[str]) -> None:
     except BrokenPipeError:
         # The reader is gone: point stdout at nothing, so that the interpreter's last flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
-def log_speed_setup(cfg: TrainConfig, trainer: Trainer) -> None:
-    """One line naming what decides the speed, the attention kernel that will actually run included."""
-    device = trainer.env.device
-    has_bias = cfg.model.alibi or cfg.data.generate_attention_mask
-    attention = describe_attention(cfg.model, device, trainer.autocast_dtype, has_bias)
-    kernel = f" ({attention['sdpa_kernel']})" if attention["sdpa_kernel"] else ""
-    if "windowed_layers" in attention:
-        kernel += f"; {attention['windowed_layers']} windowed layer(s) on {attention['window_kernel']}"
-    log.info(
-        "Speed setup: autocast %s, attention %s%s, compile %s, fused_loss %s, metrics read back every %d "
-        "step(s)%s.",
-        trainer.autocast_dtype or "off (fp32)",
-        attention["backend"],
-        kernel,
-        "per block" if cfg.compile is not None else "off",
-        bool(cfg.fused_loss),
-        trainer.collect_steps,
-        f", fp32 matmul precision {cfg.float32_matmul_precision}" if device.type == "cuda" else "",
-    )

@@ -39,9 +39,13 @@ logging, the stop agreement, checkpointing, stage entry (its event and a KL stag
 from __future__ import annotations
 
 import contextlib
+import inspect
+import reprlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
+
+from ..exceptions import OLMoConfigurationError
 
 __all__ = [
     "Callback",
@@ -54,6 +58,7 @@ __all__ = [
     "RewindContext",
     "EndContext",
     "ErrorContext",
+    "check_callbacks",
 ]
 
 
@@ -249,3 +254,73 @@ def closing_all(callbacks: list[Callback]) -> Iterator[None]:
     finally:
         for callback in reversed(callbacks):
             callback.close()
+
+
+HOOK_ARGUMENTS = {
+    "pre_train": 1,
+    "pre_step": 1,
+    "post_step": 1,
+    "post_metrics": 1,
+    "pre_checkpoint": 1,
+    "post_checkpoint": 1,
+    "on_phase": 2,
+    "on_stage": 1,
+    "on_rewind": 1,
+    "post_train": 1,
+    "on_error": 1,
+    "close": 0,
+}
+"""Every hook the loop calls, with the number of arguments it passes."""
+
+
+def check_callbacks(callbacks: Any) -> list[Callback]:
+    """``callbacks`` as a list, once each item is checked to be a :class:`Callback` instance whose hooks take the
+    arguments the loop passes (before anything is written: a wrong item would otherwise fail at its first hook, in
+    the middle of the run).
+
+    :raises OLMoConfigurationError: naming every wrong item (its index and what it is) and the fix.
+    """
+    fix = (
+        "Pass a list of instances of Callback subclasses (from olmo.train.callback import Callback; "
+        'class MyCallback(Callback): ...; callbacks=[MyCallback()]; README, "Your own callbacks").'
+    )
+    if isinstance(callbacks, Callback):
+        raise OLMoConfigurationError(
+            f"callbacks is one {type(callbacks).__name__}, not a list of callbacks. {fix}"
+        )
+    if not isinstance(callbacks, (list, tuple)):
+        raise OLMoConfigurationError(f"callbacks is {_shown(callbacks)}, not a list of callbacks. {fix}")
+    problems = [
+        f"callbacks[{i}] {problem}" for i, c in enumerate(callbacks) if (problem := _problem(c)) is not None
+    ]
+    if problems:
+        raise OLMoConfigurationError(f"The training loop's callbacks are wrong: {'; '.join(problems)}. {fix}")
+    return list(callbacks)
+
+
+def _problem(callback: Any) -> Optional[str]:
+    """What is wrong with one item of ``callbacks``, or None."""
+    if isinstance(callback, type):
+        if issubclass(callback, Callback):
+            return f"is the class {callback.__name__}, not an instance of it: write {callback.__name__}(...)"
+        return f"is the class {callback.__name__}, which is not a Callback subclass"
+    if callback is None:
+        return "is None"
+    if not isinstance(callback, Callback):
+        return f"is {_shown(callback)}, not a Callback"
+    for hook, n_args in HOOK_ARGUMENTS.items():
+        method = getattr(callback, hook)
+        if not callable(method):
+            return f"({type(callback).__name__}) has a {hook} that is not a method ({_shown(method)})"
+        try:
+            inspect.signature(method).bind(*([None] * n_args))
+        except TypeError:
+            return f"({type(callback).__name__}).{hook} cannot be called with the loop's {n_args} argument(s)"
+        except ValueError:  # no signature to inspect (a builtin): called as it is
+            pass
+    return None
+
+
+def _shown(value: Any) -> str:
+    """``value`` as an error message shows it: a short repr (``reprlib``'s: bounded for any size) and its type."""
+    return f"{reprlib.repr(value)} (a {type(value).__name__})"
