@@ -25,6 +25,7 @@ The split, for degree ``t`` (Megatron's; torchtitan's and OLMo-core's styles):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from ..config import ActivationType
 from ..model import OLMo
@@ -43,6 +44,7 @@ __all__ = [
     "canonical_rows",
     "fused_row_orders",
     "order_fused_rows",
+    "quiet_exact_redistributions",
 ]
 
 
@@ -77,9 +79,44 @@ class _SumOverGroup(torch.autograd.Function):
         return grad, None
 
 
+class _ConsistentSequentialCollectives(logging.Filter):
+    """Drops DTensor's warning that a redistribution over two mesh dimensions takes sequential collectives which
+    "may give inconsistent results between ranks due to different reduction orders", where that cannot happen. With
+    FSDP over TP it comes from every rank, once per kind: gathering a full parameter (``full_tensor()``: all-gathers)
+    and the gradient norm (``clip_grad_norm_``: all-reduces of partial norms into replicas). An all-gather copies and
+    never adds, so it is exact. A reduction from partial values on both dimensions into replicas on both reduces over
+    one dimension, after which the groups of the other dimension hold identical inputs in the same rank order, so
+    every rank computes the same sum; it differs only from a single flattened reduction (which flattening the mesh
+    would use instead, changing the numbers of existing runs). Anything else (reduce-scatters, mixed targets) is
+    still shown."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        # torch's format: (source placements, target placements, count, collective, advice).
+        if not (isinstance(record.msg, str) and "sequential %s operations" in record.msg):
+            return True
+        if not (isinstance(args, tuple) and len(args) == 5 and isinstance(args[1], tuple)):
+            return True
+        target, collective = args[1], args[3]
+        replicas = all(isinstance(p, Replicate) for p in target)
+        return not (collective == "all_gather" or (collective == "all_reduce" and replicas))
+
+
+_REDISTRIBUTE_LOG = logging.getLogger("torch.distributed.tensor._redistribute")
+
+
+def quiet_exact_redistributions() -> None:
+    """Silence DTensor's "sequential collectives ... inconsistent results between ranks" warning where it does not
+    apply (:class:`_ConsistentSequentialCollectives`); called by :func:`apply_tensor_parallel`, once is enough."""
+    if not any(isinstance(f, _ConsistentSequentialCollectives) for f in _REDISTRIBUTE_LOG.filters):
+        _REDISTRIBUTE_LOG.addFilter(_ConsistentSequentialCollectives())
+
+
 def apply_tensor_parallel(model: OLMo, mesh: DeviceMesh) -> None:
     """Split every block of ``model`` (on the meta device, before FSDP) over the 1-D tensor-parallel ``mesh``."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    quiet_exact_redistributions()
 
     group = TensorParallelGroup(mesh.size(), mesh.get_group())
     plan: dict[str, Any] = {

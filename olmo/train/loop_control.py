@@ -9,6 +9,7 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..exceptions import OLMoTrainingError
 from .callback import Callback
 
 if TYPE_CHECKING:
@@ -16,9 +17,14 @@ if TYPE_CHECKING:
     from .metrics_sinks import MetricsCallback
     from .stop import StopConditions
 
-__all__ = ["LoopControl"]
+__all__ = ["LoopControl", "MAX_REWINDS_TO_ONE_CHECKPOINT"]
 
 log = logging.getLogger(__name__)
+
+MAX_REWINDS_TO_ONE_CHECKPOINT = 10
+"""Rewinds to one checkpoint in one launch; the next one stops the run (with ``stability.rollback`` enabled, at
+least ``max_rollbacks`` + 1, so that its own limit speaks first). Retraining the same steps from the same checkpoint
+gives the same result, so a callback that asks again would otherwise rewind forever."""
 
 
 class LoopControl:
@@ -36,6 +42,7 @@ class LoopControl:
         self.callbacks: list[Callback] = []  # the built-in ones, then the user's (set by fit)
         self._phase: tuple[Optional[str], int] = (None, 0)
         self._rewind_request: Optional[tuple[int, str]] = None
+        self._rewinds_to: dict[int, list[str]] = {}  # this launch's rewinds, by the step of their checkpoint
         self._stop_reason: Optional[str] = None
         self._clock_restarted = False
 
@@ -52,6 +59,23 @@ class LoopControl:
     def rewind(self, before_step: int, reason: str) -> None:
         if self._rewind_request is None:
             self._rewind_request = (before_step, reason)
+
+    def _count_rewind(self, from_step: int, to_step: int, reason: str, limit: int) -> None:
+        """Count a rewind from ``from_step`` to the checkpoint of ``to_step``, before anything is undone.
+
+        :raises OLMoTrainingError: when it would be rewind number ``limit`` + 1 to that checkpoint in this launch.
+        """
+        reasons = self._rewinds_to.setdefault(to_step, [])
+        if len(reasons) >= limit:
+            raise OLMoTrainingError(
+                f"Step {from_step}: {reason}; a callback asked to rewind to the checkpoint of step {to_step} again, "
+                f"after {len(reasons)} rewinds to it in this launch (the first: {reasons[0]}). At most {limit} go back "
+                f"to one checkpoint (olmo.train.loop_control.MAX_REWINDS_TO_ONE_CHECKPOINT): the same steps trained "
+                f"again from it give the same result, so the rewinds would never end. Stopping with the checkpoints "
+                f"as they are. Make the callback ask once per problem (remember the steps it rewound from) or change "
+                f"something before it asks again; then resume with --try_load_latest_save."
+            )
+        reasons.append(reason)
 
     def stop(self, reason: str) -> None:
         if self._stop.request.reason is None:  # agreed on by every rank, with signals and the time limit

@@ -40,11 +40,12 @@ from .callback import (
     RunContext,
     StageContext,
     StepContext,
+    check_callbacks,
 )
 from .checkpointer import CheckpointCallback, Checkpointer, HFExportCallback
 from .data_feed import DataFeed
 from .evaluation import EvaluationCallback
-from .loop_control import LoopControl
+from .loop_control import MAX_REWINDS_TO_ONE_CHECKPOINT, LoopControl
 from .metrics import (
     SpeedMonitor,
     StepMetrics,
@@ -63,7 +64,7 @@ from .stages import (
     check_schedule_lengths,
     plan_stages,
 )
-from .stop import EXIT_CODE_STOPPED, StopCallback, StopConditions, StopNow
+from .stop import EXIT_CODE_STOPPED, StopCallback, StopConditions, StopNow, checkpoint_summary
 from .stragglers import StragglerCallback, StragglerMonitor
 from .train_module import TrainModule
 from .watchdog import Watchdog, WatchdogCallback
@@ -101,6 +102,7 @@ class Trainer(LoopControl):
         stages: Optional[StagePlan] = None,
         callbacks: Sequence[Callback] = (),
     ):
+        user_callbacks = check_callbacks(callbacks)  # a wrong item fails here, not at its first hook
         self.cfg, self.env, self.train_module = cfg, env, train_module
         dataset: IterableDataset = train_loader.dataset  # type: ignore[assignment]
         self.state = TrainerState(epoch=dataset.epoch)  # --epoch starts a fresh run at that epoch
@@ -128,7 +130,7 @@ class Trainer(LoopControl):
         self.eval_runner = EvalRunner(evaluators, cfg.eval_interval)
         self.stragglers = StragglerMonitor(cfg.stability.stragglers, env.rank, env.world_size, env.device)
         self.watchdog = Watchdog(cfg.stability.watchdog, cfg.save_folder, env.rank, env.world_size)
-        LoopControl.__init__(self, list(callbacks))
+        LoopControl.__init__(self, user_callbacks)
         self.index_log: Optional[DataIndexLog] = None  # set by fit
         self._stage: Optional[Stage] = None  # the stage being trained (set by fit)
         self._batch_iter: Iterator[dict[str, Any]] = iter(())
@@ -243,7 +245,8 @@ class Trainer(LoopControl):
     def fit(self) -> int:
         """Train until ``stop_at``/max_duration, a stop signal, the time limit or a callback's stop; return an exit
         code. The loop itself: everything around a step is a callback (:mod:`olmo.train.callback`)."""
-        s, stop = self.state, StopConditions(self.cfg, self.state.global_step, self.max_steps)
+        s = self.state
+        stop = StopConditions(self.cfg, s.global_step, self.max_steps, lambda: s.global_step)
         self._begin(stop)
         how, reason = "finished", None
         try:
@@ -279,7 +282,7 @@ class Trainer(LoopControl):
         """Set up one ``fit``: its stop conditions, the built-in callbacks (then the user's), the data index log."""
         cfg, s = self.cfg, self.state
         self._stop_at, self._start_step, self._exit_code = stop.stop_at, s.global_step, 0
-        self._stop, self._stop_reason, self._rewind_request = stop, None, None
+        self._stop, self._stop_reason, self._rewind_request, self._rewinds_to = stop, None, None, {}
         self._batch_iter, self._stage, self._clock_restarted = self.data.batches(stop.stop_at), None, False
         self.metrics = MetricsCallback(cfg, self.env.rank, stop.stop_at, self._summary, self.collect_steps)
         self.callbacks = [
@@ -353,6 +356,9 @@ class Trainer(LoopControl):
         self._rewind_request = None
         with self.phase("checkpoint"):
             target = self.checkpointer.newest_before(before_step, f"Step {s.global_step}: {reason}")
+            rollback = self.cfg.stability.rollback
+            limit = max(MAX_REWINDS_TO_ONE_CHECKPOINT, rollback.max_rollbacks + 1 if rollback.enabled else 0)
+            self._count_rewind(s.global_step, target.step, reason, limit)
             order_dir = self.stage_plan.at(s.global_step).order_dir
             at = (s.global_step, target.step, before_step, reason, order_dir, s.epoch)
             self._call(
@@ -417,6 +423,7 @@ class Trainer(LoopControl):
             "tokens/s/device": round(last.get("throughput/device/tokens_per_second", 0.0)),
             "wall time (s)": round(seconds, 1),
             "save folder": self.cfg.save_folder,
+            **checkpoint_summary(self.cfg.save_folder, self.state.global_step),
             **({"stage": self.stage_plan.after(self.state.global_step).name} if self.stage_plan.staged else {}),
             **({"instances filtered this run": self.filtered.total} if self.cfg.data.instance_filter else {}),
             **(
