@@ -27,6 +27,7 @@ from ..checkpoint.save import replace_dir
 from ..config import ModelConfig
 from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
 from ..util import default_file_mode
+from ..util.bounded_files import open_regular, read_bounded
 from ..util.progress import ProgressLog
 from ..util.tokenizer_files import load_base_tokenizer
 from .import_checks import non_finite_count, non_finite_weight_error
@@ -55,6 +56,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+JSON_FILE_LIMIT = 64 << 20
+"""The largest config.json or safetensors index read (a few KB for a real model; an index names every tensor, about
+100 bytes each: 64 MiB is over half a million tensors)."""
 _UNITS = {
     "": 1,
     "B": 1,
@@ -253,11 +257,16 @@ def read_hf_config(path: Path) -> Any:
 
     :raises OLMoConfigurationError: if ``path`` is not an OLMo model directory.
     """
-    if not (path / "config.json").is_file():
-        raise _not_a_model(path, "it has no config.json" if path.is_dir() else "it does not exist")
+    if not path.is_dir():
+        raise _not_a_model(path, "it does not exist" if not os.path.lexists(path) else "it is not a directory")
+    if not os.path.lexists(path / "config.json"):
+        raise _not_a_model(path, "it has no config.json")
+    raw = read_bounded(
+        path / "config.json", JSON_FILE_LIMIT, f"The config.json of '{path}'", OLMoConfigurationError
+    )
     try:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        model_type = json.loads(raw).get("model_type")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, RecursionError) as e:
         raise _not_a_model(path, f"its config.json is not a JSON object ({e})") from None
     if model_type not in HF_MODEL_TYPES:
         raise _not_a_model(path, f"its config.json has model_type={model_type!r}")
@@ -282,11 +291,12 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if (path / SAFETENSORS_INDEX).is_file():
+    if os.path.lexists(path / SAFETENSORS_INDEX):
         files = _index_files(path / SAFETENSORS_INDEX)
-    elif (path / "model.safetensors").is_file():
+    elif os.path.lexists(path / "model.safetensors"):
         files = ["model.safetensors"]
-    elif (path / "pytorch_model.bin").is_file():
+    elif os.path.lexists(path / "pytorch_model.bin"):
+        _check_regular(path / "pytorch_model.bin")
         state = safe_torch_load(path / "pytorch_model.bin")
         if not isinstance(state, dict):
             raise _not_a_model(path, "pytorch_model.bin holds no state dict")
@@ -298,6 +308,7 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
     progress = ProgressLog(f"Reading {path}", len(files), "files", log)
     for i, file in enumerate(files):
         progress.update(i)
+        _check_regular(path / file)
         try:
             tensors = load_file(str(path / file))
         except (SafetensorError, OSError) as e:
@@ -306,6 +317,13 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
         state.update(tensors)
     progress.update(len(files))
     return state
+
+
+def _check_regular(file: Path) -> None:
+    """Refuse a weight file that is not a regular file (a FIFO would block the read forever, ``/dev/zero`` never
+    end); any size is read, memory-mapped."""
+    with open_regular(file, 1 << 62, f"The weight file '{file}'", OLMoCheckpointError):
+        pass
 
 
 def _check_finite(state: Mapping[str, Any], file: Path) -> None:
@@ -322,12 +340,13 @@ def _index_files(index: Path) -> list[str]:
 
     :raises OLMoCheckpointError: for an index that is not JSON with a ``weight_map`` of names to file names.
     """
+    raw = read_bounded(index, JSON_FILE_LIMIT, f"The safetensors index '{index}'", OLMoCheckpointError)
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = json.loads(raw)["weight_map"]
         files = sorted(set(weight_map.values()))
         if not files or not all(isinstance(f, str) and f == Path(f).name and f not in (".", "..") for f in files):
             raise ValueError(f"its files must be plain names in its folder, got {files[:3]}")
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as e:
         raise OLMoCheckpointError(
             f"'{index}' is not a safetensors index ({type(e).__name__}: {e}); it must be JSON with a \"weight_map\" from "
             f"each weight's name to its shard's file name. Re-save the model with transformers' save_pretrained."
@@ -338,10 +357,10 @@ def _index_files(index: Path) -> list[str]:
 def hf_tokenizer_vocab_size(path: Path) -> Optional[int]:
     """The vocabulary of ``path/tokenizer.json`` (added tokens included), or None without one."""
     file = path / "tokenizer.json"
-    if not file.is_file():
+    if not os.path.lexists(file):
         return None
-    try:
-        return HFTokenizer.from_file(str(file)).get_vocab_size()
-    except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+    try:  # a regular file of bounded size, read as a run reads its tokenizer
+        return load_base_tokenizer(str(file)).get_vocab_size()
+    except OLMoConfigurationError as e:
         log.warning("Ignoring '%s', which does not load (%s).", file, e)
         return None

@@ -1,12 +1,16 @@
 """Imports the trainer would refuse are refused at import (issue 50): a config.json whose converted config fails the
 trainer's own validation (NaN or infinite RoPE factors and loss weights, scales past a million, negative scales), and
 weights holding NaN or infinite values, stop ``convert_from_hf.py`` before anything is written, in one paragraph that
-names config.json's field, or the tensor and its file. And the first hour: ``convert_to_hf.py`` without the run's
+names config.json's field, or the tensor and its file; a config.json, index or weight file that is a FIFO, a device
+or too large is refused without being read. And the first hour: ``convert_to_hf.py`` without the run's
 tokenizer tells one story, and both commands' ``--help`` list every family the code converts."""
 
 import json
 import logging
+import os
 import shutil
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ from test_hf_damaged import _edit_config, _edit_weights, _refused, _save_hf
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoCheckpointError, OLMoConfigurationError
 from olmo.hf import HF_MODEL_TYPES, import_checks
+from olmo.hf import files as hf_files
 from olmo.testing import run_main
 
 transformers = pytest.importorskip("transformers")
@@ -242,3 +247,67 @@ def test_help_lists_every_family_the_code_converts(script, capsys):
     assert len(HF_MODEL_TYPES) == 5
     for model_type, name in HF_MODEL_TYPES.items():
         assert f"{name} ({model_type})" in text, (name, text)
+
+
+@contextmanager
+def _fifo(path: Path):
+    """A named pipe at ``path``; should the code under test block opening it, a writer opens it after 10 s so that
+    the test fails instead of hanging."""
+    os.mkfifo(path)
+
+    def unblock():
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass  # no reader waiting: nothing blocked
+
+    timer = threading.Timer(10, unblock)
+    timer.start()
+    try:
+        yield path
+    finally:
+        timer.cancel()
+
+
+def _first_shard(hf: Path) -> Path:
+    weight_map = json.loads((hf / "model.safetensors.index.json").read_text())["weight_map"]
+    return hf / sorted(set(weight_map.values()))[0]
+
+
+def test_a_weight_file_that_is_a_fifo_or_a_device_is_refused_without_reading_it(tmp_path):
+    hf = _save_hf(tmp_path / "hf", max_shard_size="40KB")
+    shard = _first_shard(hf)
+    shard.unlink()
+    with _fifo(shard):
+        message = _refused(tmp_path, hf, OLMoCheckpointError, "is a named pipe \\(FIFO\\), not a regular file")
+    assert f"'{shard}'" in message
+    shard.unlink()
+    shard.symlink_to("/dev/zero")
+    _refused(tmp_path, hf, OLMoCheckpointError, "model-00001-of-.* is a character device")
+    index = hf / "model.safetensors.index.json"
+    index.unlink()
+    index.symlink_to("/dev/zero")
+    _refused(tmp_path, hf, OLMoCheckpointError, "The safetensors index .* is a character device")
+
+
+def test_a_config_json_that_is_a_fifo_too_large_or_too_deep_is_refused(tmp_path, olmo2_dir, monkeypatch):
+    hf = _copy(olmo2_dir, tmp_path)
+    config = hf / "config.json"
+    text = config.read_text()
+    config.unlink()
+    with _fifo(config):
+        _refused(tmp_path, hf, OLMoConfigurationError, "config.json of .* is a named pipe \\(FIFO\\)")
+    config.unlink()
+    monkeypatch.setattr(hf_files, "JSON_FILE_LIMIT", 4096)
+    config.write_text(text[:-1] + ', "junk": "' + "x" * 5000 + '"}')
+    _refused(tmp_path, hf, OLMoConfigurationError, "config.json of .* is 5.5 KiB, over its limit of 4.0 KiB")
+    monkeypatch.setattr(hf_files, "JSON_FILE_LIMIT", 1 << 20)
+    config.write_text('{"model_type": "olmo2", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    _refused(tmp_path, hf, OLMoConfigurationError, "its config.json is not a JSON object")
+
+
+def test_a_tokenizer_json_that_is_a_fifo_is_left_out_with_a_warning(tmp_path, olmo2_dir, caplog):
+    hf = _copy(olmo2_dir, tmp_path)
+    with _fifo(hf / "tokenizer.json"), caplog.at_level(logging.WARNING):
+        assert run_main("convert_from_hf.py", hf, tmp_path / "ours") == 0
+    assert f"Ignoring '{hf / 'tokenizer.json'}'" in caplog.text and "no tokenizer.json that loads" in caplog.text
