@@ -13,6 +13,10 @@ Everything that can be checked (config values, the checkpoint to restore and eac
 save folder, training and evaluation data, the tokenizer) is checked before anything is written or the
 process group, model or data order is set up. --dry_run stops right there and prints the run's plan
 (parameters, batch and accumulation, steps, tokens, FLOPs, estimated memory per device and time).
+
+Ctrl-C (or SIGTERM) saves a checkpoint after the current step and exits with 75; a second one aborts at once,
+without that checkpoint, and exits with 130, naming the last committed checkpoint. Either way, relaunch the same
+command with --try_load_latest_save to continue from the newest checkpoint.
 """
 
 from __future__ import annotations

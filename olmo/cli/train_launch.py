@@ -55,6 +55,7 @@ from olmo.train.stages import (
     plan_stages,
     preflight_kl_reference,
 )
+from olmo.train.stop import EXIT_CODE_ABORTED, checkpoint_summary
 from olmo.util import env_rank, env_world_size
 from olmo.util.rng import seed_all
 
@@ -65,7 +66,26 @@ log = logging.getLogger("train")
 
 def launch(cfg: TrainConfig, callbacks: Sequence[Callback] = ()) -> int:
     """Check what the valid ``cfg`` reads and writes, then train (or, with ``--dry_run``, print the plan); return the
-    exit code. ``callbacks`` were checked by :func:`olmo.cli.train.main`."""
+    exit code. ``callbacks`` were checked by :func:`olmo.cli.train.main`.
+
+    Ctrl-C while the run is set up or finishes (the training loop handles its own signals) ends it with one line
+    and :data:`~olmo.train.stop.EXIT_CODE_ABORTED`, not a traceback."""
+    try:
+        return _launch(cfg, callbacks)
+    except KeyboardInterrupt:
+        last = checkpoint_summary(cfg.save_folder, 0)["last checkpoint"]
+        log.error(
+            "Interrupted (Ctrl-C) outside the training loop, while the run was set up or finished: stopped without "
+            "saving a checkpoint (exit code %d). Last checkpoint in '%s': %s. Relaunch the same command (with "
+            "--try_load_latest_save to continue from it).",
+            EXIT_CODE_ABORTED,
+            cfg.save_folder,
+            last,
+        )
+        return EXIT_CODE_ABORTED
+
+
+def _launch(cfg: TrainConfig, callbacks: Sequence[Callback]) -> int:
     float8_problem = float8_device_problem(cfg.model.float8, launch_device()) if cfg.model.trains_float8 else None
     if float8_problem is not None and not cfg.dry_run:
         raise OLMoConfigurationError(float8_problem)

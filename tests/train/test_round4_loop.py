@@ -223,3 +223,16 @@ def test_dtensor_warns_of_inconsistent_reductions_only_where_they_can_happen(tar
     assert len(messages) == int(shown)
     if shown:
         assert "inconsistent results between ranks" in messages[0]
+
+
+class InterruptedAtStart(Callback):
+    def pre_train(self, ctx):
+        raise KeyboardInterrupt  # as Ctrl-C does where no handler of the loop catches it (setup, teardown)
+
+
+def test_ctrl_c_outside_the_loop_ends_the_launch_in_one_line_with_the_abort_code(tmp_path, corpus, caplog):
+    with caplog.at_level(logging.INFO):
+        assert main([_config(tmp_path, corpus)], callbacks=[InterruptedAtStart()]) == EXIT_CODE_ABORTED
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith("Interrupted (Ctrl-C) outside the training loop"), errors
+    assert "Last checkpoint in" in errors[0] and ": none." in errors[0] and "--try_load_latest_save" in errors[0]
