@@ -299,7 +299,7 @@ def build_train_loader(
         overwrite=context.save_overwrite,
         pairs=context.pairs,
     )
-    if rank == 0:
+    if rank == 0 and (not dist.is_initialized() or dist.get_rank() == 0):  # not the CP/TP peers of data rank 0 too
         dataset.save_remote_records()
     return DataLoader(
         order,
