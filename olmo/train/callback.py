@@ -68,7 +68,9 @@ class Loop(Protocol):
     def rewind(self, before_step: int, reason: str) -> None:
         """Go back to the newest committed checkpoint from before ``before_step`` once the current hooks return:
         the checkpoints written since are deleted, ``on_rewind`` hooks run, the model, optimizer and data position
-        are restored from it, and training goes on from there."""
+        are restored from it, and training goes on from there. At most
+        :data:`~olmo.train.loop_control.MAX_REWINDS_TO_ONE_CHECKPOINT` rewinds go back to one checkpoint in a launch;
+        the next stops the run (``OLMoTrainingError``)."""
 
     def stop(self, reason: str) -> None:
         """Stop training, with a final checkpoint and exit code 75, as a signal would: every rank stops together at
