@@ -33,8 +33,8 @@ from olmo.checkpoint.save import check_new_output_dir, write_imported_checkpoint
 from olmo.config import TokenizerConfig, TrainConfig
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError
 from olmo.hf import from_hf_state, hf_class_listing, model_config_from_hf
+from olmo.hf.conversion_checks import check_imported_config
 from olmo.hf.files import hf_tokenizer_vocab_size, read_hf_config, read_hf_weights
-from olmo.hf.import_checks import check_imported_config
 from olmo.model import OLMo
 from olmo.util import is_url
 from olmo.util.tokenizer_files import DEFAULT_TOKENIZER

@@ -36,6 +36,7 @@ from olmo.checkpoint.save import check_new_output_dir
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError
 from olmo.hf import HF_MODEL_TYPES, hf_class_listing, hf_model_type, import_transformers
+from olmo.hf.conversion_checks import check_exported_config, check_finite
 from olmo.hf.files import export_tokenizer, parse_size, write_hf_model
 from olmo.model import OLMo
 from olmo.util import is_url
@@ -92,6 +93,7 @@ def convert_to_hf(
     check_new_output_dir(target, inputs=[info.path])
     start = time.perf_counter()
     cfg = TrainConfig.load_saved(Path(info.path) / "config.yaml", ["compile=null"])
+    check_exported_config(cfg.model, info.path)
     import_transformers()
     hf_model_type(cfg.model)  # an architecture transformers cannot hold fails before the weights are read
     base_tokenizer = _tokenizer_to_ship(tokenizer, cfg)
@@ -99,6 +101,7 @@ def convert_to_hf(
     log.info("Loading %s (step %d, %s).", info.path, info.step, "sharded" if info.sharded else "unsharded")
     model = OLMo(cfg.model, init_params=False)
     load_checkpoint(info, model, None, load_trainer_state=False)
+    check_finite(model.state_dict(), f"checkpoint '{info.path}'", "Export an earlier checkpoint of the run.")
     files = write_hf_model(target, model.state_dict(), cfg.model, base_tokenizer, DTYPES[dtype], max_shard_bytes)
     log.info(
         "Wrote %s (%s, %s, %d weight file(s), %s) in %.1f s. Load it with "

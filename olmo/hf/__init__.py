@@ -1,7 +1,7 @@
 """Hugging Face transformers interop: ``mapping`` (our model <-> ``OlmoForCausalLM``/``Olmo2ForCausalLM``/
 ``Olmo3ForCausalLM``/``OlmoeForCausalLM``/``FlexOlmoForCausalLM``: configs and state dicts, both ways; the names
 re-exported here; its sliding-window and RoPE scaling part is ``olmo3``, its experts' ``olmoe``), ``files`` (model
-directories: config.json, safetensors shards, tokenizer and generation files) and ``import_checks`` (what an import
+directories: config.json, safetensors shards, tokenizer and generation files) and ``conversion_checks`` (what an import
 must pass before anything is written). transformers is imported inside functions only.
 
 May import: ``olmo.checkpoint``, ``olmo.config``, ``olmo.util``, ``olmo.exceptions``.

@@ -30,7 +30,7 @@ from ..util import default_file_mode
 from ..util.bounded_files import open_regular, read_bounded
 from ..util.progress import ProgressLog
 from ..util.tokenizer_files import load_base_tokenizer
-from .import_checks import non_finite_count, non_finite_weight_error
+from .conversion_checks import IMPORT_WEIGHTS_FIX, check_finite
 from .mapping import (
     HF_MODEL_TYPES,
     build_hf_config,
@@ -300,7 +300,7 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
         state = safe_torch_load(path / "pytorch_model.bin")
         if not isinstance(state, dict):
             raise _not_a_model(path, "pytorch_model.bin holds no state dict")
-        _check_finite(state, path / "pytorch_model.bin")
+        check_finite(state, f"'{path / 'pytorch_model.bin'}'", IMPORT_WEIGHTS_FIX)
         return state
     else:
         raise _not_a_model(path, "it has no model.safetensors, safetensors index or pytorch_model.bin")
@@ -313,7 +313,7 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
             tensors = load_file(str(path / file))
         except (SafetensorError, OSError) as e:
             raise OLMoCheckpointError(f"Could not read '{path / file}' ({e}); it is damaged or missing.") from None
-        _check_finite(tensors, path / file)
+        check_finite(tensors, f"'{path / file}'", IMPORT_WEIGHTS_FIX)
         state.update(tensors)
     progress.update(len(files))
     return state
@@ -324,15 +324,6 @@ def _check_regular(file: Path) -> None:
     end); any size is read, memory-mapped."""
     with open_regular(file, 1 << 62, f"The weight file '{file}'", OLMoCheckpointError):
         pass
-
-
-def _check_finite(state: Mapping[str, Any], file: Path) -> None:
-    """Refuse the first floating-point tensor of ``state`` (read from ``file``) that holds a NaN or an infinity."""
-    for name, tensor in state.items():
-        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
-            bad = non_finite_count(tensor)
-            if bad:
-                raise non_finite_weight_error(name, file, bad, tensor.numel())
 
 
 def _index_files(index: Path) -> list[str]:

@@ -2,7 +2,8 @@
 trainer's own validation (NaN or infinite RoPE factors and loss weights, scales past a million, negative scales), and
 weights holding NaN or infinite values, stop ``convert_from_hf.py`` before anything is written, in one paragraph that
 names config.json's field, or the tensor and its file; a config.json, index or weight file that is a FIFO, a device
-or too large is refused without being read. And the first hour: ``convert_to_hf.py`` without the run's
+or too large is refused without being read. The export refuses a checkpoint whose model section a launch refuses, or
+whose weights are not finite. And the first hour: ``convert_to_hf.py`` without the run's
 tokenizer tells one story, and both commands' ``--help`` list every family the code converts."""
 
 import json
@@ -17,16 +18,25 @@ import pytest
 import torch
 from test_hf_damaged import _edit_config, _edit_weights, _refused, _save_hf
 
-from olmo.config import TrainConfig
+from olmo.checkpoint.save import write_imported_checkpoint
+from olmo.config import RopeScalingConfig, TrainConfig
 from olmo.exceptions import OLMoCheckpointError, OLMoConfigurationError
-from olmo.hf import HF_MODEL_TYPES, import_checks
+from olmo.hf import HF_MODEL_TYPES, conversion_checks
 from olmo.hf import files as hf_files
-from olmo.testing import run_main
+from olmo.model import OLMo
+from olmo.testing import run_main, tiny_config_dict
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16}
+OLMO2 = {
+    "model.norm_after": True,
+    "model.layer_norm_type": "rms",
+    "model.attention_layer_norm": True,
+    "model.init_fn": "normal",
+}
+"""What makes the tiny config an OLMo-2 architecture transformers can hold."""
 LLAMA3 = {**YARN, "rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 
 
@@ -210,13 +220,13 @@ def test_an_expert_weight_with_nan_is_refused(tmp_path, olmoe_dir):
 
 
 def test_the_count_takes_slices_of_bounded_size(monkeypatch):
-    monkeypatch.setattr(import_checks, "_SLICE", 7)
+    monkeypatch.setattr(conversion_checks, "_SLICE", 7)
     tensor = torch.zeros(10, 10)
     tensor[0, 0], tensor[5, 6], tensor[9, 9] = float("nan"), float("inf"), float("-inf")
-    assert import_checks.non_finite_count(tensor) == 3
-    assert import_checks.non_finite_count(tensor.T) == 3  # not contiguous
-    assert import_checks.non_finite_count(torch.zeros(50, dtype=torch.float8_e4m3fn)) == 0
-    assert import_checks.non_finite_count(torch.full((50,), float("nan")).to(torch.float8_e4m3fn)) == 50
+    assert conversion_checks.non_finite_count(tensor) == 3
+    assert conversion_checks.non_finite_count(tensor.T) == 3  # not contiguous
+    assert conversion_checks.non_finite_count(torch.zeros(50, dtype=torch.float8_e4m3fn)) == 0
+    assert conversion_checks.non_finite_count(torch.full((50,), float("nan")).to(torch.float8_e4m3fn)) == 50
 
 
 def test_export_without_the_runs_tokenizer_tells_one_true_story(tmp_path, olmo2_dir, caplog):
@@ -311,3 +321,42 @@ def test_a_tokenizer_json_that_is_a_fifo_is_left_out_with_a_warning(tmp_path, ol
     with _fifo(hf / "tokenizer.json"), caplog.at_level(logging.WARNING):
         assert run_main("convert_from_hf.py", hf, tmp_path / "ours") == 0
     assert f"Ignoring '{hf / 'tokenizer.json'}'" in caplog.text and "no tokenizer.json that loads" in caplog.text
+
+
+def _our_checkpoint(path: Path, edit_config=None, edit_model=None) -> Path:
+    """One of our checkpoints of a tiny OLMo-2 model, its config or weights damaged as a checkpoint written before
+    today's checks (or edited and committed again) can be."""
+    cfg = TrainConfig.from_dict(tiny_config_dict(path.parent / "run", ["a.npy"], **OLMO2))
+    if edit_config is not None:
+        edit_config(cfg)
+    torch.manual_seed(0)
+    model = OLMo(cfg.model)
+    if edit_model is not None:
+        with torch.no_grad():
+            edit_model(model)
+    return write_imported_checkpoint(path, cfg, model)
+
+
+def test_a_checkpoint_whose_model_config_a_launch_refuses_is_not_exported(tmp_path):
+    def absurd(cfg):
+        cfg.model.rope_scaling = RopeScalingConfig(factor=4.0, old_context_len=16, attention_factor=1e300)
+
+    checkpoint = _our_checkpoint(tmp_path / "ours", edit_config=absurd)
+    with pytest.raises(OLMoConfigurationError) as e:
+        run_main("convert_to_hf.py", checkpoint, tmp_path / "back")
+    message = str(e.value)
+    assert "model.rope_scaling.attention_factor=1e+300 is beyond 1,000,000" in message and "\n" not in message
+    assert f"checkpoint '{checkpoint}'" in message and "nothing was written" in message
+    assert not (tmp_path / "back").exists() and not list(tmp_path.glob(".back.tmp-*"))
+
+
+def test_a_checkpoint_with_nan_weights_is_not_exported(tmp_path):
+    def nan(model):
+        model.transformer.blocks[1].ff_out.weight[0, :3] = float("nan")
+
+    checkpoint = _our_checkpoint(tmp_path / "ours", edit_model=nan)
+    with pytest.raises(OLMoCheckpointError) as e:
+        run_main("convert_to_hf.py", checkpoint, tmp_path / "back")
+    message = str(e.value)
+    assert "transformer.blocks.1.ff_out.weight" in message and "3 of its" in message, message
+    assert "Export an earlier checkpoint" in message and not (tmp_path / "back").exists()

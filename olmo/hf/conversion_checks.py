@@ -1,26 +1,38 @@
-"""What an import from transformers must pass before anything is written: the trainer's own validation of the
-converted config, and finite weights. A config.json with an ``inf`` RoPE factor or loss weight, or a weight file
-with NaN in it, converted without a word gave a checkpoint that the trainer then refused (or trained on NaN).
+"""What a conversion to or from transformers must pass before anything is written: the trainer's own validation of
+the model's config, and finite weights. A config.json with an ``inf`` RoPE factor or loss weight, or a weight file
+with NaN in it, converted without a word gave a checkpoint that the trainer then refused (or trained on NaN); a
+checkpoint of ours with such a config or weights gave a transformers model that computes nothing useful.
 
 * :func:`check_imported_config` runs :func:`~olmo.config.validation.config_problems`, the very checks of a launch,
-  on the :class:`~olmo.config.TrainConfig` the import writes, and names each problem's config.json field.
-* :func:`non_finite_count` counts the NaN and infinite values of a tensor in slices of bounded size; the reader of
-  the weights (:func:`olmo.hf.files.read_hf_weights`) refuses a tensor with any, naming it and its file.
+  on the :class:`~olmo.config.TrainConfig` an import writes, and names each problem's config.json field.
+* :func:`check_exported_config` runs the launch's checks of the ``model`` section (those that do not depend on how
+  many processes trained it) on the config of a checkpoint to export.
+* :func:`check_finite` refuses a tensor with a NaN or infinite value, naming it and its file or checkpoint, counted
+  in slices of bounded size (:func:`non_finite_count`): the reader of transformers' weights
+  (:func:`olmo.hf.files.read_hf_weights`) checks each file as it reads it, and an export its model's weights.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..config import TrainConfig
-from ..config.bounds import problem_key
+from ..config import ModelConfig, TrainConfig
+from ..config.bounds import problem_key, with_bound_problems
 from ..config.validation import config_problems
 from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
 
-__all__ = ["HF_FIELDS", "check_imported_config", "non_finite_count", "non_finite_weight_error"]
+__all__ = [
+    "HF_FIELDS",
+    "IMPORT_WEIGHTS_FIX",
+    "check_imported_config",
+    "check_exported_config",
+    "check_finite",
+    "non_finite_count",
+]
 
 _ROPE = "the full-attention RoPE entry's (rope_parameters / rope_scaling)"
 HF_FIELDS = {
@@ -54,6 +66,12 @@ HF_FIELDS = {
 }
 """The config.json field each of our model keys is read from, to name it in a refusal."""
 
+IMPORT_WEIGHTS_FIX = (
+    "The trainer could not train from it: convert an intact copy (download the model again, or save it again with "
+    "save_pretrained from a model whose weights are finite)."
+)
+"""How a refusal of an imported weight that is not finite ends."""
+
 _SLICE = 2**24
 """Values checked at a time (64 MiB of float32 for a one-byte float): the check of a tensor of any size takes
 bounded memory beyond the tensor itself."""
@@ -78,6 +96,39 @@ def check_imported_config(cfg: TrainConfig, model_type: str, source: Path) -> No
     )
 
 
+def check_exported_config(model_cfg: ModelConfig, checkpoint: str) -> None:
+    """Refuse to export the model of ``checkpoint`` if a launch would refuse the ``model`` section of its config
+    (the checks of that section alone: how many processes trained it does not matter here).
+
+    :raises OLMoConfigurationError: listing the section's problems in one paragraph.
+    """
+    problems = with_bound_problems(model_cfg.problems(), model_cfg, "model.")
+    if problems:
+        raise OLMoConfigurationError(
+            f"The config.yaml of checkpoint '{checkpoint}' holds a model section that the trainer refuses, so a "
+            f"transformers model made from it would not compute what was meant; nothing was written. "
+            f"{' '.join(problems)} Export a checkpoint of a run whose config validates."
+        )
+
+
+def check_finite(state: Mapping[str, Any], where: str, fix: str) -> None:
+    """Refuse the first floating-point tensor of ``state`` (read from ``where``: a quoted file, a checkpoint) that
+    holds a NaN or an infinity, in one paragraph that ends with ``fix``.
+
+    :raises OLMoCheckpointError: naming the tensor, ``where`` and how many of its values are not finite.
+    """
+    for name, tensor in state.items():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+            bad = non_finite_count(tensor)
+            if bad:
+                share = "all" if bad == tensor.numel() else f"{bad:,} of"
+                raise OLMoCheckpointError(
+                    f"The weight {name} in {where} is damaged: {share} its {tensor.numel():,} values are NaN or "
+                    f"infinite, which no trained model holds (a broken download or disk, or a model saved after its "
+                    f"training diverged). Nothing was written. {fix}"
+                )
+
+
 def non_finite_count(tensor: torch.Tensor) -> int:
     """How many values of the floating-point ``tensor`` are NaN or infinite, counted a slice at a time."""
     flat = tensor.detach().reshape(-1)
@@ -88,14 +139,3 @@ def non_finite_count(tensor: torch.Tensor) -> int:
             part = part.float()
         count += int((~torch.isfinite(part)).sum())
     return count
-
-
-def non_finite_weight_error(name: str, file: Any, bad: int, total: int) -> OLMoCheckpointError:
-    """The refusal of the weight ``name`` in ``file`` that holds ``bad`` NaN or infinite values of ``total``."""
-    share = "all" if bad == total else f"{bad:,} of"
-    return OLMoCheckpointError(
-        f"The weight {name} in '{file}' is damaged: {share} its {total:,} values are NaN or infinite, which no "
-        f"trained model holds (a broken download or disk, or a model saved after its training diverged), and the "
-        f"trainer could not train from it. Nothing was written. Convert an intact copy: download the model again, "
-        f"or save it again with save_pretrained from a model whose weights are finite."
-    )
