@@ -6,10 +6,14 @@ Import it from :mod:`olmo.config`, which re-exports it.
 
 from __future__ import annotations
 
+import ast
 import difflib
+import functools
+import importlib.util
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from .data_sections import DataConfig
@@ -123,11 +127,58 @@ class EvaluatorConfig:
         return out
 
 
+@functools.lru_cache(maxsize=1)
 def task_labels() -> list[str]:
-    """Every downstream label ``olmo_eval`` knows (``olmo_eval.tasks.LABEL_TO_TASK_MAP``), sorted."""
-    from olmo_eval.tasks import LABEL_TO_TASK_MAP
+    """Every downstream label ``olmo_eval`` knows (``olmo_eval.tasks.LABEL_TO_TASK_MAP``), sorted.
 
-    return sorted(LABEL_TO_TASK_MAP)
+    Read from the source of ``olmo_eval/tasks.py`` when its map is made of literal dictionaries (it is, in every
+    release so far): importing the module imports torch and ``datasets``, seconds that a config error should not wait
+    for. Anything else in that map falls back to the import.
+    """
+    labels = _literal_task_labels()
+    if labels is None:
+        from olmo_eval.tasks import LABEL_TO_TASK_MAP
+
+        labels = list(LABEL_TO_TASK_MAP)
+    return sorted(labels)
+
+
+def _literal_task_labels() -> Optional[list[str]]:
+    """The keys of ``LABEL_TO_TASK_MAP`` in ``olmo_eval/tasks.py``'s source, following ``**NAME`` entries to the
+    dictionaries the module assigns to those names; None where the source says something else."""
+    spec = importlib.util.find_spec("olmo_eval")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    try:
+        tree = ast.parse((Path(folders[0]) / "tasks.py").read_text(encoding="utf-8"))
+    except (IndexError, OSError, SyntaxError, ValueError):
+        return None
+    dicts = {
+        node.targets[0].id: node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Dict)
+    }
+
+    def keys(name: str, depth: int = 0) -> Optional[list[str]]:
+        value = dicts.get(name)
+        if value is None or depth > 8:
+            return None
+        out: list[str] = []
+        for key, item in zip(value.keys, value.values):
+            if key is None and isinstance(item, ast.Name):  # **OTHER_MAP
+                more = keys(item.id, depth + 1)
+                if more is None:
+                    return None
+                out.extend(more)
+            elif isinstance(key, ast.Constant) and isinstance(key.value, str):
+                out.append(key.value)
+            else:
+                return None
+        return out
+
+    return keys("LABEL_TO_TASK_MAP")
 
 
 def unknown_label_problems(labels: Mapping[str, str]) -> list[str]:

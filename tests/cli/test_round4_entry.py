@@ -50,14 +50,21 @@ print("ok", len({cases!r}))
 
 
 def test_help_usage_and_config_errors_are_answered_before_torch_is_imported(tmp_path):
-    # A config without downstream evaluators: their labels are checked against ai2-olmo-eval, which imports torch.
-    config = write_config(tmp_path / "c.yaml", tiny_config_dict(tmp_path / "run", [str(tmp_path / "a.npy")]))
-    probe = PROBE.format(cases=FRONT_CASES)
+    # With a downstream evaluator, as the quickstart's config has: its label is checked against ai2-olmo-eval's list,
+    # read without importing olmo_eval (which imports torch).
+    raw = tiny_config_dict(tmp_path / "run", [str(tmp_path / "a.npy")])
+    raw["evaluators"] = [{"label": "piqa", "type": "downstream"}]
+    config = write_config(tmp_path / "c.yaml", raw)
+    cases = [
+        *FRONT_CASES,
+        (["CONFIG", "--evaluators.0.label=piqaa"], "OLMoConfigurationError", "Did you mean 'piqa'"),
+    ]
+    probe = PROBE.format(cases=cases)
     result = subprocess.run(
         [sys.executable, "-c", probe, str(config)], capture_output=True, text=True, timeout=120, cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == f"ok {len(FRONT_CASES)}"
+    assert result.stdout.strip() == f"ok {len(cases)}"
     assert not (tmp_path / "run").exists()
 
 

@@ -163,3 +163,13 @@ def test_every_downstream_label_of_the_official_1b_config_resolves(load_task):
         evaluator = DownstreamEvaluator(label, load_task(label), batch_size=1)
         assert len(evaluator.samples()) > 0
         assert f"eval/downstream/{label}_acc" in evaluator.metric_names
+
+
+def test_the_labels_read_from_olmo_evals_source_are_those_its_import_gives():
+    """Config validation reads the labels from ``olmo_eval/tasks.py`` without importing it (torch): the same list."""
+    from olmo_eval.tasks import LABEL_TO_TASK_MAP
+
+    from olmo.config.eval_sections import _literal_task_labels
+
+    literal = _literal_task_labels()
+    assert literal is not None and sorted(literal) == sorted(LABEL_TO_TASK_MAP)
