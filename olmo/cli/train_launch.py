@@ -33,6 +33,7 @@ from olmo.distributed import (
 )
 from olmo.distributed.collectives import launch_device
 from olmo.distributed.float8 import float8_device_problem
+from olmo.distributed.launch_memory import check_launch_memory
 from olmo.eval import Evaluator, evaluators_of_run
 from olmo.exceptions import OLMoConfigurationError, OLMoDataError
 from olmo.hf.files import check_hf_export
@@ -56,7 +57,7 @@ from olmo.train.stages import (
     preflight_kl_reference,
 )
 from olmo.train.stop import EXIT_CODE_ABORTED, checkpoint_summary
-from olmo.util import env_rank, env_world_size
+from olmo.util import env_rank, env_world_size, launch_env
 from olmo.util.rng import seed_all
 
 __all__ = ["launch", "train"]
@@ -95,6 +96,9 @@ def _launch(cfg: TrainConfig, callbacks: Sequence[Callback]) -> int:
     train_module_class(cfg, cfg.train_module)
     if cfg.hf_export.enabled:
         check_hf_export(cfg.model, cfg.tokenizer.identifier)  # the export at the end must not fail
+    if not cfg.dry_run:  # a dry run's plan shows the memory instead
+        env = launch_env()
+        check_launch_memory(cfg, env.world_size, env.local_world_size)  # a model that certainly cannot fit
     opened: dict[int, MemMapDataset] = {}  # each data config's dataset, opened once (keyed by the config's id)
     data_context = DataContext.from_train_config(cfg)
 

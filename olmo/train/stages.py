@@ -32,9 +32,7 @@ from ..config import (
 )
 from ..config.optim_sections import schedule_problems
 from ..config.stage_sections import parse_duration_steps, stage_data_config, stage_sum_problem
-from ..distributed.launch_memory import check_launch_memory
 from ..exceptions import OLMoConfigurationError
-from ..util import launch_env
 from .callback import Callback, StageContext
 
 if TYPE_CHECKING:
@@ -150,16 +148,10 @@ class StageCallback(Callback):
 
 
 def preflight_kl_reference(cfg: TrainConfig) -> None:
-    """Before anything is written, what a launch checks of its model's shapes: that its state can fit this
-    process's memory at all (:func:`olmo.distributed.launch_memory.check_launch_memory`; not for a dry run, whose
-    plan shows the memory), and the model of ``kl_reference.load_path`` (when a stage has a KL penalty), opened and
+    """Before anything is written, the model of ``kl_reference.load_path`` (when a stage has a KL penalty), opened and
     checked as a restore of ``load_path`` is.
 
-    :raises OLMoConfigurationError: naming the model's keys when it cannot fit.
     :raises OLMoCheckpointError: naming the key when it cannot be this run's reference."""
-    if not cfg.dry_run:
-        launch = launch_env()
-        check_launch_memory(cfg, launch.world_size, launch.local_world_size)
     if cfg.kl_reference.load_path is None or not any(stage.kl_beta > 0 for stage in cfg.stages or []):
         return
     from ..checkpoint.restore import preflight_reference
