@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 import warnings
 from pathlib import Path
 from types import TracebackType
@@ -28,6 +29,7 @@ from typing import Any, Optional, Union
 
 from ..exceptions import OLMoCliError, OLMoError
 from .atomic import atomic_file, atomic_write
+from .bounded_files import read_bounded
 from .launch import LaunchEnv, env_rank, env_world_size, expand_hostlist, launch_env
 from .olmo_helpers import clean_opt, dir_is_empty, flatten_dict
 from .retry import Backoff, call_with_retries
@@ -126,7 +128,11 @@ def setup_logging(level: int = logging.INFO) -> None:
 
 def _excepthook(exctype: type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
     if issubclass(exctype, KeyboardInterrupt):
-        sys.__excepthook__(exctype, value, tb)
+        # One line, with where it stopped (what someone pressing Ctrl-C on a command that seems stuck wants to know);
+        # the training loop handles its own Ctrl-C and says how to resume.
+        where = traceback.extract_tb(tb)[-1] if tb is not None else None
+        at = f" in {where.name} ({where.filename}:{where.lineno})" if where is not None else ""
+        print(f"\nKeyboardInterrupt: interrupted (Ctrl-C){at}; stopped.", file=sys.stderr)
     elif issubclass(exctype, OLMoError):
         # A problem the user can fix: one paragraph, no traceback.
         print(f"\n{exctype.__name__}: {redact_text(error_message(value))}\n", file=sys.stderr)
@@ -258,6 +264,10 @@ def _umask() -> int:
     return mask
 
 
+RESULT_FILE_LIMIT = 64 << 20
+"""The largest earlier result a command reads to decide whether it may write over it."""
+
+
 def result_file_problem(path: Path, keys: tuple[str, ...]) -> Optional[str]:
     """Why a command must not write its JSON result to ``path``, or None: a link, a folder, a folder that cannot be
     written, or an existing file that is not an earlier result of the same command (a JSON object with ``keys``).
@@ -267,9 +277,9 @@ def result_file_problem(path: Path, keys: tuple[str, ...]) -> Optional[str]:
     if path.is_dir():
         return "it is a directory"
     if path.exists():
-        try:
-            existing = json.loads(path.read_text())
-        except (OSError, ValueError):
+        try:  # a FIFO or a device is no earlier result, and is never read (it would block or never end)
+            existing = json.loads(read_bounded(path, RESULT_FILE_LIMIT))
+        except (OLMoError, ValueError, RecursionError):
             existing = None
         if not isinstance(existing, dict) or not all(k in existing for k in keys):
             return "it exists and is not an earlier result of this command, so it is never written over"

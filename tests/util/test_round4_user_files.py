@@ -3,6 +3,9 @@ within a stated size (never a FIFO that blocks, a device that never ends, or a m
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -13,6 +16,7 @@ from olmo.data import memmap_writer
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError, OLMoDataError
 from olmo.testing import run_main
 from olmo.tokenizer import load_base_tokenizer
+from olmo.util import result_file_problem
 
 
 def _wheel(path, members):
@@ -82,3 +86,21 @@ def test_a_document_past_its_limit_stops_data_preparation_naming_the_file(tmp_pa
     small = tmp_path / ("small" + path.suffix)
     small.write_text(json.dumps({"text": "ok"}) + "\n" if name.endswith(".jsonl") else "ok")
     assert [t for _, t in memmap_writer.read_documents(small, "text")] == ["ok"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_a_result_file_that_is_a_fifo_or_a_device_is_never_written_over_nor_read(tmp_path, kind):
+    out = tmp_path / "result.json"
+    if kind == "fifo":
+        os.mkfifo(out)
+    else:
+        out.symlink_to("/dev/zero")
+    assert result_file_problem(out, ("results",)) is not None  # returns at once: neither blocks nor reads forever
+
+
+def test_an_uncaught_ctrl_c_is_one_line_saying_where_it_stopped(tmp_path):
+    script = "from olmo.util import install_excepthook\ninstall_excepthook()\ndef wait():\n    raise KeyboardInterrupt\nwait()\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip() == "KeyboardInterrupt: interrupted (Ctrl-C) in wait (<string>:4); stopped."
+    assert done.returncode == -signal.SIGINT  # as Python ends on an uncaught Ctrl-C: killed by SIGINT
