@@ -206,19 +206,16 @@ class ChatTemplate:
     ) -> str:
         """The text of ``messages``; the template's own errors (``raise_exception``, a missing key) and an evaluation
         over its budget become ``ValueError``\\s naming the template."""
-        return self._render(messages, add_generation_prompt, tools, self._deadline(), None)
-
-    def _deadline(self) -> float:
-        return time.monotonic() + self.budget.max_seconds
+        return self._render(messages, add_generation_prompt, tools, None)
 
     def _render(
         self,
         messages: Sequence[dict[str, Any]],
         add_generation_prompt: bool,
         tools: Optional[list],
-        deadline: float,
         markers: Optional[_Markers],
     ) -> str:
+        deadline = time.monotonic() + self.budget.max_seconds  # each rendering its own: steps bound the time first
         self._env.meter, self._env.label_markers = Meter(self.budget, deadline), markers
         try:
             text = self._template.render(
@@ -246,24 +243,23 @@ class ChatTemplate:
 
         The blocks are found by markers no input can hold (:class:`_Markers`), and the text without them must be the
         text the template renders without markers: otherwise the template is refused (a ``ValueError``)."""
-        deadline = self._deadline()
         if self._has_blocks:
             markers = _Markers([messages, self.eos_token, self.bos_token])
-            found = markers.unmark(self._render(messages, False, None, deadline, markers))
-            if found is None or found[0] != self._render(messages, False, None, deadline, None):
+            found = markers.unmark(self._render(messages, False, None, markers))
+            if found is None or found[0] != self._render(messages, False, None, None):
                 raise ValueError(
                     f"the chat template {self.name} changes or cuts the output of its {{% generation %}} blocks "
                     f"(a filter or variable applied to it), so the assistant's tokens cannot be found; put the "
                     f"blocks around the assistant's text as it is output"
                 )
             return found
-        text = self._render(messages, False, None, deadline, None)
+        text = self._render(messages, False, None, None)
         spans = []
         for i, message in enumerate(messages):
             if message.get("role") != "assistant":
                 continue
-            before = self._render(messages[:i], True, None, deadline, None)
-            through = self._render(messages[: i + 1], False, None, deadline, None)
+            before = self._render(messages[:i], True, None, None)
+            through = self._render(messages[: i + 1], False, None, None)
             if not text.startswith(through) or not through.startswith(before):
                 raise ValueError(
                     f"the chat template {self.name} does not render messages[{i}] (an assistant turn) as a "

@@ -16,8 +16,8 @@ A chat template is a user's file, so its evaluation is bounded by limits it cann
 - **Memory of a render**: the strings and items all steps of one rendering make, output included, add up to at most
   :data:`MAX_RENDER_CHARS`.
 - **Time**: at most :data:`MAX_STEPS` steps (each operator, call, filter, attribute or item lookup, loop iteration
-  and piece of output counts one; ``lipsum`` one per word) per rendering, and a conversation's renderings end within
-  :data:`MAX_SECONDS` seconds of wall clock, checked at every step. ``range`` is the sandbox's (at most 100,000
+  and piece of output counts one; ``lipsum`` one per word) per rendering, the same on every machine; and, as a backstop, each rendering ends within :data:`MAX_SECONDS`
+  seconds of wall clock, checked at every step. ``range`` is the sandbox's (at most 100,000
   numbers) and each number it yields in a loop is a step.
 
 Going over any limit stops the evaluation with :class:`TemplateBudgetError`, naming the limit and how to fix it.
@@ -64,8 +64,9 @@ MAX_RENDER_CHARS = 32 * 1024 * 1024
 """All the characters and items the steps of one rendering make, added up: what bounds its memory."""
 MAX_STEPS = 1_000_000
 """The most steps of one rendering: a chat template takes a few per message."""
-MAX_SECONDS = 10.0
-"""The wall-clock time one conversation's renderings may take."""
+MAX_SECONDS = 60.0
+"""The wall-clock time one rendering may take: a backstop behind :data:`MAX_STEPS`, which bounds the time the same
+on every machine (a rendering within its steps takes a few seconds at most, however busy the machine)."""
 
 _WHERE = "olmo.data.template_budget"
 

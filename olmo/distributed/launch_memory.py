@@ -48,7 +48,11 @@ def launch_memory_problem(
     :param where: what ``memory_bytes`` is, for the message (``"of this GPU (NVIDIA H100)"``).
     """
     sharded = cfg.distributed_strategy == "fsdp" and str(cfg.fsdp and cfg.fsdp.sharding_strategy) != "NO_SHARD"
-    ranks = world_size if sharded else 1
+    # Without FSDP, tensor and expert parallelism still split the weights: a lower bound divides the whole model by
+    # both degrees (only the experts are split by the one, only the rest by the other), never refusing what could fit.
+    ep = cfg.expert_parallel.degree if isinstance(cfg.expert_parallel.degree, int) else 1
+    split = cfg.tensor_parallel_size(world_size) * (ep if ep > 1 and world_size % ep == 0 else 1)
+    ranks = world_size if sharded else min(world_size, split)
     per_param = sum(state_bytes_per_param(str(cfg.optimizer.name)))
     need = per_param * num_params / ranks
     if need <= memory_bytes:

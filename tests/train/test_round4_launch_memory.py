@@ -66,3 +66,7 @@ def test_the_bound_counts_only_what_every_step_keeps(tmp_path, corpus):
     assert launch_memory_problem(no_shard, params, 4, need / 4, "of the test") is not None
     lion = TrainConfig.load(_config(tmp_path, corpus), ["optimizer.name=lionw"])
     assert launch_memory_problem(lion, params, 1, 12 * params, "of the test") is None
+    # Tensor parallelism splits the weights without FSDP too: DDP with TP 2 over 2 processes needs half.
+    ddp_tp = TrainConfig.load(_config(tmp_path, corpus), ["distributed_strategy=ddp", "tensor_parallel.degree=2"])
+    assert launch_memory_problem(ddp_tp, params, 2, need / 2, "of the test") is None
+    assert launch_memory_problem(ddp_tp, params, 2, need / 2 - 1, "of the test") is not None
