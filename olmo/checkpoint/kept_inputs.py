@@ -20,8 +20,8 @@ from typing import Optional
 from ..config import TrainConfig
 from ..config.input_paths import RunInput, run_inputs
 from ..exceptions import OLMoCheckpointError
-from ..util import is_url
-from ..util.checkpoint_dirs import CheckpointInfo, list_checkpoints
+from ..util import is_url, local_path_of
+from ..util.checkpoint_dirs import list_checkpoints
 
 __all__ = ["Removal", "canonical_entry", "check_inputs_kept", "later_removals", "kept_checkpoints", "path_route"]
 
@@ -44,7 +44,7 @@ class Removal:
 def path_route(path: str) -> set[Path]:
     """Every directory entry the kernel passes through to reach ``path`` (relative to the working directory), each
     as ``real parent / name``: the links on the way and what they lead to. A link loop ends the walk."""
-    given = Path(path[len("file://") :] if path.startswith("file://") else path).expanduser()
+    given = local_path_of(path)
     parts = list((given if given.is_absolute() else Path.cwd() / given).parts[1:])
     current, route, links = Path("/"), set[Path](), 0
     while parts:
@@ -132,42 +132,21 @@ def check_inputs_kept(
 
 
 def later_removals(cfg: TrainConfig, start_step: int, removed_now: Iterable[Path]) -> list[Removal]:
-    """The checkpoints of ``save_folder`` (not removed now) that a run starting at ``start_step`` may delete or
-    replace while it trains: with retention (``save_num_checkpoints_to_keep``, ``save_num_unsharded_checkpoints_
-    to_keep``) the oldest of their kind, every ephemeral one, and with ``save_overwrite`` those of a later step,
-    which this run saves again."""
+    """The checkpoints of ``save_folder`` (not removed now) that a run starting at ``start_step`` would replace while
+    it trains: with ``save_overwrite``, those of a later step, which this run saves again. (Retention and the removal
+    of ephemeral checkpoints pass over the checkpoints a run reads: :func:`kept_checkpoints`.)"""
+    if not cfg.save_overwrite:
+        return []
     gone = {canonical_entry(Path(p)) for p in removed_now}
-    out: list[Removal] = []
-    for c in list_checkpoints(cfg.save_folder):
-        if canonical_entry(Path(c.path)) in gone:
-            continue
-        removal = _later_removal(cfg, c, start_step)
-        if removal is not None:
-            out.append(removal)
-    return out
-
-
-def _later_removal(cfg: TrainConfig, c: CheckpointInfo, start_step: int) -> Optional[Removal]:
-    entry = Path(c.path)
-    if c.ephemeral:
-        return Removal(entry, "is an ephemeral checkpoint: this run deletes it at its next sharded checkpoint")
-    key = "save_num_checkpoints_to_keep" if c.sharded else "save_num_unsharded_checkpoints_to_keep"
-    keep = getattr(cfg, key)
-    if keep >= 0:
-        kind = "sharded" if c.sharded else "unsharded"
-        return Removal(
-            entry,
-            f"retention ({key}={keep}) deletes once this run has saved newer {kind} checkpoints, and this run and "
-            f"every later launch of it read the key",
-            f"keep every checkpoint (--{key}=-1)",
-        )
-    if cfg.save_overwrite and c.step > start_step:
-        return Removal(
-            entry,
+    return [
+        Removal(
+            Path(c.path),
             f"this run (from step {start_step}) saves again at step {c.step} and --save_overwrite replaces",
             "drop --save_overwrite",
         )
-    return None
+        for c in list_checkpoints(cfg.save_folder)
+        if c.step > start_step and canonical_entry(Path(c.path)) not in gone
+    ]
 
 
 def kept_checkpoints(cfg: TrainConfig) -> set[Path]:

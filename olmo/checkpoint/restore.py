@@ -9,6 +9,7 @@ can be written and holds no other run; after every other check has passed, rank 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import uuid
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import torch
 
 from ..config import TrainConfig
 from ..exceptions import OLMoCheckpointError
-from ..util import is_url, remove_path, unwritable_reason
+from ..util import is_url, local_path_of, remove_path, unwritable_reason
 from ..util.checkpoint_dirs import STEP_DIR, read_marker, unreadable_checkpoints
 from .kept_inputs import Removal, check_inputs_kept, later_removals
 from .olmo_formats import clean_model_state, load_train_state
@@ -244,6 +245,11 @@ def replaces_previous_run(cfg: TrainConfig, launch: LaunchPlan) -> bool:
     return cfg.save_overwrite and not cfg.try_load_latest_save and not resumes_in_save_folder(cfg, launch)
 
 
+def _same_place(a: str, b: str) -> bool:
+    """Whether two checkpoint paths (relative, ``file://``, with a trailing slash or through links) name one place."""
+    return os.path.realpath(local_path_of(a)) == os.path.realpath(local_path_of(b))
+
+
 def _resuming_here(root: Path, plan: Optional[RestorePlan]) -> bool:
     return (
         plan is not None and not is_url(plan.info.path) and Path(plan.info.path).parent.resolve() == root.resolve()
@@ -409,5 +415,7 @@ def check_kept_inputs(cfg: TrainConfig, launch: LaunchPlan) -> None:
     start_step = plan.info.step if plan is not None and plan.load_trainer_state else 0
     later = later_removals(cfg, start_step, [r.entry for r in now])
     # With try_load_latest_save, a checkpoint found in the folder wins, and load_path is not read.
-    ignored = plan is not None and cfg.load_path is not None and Path(plan.info.path) != Path(str(cfg.load_path))
+    ignored = (
+        plan is not None and cfg.load_path is not None and not _same_place(plan.info.path, str(cfg.load_path))
+    )
     check_inputs_kept(cfg, now, later, skip=("load_path",) if ignored else ())

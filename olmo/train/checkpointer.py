@@ -34,7 +34,7 @@ from ..checkpoint import (
 from ..checkpoint.kept_inputs import canonical_entry, kept_checkpoints
 from ..checkpoint.upload import build_checkpoint_uploader
 from ..config import TrainConfig
-from ..distributed.collectives import DistEnv, barrier
+from ..distributed.collectives import DistEnv, all_reduce, barrier
 from ..exceptions import OLMoTrainingError
 from ..hf.files import export_tokenizer, parse_size, write_hf_model
 from .callback import Callback, CheckpointContext, EndContext, RunContext, StepContext
@@ -226,14 +226,23 @@ class Checkpointer:
 
     def delete_from(self, step: int) -> None:
         """Delete the checkpoints of ``step`` and later (rank 0; every rank waits), which a rewind makes stale;
-        the next saves of any kind are due again."""
-        if self.env.rank == 0:
-            for c in list_checkpoints(self.cfg.save_folder):
-                if c.step >= step and canonical_entry(Path(c.path)) in self.kept:
-                    log.warning("Keeping checkpoint %s of a later step: this run reads it.", c.path)
-                elif c.step >= step:
-                    log.warning("Deleting checkpoint %s: it was written during the offending stretch.", c.path)
-                    delete_checkpoint(c)
+        the next saves of any kind are due again.
+
+        :raises OLMoTrainingError: on every rank, before anything is deleted, when one of them holds what the run
+            reads (a reference, data): it must not be deleted, and the run could not save that step again."""
+        stale = [c for c in list_checkpoints(self.cfg.save_folder) if c.step >= step] if self.env.rank == 0 else []
+        read = [c.path for c in stale if canonical_entry(Path(c.path)) in self.kept]
+        device = self.env.device if self.env.device is not None else torch.device("cpu")
+        if all_reduce(torch.tensor([float(len(read))], device=device)).item() > 0:
+            raise OLMoTrainingError(
+                f"Cannot rewind to before step {step}: the run reads what lies in its later checkpoint(s) "
+                f"{', '.join(read) or '(named on rank 0)'} (a reference or data), which a rewind would have to delete "
+                f"and then save again. Nothing was deleted. Copy what the run reads out of save_folder "
+                f"'{self.cfg.save_folder}' and relaunch with --try_load_latest_save."
+            )
+        for c in stale:
+            log.warning("Deleting checkpoint %s: it was written during the offending stretch.", c.path)
+            delete_checkpoint(c)
         barrier()
         self.last_saved_step.clear()
 

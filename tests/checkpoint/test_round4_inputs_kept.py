@@ -19,7 +19,7 @@ from olmo.checkpoint.restore import LaunchPlan, RestorePlan, claim_save_folder, 
 from olmo.config import TrainConfig
 from olmo.config.input_paths import INPUT_KEYS, NOT_INPUT_KEYS, PATH_LIKE_NAME, run_inputs
 from olmo.distributed.collectives import DistEnv
-from olmo.exceptions import OLMoCheckpointError
+from olmo.exceptions import OLMoCheckpointError, OLMoTrainingError
 from olmo.testing import run_train, tiny_config_dict, write_byte_corpus, write_config
 from olmo.train.checkpointer import Checkpointer
 from olmo.util.checkpoint_dirs import CheckpointInfo
@@ -215,7 +215,7 @@ def test_a_resume_in_the_folder_keeps_the_reference_newer_checkpoints_hold(tmp_p
     _refused(cfg, resume, "dpo.reference_path", "newer than step 5", "--try_load_latest_save")
 
 
-def test_retention_and_resaves_that_would_delete_a_reference_are_refused_up_front(tmp_path):
+def test_resaves_that_would_replace_a_reference_are_refused_up_front_and_retention_passes_over_it(tmp_path):
     run = tmp_path / "run"
     for step in (3, 5):
         _checkpoint(run, step)
@@ -227,17 +227,13 @@ def test_retention_and_resaves_that_would_delete_a_reference_are_refused_up_fron
     def dpo(reference: str, **values) -> TrainConfig:
         return _cfg(run, **base, dpo={"enabled": True, "reference_path": str(run / reference)}, **values)
 
-    _refused(
-        dpo("step5-unsharded", save_num_unsharded_checkpoints_to_keep=2),
-        start,
-        "retention (save_num_unsharded_checkpoints_to_keep=2)",
-        "--save_num_unsharded_checkpoints_to_keep=-1",
-    )
-    _refused(dpo("step4"), start, "ephemeral checkpoint")
     # From step 0 the run saves step 3 again, and --save_overwrite would replace it.
     _refused(dpo("step3-unsharded", save_overwrite=True), start, "saves again at step 3", "drop --save_overwrite")
-    # Keeping every checkpoint, without --save_overwrite: nothing deletes the reference; and load_path (read once,
-    # at the restore) may be pruned later as any resumed checkpoint is.
+    # Retention and ephemeral removal pass over what the run reads (test below), so neither stops the launch; nor
+    # does keeping every checkpoint without --save_overwrite; and load_path (read once, at the restore) may be pruned
+    # later as any resumed checkpoint is.
+    prepare_save_folder(dpo("step5-unsharded", save_num_unsharded_checkpoints_to_keep=2), start)
+    prepare_save_folder(dpo("step4"), start)
     prepare_save_folder(dpo("step3-unsharded"), start)
     prepare_save_folder(_cfg(run, **base, save_num_unsharded_checkpoints_to_keep=1), start)
 
@@ -260,7 +256,12 @@ def test_a_rewind_and_retention_keep_a_checkpoint_the_run_reads(tmp_path):
     _checkpoint(run, 12, sharded=True, ephemeral=True)
     cfg = _cfg(run, dpo={"enabled": True, "reference_path": str(run / "step9-unsharded" / "model.pt")})
     checkpointer = Checkpointer(cfg, DistEnv(device=None, rank=0, local_rank=0, world_size=1), None, lambda _: {})
-    checkpointer.delete_from(6)  # a rewind to before step 6
+    with pytest.raises(
+        OLMoTrainingError, match=r"Cannot rewind to before step 6: .*step9-unsharded.*Nothing was deleted"
+    ):
+        checkpointer.delete_from(6)  # a rewind to before step 6 would delete step 9, which the run reads
+    assert (run / "step9-unsharded" / MARKER).is_file() and (run / "step12").exists()
+    checkpointer.delete_from(10)  # a rewind past it deletes what is stale
     assert (run / "step9-unsharded" / MARKER).is_file() and not (run / "step12").exists()
     assert prune_checkpoints(run, False, 1, checkpointer.kept) == []  # step5 alone is counted, and kept
     cfg = _cfg(run, data={"paths": [str(run / "step5-unsharded")]})
