@@ -17,11 +17,12 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -41,48 +42,80 @@ log = logging.getLogger(__name__)
 
 REFERENCE_FILE = "dpo_reference_logps.npy"
 _HASH_CHUNK = 1 << 20
+_SETTLED_NS = 2_000_000_000
+"""A data file's hash is remembered by its size, mtime and inode only once it is this old (2 s): file systems keep
+mtimes to a few milliseconds or coarser, so a file rewritten in place just after it was hashed could look unchanged."""
 _MAX_RECORD_BYTES = 1 << 24
 """The largest record read (its files' names and fingerprints): far above what thousands of data files take."""
 
 
-def _record(cfg: TrainConfig, dataset: Any) -> dict[str, Any]:
+def _record(cfg: TrainConfig, dataset: Any, held: dict[str, Any]) -> dict[str, Any]:
+    files, stats = data_fingerprint(dataset, held.get("file_stats") or {})
     return {
         "reference": cfg.dpo.reference_path,
         "instances": len(dataset),
         "sequence_length": cfg.model.max_sequence_length,
-        "files": data_fingerprint(dataset),
+        "files": files,
         "dtype": "float32",
+        "file_stats": stats,
     }
 
 
-def data_fingerprint(dataset: Any) -> dict[str, dict[str, Any]]:
+def data_fingerprint(
+    dataset: Any, known: Optional[dict[str, Any]] = None
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """What identifies the content of each of ``dataset``'s token and label-mask files: a local file's size and
     SHA-256 (read in chunks), a remote file's size and version (ETag, generation or Last-Modified, as the server
-    says), so that files prepared again, even with as many instances, are told apart."""
+    says), so that files prepared again, even with as many instances, are told apart; and, for local files, the
+    ``{path: {"stat": [size, mtime_ns, inode], "sha256": ...}}`` that lets the next launch skip reading a file whose
+    ``known`` entry (the previous record's) still matches it."""
     remote = dataset.remote_records() if dataset.has_remote_files else {}
     out: dict[str, dict[str, Any]] = {}
+    stats: dict[str, Any] = {}
     for path in [*map(str, dataset.paths), *map(str, dataset.label_mask_paths or [])]:
         if path in remote:
             out[path] = {"size": remote[path].size, "version": remote[path].version}
             continue
-        digest, size = hashlib.sha256(), 0
-        with open_regular(local_path_of(path), 1 << 62, f"The data file '{path}'") as f:
-            while chunk := f.read(_HASH_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-        out[path] = {"size": size, "sha256": digest.hexdigest()}
-    return out
+        local = local_path_of(path)
+        st = os.stat(local)
+        stat = [st.st_size, st.st_mtime_ns, st.st_ino]
+        cached = (known or {}).get(path)
+        if isinstance(cached, dict) and cached.get("stat") == stat and isinstance(cached.get("sha256"), str):
+            sha = cached["sha256"]  # the same file, unchanged since the last launch hashed it
+        else:
+            digest = hashlib.sha256()
+            with open_regular(local, 1 << 62, f"The data file '{path}'") as f:
+                while chunk := f.read(_HASH_CHUNK):
+                    digest.update(chunk)
+            sha = digest.hexdigest()
+        out[path] = {"size": st.st_size, "sha256": sha}
+        if time.time_ns() - st.st_mtime_ns > _SETTLED_NS:  # a file written just now may change within its mtime
+            stats[path] = {"stat": stat, "sha256": sha}
+    return out, stats
 
 
-def _reusable(path: Path, record: dict[str, Any]) -> bool:
-    """Whether ``path`` holds the values ``record`` describes (its record matches, and the file its checksum). Both
-    files are read only when they are regular files of the sizes they must have."""
+def _held_record(path: Path) -> dict[str, Any]:
+    """The record beside ``path`` from an earlier launch ({} if none can be read)."""
     try:
         held = json.loads(read_bounded(path.with_name(path.name + ".json"), _MAX_RECORD_BYTES))
+    except (OLMoError, OSError, ValueError, RecursionError):
+        return {}
+    return held if isinstance(held, dict) else {}
+
+
+def _reusable(path: Path, record: dict[str, Any], held: dict[str, Any]) -> bool:
+    """Whether ``path`` holds the values ``record`` describes (the record ``held`` beside it matches, the content
+    of the data files included, and the file its checksum); read only when it is a regular file of the size it must
+    have. Where the data files lie and when they were written (``file_stats``) do not matter."""
+    try:
         data = read_bounded(path, 4 * record["instances"])
-    except (OLMoError, OSError, ValueError):
+    except (OLMoError, OSError):
         return False
-    return len(data) == 4 * record["instances"] and held == {**record, "crc32": zlib.crc32(data)}
+    same = {k: v for k, v in held.items() if k != "file_stats"}
+    return len(data) == 4 * record["instances"] and same == {
+        **{k: v for k, v in record.items() if k != "file_stats"},
+        "crc32": zlib.crc32(data),
+    }
 
 
 def precomputed_reference(
@@ -96,8 +129,9 @@ def precomputed_reference(
     ``forward(reference, batch)`` returns the summed log-probabilities (B,) of a collated batch on the device."""
     dataset = build_dataset(cfg.data, cfg.model, DataContext.from_train_config(cfg))
     path = Path(cfg.save_folder) / "train_data" / REFERENCE_FILE
-    record = _record(cfg, dataset)
-    found = torch.tensor([1.0 if _reusable(path, record) else 0.0], device=env.device)
+    held = _held_record(path)
+    record = _record(cfg, dataset, held)
+    found = torch.tensor([1.0 if _reusable(path, record, held) else 0.0], device=env.device)
     # All ranks compute together, or none: a rank that does not see the file decides.
     if all_reduce(found, torch.distributed.ReduceOp.MIN).item() == 1.0:
         log.info("Reusing the DPO reference's log-probabilities in %s (its record matches).", path)

@@ -5,6 +5,7 @@ whose two sides are the same tokens, from a preparation older than its check, re
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -179,3 +180,32 @@ def test_identical_pairs_from_an_older_preparation_are_refused(tmp_path):
     with pytest.raises(OLMoDataError, match=r"Instances 4 and 5 of data.paths .* same tokens and labels"):
         run_train(tmp_path / "dpo.yaml")
     assert not list((tmp_path / "run").glob("step*"))
+
+
+def test_a_launch_skips_hashing_data_files_unchanged_since_the_last(tmp_path):
+    """The SHA-256 of each data file is remembered with its size, mtime and inode: a relaunch does not read unchanged
+    files again. Shown by rewriting a file in place with the same size and putting its mtime back, which the
+    remembered hash cannot see (as make and rsync cannot); a file written within the last 2 s is always read."""
+    data = _data(tmp_path / "data")
+    old = time.time_ns() - 10_000_000_000
+    for f in data.iterdir():
+        os.utime(f, ns=(old, old))
+    cfg = _config(tmp_path, data, **{"dpo.precompute_reference": True})
+    env = DistEnv(torch.device("cpu"), 0, 0, 1)
+    forwards: list[int] = []
+
+    def forward(_: torch.nn.Module, batch: dict) -> torch.Tensor:
+        forwards.append(1)
+        return batch["input_ids"].float().sum(1)
+
+    first = precomputed_reference(cfg, env, torch.nn.Identity, forward)
+    ids = data / "input_ids.npy"
+    tokens = np.fromfile(ids, dtype=np.uint16)
+    with open(ids, "r+b") as f:  # in place: same inode, same size
+        f.write((tokens[::-1]).tobytes())
+    os.utime(ids, ns=(old, old))
+    assert np.array_equal(precomputed_reference(cfg, env, torch.nn.Identity, forward), first)
+    assert len(forwards) == 2  # not read again, so not scored again
+    os.utime(ids)  # touched now: read, found changed, scored anew
+    precomputed_reference(cfg, env, torch.nn.Identity, forward)
+    assert len(forwards) == 4
