@@ -43,7 +43,7 @@ from olmo.optim import build_optimizer, build_scheduler
 from olmo.train import Trainer
 from olmo.train.build_module import build_train_module, train_module_class
 from olmo.train.callback import Callback
-from olmo.train.dpo import resolve_dpo_reference
+from olmo.train.dpo import check_pairs_differ, resolve_dpo_reference
 from olmo.train.stability import read_skip_ranges
 from olmo.train.stages import (
     StagePlan,
@@ -187,6 +187,10 @@ def check_data(
             data = dataset_of(stage.data)
             world, rank = cfg.data_parallel_size(env_world_size()), cfg.data_parallel_rank(env_rank())
             IterableDataset(data, cfg.global_train_batch_size, world_size=world, rank=rank, pairs=cfg.dpo.enabled)
+            if (
+                cfg.dpo.enabled and env_rank() == 0
+            ):  # bounded as the token-id scan is; the train step checks the rest
+                check_pairs_differ(data, max_tokens=2**31)
     plan = continued_state(cfg, launch)
     if plan is not None and resumes_in_save_folder(cfg, launch):
         fix = (

@@ -32,6 +32,7 @@ from ..distributed.parallelize import ParallelizeOptions, build_model
 from ..exceptions import OLMoCheckpointError, OLMoConfigurationError, OLMoDataError
 from ..model.layers import lm_head
 from ..model.loss import OutputHead, next_token_labels, per_token_cross_entropy
+from ..util import is_url
 from .dpo_reference import precomputed_reference, reference_of_batch
 from .metrics import ReduceType
 from .train_module import TransformerTrainModule
@@ -40,7 +41,14 @@ if TYPE_CHECKING:
     from ..checkpoint.restore import LaunchPlan
     from .stages import Stage
 
-__all__ = ["DPOTrainModule", "dpo_pair_losses", "identical_pairs", "resolve_dpo_reference", "sequence_log_probs"]
+__all__ = [
+    "DPOTrainModule",
+    "check_pairs_differ",
+    "dpo_pair_losses",
+    "identical_pairs",
+    "resolve_dpo_reference",
+    "sequence_log_probs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -201,10 +209,42 @@ class DPOTrainModule(TransformerTrainModule):
         index = [int(i) for i in batch["index"][row : row + 2]] if "index" in batch else [row, row + 1]
         raise OLMoDataError(
             f"Instances {index[0]} and {index[1]} of data.paths (a pair, at step {self.trainer.global_step}) are the "
-            f"same tokens and labels, so the pair teaches no preference (its loss has no gradient). The files were "
-            f"prepared by a scripts/prepare_preference_data.py older than its check for such pairs: prepare them "
-            f"again (it names each such line of the input) and train on the new files."
+            f"same tokens and labels, {_OLD_PREPARATION}"
         )
+
+
+_OLD_PREPARATION = (
+    "so the pair teaches no preference (its loss has no gradient). The files were prepared by a "
+    "scripts/prepare_preference_data.py older than its check for such pairs: prepare them again (it names each such "
+    "line of the input) and train on the new files."
+)
+
+
+def check_pairs_differ(dataset: Any, max_tokens: int, rows_per_read: int = 1 << 12) -> None:
+    """Refuse, before training, preference data holding a pair whose two instances are the same tokens and labels,
+    reading at most ``max_tokens`` tokens of it (local files, in order, in reads of ``rows_per_read`` instances);
+    the train step checks every batch too (:meth:`DPOTrainModule._check_pairs_differ`), past what was read here.
+
+    :raises OLMoDataError: naming the instances and the fix."""
+    bounds, length, read = dataset.instance_bounds(), dataset.chunk_size, 0
+    for i, path in enumerate(dataset.paths):
+        first, count = int(bounds[i]), int(bounds[i + 1] - bounds[i])
+        if first % 2 or is_url(str(path)) or dataset.label_mask_paths is None:
+            continue  # a file whose pairs straddle another's, or a remote one: the train step checks them
+        tokens, mask = dataset.tokens(i), dataset.label_mask(i)
+        for start in range(0, count - count % 2, rows_per_read):
+            stop = min(count - count % 2, start + rows_per_read)
+            span = slice(start * length, stop * length)
+            same = identical_pairs(tokens[span].reshape(-1, length), mask[span].reshape(-1, length))
+            if same.any():
+                row = first + start + 2 * int(same.nonzero()[0][0])
+                raise OLMoDataError(
+                    f"Instances {row} and {row + 1} of data.paths (a pair, in '{path}') are the same tokens and "
+                    f"labels, {_OLD_PREPARATION}"
+                )
+            read += (stop - start) * length
+            if read >= max_tokens:
+                return
 
 
 def identical_pairs(ids: Any, mask: Optional[Any] = None) -> Any:

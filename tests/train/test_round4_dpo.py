@@ -16,9 +16,11 @@ from olmo.cli.eval_preferences import parse_args
 from olmo.cli.eval_preferences import read_pairs as read_eval_pairs
 from olmo.config import TrainConfig
 from olmo.config.validation import config_problems
+from olmo.data import DataContext, build_dataset
 from olmo.distributed.collectives import DistEnv
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError, OLMoDataError
 from olmo.testing import run_train, tiny_config_dict, write_config
+from olmo.train.dpo import check_pairs_differ
 from olmo.train.dpo_reference import REFERENCE_FILE, precomputed_reference
 
 TRL_FIXTURE = Path(__file__).parent.parent / "fixtures" / "trl_dpo"
@@ -176,10 +178,17 @@ def test_identical_pairs_from_an_older_preparation_are_refused(tmp_path):
     read_eval_pairs(_data(tmp_path / "good"), SEQ, "uint16")  # the fixture's own pairs pass
     for name in ("policy", "reference"):
         convert_from_hf(str(TRL_FIXTURE / f"hf-{name}"), str(tmp_path / name))
-    _config(tmp_path, data)
-    with pytest.raises(OLMoDataError, match=r"Instances 4 and 5 of data.paths .* same tokens and labels"):
+    cfg = _config(tmp_path, data)
+    with pytest.raises(
+        OLMoDataError, match=r"Instances 4 and 5 of data.paths \(a pair, in '.*input_ids.npy'\) are the same"
+    ):
         run_train(tmp_path / "dpo.yaml")
-    assert not list((tmp_path / "run").glob("step*"))
+    assert not (tmp_path / "run").exists()  # refused at launch, before anything is written
+    # The launch reads a bounded share of the data (the train step checks every batch past it): here pairs 0 and 1.
+    dataset = build_dataset(cfg.data, cfg.model, DataContext.from_train_config(cfg))
+    check_pairs_differ(dataset, max_tokens=4 * SEQ, rows_per_read=2)
+    with pytest.raises(OLMoDataError, match="Instances 4 and 5"):
+        check_pairs_differ(dataset, max_tokens=6 * SEQ, rows_per_read=2)
 
 
 def test_a_launch_skips_hashing_data_files_unchanged_since_the_last(tmp_path):
