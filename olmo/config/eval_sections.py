@@ -152,6 +152,8 @@ def _literal_task_labels() -> Optional[list[str]]:
         tree = ast.parse((Path(folders[0]) / "tasks.py").read_text(encoding="utf-8"))
     except (IndexError, OSError, SyntaxError, ValueError):
         return None
+    if _maps_changed_after_assignment(tree):
+        return None
     dicts = {
         node.targets[0].id: node.value
         for node in tree.body
@@ -179,6 +181,28 @@ def _literal_task_labels() -> Optional[list[str]]:
         return out
 
     return keys("LABEL_TO_TASK_MAP")
+
+
+_MUTATING = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__", "__ior__"})
+
+
+def _maps_changed_after_assignment(tree: ast.Module) -> bool:
+    """Whether ``olmo_eval/tasks.py`` changes a ``LABEL_TO_TASK_MAP*`` dictionary other than by its one literal
+    assignment (assigned twice, an item set or deleted, a method called on it), which reading the literals would
+    miss."""
+
+    def is_map(node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and node.id.startswith("LABEL_TO_TASK_MAP")
+
+    stores: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if is_map(node) and isinstance(node.ctx, ast.Store):  # type: ignore[attr-defined]
+            stores[node.id] = stores.get(node.id, 0) + 1  # type: ignore[attr-defined]
+        elif isinstance(node, ast.Subscript) and is_map(node.value) and not isinstance(node.ctx, ast.Load):
+            return True  # MAP[k] = v, del MAP[k]
+        elif isinstance(node, ast.Attribute) and is_map(node.value) and node.attr in _MUTATING:
+            return True  # MAP.update(...), MAP.setdefault(...)
+    return any(n > 1 for n in stores.values())
 
 
 def unknown_label_problems(labels: Mapping[str, str]) -> list[str]:

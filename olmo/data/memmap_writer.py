@@ -108,7 +108,12 @@ def read_documents(path: Path, text_key: str) -> Iterator[tuple[str, str]]:
     """
     if not path.name.endswith(JSON_SUFFIXES):
         try:
-            text = read_bounded(path, MAX_DOCUMENT_BYTES, f"'{path}' (one document)")
+            text = read_bounded(
+                path,
+                MAX_DOCUMENT_BYTES,
+                f"'{path}' (a plain-text file is one document; split a larger corpus into files, or into JSON lines "
+                f"of one document each)",
+            )
         except OSError as e:
             raise OLMoDataError(
                 f"Cannot read '{path}' ({e.strerror or e}). Check that it is a readable file."

@@ -173,3 +173,26 @@ def test_the_labels_read_from_olmo_evals_source_are_those_its_import_gives():
 
     literal = _literal_task_labels()
     assert literal is not None and sorted(literal) == sorted(LABEL_TO_TASK_MAP)
+
+
+@pytest.mark.parametrize(
+    "source, changed",
+    [
+        (
+            "M = {'a': 1}\nLABEL_TO_TASK_MAP = {**M}\nx = LABEL_TO_TASK_MAP['a']\ny = list(LABEL_TO_TASK_MAP.keys())",
+            False,
+        ),
+        ("LABEL_TO_TASK_MAP = {'a': 1}\nLABEL_TO_TASK_MAP['b'] = 2", True),
+        ("LABEL_TO_TASK_MAP = {'a': 1}\nLABEL_TO_TASK_MAP.update(b=2)", True),
+        ("LABEL_TO_TASK_MAP_X = {'a': 1}\nLABEL_TO_TASK_MAP_X.setdefault('b', 2)", True),
+        ("LABEL_TO_TASK_MAP = {'a': 1}\nLABEL_TO_TASK_MAP |= {'b': 2}", True),
+        ("LABEL_TO_TASK_MAP = {'a': 1}\ndel LABEL_TO_TASK_MAP['a']", True),
+    ],
+)
+def test_a_label_map_changed_after_its_literal_is_read_by_importing_it(source, changed):
+    """Reading the labels from the source is trusted only where the literal dictionaries are the whole story."""
+    import ast
+
+    from olmo.config.eval_sections import _maps_changed_after_assignment
+
+    assert _maps_changed_after_assignment(ast.parse(source)) is changed
