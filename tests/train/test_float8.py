@@ -211,8 +211,9 @@ def test_float8_and_plain_runs_resume_from_each_others_checkpoints(tmp_path, cor
 
 def test_rowwise_float8_on_two_fsdp_ranks_follows_one_process(tmp_path, corpus):
     """Rowwise scales do not depend on which instances share a micro-batch, so FSDP follows one process to within
-    the rare float8 rounding that the gradient all-reduce's different fp32 sums flip (measured: 1.4e-4 at step 10;
-    tensorwise scales depend on the layout, and its runs differ by ~1 %)."""
+    the rare float8 rounding that the gradient all-reduce's different fp32 sums flip, which then grows a little
+    (measured at step 10: 1.4e-4 on one CPU, 1.6e-3 on another, whose first flip came at step 8; tensorwise scales
+    depend on the layout, and its runs differ by ~1 %)."""
     rowwise = {**EMULATED, "recipe": "rowwise"}
     assert run_train(_config(tmp_path, corpus, "one", rowwise)) == 0
     result = run_torchrun(2, _config(tmp_path, corpus, "two", rowwise, distributed_strategy="fsdp"))
@@ -220,7 +221,7 @@ def test_rowwise_float8_on_two_fsdp_ranks_follows_one_process(tmp_path, corpus):
     one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
     assert one.keys() == two.keys()
     for step in one:
-        assert abs(one[step] - two[step]) < 1e-3, step
+        assert abs(one[step] - two[step]) < 5e-3, step
     assert abs(one[1] - two[1]) < 1e-5  # the first step, before any update
 
 
