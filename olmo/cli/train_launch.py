@@ -97,8 +97,8 @@ def _launch(cfg: TrainConfig, callbacks: Sequence[Callback]) -> int:
     if cfg.hf_export.enabled:
         check_hf_export(cfg.model, cfg.tokenizer.identifier)  # the export at the end must not fail
     if not cfg.dry_run:  # a dry run's plan shows the memory instead
-        env = launch_env()
-        check_launch_memory(cfg, env.world_size, env.local_world_size)  # a model that certainly cannot fit
+        launched = launch_env()
+        check_launch_memory(cfg, launched.world_size, launched.local_world_size)  # one that certainly cannot fit
     opened: dict[int, MemMapDataset] = {}  # each data config's dataset, opened once (keyed by the config's id)
     data_context = DataContext.from_train_config(cfg)
 
