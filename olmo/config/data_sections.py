@@ -399,16 +399,21 @@ class DataConfig(BaseConfig):
             )
         return out + self.mixture.problems(f"{key}.mixture", sequence_length, durations)
 
-    def location_problems(self, key: str) -> list[str]:
-        """Problems with where the data config at ``key`` reads its files: URL schemes that are not read by byte
-        range, and ``{key}.remote`` and ``{key}.timeout`` values that cannot work."""
-        out: list[str] = []
+    def path_lists(self, key: str) -> dict[str, Optional[list[str]]]:
+        """Every list of files the data config at ``key`` names (token files, label masks, named datasets, each
+        mixture source's), by its config key."""
         lists = {f"{key}.paths": self.paths, f"{key}.label_mask_paths": self.label_mask_paths}
         lists.update({f"{key}.datasets.{label}": paths for label, paths in (self.datasets or {}).items()})
         for i, src in enumerate(self.mixture.sources if self.mixture is not None else []):
             lists[f"{key}.mixture.sources[{i}].paths"] = src.paths
             lists[f"{key}.mixture.sources[{i}].label_mask_paths"] = src.label_mask_paths
-        for list_key, paths in lists.items():
+        return lists
+
+    def location_problems(self, key: str) -> list[str]:
+        """Problems with where the data config at ``key`` reads its files: URL schemes that are not read by byte
+        range, and ``{key}.remote`` and ``{key}.timeout`` values that cannot work."""
+        out: list[str] = []
+        for list_key, paths in self.path_lists(key).items():
             for i, path in enumerate(paths or []):
                 typo = missing_slash_problem(str(path), f"{list_key}[{i}]")
                 if typo is not None:

@@ -104,11 +104,6 @@ def _data_inputs(key: str, data: Optional[DataConfig]) -> Iterator[RunInput]:
     """The token and label-mask files of the data config at ``key``."""
     if data is None:
         return
-    lists = {f"{key}.paths": data.paths, f"{key}.label_mask_paths": data.label_mask_paths}
-    lists.update({f"{key}.datasets.{label}": paths for label, paths in (data.datasets or {}).items()})
-    for i, source in enumerate(data.mixture.sources if data.mixture is not None else []):
-        lists[f"{key}.mixture.sources[{i}].paths"] = source.paths
-        lists[f"{key}.mixture.sources[{i}].label_mask_paths"] = source.label_mask_paths
-    for list_key, paths in lists.items():
+    for list_key, paths in data.path_lists(key).items():
         for i, path in enumerate(paths or []):
             yield RunInput(f"{list_key}[{i}]", str(path), True)
