@@ -270,14 +270,14 @@ def test_windows_without_flash_attn_warn_once_on_a_gpu(caplog):
     import importlib.util
     import logging
 
-    import olmo.model.block as block
+    import olmo.model.attention_mixer as mixer
     from olmo.config import SlidingWindowConfig
     from olmo.model import OLMo
     from olmo.testing import tiny_model_config
 
     if importlib.util.find_spec("flash_attn") is not None:
         pytest.skip("flash-attn is installed: the window goes to its kernel")
-    block._warn_once.cache_clear()
+    mixer._warn_once.cache_clear()
     windows = SlidingWindowConfig(pattern=[16, 16, 16, -1])
     with caplog.at_level(logging.WARNING):
         OLMo(tiny_model_config(n_layers=4, max_sequence_length=128, sliding_window=windows))

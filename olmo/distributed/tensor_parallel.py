@@ -35,22 +35,26 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from ..config import ActivationType
+from ..config import ActivationType, LayerNormType
 from ..model import OLMo
+from ..model.layers import LayerNorm
 
 __all__ = [
+    "GroupLayerNorm",
     "TensorParallelGroup",
     "apply_tensor_parallel",
     "canonical_rows",
     "fused_row_orders",
     "order_fused_rows",
     "quiet_exact_redistributions",
+    "sharded_layer_norm",
+    "tensor_parallel_degree",
 ]
 
 
 @dataclass(eq=False)
 class TensorParallelGroup:
-    """What a block needs of its tensor-parallel group (``olmo.model.block.TensorParallel``)."""
+    """A tensor-parallel group: its size and the sum over it that :class:`GroupLayerNorm` takes."""
 
     degree: int
     group: dist.ProcessGroup
@@ -113,7 +117,9 @@ def quiet_exact_redistributions() -> None:
 
 
 def apply_tensor_parallel(model: OLMo, mesh: DeviceMesh) -> None:
-    """Split every block of ``model`` (on the meta device, before FSDP) over the 1-D tensor-parallel ``mesh``."""
+    """Split every block of ``model`` (on the meta device, before FSDP) over the 1-D tensor-parallel ``mesh``: its
+    matrices as the styles say, its mixer's head counts to this rank's share, and its QK-norms over the group
+    (:class:`GroupLayerNorm`)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     quiet_exact_redistributions()
@@ -127,13 +133,60 @@ def apply_tensor_parallel(model: OLMo, mesh: DeviceMesh) -> None:
     }
     for block in model.transformer.typed_blocks():
         parallelize_module(block, mesh, {k: v for k, v in plan.items() if getattr(block, k) is not None})
-        for norm in (block.q_norm, block.k_norm):
-            if norm is None:
-                continue
-            for name, p in list(norm.named_parameters(recurse=False)):
-                sharded = distribute_tensor(p.data, mesh, [Shard(0)], src_data_rank=None)
-                norm.register_parameter(name, nn.Parameter(sharded, requires_grad=p.requires_grad))
-        block.tensor_parallel = group
+        block.n_heads //= group.degree  # this rank's heads: att_proj's rows and attn_out's columns hold them
+        block.n_kv_heads //= group.degree
+        for name in ("q_norm", "k_norm"):
+            norm = getattr(block, name)
+            if norm is not None and group.degree > 1:
+                setattr(block, name, GroupLayerNorm(norm, mesh, group))
+
+
+class GroupLayerNorm(LayerNorm):
+    """A norm over a last dimension split over a tensor-parallel group (QK-norm over this rank's heads): its weight
+    and bias split the same way (DTensors), its statistics summed over the group (:func:`sharded_layer_norm`).
+
+    :param norm: The norm over the whole dimension, whose parameters this one takes, split.
+    """
+
+    def __init__(self, norm: LayerNorm, mesh: DeviceMesh, group: TensorParallelGroup):
+        super().__init__(norm.size, norm.norm_type, norm.eps, elementwise_affine=False, bias=False)
+        self.group = group
+        for name, p in list(norm.named_parameters(recurse=False)):
+            sharded = distribute_tensor(p.data, mesh, [Shard(0)], src_data_rank=None)
+            setattr(self, name, nn.Parameter(sharded, requires_grad=p.requires_grad))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sharded_layer_norm(self, x, self.group)
+
+
+def sharded_layer_norm(norm: LayerNorm, x: torch.Tensor, tp: TensorParallelGroup) -> torch.Tensor:
+    """``norm`` over a last dimension split over ``tp``'s ranks (``x`` this rank's share, the norm's weight and bias
+    split the same way, as DTensors): ``rms`` and the layer norms, in fp32, their sums taken over the group."""
+    weight, bias = (w.to_local() if isinstance(w, DTensor) else w for w in (norm.weight, norm.bias))
+    dtype = x.dtype
+    with torch.autocast(x.device.type, enabled=False):
+        xf = x.float()
+        if norm.norm_type == LayerNormType.rms:
+            mean_square = tp.all_reduce(xf.pow(2).sum(-1, keepdim=True)) / norm.size
+            y = (xf * torch.rsqrt(mean_square + norm.eps)).to(dtype)
+        else:
+            mean = tp.all_reduce(xf.sum(-1, keepdim=True)) / norm.size
+            centred = xf - mean
+            variance = tp.all_reduce(centred.pow(2).sum(-1, keepdim=True)) / norm.size
+            y = (centred * torch.rsqrt(variance + norm.eps)).to(dtype)
+    if weight is not None:
+        y = weight * y
+        if bias is not None:
+            y = y + bias
+    return y
+
+
+def tensor_parallel_degree(model: nn.Module) -> int:
+    """How many ranks share each block of ``model`` (1 for a model :func:`apply_tensor_parallel` did not split):
+    the model's heads over the heads its first mixer computes."""
+    if not isinstance(model, OLMo) or not model.transformer.typed_blocks():
+        return 1
+    return model.config.n_heads // model.transformer.typed_blocks()[0].n_heads
 
 
 def _rank_major(parts: list[int], degree: int) -> torch.Tensor:
@@ -151,14 +204,11 @@ def _rank_major(parts: list[int], degree: int) -> torch.Tensor:
 def fused_row_orders(model: nn.Module) -> dict[str, torch.Tensor]:
     """``{parameter name: row order}`` of the weights stored rank-major under tensor parallelism (none without it):
     ``att_proj`` (q, k, v) and SwiGLU's ``ff_proj`` (up, gate), weights and biases."""
-    if not isinstance(model, OLMo):
+    degree = tensor_parallel_degree(model)
+    if degree == 1:
         return {}
-    blocks = [b for b in model.transformer.typed_blocks() if b.tensor_parallel is not None]
-    if not blocks:
-        return {}
-    group = blocks[0].tensor_parallel  # every block has the same split
-    assert group is not None
-    cfg, degree = model.config, group.degree
+    assert isinstance(model, OLMo)
+    cfg, blocks = model.config, model.transformer.typed_blocks()
     kv = cfg.effective_n_kv_heads * (cfg.d_model // cfg.n_heads)
     orders = {"att_proj": _rank_major([cfg.d_model, kv, kv], degree)}
     if blocks[0].ff_proj is not None and cfg.activation_type == ActivationType.swiglu:

@@ -3,7 +3,8 @@
 Module and parameter names follow the original OLMo (``transformer.wte``, ``transformer.blocks.{i}.att_proj``,
 ...) so that its unsharded checkpoints load with ``load_state_dict(strict=True)``. FSDP, activation
 checkpointing and ``torch.compile`` are applied from outside, per entry of ``model.transformer.blocks``. The block
-and the shared parameter init are :mod:`olmo.model.block`.
+is :mod:`olmo.model.block` (a sequence mixer and a feed-forward, chosen per layer), the shared parameter init
+:mod:`olmo.model.init`.
 """
 
 from __future__ import annotations
@@ -27,19 +28,12 @@ from .attention import (
     document_spans,
 )
 from .attention import attention_bias as build_attention_bias
+from .attention_mixer import _flash_usable, _load_flash_attn
 from .beams import Constraint, FinalSequenceScorer, Sampler
-from .block import (
-    BufferCache,
-    OLMoBlock,
-    OLMoLlamaBlock,
-    OLMoSequentialBlock,
-    _flash_usable,
-    _load_flash_attn,
-    init_normal,
-    init_scales,
-)
+from .block import BufferCache, OLMoBlock, OLMoLlamaBlock, OLMoSequentialBlock
 from .context_attention import ContextAttention, ContextParallel, context_parallel_inputs
 from .generation import OLMoGenerateOutput, generate
+from .init import init_normal, init_scales
 from .layers import (
     LayerNorm,
     OutputHeadFn,

@@ -6,8 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from olmo.config import ActivationType, InitFnType, LayerNormType, ModelConfig
-from olmo.model import OLMo
-from olmo.model import block as block_module
+from olmo.model import OLMo, attention_mixer
 from olmo.model.layers import LayerNorm, alibi_bias, apply_rotary, rotary_cos_sin
 from olmo.testing import tiny_model_config
 
@@ -456,7 +455,7 @@ def test_alibi_bias_values():
 
 
 def test_flash_attention_without_package_warns_once_and_matches_sdpa(caplog):
-    block_module._warn_once.cache_clear()
+    attention_mixer._warn_once.cache_clear()
     ids = random_ids()
     with caplog.at_level(logging.WARNING, logger="olmo.model"):
         flash = build(flash_attention=True)
