@@ -203,8 +203,8 @@ def flash_varlen_attention(
 def describe_attention(
     config: ModelConfig, device: torch.device, dtype: torch.dtype | None, has_bias: bool, doc_masking: bool = False
 ) -> dict[str, Any]:
-    """Which attention kernel a forward pass will run (mirrors ``olmo.model.attention_mixer._flash_usable``): flash-attn, or
-    PyTorch SDPA and the kernel SDPA picks for this shape (asked of torch's private chooser).
+    """Which attention kernel a forward pass will run (mirrors ``olmo.model.attention_mixer._flash_usable``):
+    flash-attn, or PyTorch SDPA and the kernel SDPA picks for this shape (asked of torch's private chooser).
 
     :param dtype: The autocast dtype, None for fp32.
     :param has_bias: Whether batches carry an attention mask or ALiBi bias.
