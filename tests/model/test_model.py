@@ -491,3 +491,28 @@ def test_num_flops_per_token():
         assert model.num_flops_per_token(seq_len=8) == 6 * n_matmul + 12 * 2 * 32 * 8
     assert tied.num_params(include_embedding=False) == 2 * 10240
     assert untied_learned.num_params(include_embedding=False) == 2 * 10240 + 4096
+
+
+def test_each_layer_is_a_mixer_and_a_feed_forward_under_olmos_parameter_names_and_order():
+    """The parts are chosen per layer from the config, and whatever the parts, a block's parameters keep OLMo's names
+    in OLMo's order (checkpoints' keys and the optimizer state's order depend on it; these lists are the block's
+    before it was split into parts)."""
+    from olmo.config import MoEConfig
+    from olmo.model.attention_mixer import AttentionMixer
+    from olmo.model.block import OLMoBlock
+    from olmo.model.feed_forward import DenseFeedForward, RoutedFeedForward
+
+    dense = OLMoBlock(0, tiny_config(attention_layer_norm=True))
+    assert isinstance(dense, AttentionMixer) and isinstance(dense, DenseFeedForward) and dense.moe is None
+    modules = ["attn_out", "ff_out", "attn_norm", "ff_norm", "att_proj", "ff_proj"]
+    both = [f"{m}.{p}" for m in modules for p in ("weight", "bias")]
+    assert [n for n, _ in dense.named_parameters()] == [
+        *("k_norm.weight", "k_norm.bias", "q_norm.weight", "q_norm.bias"),
+        *both,
+    ]
+    moe = MoEConfig(num_experts=4, top_k=2, shared_expert_hidden_size=16)
+    routed = OLMoBlock(1, tiny_config(moe=moe))
+    assert isinstance(routed, RoutedFeedForward)
+    assert [n for n, _ in routed.named_parameters()] == [*both, "moe.w1", "moe.w3", "moe.w2", "moe.router.weight"]
+    # The model computes all its heads; only a tensor-parallel plan, from outside, gives a mixer a share of them.
+    assert (dense.n_heads, dense.n_kv_heads) == (dense.config.n_heads, dense.config.effective_n_kv_heads)
