@@ -3,7 +3,7 @@ resolvers, the ``--help`` listing and collect-all validation.
 
 Modules: ``train_config`` (``TrainConfig``, load/save), the sections, each with the checks of its own values
 (a ``problems`` method beside its fields): ``sections`` (the enums and the small sections), ``model_sections``
-(``model``), ``attention`` (``model.sliding_window`` and ``model.rope_scaling``), ``moe`` (``model.moe``), ``float8_sections`` (``model.float8``), ``optim_sections``
+(``model``), ``attention`` (``model.sliding_window`` and ``model.rope_scaling``), ``moe`` (``model.moe``), ``linear_attention_sections`` (``model.layer_types``, ``model.linear_attention``), ``float8_sections`` (``model.float8``), ``optim_sections``
 (``optimizer``, ``scheduler``), ``data_sections`` (``data``), ``eval_sections`` (``evaluators``), ``stages``
 (``stages:``, ``kl_reference:``, durations), ``stability``, ``dpo_sections`` (``dpo``); ``validation`` (the run's own settings, the rules
 between sections, the one report of every problem, and no-effect warnings), ``bounds`` (limits shared by the checks,
@@ -18,6 +18,7 @@ from .attention_sections import RopeScalingConfig, SlidingWindowConfig
 from .base import BaseConfig
 from .dpo_sections import DPOConfig, DPOLoss
 from .float8_sections import Float8Config
+from .linear_attention_sections import LinearAttentionConfig
 from .moe_sections import ExpertParallelConfig, MoEConfig
 from .parallel_sections import ContextParallelConfig, TensorParallelConfig
 from .stability_sections import RollbackConfig, SkipSpikesConfig, StragglersConfig, WatchdogConfig
@@ -96,6 +97,7 @@ __all__ = [
     "SlidingWindowConfig",
     "RopeScalingConfig",
     "MoEConfig",
+    "LinearAttentionConfig",
     "Float8Config",
     "ExpertParallelConfig",
     "ContextParallelConfig",

@@ -1,6 +1,7 @@
 """The ``model:`` section: the transformer's shape and options (:class:`ModelConfig`), with the checks of its values.
 Its attention options (``model.sliding_window``, ``model.rope_scaling``) are sections of their own, in
-:mod:`olmo.config.attention_sections`, and so is its mixture of experts (``model.moe``, :mod:`olmo.config.moe_sections`).
+:mod:`olmo.config.attention_sections`, and so is its mixture of experts (``model.moe``, :mod:`olmo.config.moe_sections`), and its hybrid layers
+(``model.layer_types``, ``model.linear_attention``, :mod:`olmo.config.linear_attention_sections`).
 
 Field names and defaults follow the original OLMo's; every field has a docstring (``train.py CONFIG --help`` prints
 them). Import it from :mod:`olmo.config`, which re-exports it.
@@ -14,6 +15,7 @@ from typing import Optional
 from .attention_sections import RopeScalingConfig, SlidingWindowConfig, attention_option_problems
 from .base import BaseConfig
 from .float8_sections import Float8Config
+from .linear_attention_sections import LINEAR_ATTENTION, LinearAttentionConfig, layer_type_problems
 from .moe_sections import MoEConfig
 from .sections import ActivationType, BlockType, InitFnType, LayerNormType
 
@@ -128,6 +130,15 @@ class ModelConfig(BaseConfig):
     moe: Optional[MoEConfig] = None
     """A mixture of experts in place of every block's MLP (OLMoE, FlexOlmo): ``{num_experts: 64, top_k: 8,
     hidden_size: 1024}``. None (or ``num_experts: 0``): dense blocks."""
+    layer_types: Optional[list[str]] = None
+    """OLMo Hybrid's sequence mixer of each layer, a pattern cycled over the layers (layer i gets
+    ``layer_types[i % len(layer_types)]``): ``full_attention`` or ``linear_attention`` (``model.linear_attention``'s
+    recurrence, pre-norm whatever ``norm_after`` says, as transformers' OlmoHybrid has it), e.g. ``[linear_attention,
+    linear_attention, linear_attention, full_attention]``. None: every layer is attention."""
+    linear_attention: Optional[LinearAttentionConfig] = None
+    """The linear-attention layers' recurrence (needed when ``layer_types`` has ``linear_attention``):
+    ``{kind: gated_deltanet, num_key_heads, num_value_heads, key_head_dim, value_head_dim, conv_kernel_size,
+    allow_neg_eigval}``, transformers' ``OlmoHybridConfig`` defaults for what is left out."""
     float8: Optional[Float8Config] = None
     """Float8 matrix products in the blocks' linear layers through torchao, on GPUs of compute capability 8.9 or newer
     (Ada, Hopper, Blackwell; rowwise 9.0): ``{enabled: true, recipe: tensorwise}``. Changes how training computes,
@@ -145,6 +156,16 @@ class ModelConfig(BaseConfig):
         if self.sliding_window is None:
             return [None] * self.n_layers
         return self.sliding_window.windows(self.n_layers)
+
+    def layer_kinds(self) -> list[str]:
+        """Each layer's sequence mixer, ``full_attention`` or ``linear_attention`` (``model.layer_types`` cycled)."""
+        types = self.layer_types or ["full_attention"]
+        return [types[i % len(types)] for i in range(self.n_layers)]
+
+    @property
+    def has_linear_attention(self) -> bool:
+        """Whether some layer mixes the sequence with ``model.linear_attention``'s recurrence."""
+        return self.layer_types is not None and LINEAR_ATTENTION in self.layer_types
 
     @property
     def trains_float8(self) -> bool:
@@ -213,6 +234,7 @@ class ModelConfig(BaseConfig):
                     f"model.{name}={token} is outside the embedding (size {self.effective_embedding_size})."
                 )
         out += attention_option_problems(self.sliding_window, self.rope_scaling, self.rope)
+        out += layer_type_problems(self)
         if self.moe is not None:
             out += self.moe.problems(self)
         if self.float8 is not None:

@@ -79,6 +79,12 @@ class ContextParallelConfig(BaseConfig):
                 f"is a multiple of {2 * d}, or another degree."
             )
         out += _split_problems("context_parallel.degree", d, model, strategy, world_size, "cut")
+        if model.has_linear_attention:
+            out.append(
+                f"context_parallel.degree={d} with linear_attention layers (model.layer_types) is not implemented: "
+                f"their recurrent state would have to pass from each rank's chunk to the next (OLMo-core splits "
+                f"their heads instead); use context_parallel.degree=1."
+            )
         if model.is_moe or expert_degree > 1:
             out.append(
                 f"context_parallel.degree={d} with a mixture of experts (model.moe) is not implemented: the "
@@ -120,6 +126,12 @@ class TensorParallelConfig(BaseConfig):
                 f"tensor_parallel.degree={d}{both} must divide the number of processes launched ({world_size}); "
                 f"launch a multiple of {d * cp} with torchrun --nproc_per_node (one node's GPUs is the usual "
                 f"tensor-parallel group), or change the degree."
+            )
+        if model.has_linear_attention:
+            out.append(
+                f"tensor_parallel.degree={d} with linear_attention layers (model.layer_types) is not implemented: the "
+                f"tensor-parallel plan divides attention heads only, not Gated DeltaNet's; use "
+                f"tensor_parallel.degree=1 (FSDP alone)."
             )
         hidden = model.effective_mlp_hidden_size
         mlp = hidden // 2 if str(model.activation_type) == "swiglu" else hidden

@@ -323,7 +323,7 @@ def _compile_blocks(model: OLMo, cfg: CompilerConfig) -> None:
         block.compile(mode=cfg.mode, fullgraph=cfg.fullgraph, backend=cfg.backend, dynamic=cfg.dynamic)
 
 
-_NEWER_MODEL_OPTIONS = ("sliding_window", "rope_scaling", "moe")
+_NEWER_MODEL_OPTIONS = ("sliding_window", "rope_scaling", "moe", "layer_types", "linear_attention")
 
 
 def model_config_fingerprint(cfg: ModelConfig) -> str:

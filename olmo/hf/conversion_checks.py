@@ -103,6 +103,11 @@ def check_exported_config(model_cfg: ModelConfig, checkpoint: str) -> None:
     :raises OLMoConfigurationError: listing the section's problems in one paragraph.
     """
     problems = with_bound_problems(model_cfg.problems(), model_cfg, "model.")
+    if model_cfg.has_linear_attention:
+        problems.append(
+            "Its model.layer_types has linear_attention layers, and exporting OLMo Hybrid to transformers' "
+            "OlmoHybridForCausalLM is not implemented yet."
+        )
     if problems:
         raise OLMoConfigurationError(
             f"The config.yaml of checkpoint '{checkpoint}' holds a model section that the trainer refuses, so a "
