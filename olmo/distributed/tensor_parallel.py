@@ -183,10 +183,11 @@ def sharded_layer_norm(norm: LayerNorm, x: torch.Tensor, tp: TensorParallelGroup
 
 def tensor_parallel_degree(model: nn.Module) -> int:
     """How many ranks share each block of ``model`` (1 for a model :func:`apply_tensor_parallel` did not split):
-    the model's heads over the heads its first mixer computes."""
-    if not isinstance(model, OLMo) or not model.transformer.typed_blocks():
+    the model's heads over the heads its first attention computes (linear-attention layers are never split)."""
+    if not isinstance(model, OLMo):
         return 1
-    return model.config.n_heads // model.transformer.typed_blocks()[0].n_heads
+    attention = [block for block in model.transformer.typed_blocks() if not block.is_recurrent]
+    return model.config.n_heads // attention[0].n_heads if attention else 1
 
 
 def _rank_major(parts: list[int], degree: int) -> torch.Tensor:

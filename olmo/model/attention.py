@@ -29,6 +29,7 @@ __all__ = [
     "document_ids",
     "document_spans",
     "flash_varlen_attention",
+    "linear_attention_resets",
 ]
 
 
@@ -106,6 +107,25 @@ def document_ids(doc_lens: torch.Tensor, seq_len: int) -> torch.Tensor:
     positions = torch.arange(seq_len, device=doc_lens.device).repeat(doc_lens.size(0), 1)  # (B, T)
     # A position's document is the number of documents that end at or before it.
     return torch.searchsorted(ends, positions, right=True)  # (B, T)
+
+
+def linear_attention_resets(
+    attention_mask: torch.Tensor | None, doc_lens: torch.Tensor | None, seq_len: int
+) -> torch.Tensor | None:
+    """(B, T) bool, True at each document's first token (``doc_lens``, checked), where the linear-attention layers
+    reset their state; None without documents.
+
+    :raises ValueError: for an ``attention_mask``, which these layers do not take.
+    """
+    if attention_mask is not None:
+        raise ValueError(
+            "attention_mask is not implemented for linear_attention layers (model.layer_types): padding would flow "
+            "through their recurrent state. Pass unpadded rows (documents marked by doc_lens)."
+        )
+    if doc_lens is None:
+        return None
+    doc_ids = document_ids(doc_lens, seq_len)  # (B, T)
+    return F.pad(doc_ids[:, 1:] != doc_ids[:, :-1], (1, 0), value=True)
 
 
 def cumulative_document_lengths(doc_lens: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from .context_attention import ContextAttention
 from .feed_forward import DenseFeedForward, RoutedFeedForward
 from .init import init_normal, init_scales, init_tensor
 from .layers import LayerNorm, RotaryTables, make_dropout
+from .linear_attention import GatedDeltaNetMixer
 from .moe import MoEFeedForward
 
 __all__ = [
@@ -70,6 +71,9 @@ class OLMoBlock(nn.Module):
     ff_proj: nn.Linear | None
     ff_out: nn.Linear | None
     moe: MoEFeedForward | None
+    is_recurrent = False
+    """Whether the mixer is a recurrence (``linear_attention``), whose block is pre-norm whatever ``norm_after``
+    says and which takes the document starts in place of an attention bias."""
 
     def __new__(cls, layer_id: int = 0, config: ModelConfig | None = None, cache: Any = None) -> OLMoBlock:
         del cache
@@ -83,6 +87,9 @@ class OLMoBlock(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.config = config
+        self.norm_after = config.norm_after and not self.is_recurrent
+        """Normalize each part's output (OLMo 2) rather than its input; linear-attention layers are always pre-norm,
+        as transformers' OlmoHybrid has them."""
         self.dropout = make_dropout(config.residual_dropout)
         self._build_mixer(layer_id, config)
         self._build_feed_forward(config)
@@ -177,7 +184,8 @@ class OLMoBlock(nn.Module):
         :param x: (B, T, C) residual stream.
         :param attn_bias: Additive attention bias broadcastable to (B, H, T, T) (T + cached keys with
             ``layer_past``), causal part included; None means plain causal attention (with ``layer_past``: one query
-            that sees every key).
+            that sees every key). For a linear-attention layer (``is_recurrent``): the (B, T) bool document starts,
+            where its state resets, or None.
         :param rope: (cos, sin) tables of these T positions when the model uses RoPE.
         :param doc_spans: Run flash-attn's varlen kernel over these documents instead (``attn_bias`` is then None).
         :param layer_past: Cached (keys, values) of earlier positions, each (B, KV, past, hd).
@@ -188,12 +196,12 @@ class OLMoBlock(nn.Module):
         """
         if layer_past is None and not use_cache:  # training: the plain path
             cp = context_parallel
-            if self.config.norm_after:
+            if self.norm_after:
                 x = x + self.dropout(self.attn_norm(self.attention(x, attn_bias, rope, doc_spans, cp)))
                 return x + self.dropout(self.ff_norm(self.feed_forward(x)))
             x = x + self.dropout(self.attention(self.attn_norm(x), attn_bias, rope, doc_spans, cp))
             return x + self.dropout(self.feed_forward(self.ff_norm(x)))
-        if self.config.norm_after:
+        if self.norm_after:
             y, present = self._attend(x, attn_bias, rope, doc_spans, layer_past)
             x = x + self.dropout(self.attn_norm(y))
             x = x + self.dropout(self.ff_norm(self.feed_forward(x)))
@@ -212,11 +220,20 @@ class AttentionMoEBlock(AttentionMixer, RoutedFeedForward, OLMoBlock):
     """Attention, then the mixture of experts (``model.moe``)."""
 
 
+class GatedDeltaNetBlock(GatedDeltaNetMixer, DenseFeedForward, OLMoBlock):
+    """Gated DeltaNet (a ``linear_attention`` layer), then the dense MLP."""
+
+
+class GatedDeltaNetMoEBlock(GatedDeltaNetMixer, RoutedFeedForward, OLMoBlock):
+    """Gated DeltaNet (a ``linear_attention`` layer), then the mixture of experts (``model.moe``)."""
+
+
 def block_class(layer_id: int, config: ModelConfig) -> type[OLMoBlock]:
-    """The block class of layer ``layer_id``: attention (the one sequence mixer so far) and the mixture of experts
-    when ``model.moe`` sets one, else the dense MLP. Every layer has the same parts today; a per-layer pattern of
-    mixers will read ``layer_id``."""
-    del layer_id
+    """The block class of layer ``layer_id``: its sequence mixer from ``model.layer_types`` (attention, or Gated
+    DeltaNet for ``linear_attention``), then the mixture of experts when ``model.moe`` sets one, else the dense
+    MLP."""
+    if config.layer_kinds()[layer_id] == "linear_attention":
+        return GatedDeltaNetMoEBlock if config.is_moe else GatedDeltaNetBlock
     return AttentionMoEBlock if config.is_moe else AttentionBlock
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
+from ..exceptions import OLMoConfigurationError
 from .beams import (
     BeamSearch,
     Constraint,
@@ -123,6 +124,12 @@ def generate(
     :param on_token: Called with each step's tokens (for streaming them).
     :raises ValueError: for a mask or bias of the wrong shape, or prompts padded on the right.
     """
+    if model.config.has_linear_attention:
+        raise OLMoConfigurationError(
+            "Generation is not implemented for models with linear_attention layers (model.layer_types): decoding "
+            "needs their recurrent state (the convolution's window and the delta-rule state) cached beside the KV "
+            "cache, which is not written yet. Score full sequences with a forward pass instead."
+        )
     batch_size, prompt_length = input_ids.shape
     if attention_mask is not None:
         if attention_mask.shape != input_ids.shape:

@@ -26,6 +26,7 @@ from .attention import (
     describe_attention,
     document_ids,
     document_spans,
+    linear_attention_resets,
 )
 from .attention import attention_bias as build_attention_bias
 from .attention_mixer import _flash_usable, _load_flash_attn
@@ -254,11 +255,15 @@ class OLMo(nn.Module):
             inputs, doc_spans = self._attention_inputs(
                 x, attention_mask, doc_lens, max_doc_lens, past, attention_bias
             )
+        resets = linear_attention_resets(attention_mask, doc_lens, T) if cfg.has_linear_attention else None
         hidden_states: list[torch.Tensor] = []
         presents: KVCache = []
         for i, block in enumerate(t.typed_blocks()):
             if output_hidden_states:
                 hidden_states.append(x)
+            if block.is_recurrent and not (past_key_values or use_cache):
+                x = block(x, resets, context_parallel=cp)  # (B, T, C)
+                continue
             if cp is not None:
                 attention, rope_i = cp_inputs[block.window]
                 x = block(x, None, rope_i, context_parallel=attention)  # (B, T / degree, C)
