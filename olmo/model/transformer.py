@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..config import InitFnType, ModelConfig
+from ..config.linear_attention_sections import LINEAR_ATTENTION
 from ..exceptions import OLMoConfigurationError
 from .attention import (
     DocumentSpans,
@@ -479,7 +480,8 @@ class OLMo(nn.Module):
         causal half is not subtracted) that is the work a windowed kernel does. This is not OLMo's
         ``num_fwd_flops + num_bck_flops``, which counts embedding lookups in the backward pass. In a mixture of
         experts, ``N_matmul`` counts the active parameters (:meth:`num_active_params`): the router and ``top_k``
-        experts per token.
+        experts per token. A linear-attention layer counts its recurrence instead, the same at any length: per token
+        and value head its (dk, dv) state read with the key, corrected and read with the query, ``18 * dk * dv``.
 
         :param seq_len: Context length; defaults to ``max_sequence_length``.
         """
@@ -489,5 +491,9 @@ class OLMo(nn.Module):
             n_matmul += cfg.effective_embedding_size * cfg.d_model
         seq_len = cfg.max_sequence_length if seq_len is None else seq_len
         head_dim = cfg.d_model // cfg.n_heads
-        keys = sum(seq_len if w is None else min(w, seq_len) for w in cfg.layer_windows())
-        return 6 * n_matmul + 12 * cfg.n_heads * head_dim * keys
+        kinds, windows = cfg.layer_kinds(), cfg.layer_windows()
+        keys = sum(min(w or seq_len, seq_len) for k, w in zip(kinds, windows) if k != LINEAR_ATTENTION)
+        flops = 6 * n_matmul + 12 * cfg.n_heads * head_dim * keys
+        if (la := cfg.linear_attention) is not None:
+            flops += 18 * la.value_heads(cfg) * la.key_dim(cfg) * la.value_dim(cfg) * kinds.count(LINEAR_ATTENTION)
+        return flops

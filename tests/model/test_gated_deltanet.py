@@ -203,3 +203,16 @@ def test_shipped_configs_build_what_they_built(config: str) -> None:
     keys = [f"{k}:{tuple(v.shape)}" for k, v in model.state_dict().items()]
     digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
     assert (digest, len(keys), model_config_fingerprint(cfg.model)) == UNCHANGED[config]
+
+
+def test_a_linear_attention_layer_counts_flops_linear_in_the_sequence_length() -> None:
+    """The attention layers' term grows with the sequence length, the linear layer's recurrence does not: 18 FLOPs
+    per token for each entry of each value head's (dk, dv) state, forward and backward."""
+    cfg = _hybrid_config(True, num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=12)
+    model = OLMo(cfg)
+    n_matmul = model.num_active_params(include_embedding=False) + cfg.effective_embedding_size * cfg.d_model
+    attention_layers = cfg.layer_kinds().count("full_attention")
+    assert attention_layers == 1 and cfg.layer_kinds().count("linear_attention") == 1
+    for T in (16, 256):
+        attention = 12 * cfg.d_model * T * attention_layers
+        assert model.num_flops_per_token(T) == 6 * n_matmul + attention + 18 * 4 * 8 * 12
