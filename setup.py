@@ -47,5 +47,8 @@ setup(
         # and 5.15. transformers >= 5.16 needs tokenizers >= 0.23, which ai2-olmo-eval 0.9 does not allow; left
         # open, pip backtracked to ai2-olmo-eval 0.8.5 (10 fewer downstream tasks) to install a newer transformers.
         "hf": ["transformers>=4.57,<5.16"],
+        # Gated DeltaNet layers (model.layer_types) on flash-linear-attention's Triton kernels on a GPU: chosen when
+        # they import, named in the startup "Speed setup" line; without them the pure-PyTorch chunked path runs.
+        "linear": ["flash-linear-attention>=0.6"],
     },
 )

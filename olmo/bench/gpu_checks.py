@@ -94,7 +94,7 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
         "info = {'python': platform.python_version(), 'torch': torch.__version__, 'cuda': torch.version.cuda, "
         "'gpu': torch.cuda.get_device_name() if d else None, "
         "'capability': list(torch.cuda.get_device_capability()) if d else None}\n"
-        "for m in ('torchao', 'flash_attn', 'omegaconf'):\n"
+        "for m in ('torchao', 'flash_attn', 'fla', 'triton', 'omegaconf'):\n"
         "    try: info[m] = __import__(m).__version__\n"
         "    except Exception as e: info[m] = f'not importable ({type(e).__name__})'\n"
         "print(json.dumps(info))"
@@ -147,6 +147,18 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
         120,
         report=str(work / "float8-curves.json"),
     )
+    linear = Part(
+        "linear-attention-kernels",
+        "Gated DeltaNet at OLMo Hybrid's layer shape (30 heads, key 96, value 192), bf16, 2 x 2,048 and 2 x 8,192: "
+        "flash-linear-attention's kernels against the pure-PyTorch chunked path (fp32 difference) and attention",
+        [
+            [sys.executable, "scripts/benchmark_linear_attention.py", "--seq", "2048", "8192", "--batch", "2"]
+            + "--heads 30 --key-dim 96 --value-dim 192 --precision bf16 --recurrence-max 0".split()
+            + ["--out", str(work / "linear-attention.json")]
+        ],
+        90,
+        report=str(work / "linear-attention.json"),
+    )
     tests = Part(
         "gpu-tests", "pytest tests/test_gpu.py", [[sys.executable, "-m", "pytest", "-q", "tests/test_gpu.py"]], 120
     )
@@ -157,7 +169,7 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
         30,
         False,
     )
-    return [probe, tests, *ladder, original, fsdp, *rowwise, flash, curves]
+    return [probe, tests, *ladder, linear, original, fsdp, *rowwise, flash, curves]
 
 
 def install(wheels: Path, site: Path, original_site: Path) -> str:

@@ -4,7 +4,9 @@ there before anything runs. Standard library only: it runs before anything is in
 The lent machines (docs/throughput.md, "The GPU checks") have Python 3.12, torch 2.11 with CUDA, numpy, requests, rich, tokenizers,
 pyarrow, huggingface_hub and the rest of their image, and no network. What they lack:
 
-* ours: omegaconf (with antlr4) and torchao (``model.float8``; 0.17 and newer run on torch >= 2.11);
+* ours: omegaconf (with antlr4), torchao (``model.float8``; 0.17 and newer run on torch >= 2.11) and fla-core with
+  einops (flash-linear-attention's kernels for Gated DeltaNet layers: Python and Triton, which the image's torch
+  brings);
 * the original OLMo 0.6.0 for ``scripts/benchmark_olmo.py``: its own wheel less the 140 MB of evaluation data its
   model code never reads (the same files otherwise, its RECORD rewritten to list them), and what ``import olmo``
   pulls in that the image lacks (boto3, cached_path, datasets, google-cloud-storage and theirs);
@@ -56,7 +58,13 @@ __all__ = [
     "WHEEL_LIMIT",
 ]
 
-OURS = ("omegaconf==2.4.0", "antlr4-python3-runtime==4.13.2", "torchao==0.18.0")
+OURS = (
+    "omegaconf==2.4.0",
+    "antlr4-python3-runtime==4.13.2",
+    "torchao==0.18.0",
+    "fla-core==0.6.0",
+    "einops==0.8.2",
+)
 """What our code imports that the lent image lacks."""
 ORIGINAL = (
     "cached-path==1.8.10",

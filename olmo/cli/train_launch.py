@@ -21,6 +21,7 @@ from olmo.checkpoint.restore import (
     resumes_in_save_folder,
 )
 from olmo.config import DataConfig, TrainConfig
+from olmo.config.linear_attention_sections import LINEAR_ATTENTION
 from olmo.data import DataContext, IterableDataset, MemMapDataset, build_dataset
 from olmo.data.mixture import MixturePlan
 from olmo.distributed import (
@@ -38,7 +39,7 @@ from olmo.eval import Evaluator, evaluators_of_run
 from olmo.exceptions import OLMoConfigurationError, OLMoDataError
 from olmo.hf.files import check_hf_export
 from olmo.ladder.run_planner import format_plan, plan_run
-from olmo.model import describe_attention
+from olmo.model import describe_attention, describe_linear_attention
 from olmo.optim import build_optimizer, build_scheduler
 from olmo.train import Trainer
 from olmo.train.build_module import build_train_module, train_module_class
@@ -261,6 +262,9 @@ def log_speed_setup(cfg: TrainConfig, trainer: Trainer) -> None:
     kernel = f" ({attention['sdpa_kernel']})" if attention["sdpa_kernel"] else ""
     if "windowed_layers" in attention:
         kernel += f"; {attention['windowed_layers']} windowed layer(s) on {attention['window_kernel']}"
+    if cfg.model.has_linear_attention:
+        linear = cfg.model.layer_kinds().count(LINEAR_ATTENTION)
+        kernel += f"; {linear} linear-attention layer(s) on {describe_linear_attention(device)}"
     log.info(
         "Speed setup: autocast %s, attention %s%s, compile %s, fused_loss %s, metrics read back every %d "
         "step(s)%s.",

@@ -5,7 +5,9 @@ experts), ``init`` (parameter init), ``blocks_api`` (OLMo's building-block names
 ``attention`` (SDPA, flash-attn, document masking), ``loss`` (cross entropy, z-loss, the fused output loss),
 ``flops`` (parameter and FLOP counts, peak device FLOP/s), ``beams`` (OLMo's beam search; its samplers in
 ``sampling``), ``generation`` (``OLMo.generate`` over the KV cache) and ``moe`` (the mixture-of-experts layer:
-dropless top-k routing, grouped expert multiplies, auxiliary losses; built into the blocks by ``model.moe``).
+dropless top-k routing, grouped expert multiplies, auxiliary losses; built into the blocks by ``model.moe``);
+``linear_attention`` (Gated DeltaNet, the mixer of ``linear_attention`` layers), ``delta_rule`` (its recurrence in
+pure PyTorch) and ``delta_rule_kernels`` (flash-linear-attention's kernels on a GPU, else ``delta_rule``).
 
 No distributed code: FSDP, tensor parallelism (each mixer's share of the heads), activation checkpointing and
 compile are applied from outside (:mod:`olmo.distributed.parallelize`). May import: ``olmo.config``,
@@ -13,6 +15,7 @@ compile are applied from outside (:mod:`olmo.distributed.parallelize`). May impo
 """
 
 from .blocks_api import GELU, Activation, ReLU, RMSLayerNorm, RotaryEmbedding, SwiGLU
+from .delta_rule_kernels import describe_linear_attention
 from .layers import (
     LayerNorm,
 )
@@ -45,4 +48,5 @@ __all__ = [
     "OLMoOutput",
     "OLMoGenerateOutput",
     "describe_attention",
+    "describe_linear_attention",
 ]

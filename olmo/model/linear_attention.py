@@ -25,14 +25,12 @@ from ..exceptions import OLMoConfigurationError
 from .attention import DocumentSpans
 from .attention_mixer import KeysValues
 from .context_attention import ContextAttention
-from .delta_rule import chunk_gated_delta_rule, l2_normalize
+from .delta_rule_kernels import CHUNK_SIZE, gated_delta_rule
 from .init import init_normal
 from .layers import RotaryTables
 
 __all__ = ["GatedDeltaNetMixer", "GatedRMSNorm", "causal_conv", "CHUNK_SIZE"]
 
-CHUNK_SIZE = 64
-"""Positions per chunk of the chunked delta rule (flash-linear-attention's and transformers')."""
 A_LOG_RANGE = (0.0, 16.0)
 """``A`` (the decay rate per head) is drawn uniformly from this range; ``A_log`` holds its log (transformers)."""
 DT_RANGE, DT_FLOOR = (0.001, 0.1), 1e-4
@@ -178,17 +176,13 @@ class GatedDeltaNetMixer(nn.Module):
         qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)  # (B, T, 2 Hk dk + Hv dv)
         qkv = F.silu(causal_conv(qkv, self.conv1d.weight, resets))
         q, k, v = qkv.split((Hk * dk, Hk * dk, Hv * dv), dim=-1)
-        q = l2_normalize(q.reshape(B, T, Hk, dk).float()) * dk**-0.5
-        k = l2_normalize(k.reshape(B, T, Hk, dk).float())
-        if Hv > Hk:  # each group of value heads reads one key head
-            q, k = (t.repeat_interleave(Hv // Hk, dim=2) for t in (q, k))
         v = v.reshape(B, T, Hv, dv)
         beta = self.b_proj(x).float().sigmoid()  # (B, T, Hv)
         if self.linear_attention.allow_neg_eigval:
             beta = beta * 2.0
         g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())  # (B, T, Hv)
-        q, k, v, g, beta = (t.transpose(1, 2) for t in (q, k, v, g, beta))  # (B, Hv, T, ...)
-        out, _ = chunk_gated_delta_rule(q, k, v, g, beta, resets, chunk_size=CHUNK_SIZE)  # (B, Hv, T, dv)
-        out = out.transpose(1, 2).to(x.dtype)  # (B, T, Hv, dv)
+        q, k = q.reshape(B, T, Hk, dk), k.reshape(B, T, Hk, dk)
+        out, _ = gated_delta_rule(q, k, v, g, beta, resets)  # (B, T, Hv, dv)
+        out = out.to(x.dtype)
         gate = self.g_proj(x).reshape(B, T, Hv, dv)
         return self.o_proj(self.o_norm(out, gate).reshape(B, T, Hv * dv))

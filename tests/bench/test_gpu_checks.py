@@ -61,9 +61,11 @@ def test_the_dry_run_lists_every_part_with_its_command_and_limit(tmp_path):
     result = run_script("gpu_checks.py", "--dry-run", "--wheels", str(_folder(tmp_path)))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "for Python 3.12: ready" in result.stdout
-    for name in ("gpu-tests", "1b-bf16", "1b-float8-tensorwise", "300m-float8-rowwise", "original-olmo"):
+    parts = ("gpu-tests", "1b-bf16", "1b-float8-tensorwise", "300m-float8-rowwise", "original-olmo")
+    for name in (*parts, "linear-attention-kernels"):
         assert f"  {name} (" in result.stdout
     assert "model.float8.recipe=rowwise" in result.stdout
+    assert "scripts/benchmark_linear_attention.py --seq 2048 8192" in result.stdout
     assert "skipped: no flash-attn wheel" in result.stdout
     broken = run_script("gpu_checks.py", "--dry-run", "--wheels", str(tmp_path / "absent"))
     assert broken.returncode == 1 and "NOT ready" in broken.stdout
