@@ -125,9 +125,14 @@ def chunk_gated_delta_rule(
 
     state = q.new_zeros(B, H, dk, dv) if initial_state is None else initial_state.to(dtype)
     outputs = []
-    for n in range(N):
-        u = u_own[:, :, n] - u_from_state[:, :, n] @ state  # (B, H, C, dv)
-        outputs.append(q_gamma[:, :, n] @ state + qk[:, :, n] @ u)
-        state = gamma[:, :, n, -1, None, None] * state + k_to_end[:, :, n].transpose(-1, -2) @ u
+    # Each chunk's slices taken once (unbind): indexing a chunk inside the loop would make the backward add a
+    # zero-filled copy of the whole tensor per chunk, quadratic in the length (25x the time for 4x the tokens).
+    per_chunk = zip(
+        *(t.unbind(dim=2) for t in (u_own, u_from_state, q_gamma, qk, gamma[..., -1, None, None], k_to_end))
+    )
+    for u_own_n, u_from_state_n, q_gamma_n, qk_n, decay_n, k_to_end_n in per_chunk:
+        u = u_own_n - u_from_state_n @ state  # (B, H, C, dv)
+        outputs.append(q_gamma_n @ state + qk_n @ u)
+        state = decay_n * state + k_to_end_n.transpose(-1, -2) @ u
     out = torch.stack(outputs, dim=2).reshape(B, H, N * C, dv)[:, :, :T]
     return out, state
