@@ -1,12 +1,18 @@
 """olmo-trainer: OLMo-style, YAML-configured LLM pretraining and fine-tuning on PyTorch."""
 
+import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
+# The version's one source is olmo/version.py, read as text: setup.py runs before torch (which olmo imports) is there.
+VERSION = re.search(
+    r'^VERSION = "([^"]+)"$', Path(__file__).with_name("olmo").joinpath("version.py").read_text(), re.M
+)
+
 setup(
     name="olmo-trainer",
-    version="0.1.0",
+    version=VERSION.group(1),
     description="OLMo-style LLM pretraining and fine-tuning: YAML configs, FSDP2, memmap data, safe resume.",
     long_description=Path(__file__).with_name("README.md").read_text(),
     long_description_content_type="text/markdown",

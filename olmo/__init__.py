@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .version import VERSION
+
+__version__ = VERSION
 
 if TYPE_CHECKING:
     from .config import (

@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import reprlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
@@ -240,22 +239,6 @@ class Callback:
 
     def close(self) -> None:
         """Last of all, also after an error: release what the callback holds (threads, files)."""
-
-
-def call_each(callbacks: list[Callback], hook: str, *args: Any) -> None:
-    """Call ``hook`` of every callback, in order."""
-    for callback in callbacks:
-        getattr(callback, hook)(*args)
-
-
-@contextlib.contextmanager
-def closing_all(callbacks: list[Callback]) -> Iterator[None]:
-    """Close every callback at the end of the block, in reverse order, even after an error."""
-    try:
-        yield
-    finally:
-        for callback in reversed(callbacks):
-            callback.close()
 
 
 HOOK_ARGUMENTS = {
