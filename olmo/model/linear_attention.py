@@ -23,11 +23,11 @@ from torch import nn
 from ..config import LinearAttentionConfig, ModelConfig
 from ..exceptions import OLMoConfigurationError
 from .attention import DocumentSpans
-from .attention_mixer import KeysValues
 from .context_attention import ContextAttention
 from .delta_rule import chunk_gated_delta_rule, l2_normalize
 from .init import init_normal
 from .layers import RotaryTables
+from .recurrent_cache import LayerCache, RecurrentState, conv_window
 
 __all__ = ["GatedDeltaNetMixer", "GatedRMSNorm", "causal_conv", "CHUNK_SIZE"]
 
@@ -162,21 +162,30 @@ class GatedDeltaNetMixer(nn.Module):
         attn_bias: torch.Tensor | None,
         rope: RotaryTables | None,
         doc_spans: DocumentSpans | None,
-        layer_past: KeysValues | None,
+        layer_past: LayerCache | None,
         context_parallel: ContextAttention | None = None,
-    ) -> tuple[torch.Tensor, KeysValues]:
-        """Refused: incremental decoding needs the recurrent state cached, which is not written yet."""
-        raise OLMoConfigurationError(
-            "Incremental decoding (generation, a KV cache) is not implemented for linear_attention layers "
-            "(model.layer_types): their recurrent state is not cached yet. Run a full forward without use_cache."
-        )
+    ) -> tuple[torch.Tensor, LayerCache]:
+        """The mixer (B, T, C) -> (B, T, C) after the cached state ``layer_past`` (None: from the start), and the
+        state after these T positions; ``attn_bias`` is the (B, T) bool mask of document starts, or None."""
+        del rope, doc_spans, context_parallel
+        assert layer_past is None or isinstance(layer_past, RecurrentState), "an attention layer's cache"
+        return self.mix_with_state(x, attn_bias, layer_past)
 
     def mix(self, x: torch.Tensor, resets: torch.Tensor | None = None) -> torch.Tensor:
         """Gated DeltaNet over (B, T, C) ``x``; ``resets`` (B, T) bool marks document starts."""
+        return self.mix_with_state(x, resets)[0]
+
+    def mix_with_state(
+        self, x: torch.Tensor, resets: torch.Tensor | None = None, past: RecurrentState | None = None
+    ) -> tuple[torch.Tensor, RecurrentState]:
+        """:meth:`mix` continuing from ``past`` (the state after earlier positions; None: the sequence's start),
+        and the state after ``x``."""
         B, T, _ = x.shape
+        initial = None if past is None else past.state  # (B, Hv, dk, dv)
         Hk, Hv, dk, dv = self.num_key_heads, self.num_value_heads, self.key_head_dim, self.value_head_dim
         qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)  # (B, T, 2 Hk dk + Hv dv)
-        qkv = F.silu(causal_conv(qkv, self.conv1d.weight, resets))
+        qkv, window = self._convolve(qkv, resets, past)
+        qkv = F.silu(qkv)
         q, k, v = qkv.split((Hk * dk, Hk * dk, Hv * dv), dim=-1)
         q = l2_normalize(q.reshape(B, T, Hk, dk).float()) * dk**-0.5
         k = l2_normalize(k.reshape(B, T, Hk, dk).float())
@@ -188,7 +197,20 @@ class GatedDeltaNetMixer(nn.Module):
             beta = beta * 2.0
         g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())  # (B, T, Hv)
         q, k, v, g, beta = (t.transpose(1, 2) for t in (q, k, v, g, beta))  # (B, Hv, T, ...)
-        out, _ = chunk_gated_delta_rule(q, k, v, g, beta, resets, chunk_size=CHUNK_SIZE)  # (B, Hv, T, dv)
+        out, state = chunk_gated_delta_rule(q, k, v, g, beta, resets, initial_state=initial, chunk_size=CHUNK_SIZE)
         out = out.transpose(1, 2).to(x.dtype)  # (B, T, Hv, dv)
         gate = self.g_proj(x).reshape(B, T, Hv, dv)
-        return self.o_proj(self.o_norm(out, gate).reshape(B, T, Hv * dv))
+        length = T if past is None else past.length + T
+        return self.o_proj(self.o_norm(out, gate).reshape(B, T, Hv * dv)), RecurrentState(window, state, length)
+
+    def _convolve(
+        self, qkv: torch.Tensor, resets: torch.Tensor | None, past: RecurrentState | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The short convolution of the (B, T, D) ``qkv`` after the window cached in ``past``, and the window after
+        them (the next position's)."""
+        size = self.conv1d.weight.shape[-1] - 1
+        if past is not None:
+            qkv = torch.cat((past.conv, qkv), dim=1)  # (B, K - 1 + T, D)
+            resets = None if resets is None else F.pad(resets, (size, 0))
+        out = causal_conv(qkv, self.conv1d.weight, resets)
+        return out if past is None else out[:, size:], conv_window(qkv, resets, size)
