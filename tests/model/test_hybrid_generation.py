@@ -105,13 +105,27 @@ def test_greedy_and_beam_search_score_their_sequences_as_the_full_forward_does()
 
 
 def test_a_left_padded_batch_generates_what_each_prompt_generates_alone() -> None:
-    """Prompts of 5, 70 and 130 tokens padded on the left to one batch (padding across chunk boundaries): a linear
-    layer starts afresh at each prompt's first real token, so each row continues as its prompt alone, beams too."""
+    """Prompts of 2, 70 and 130 tokens padded on the left to one batch (padding across chunk boundaries and inside
+    the convolution's window): a linear layer starts afresh at each prompt's first real token, so each row decodes
+    the logits of its prompt alone, and generates what it generates alone, beams too."""
     model = build(seed=1)
-    prompts = [ids(1, n, seed=n)[0].tolist() for n in (5, 70, 130)]
+    prompts = [ids(1, n, seed=n)[0].tolist() for n in (2, 70, 130)]
     batch, mask = left_padded(prompts, model.config.pad_token_id)
     assert mask is not None
+    following = ids(3, 3, seed=4)
     with torch.no_grad():
+        out = model(batch, attention_mask=mask, use_cache=True)
+        steps = [out.logits[:, -1]]
+        for t in range(3):
+            mask = torch.cat((mask, torch.ones(3, 1, dtype=mask.dtype)), dim=1)
+            out = model(
+                following[:, t : t + 1], attention_mask=mask, past_key_values=out.attn_key_values, use_cache=True
+            )
+            steps.append(out.logits[:, -1])
+        for row, prompt in enumerate(prompts):
+            alone = model(torch.cat((torch.tensor([prompt]), following[row : row + 1]), dim=1)).logits[0, -4:]
+            torch.testing.assert_close(torch.stack(steps)[:, row], alone, rtol=0, atol=1e-5)
+        mask = mask[:, :-3]
         together = model.generate(batch, attention_mask=mask, max_steps=6, beam_size=2)
         for row, prompt in enumerate(prompts):
             alone = model.generate(torch.tensor([prompt]), max_steps=6, beam_size=2)
