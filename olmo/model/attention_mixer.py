@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,9 @@ from .attention import DocumentSpans, flash_varlen_attention
 from .context_attention import ContextAttention
 from .init import init_normal
 from .layers import LayerNorm, RotaryTables, apply_rotary
+
+if TYPE_CHECKING:
+    from .recurrent_cache import LayerCache
 
 __all__ = ["AttentionMixer", "KeysValues"]
 
@@ -127,9 +130,9 @@ class AttentionMixer(nn.Module):
         attn_bias: torch.Tensor | None,
         rope: RotaryTables | None,
         doc_spans: DocumentSpans | None,
-        layer_past: KeysValues | None,
+        layer_past: LayerCache | None,
         context_parallel: ContextAttention | None = None,
-    ) -> tuple[torch.Tensor, KeysValues]:
+    ) -> tuple[torch.Tensor, LayerCache]:
         """Self-attention (B, T, C) -> (B, T, C) after the cached keys and values ``layer_past``, and the keys and
         values of every position so far."""
         B, T, _ = x.shape

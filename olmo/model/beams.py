@@ -6,7 +6,8 @@ A search starts from one prediction per batch row and a state dict of tensors wi
 ``per_node_beam_size`` next tokens (the :class:`Sampler` picks them: the top ones, or samples), and the best
 ``beam_size`` of all proposals survive (again the sampler's choice). A hypothesis that has produced ``end_index``
 only extends with ``end_index``, at no cost. The state's tensors follow their hypotheses (rows are gathered by
-back-pointer each step), which is how :meth:`olmo.model.OLMo.generate` carries its KV cache.
+back-pointer each step), which is how :meth:`olmo.model.OLMo.generate` carries its KV cache and the linear-attention
+layers' recurrent states.
 
 The result is ``(predictions, scores)``: (B, beam, T) token ids (padded with ``end_index`` after a hypothesis
 ends) and (B, beam) scores from the :class:`FinalSequenceScorer`, best first.

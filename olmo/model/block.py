@@ -22,13 +22,14 @@ from torch import nn
 from ..config import InitFnType, ModelConfig
 from ..exceptions import OLMoConfigurationError
 from .attention import DocumentSpans
-from .attention_mixer import AttentionMixer, KeysValues
+from .attention_mixer import AttentionMixer
 from .context_attention import ContextAttention
 from .feed_forward import DenseFeedForward, RoutedFeedForward
 from .init import init_normal, init_scales, init_tensor
 from .layers import LayerNorm, RotaryTables, make_dropout
 from .linear_attention import GatedDeltaNetMixer
 from .moe import MoEFeedForward
+from .recurrent_cache import LayerCache
 
 __all__ = [
     "OLMoBlock",
@@ -139,9 +140,9 @@ class OLMoBlock(nn.Module):
         attn_bias: torch.Tensor | None,
         rope: RotaryTables | None,
         doc_spans: DocumentSpans | None,
-        layer_past: KeysValues | None,
+        layer_past: LayerCache | None,
         context_parallel: ContextAttention | None = None,
-    ) -> tuple[torch.Tensor, KeysValues]:
+    ) -> tuple[torch.Tensor, LayerCache]:
         """The sequence mixer after the cache ``layer_past``, and the cache of every position so far."""
         raise NotImplementedError
 
@@ -176,7 +177,7 @@ class OLMoBlock(nn.Module):
         attn_bias: torch.Tensor | None = None,
         rope: RotaryTables | None = None,
         doc_spans: DocumentSpans | None = None,
-        layer_past: KeysValues | None = None,
+        layer_past: LayerCache | None = None,
         use_cache: bool = False,
         context_parallel: ContextAttention | None = None,
     ) -> Any:
@@ -188,7 +189,8 @@ class OLMoBlock(nn.Module):
             where its state resets, or None.
         :param rope: (cos, sin) tables of these T positions when the model uses RoPE.
         :param doc_spans: Run flash-attn's varlen kernel over these documents instead (``attn_bias`` is then None).
-        :param layer_past: Cached (keys, values) of earlier positions, each (B, KV, past, hd).
+        :param layer_past: The cache of earlier positions: (keys, values), each (B, KV, past, hd), or a
+            linear-attention layer's :class:`~olmo.model.recurrent_cache.RecurrentState`.
         :param use_cache: Return ``(x, (keys, values))``, the keys and values of every position so far, instead
             of ``x`` alone.
         :param context_parallel: ``x`` is this rank's share of each instance; the attention gathers every rank's

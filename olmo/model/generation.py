@@ -2,10 +2,12 @@
 the command line's ``--temperature``, ``--top_k`` and ``--top_p`` choose.
 
 The prompt runs once (``use_cache=True``, last logits only); every later step feeds the beams' last tokens with the
-cached keys and values, which :class:`~olmo.model.beams.BeamSearch` reorders with the beams. Prompts of
-different lengths are padded on the left with an ``attention_mask``: padding keys are hidden from every query, and
-with RoPE or ALiBi (relative positions) a padded prompt continues exactly as it would alone; with learned absolute
-positions (``wpe``) the padding shifts its positions, as in the original OLMo. Blocks compiled with
+cache: each attention layer's keys and values, each linear-attention layer's recurrent state (its convolution's
+window and delta-rule state, :class:`~olmo.model.recurrent_cache.RecurrentState`), which
+:class:`~olmo.model.beams.BeamSearch` reorders with the beams. Prompts of different lengths are padded on the left
+with an ``attention_mask``: padding keys are hidden from every query, a linear-attention layer starts afresh at a
+prompt's first real token, and with RoPE or ALiBi (relative positions) a padded prompt continues exactly as it would
+alone; with learned absolute positions (``wpe``) the padding shifts its positions, as in the original OLMo. Blocks compiled with
 ``torch.compile`` run eagerly while generating, so that no new length recompiles them.
 """
 
@@ -18,7 +20,6 @@ from typing import TYPE_CHECKING, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from ..exceptions import OLMoConfigurationError
 from .beams import (
     BeamSearch,
     Constraint,
@@ -30,6 +31,7 @@ from .beams import (
     TopKSampler,
     TopPSampler,
 )
+from .recurrent_cache import LayerCache, RecurrentState
 
 if TYPE_CHECKING:
     from .transformer import OLMo
@@ -91,14 +93,24 @@ def until_end(tokens: list[int], end_index: int) -> list[int]:
     return tokens[: tokens.index(end_index)] if end_index in tokens else tokens
 
 
-def _flatten(cache: list[tuple[torch.Tensor, torch.Tensor]], state: StateType) -> None:
-    for i, (key, value) in enumerate(cache):
-        state[f"past_key_{i}"] = key
-        state[f"past_value_{i}"] = value
+def _flatten(cache: list[LayerCache], state: StateType) -> None:
+    """Put every block's cache tensors (batch first) into the search's ``state``, which reorders them with the
+    beams."""
+    for i, layer in enumerate(cache):
+        if isinstance(layer, RecurrentState):
+            state[f"conv_{i}"], state[f"recurrent_{i}"] = layer.conv, layer.state
+        else:
+            state[f"past_key_{i}"], state[f"past_value_{i}"] = layer
 
 
-def _unflatten(state: StateType, n_layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(state[f"past_key_{i}"], state[f"past_value_{i}"]) for i in range(n_layers)]
+def _unflatten(state: StateType, n_layers: int, length: int) -> list[LayerCache]:
+    """The blocks' caches from ``state``, after ``length`` positions."""
+    return [
+        RecurrentState(state[f"conv_{i}"], state[f"recurrent_{i}"], length)
+        if f"conv_{i}" in state
+        else (state[f"past_key_{i}"], state[f"past_value_{i}"])
+        for i in range(n_layers)
+    ]
 
 
 @torch.no_grad()
@@ -124,12 +136,6 @@ def generate(
     :param on_token: Called with each step's tokens (for streaming them).
     :raises ValueError: for a mask or bias of the wrong shape, or prompts padded on the right.
     """
-    if model.config.has_linear_attention:
-        raise OLMoConfigurationError(
-            "Generation is not implemented for models with linear_attention layers (model.layer_types): decoding "
-            "needs their recurrent state (the convolution's window and the delta-rule state) cached beside the KV "
-            "cache, which is not written yet. Score full sequences with a forward pass instead."
-        )
     batch_size, prompt_length = input_ids.shape
     if attention_mask is not None:
         if attention_mask.shape != input_ids.shape:
@@ -158,21 +164,21 @@ def generate(
         constraints=constraints,
     )
     n_layers = model.config.n_layers
-    started = False
+    length = 0  # positions in the cache
 
     def step(last_predictions: torch.Tensor, state: StateType) -> tuple[torch.Tensor, StateType]:
-        nonlocal started
+        nonlocal length
         mask, bias = state.get("attention_mask"), state.get("attention_bias")
-        if started:
+        if length:
             if on_token is not None:
                 on_token(last_predictions)
             ids = last_predictions.unsqueeze(1)  # (B * beam, 1)
-            past = _unflatten(state, n_layers)
+            past = _unflatten(state, n_layers, length)
             if mask is not None:
                 mask = torch.cat((mask, mask.new_ones((ids.size(0), 1))), dim=-1)
         else:
             ids, past = state["input_ids"], None
-        started = True
+        length += ids.size(1)
         output = model(
             ids,
             attention_mask=mask,

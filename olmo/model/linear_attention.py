@@ -23,11 +23,11 @@ from torch import nn
 from ..config import LinearAttentionConfig, ModelConfig
 from ..exceptions import OLMoConfigurationError
 from .attention import DocumentSpans
-from .attention_mixer import KeysValues
 from .context_attention import ContextAttention
 from .delta_rule_kernels import CHUNK_SIZE, gated_delta_rule
 from .init import init_normal
 from .layers import RotaryTables
+from .recurrent_cache import LayerCache, RecurrentState, conv_window
 
 __all__ = ["GatedDeltaNetMixer", "GatedRMSNorm", "causal_conv", "CHUNK_SIZE"]
 
@@ -160,21 +160,37 @@ class GatedDeltaNetMixer(nn.Module):
         attn_bias: torch.Tensor | None,
         rope: RotaryTables | None,
         doc_spans: DocumentSpans | None,
-        layer_past: KeysValues | None,
+        layer_past: LayerCache | None,
         context_parallel: ContextAttention | None = None,
-    ) -> tuple[torch.Tensor, KeysValues]:
-        """Refused: incremental decoding needs the recurrent state cached, which is not written yet."""
-        raise OLMoConfigurationError(
-            "Incremental decoding (generation, a KV cache) is not implemented for linear_attention layers "
-            "(model.layer_types): their recurrent state is not cached yet. Run a full forward without use_cache."
-        )
+    ) -> tuple[torch.Tensor, LayerCache]:
+        """The mixer (B, T, C) -> (B, T, C) after the cached state ``layer_past`` (None: from the start), and the
+        state after these T positions; ``attn_bias`` is the (B, T) bool mask of document starts, or None."""
+        del rope, doc_spans, context_parallel
+        assert layer_past is None or isinstance(layer_past, RecurrentState), "an attention layer's cache"
+        out, state = self.mix_with_state(x, attn_bias, layer_past)
+        assert state is not None, "mix_with_state keeps the state unless told not to"
+        return out, state
 
     def mix(self, x: torch.Tensor, resets: torch.Tensor | None = None) -> torch.Tensor:
         """Gated DeltaNet over (B, T, C) ``x``; ``resets`` (B, T) bool marks document starts."""
+        return self.mix_with_state(x, resets, keep_state=False)[0]
+
+    def mix_with_state(
+        self,
+        x: torch.Tensor,
+        resets: torch.Tensor | None = None,
+        past: RecurrentState | None = None,
+        keep_state: bool = True,
+    ) -> tuple[torch.Tensor, RecurrentState | None]:
+        """:meth:`mix` continuing from ``past`` (the state after earlier positions; None: the sequence's start),
+        and the state after ``x`` (without ``keep_state``, training's forward, its delta-rule state is not kept,
+        which lets the kernels run)."""
         B, T, _ = x.shape
+        initial = None if past is None else past.state  # (B, Hv, dk, dv)
         Hk, Hv, dk, dv = self.num_key_heads, self.num_value_heads, self.key_head_dim, self.value_head_dim
         qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)  # (B, T, 2 Hk dk + Hv dv)
-        qkv = F.silu(causal_conv(qkv, self.conv1d.weight, resets))
+        qkv, window = self._convolve(qkv, resets, past)
+        qkv = F.silu(qkv)
         q, k, v = qkv.split((Hk * dk, Hk * dk, Hv * dv), dim=-1)
         v = v.reshape(B, T, Hv, dv)
         beta = self.b_proj(x).float().sigmoid()  # (B, T, Hv)
@@ -182,7 +198,22 @@ class GatedDeltaNetMixer(nn.Module):
             beta = beta * 2.0
         g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())  # (B, T, Hv)
         q, k = q.reshape(B, T, Hk, dk), k.reshape(B, T, Hk, dk)
-        out, _ = gated_delta_rule(q, k, v, g, beta, resets)  # (B, T, Hv, dv)
-        out = out.to(x.dtype)
+        out, state = gated_delta_rule(q, k, v, g, beta, resets, initial_state=initial, keep_state=keep_state)
+        out = out.to(x.dtype)  # (B, T, Hv, dv)
         gate = self.g_proj(x).reshape(B, T, Hv, dv)
-        return self.o_proj(self.o_norm(out, gate).reshape(B, T, Hv * dv))
+        out = self.o_proj(self.o_norm(out, gate).reshape(B, T, Hv * dv))
+        if state is None:
+            return out, None
+        return out, RecurrentState(window, state, T if past is None else past.length + T)
+
+    def _convolve(
+        self, qkv: torch.Tensor, resets: torch.Tensor | None, past: RecurrentState | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The short convolution of the (B, T, D) ``qkv`` after the window cached in ``past``, and the window after
+        them (the next position's)."""
+        size = self.conv1d.weight.shape[-1] - 1
+        if past is not None:
+            qkv = torch.cat((past.conv, qkv), dim=1)  # (B, K - 1 + T, D)
+            resets = None if resets is None else F.pad(resets, (size, 0))
+        out = causal_conv(qkv, self.conv1d.weight, resets)
+        return out if past is None else out[:, size:], conv_window(qkv, resets, size)

@@ -27,7 +27,6 @@ from .attention import (
     describe_attention,
     document_ids,
     document_spans,
-    linear_attention_resets,
 )
 from .attention import attention_bias as build_attention_bias
 from .attention_mixer import _flash_usable, _load_flash_attn
@@ -46,6 +45,7 @@ from .layers import (
     rotary_cos_sin,
 )
 from .loss import LossSums
+from .recurrent_cache import LayerCache, cached_length, recurrent_resets
 
 __all__ = [
     "OLMo",
@@ -62,8 +62,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]
-"""Per block, its keys and values so far: (B, n_kv_heads, T, head_dim) each, keys already rotated by RoPE."""
+KVCache = list[LayerCache]
+"""Per block, its keys and values so far (B, n_kv_heads, T, head_dim) each, keys rotated, or its RecurrentState."""
 
 
 class OLMoOutput(NamedTuple):
@@ -72,8 +72,8 @@ class OLMoOutput(NamedTuple):
     vocab_size belong to padding rows of the embedding. None when the loss was computed with ``fused_loss``, which
     never holds all the logits."""
     attn_key_values: KVCache | None
-    """With ``use_cache``: every block's keys and values, the cached ones included (the next call's
-    ``past_key_values``); else None."""
+    """With ``use_cache``: every block's cache (keys and values, or a linear-attention layer's recurrent state), the
+    cached positions included (the next call's ``past_key_values``); else None."""
     hidden_states: tuple[torch.Tensor, ...] | None
     """With ``output_hidden_states``: the input of every block, then the output of ``ln_f``."""
     loss: LossSums | Any = None
@@ -172,7 +172,7 @@ class OLMo(nn.Module):
         *,
         input_embeddings: torch.FloatTensor | None = None,
         attention_bias: torch.Tensor | None = None,
-        past_key_values: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        past_key_values: Sequence[LayerCache] | None = None,
         use_cache: bool = False,
         last_logits_only: bool = False,
         context_parallel: ContextParallel | None = None,
@@ -218,8 +218,8 @@ class OLMo(nn.Module):
         """
         cfg = self.config
         t = self.transformer
-        past = 0 if not past_key_values else past_key_values[0][0].size(-2)
-        check_forward_inputs(cfg, input_ids, input_embeddings, attention_mask, past_key_values, past, doc_lens)
+        past = cached_length(past_key_values)
+        check_forward_inputs(cfg, input_ids, input_embeddings, attention_mask, past_key_values, past, doc_lens)  # type: ignore[arg-type]
         cp = context_parallel
         if cp is not None and (past_key_values or use_cache or last_logits_only or input_embeddings is not None):
             raise ValueError("context_parallel is for training: it takes input_ids alone, without a KV cache.")
@@ -256,7 +256,7 @@ class OLMo(nn.Module):
             inputs, doc_spans = self._attention_inputs(
                 x, attention_mask, doc_lens, max_doc_lens, past, attention_bias
             )
-        resets = linear_attention_resets(attention_mask, doc_lens, T) if cfg.has_linear_attention else None
+        resets = recurrent_resets(cfg, attention_mask, doc_lens, attention_bias, past, T)
         hidden_states: list[torch.Tensor] = []
         presents: KVCache = []
         for i, block in enumerate(t.typed_blocks()):
@@ -269,7 +269,7 @@ class OLMo(nn.Module):
                 attention, rope_i = cp_inputs[block.window]
                 x = block(x, None, rope_i, context_parallel=attention)  # (B, T / degree, C)
                 continue
-            bias_i, rope_i = inputs[block.window]
+            bias_i, rope_i = (resets, None) if block.is_recurrent else inputs[block.window]
             if past_key_values or use_cache:
                 layer_past = past_key_values[i] if past_key_values else None
                 x, present = block(x, bias_i, rope_i, doc_spans, layer_past=layer_past, use_cache=True)
