@@ -165,7 +165,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     longest = max(len(p) for p in prompts)
     limit = cfg.model.max_sequence_length
     if longest + args.max_new_tokens > limit:
-        if not (cfg.model.rope or cfg.model.alibi):
+        if not (cfg.model.rope or cfg.model.alibi or cfg.model.nope):
             raise OLMoCliError(
                 f"The longest prompt ({longest} tokens) plus --max_new_tokens={args.max_new_tokens} is more than the "
                 f"model's {limit} learned positions; shorten the prompt or lower --max_new_tokens."

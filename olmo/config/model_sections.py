@@ -59,6 +59,11 @@ class ModelConfig(BaseConfig):
     """Largest ALiBi slope exponent."""
     rope: bool = False
     """Rotary position embeddings (NeoX layout)."""
+    nope: bool = False
+    """No position encoding at all (NoPE): attention sees no RoPE, no ALiBi and no learned positions
+    (``transformer.wpe``, which a model with neither ``rope`` nor ``alibi`` otherwise has, as OLMo's). OLMo Hybrid's
+    released attention layers are so (transformers' ``rope_parameters.rope_theta: null``; OLMo-core's attention
+    without ``rope``, its long-context stage's "DroPE"): the linear-attention layers carry the order."""
     rope_full_precision: bool = True
     """Apply RoPE in fp32 even under autocast."""
     rope_theta: int = 10000
@@ -211,6 +216,11 @@ class ModelConfig(BaseConfig):
             out.append(f"model.n_kv_heads={kv} must be positive and divide model.n_heads={self.n_heads}.")
         if self.alibi and self.rope:
             out.append("model.alibi and model.rope are mutually exclusive; set one of them to false.")
+        if self.nope and (self.rope or self.alibi):
+            which = "model.rope" if self.rope else "model.alibi"
+            out.append(
+                f"model.nope=true (no position encoding) contradicts {which}=true; set one of them to false."
+            )
         if self.alibi and self.flash_attention:
             out.append("model.alibi does not work with model.flash_attention; disable one of them.")
         if self.effective_embedding_size < self.vocab_size:

@@ -323,7 +323,7 @@ def _compile_blocks(model: OLMo, cfg: CompilerConfig) -> None:
         block.compile(mode=cfg.mode, fullgraph=cfg.fullgraph, backend=cfg.backend, dynamic=cfg.dynamic)
 
 
-_NEWER_MODEL_OPTIONS = ("sliding_window", "rope_scaling", "moe", "layer_types", "linear_attention")
+_NEWER_MODEL_OPTIONS = ("sliding_window", "rope_scaling", "moe", "layer_types", "linear_attention", "nope")
 
 
 def model_config_fingerprint(cfg: ModelConfig) -> str:
@@ -333,7 +333,7 @@ def model_config_fingerprint(cfg: ModelConfig) -> str:
     fields = asdict(cfg)
     del fields["float8"]
     for name in _NEWER_MODEL_OPTIONS:
-        if fields[name] is None or (name == "moe" and not cfg.is_moe):
+        if fields[name] in (None, False) or (name == "moe" and not cfg.is_moe):
             del fields[name]
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -106,7 +106,7 @@ class OLMoTransformer(nn.Module):
         self.ln_f = LayerNorm.build(config)
         self.blocks = nn.ModuleList(OLMoBlock(i, config) for i in range(config.n_layers))
         self.wpe: nn.Embedding | None = None
-        if not (config.alibi or config.rope):
+        if not (config.alibi or config.rope or config.nope):
             self.wpe = nn.Embedding(config.max_sequence_length, config.d_model)
         self.ff_out: OutputLayer | None = None
         if not config.weight_tying:
