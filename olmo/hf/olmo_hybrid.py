@@ -131,10 +131,10 @@ def olmo_hybrid_import_problems(hf: Any) -> list[str]:
     with every other model type's)."""
     out = []
     types = list(hf.layer_types or [])
-    if len(types) != hf.num_hidden_layers or not set(types) <= set(LAYER_TYPES):
+    if len(types) != hf.num_hidden_layers or not set(types) <= set(LAYER_TYPES):  # transformers checks the length
         out.append(
-            f"layer_types={types[:8]}{'...' if len(types) > 8 else ''} must give each of the num_hidden_layers="
-            f"{hf.num_hidden_layers} layers one of {', '.join(LAYER_TYPES)}."
+            f"layer_types holds {sorted(set(types) - set(LAYER_TYPES))}: each layer of OLMo Hybrid is one of "
+            f"{', '.join(LAYER_TYPES)}."
         )
     if (getattr(hf, "rope_parameters", None) or {}).get("rope_theta") is None:
         out.append(

@@ -131,6 +131,11 @@ def test_transformers_olmo_hybrid_to_ours_and_back_is_exact(variant, tmp_path):
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back", local_files_only=True).eval()
     assert type(back).__name__ == "OlmoHybridForCausalLM" and back.config.layer_types == layer_types
     assert back.config.rope_parameters == hf.config.rope_parameters
+    # Written under the names transformers' save_pretrained writes (q/k/v_conv1d, attention/feedforward_layer_norm).
+    assert (
+        load_file(tmp_path / "back" / "model.safetensors").keys()
+        == load_file(tmp_path / "hf" / "model.safetensors").keys()
+    )
     expected, actual = hf.state_dict(), back.state_dict()
     assert expected.keys() == actual.keys()
     assert all(torch.equal(expected[name], actual[name]) for name in expected)
@@ -151,6 +156,26 @@ def test_a_model_without_rope_is_refused_both_ways(tmp_path):
     cfg = _our_hybrid(rope=False)
     with pytest.raises(OLMoConfigurationError, match=r"model.rope=False, model.alibi=False: .*--model.rope=true"):
         hf_model_type(cfg)
+
+
+@pytest.mark.parametrize(
+    "values, match",
+    [
+        (
+            {"linear_num_key_heads": 2, "linear_num_value_heads": 3},
+            r"linear_num_value_heads: model.linear_attention.num_value_heads=3 must be a multiple",
+        ),
+        (
+            {"layer_types": ["sliding_attention", L, L, F]},
+            r"layer_types holds \['sliding_attention'\]: each layer",
+        ),
+        ({"hidden_act": "gelu"}, r"hidden_act='gelu': our SwiGLU MLP uses silu"),
+    ],
+)
+def test_a_config_json_our_model_cannot_hold_is_refused_naming_the_field(tmp_path, values, match):
+    _hf_model().save_pretrained(tmp_path / "hf")
+    _edit_config(tmp_path / "hf", **values)
+    _refused(tmp_path, tmp_path / "hf", OLMoConfigurationError, match)
 
 
 def _our_hybrid(**overrides):
@@ -288,18 +313,9 @@ def test_the_released_7b_config_json_gives_olmo_cores_model(tmp_path):
     assert cfg.linear_attention == LinearAttentionConfig(
         num_key_heads=30, num_value_heads=30, key_head_dim=96, value_head_dim=192, conv_kernel_size=4
     )
-    assert (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.n_layers, cfg.max_sequence_length) == (
-        3840,
-        30,
-        None,
-        32,
-        65536,
-    )
-    assert (cfg.effective_mlp_hidden_size, cfg.effective_embedding_size, cfg.weight_tying) == (
-        22016,
-        100352,
-        False,
-    )
+    assert (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.n_layers) == (3840, 30, None, 32)
+    assert (cfg.effective_mlp_hidden_size, cfg.effective_embedding_size) == (22016, 100352)
+    assert (cfg.max_sequence_length, cfg.weight_tying) == (65536, False)
     assert (cfg.rope, cfg.rope_theta, cfg.norm_after, cfg.layer_norm_eps) == (True, 500000, True, 1e-6)
 
     # The parameters, counted from first principles, on our model and on transformers' (both on the meta device).
