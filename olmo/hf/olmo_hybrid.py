@@ -130,12 +130,9 @@ def olmo_hybrid_import_problems(hf: Any) -> list[str]:
     """Why our model cannot hold the ``OlmoHybridConfig`` ``hf`` exactly (its RoPE scaling and sizes are checked
     with every other model type's)."""
     out = []
-    types = list(hf.layer_types or [])
-    if len(types) != hf.num_hidden_layers or not set(types) <= set(LAYER_TYPES):  # transformers checks the length
-        out.append(
-            f"layer_types holds {sorted(set(types) - set(LAYER_TYPES))}: each layer of OLMo Hybrid is one of "
-            f"{', '.join(LAYER_TYPES)}."
-        )
+    unknown = sorted(set(hf.layer_types or []) - set(LAYER_TYPES))  # transformers checks their number
+    if unknown:
+        out.append(f"layer_types holds {unknown}: each layer of OLMo Hybrid is one of {', '.join(LAYER_TYPES)}.")
     if (getattr(hf, "rope_parameters", None) or {}).get("rope_theta") is None:
         out.append(
             f"rope_parameters.rope_theta=null (no RoPE in any layer, as the released OLMo-Hybrid-7B has it): "
