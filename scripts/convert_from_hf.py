@@ -1,4 +1,5 @@
-"""Import a Hugging Face transformers OLMo / OLMo-2 model directory as one of our unsharded checkpoints.
+"""Import a Hugging Face transformers model directory of the OLMo family (OLMo 1-3, OLMoE, FlexOlmo, OLMo Hybrid) as
+one of our unsharded checkpoints.
 
 ``--help`` shows the usage; the command is :mod:`olmo.cli.convert_from_hf`.
 """

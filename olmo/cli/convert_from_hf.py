@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Optional
 
 from olmo.checkpoint.save import check_new_output_dir, write_imported_checkpoint
-from olmo.config import TokenizerConfig, TrainConfig
+from olmo.config import DataConfig, TokenizerConfig, TrainConfig
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError
 from olmo.hf import from_hf_state, hf_class_listing, model_config_from_hf
 from olmo.hf.conversion_checks import check_imported_config
@@ -99,7 +99,9 @@ def convert_from_hf(hf_dir: str, output_dir: str, safetensors: bool = False) -> 
     model_cfg = model_config_from_hf(hf_config, tokenizer_vocab)
     tokenizer_file = source / "tokenizer.json"
     identifier = str(tokenizer_file.resolve()) if tokenizer_vocab is not None else DEFAULT_TOKENIZER
-    cfg = TrainConfig(run_name=target.name, model=model_cfg, tokenizer=TokenizerConfig(identifier=identifier))
+    data = DataConfig(memmap_dtype="uint16" if model_cfg.vocab_size <= 2**16 else "uint32")  # OLMo 2/3: 100,278
+    tokenizer = TokenizerConfig(identifier=identifier)
+    cfg = TrainConfig(run_name=target.name, model=model_cfg, tokenizer=tokenizer, data=data)
     check_imported_config(cfg, hf_config.model_type, source)  # a config the trainer refuses is refused here
     state = from_hf_state(read_hf_weights(source), model_cfg, str(source))
     model = OLMo(model_cfg, init_params=False)

@@ -156,11 +156,6 @@ def _checkpoint_problems(cfg: TrainConfig) -> list[str]:
                 f"{name}={value!r} is not one of OLMo's sharded checkpointers "
                 f"({', '.join(_OLMO_SHARDED_CHECKPOINTERS)}); every one maps onto ours, so use torch_new or leave it out."
             )
-    if cfg.hf_export.enabled and cfg.model.has_linear_attention:
-        out.append(
-            "hf_export.enabled=true with linear_attention layers (model.layer_types) is not implemented: exporting "
-            "OLMo Hybrid to transformers' OlmoHybridForCausalLM is not written yet; set hf_export.enabled=false."
-        )
     return out + cfg.hf_export.problems()
 
 

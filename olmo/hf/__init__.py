@@ -1,6 +1,7 @@
 """Hugging Face transformers interop: ``mapping`` (our model <-> ``OlmoForCausalLM``/``Olmo2ForCausalLM``/
-``Olmo3ForCausalLM``/``OlmoeForCausalLM``/``FlexOlmoForCausalLM``: configs and state dicts, both ways; the names
-re-exported here; its sliding-window and RoPE scaling part is ``olmo3``, its experts' ``olmoe``), ``files`` (model
+``Olmo3ForCausalLM``/``OlmoeForCausalLM``/``FlexOlmoForCausalLM``/``OlmoHybridForCausalLM``: configs and state
+dicts, both ways; the names re-exported here; its sliding-window and RoPE scaling part is ``olmo3``, its experts'
+``olmoe``, its Gated DeltaNet layers' ``olmo_hybrid``; the config.json checks every type shares ``config_checks``), ``files`` (model
 directories: config.json, safetensors shards, tokenizer and generation files) and ``conversion_checks`` (what an import
 must pass before anything is written). transformers is imported inside functions only.
 

@@ -63,6 +63,12 @@ HF_FIELDS = {
     "model.moe.top_k": "num_experts_per_tok",
     "model.moe.hidden_size": "intermediate_size",
     "model.moe.lb_loss_weight": "router_aux_loss_coef",
+    "model.layer_types": "layer_types",
+    "model.linear_attention.num_key_heads": "linear_num_key_heads",
+    "model.linear_attention.num_value_heads": "linear_num_value_heads",
+    "model.linear_attention.key_head_dim": "linear_key_head_dim",
+    "model.linear_attention.value_head_dim": "linear_value_head_dim",
+    "model.linear_attention.conv_kernel_size": "linear_conv_kernel_dim",
 }
 """The config.json field each of our model keys is read from, to name it in a refusal."""
 
@@ -103,11 +109,6 @@ def check_exported_config(model_cfg: ModelConfig, checkpoint: str) -> None:
     :raises OLMoConfigurationError: listing the section's problems in one paragraph.
     """
     problems = with_bound_problems(model_cfg.problems(), model_cfg, "model.")
-    if model_cfg.has_linear_attention:
-        problems.append(
-            "Its model.layer_types has linear_attention layers, and exporting OLMo Hybrid to transformers' "
-            "OlmoHybridForCausalLM is not implemented yet."
-        )
     if problems:
         raise OLMoConfigurationError(
             f"The config.yaml of checkpoint '{checkpoint}' holds a model section that the trainer refuses, so a "

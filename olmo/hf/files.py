@@ -245,7 +245,7 @@ def write_tokenizer_files(
 def _not_a_model(path: Path, why: str) -> OLMoConfigurationError:
     return OLMoConfigurationError(
         f"HF_DIR '{path}' is not a Hugging Face OLMo model directory: {why}. Give a directory written by "
-        f"transformers' save_pretrained for an OLMo, OLMo-2, OLMo-3, OLMoE or FlexOlmo model ({', '.join(HF_MODEL_TYPES.values())}): "
+        f"transformers' save_pretrained for an OLMo, OLMo-2, OLMo-3, OLMoE, FlexOlmo or OLMo Hybrid model ({', '.join(HF_MODEL_TYPES.values())}): "
         f"config.json with model_type {', '.join(repr(t) for t in HF_MODEL_TYPES)}, and model.safetensors "
         f"(or its shards and {SAFETENSORS_INDEX}, or pytorch_model.bin). Nothing was written."
     )

@@ -10,6 +10,8 @@ Three transformers classes can hold one of our models exactly:
 * ``Olmo3ForCausalLM`` (``model_type: olmo3``): OLMo-3, the OLMo-2 blocks with sliding-window attention on some
   layers (``model.sliding_window``) and RoPE scaling on the full-attention ones (``model.rope_scaling``); an
   OLMo-2-architecture model with either set exports as this. The window and RoPE parts are in :mod:`olmo.hf.olmo3`.
+* ``OlmoHybridForCausalLM`` (``model_type: olmo_hybrid``): OLMo Hybrid, a model with ``linear_attention`` layers
+  (``model.layer_types``): OLMo 3's attention layers beside Gated DeltaNet ones; in :mod:`olmo.hf.olmo_hybrid`.
 
 Every other architecture is refused with an :class:`~olmo.exceptions.OLMoConfigurationError` that names the
 options at fault, before anything is written. The parameters map one to one, except our two fused projections:
@@ -34,10 +36,20 @@ from typing import Any, Optional
 import torch
 
 from ..config import ActivationType, LayerNormType, ModelConfig
-from ..config.model_sections import MAX_LAYERS
 from ..exceptions import OLMoConfigurationError, OLMoError
 from ..model import OLMo
+from .config_checks import hf_import_problems, hf_size_problems
 from .olmo3 import olmo3_config_kwargs, olmo3_export_problems, read_rope, read_windows, uses_olmo3
+from .olmo_hybrid import (
+    HYBRID,
+    from_saved_names,
+    linear_layer_names,
+    olmo_hybrid_config_kwargs,
+    olmo_hybrid_export_problems,
+    olmo_hybrid_fields,
+    olmo_hybrid_import_problems,
+    to_saved_names,
+)
 from .olmoe import (
     MOE_MODEL_TYPES,
     experts_from_hf,
@@ -67,6 +79,7 @@ HF_MODEL_TYPES = {
     "olmo2": "Olmo2ForCausalLM",
     "olmo3": "Olmo3ForCausalLM",
     **MOE_MODEL_TYPES,
+    HYBRID: "OlmoHybridForCausalLM",
 }
 """The transformers ``model_type`` values we convert, and their model class."""
 
@@ -77,7 +90,7 @@ def hf_class_listing() -> str:
     return ", ".join(f"{name} ({model_type})" for model_type, name in HF_MODEL_TYPES.items())
 
 
-_NORM_AFTER_TYPES = ("olmo2", "olmo3", "flex_olmo")
+_NORM_AFTER_TYPES = ("olmo2", "olmo3", "flex_olmo", HYBRID)
 """The model types with the OLMo-2 blocks (norm after, RMSNorm with weights, QK-norm)."""
 
 _OLMO1_NORM_EPS = 1e-5
@@ -106,7 +119,10 @@ def hf_config_class(model_type: str) -> Any:
 
 def _export_problems(cfg: ModelConfig) -> list[str]:
     """Every option of ``cfg`` that the transformers class for it cannot represent, each with its fix."""
-    out = moe_export_problems(cfg) if cfg.is_moe else olmo3_export_problems(cfg)
+    if cfg.has_linear_attention:
+        out = olmo_hybrid_export_problems(cfg)
+    else:
+        out = moe_export_problems(cfg) if cfg.is_moe else olmo3_export_problems(cfg)
     if not cfg.rope or cfg.alibi:
         out.append(
             f"model.rope={cfg.rope}, model.alibi={cfg.alibi}: transformers' OLMo models use rotary position "
@@ -127,7 +143,9 @@ def _export_problems(cfg: ModelConfig) -> list[str]:
     for name in ("embedding_layer_norm", "scale_logits"):
         if getattr(cfg, name):
             out.append(f"model.{name}=true has no counterpart in transformers' OLMo models; train with it false.")
-    if cfg.is_moe:
+    if cfg.has_linear_attention:
+        out += rms_qk_norm_problems(cfg, "OlmoHybridForCausalLM")
+    elif cfg.is_moe:
         out += rms_qk_norm_problems(cfg, MOE_MODEL_TYPES[moe_model_type(cfg)])
     else:
         out += _olmo2_problems(cfg) if cfg.norm_after else _olmo1_problems(cfg)
@@ -191,6 +209,8 @@ def hf_model_type(cfg: ModelConfig) -> str:
             f"This model cannot be converted to Hugging Face transformers exactly ({len(problems)} problem(s) in "
             f"its config.yaml); nothing was written:{listing}"
         )
+    if cfg.has_linear_attention:
+        return HYBRID
     if cfg.is_moe:
         return moe_model_type(cfg)
     if uses_olmo3(cfg):
@@ -229,6 +249,9 @@ def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
     if model_type == "olmo3":
         del kwargs["rope_theta"]  # in rope_parameters, one entry per layer type
         kwargs.update(olmo3_config_kwargs(cfg))
+    if model_type == HYBRID:
+        del kwargs["rope_theta"]  # in rope_parameters
+        kwargs.update(olmo_hybrid_config_kwargs(cfg))
     return kwargs
 
 
@@ -242,44 +265,6 @@ def build_hf_config(cfg: ModelConfig, dtype: torch.dtype) -> Any:
     return config
 
 
-_POSITIVE_SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
-
-
-def _size_problems(hf: Any) -> list[str]:
-    """Sizes of config.json that are not positive whole numbers (a damaged or hand-edited file)."""
-    out = []
-    for name in (*_POSITIVE_SIZES, "num_key_value_heads", "max_position_embeddings"):
-        value = getattr(hf, name, None)
-        if value is None and name not in _POSITIVE_SIZES:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            out.append(f"{name}={value!r} must be a positive whole number.")
-    if not out and hf.num_hidden_layers > MAX_LAYERS:
-        out.append(f"num_hidden_layers={hf.num_hidden_layers:,} is more than {MAX_LAYERS:,}.")
-    if not out and hf.hidden_size % hf.num_attention_heads:
-        out.append(
-            f"hidden_size={hf.hidden_size} is not a multiple of num_attention_heads={hf.num_attention_heads}."
-        )
-    kv = getattr(hf, "num_key_value_heads", None)
-    if not out and kv and hf.num_attention_heads % kv:
-        out.append(f"num_attention_heads={hf.num_attention_heads} is not a multiple of num_key_value_heads={kv}.")
-    return out
-
-
-def _import_problems(hf: Any, theta: float) -> list[str]:
-    out = []
-    if getattr(hf, "attention_bias", False):
-        out.append("attention_bias=true: our blocks have biases in every linear layer or in none.")
-    if getattr(hf, "hidden_act", "silu") != "silu":
-        out.append(f"hidden_act={hf.hidden_act!r}: our SwiGLU MLP uses silu.")
-    if not theta.is_integer():
-        out.append(f"rope_theta={theta}: model.rope_theta is an integer.")
-    head_dim = getattr(hf, "head_dim", None)
-    if head_dim is not None and head_dim * hf.num_attention_heads != hf.hidden_size:
-        out.append(f"head_dim={head_dim}: ours is always hidden_size / num_attention_heads.")
-    return out
-
-
 def model_config_from_hf(hf: Any, vocab_size: Optional[int] = None) -> ModelConfig:
     """Our model config for the transformers config ``hf`` (an ``OlmoConfig``, ``Olmo2Config`` or ``Olmo3Config``).
 
@@ -291,14 +276,15 @@ def model_config_from_hf(hf: Any, vocab_size: Optional[int] = None) -> ModelConf
         raise OLMoConfigurationError(
             f"model_type={hf.model_type!r} is not an OLMo model; only {', '.join(HF_MODEL_TYPES)} convert."
         )
-    sizes = _size_problems(hf)
+    sizes = hf_size_problems(hf)
     if sizes:
         raise OLMoConfigurationError(
             f"The config.json of this {hf.model_type} model is damaged; nothing was written: {' '.join(sizes)}"
         )
     windows, problems = read_windows(hf)
     rope = read_rope(hf)
-    problems += rope.problems + _import_problems(hf, rope.theta)
+    problems += rope.problems + hf_import_problems(hf, rope.theta)
+    problems += olmo_hybrid_import_problems(hf) if hf.model_type == HYBRID else []
     if problems:
         raise OLMoConfigurationError(
             f"This {hf.model_type} model cannot be represented by our model exactly; nothing was written. In its "
@@ -342,7 +328,8 @@ def model_config_from_hf(hf: Any, vocab_size: Optional[int] = None) -> ModelConf
         pad_token_id=pad if pad is not None else embedding_size - 1,
         init_std=float(getattr(hf, "initializer_range", 0.02)),
     )
-    return ModelConfig(**{**fields, **moe})
+    hybrid = olmo_hybrid_fields(hf) if hf.model_type == HYBRID else {}
+    return ModelConfig(**{**fields, **moe, **hybrid})
 
 
 @dataclass(frozen=True)
@@ -359,6 +346,9 @@ def _param_map(cfg: ModelConfig) -> list[_Param]:
     for i in range(cfg.n_layers):
         ours, hf = f"transformer.blocks.{i}.", f"model.layers.{i}."
         attn = hf + "self_attn."
+        if cfg.layer_kinds()[i] == "linear_attention":
+            params += [_Param(name, names) for name, names in linear_layer_names(ours, hf)]
+            continue
         if cfg.is_moe:  # the experts themselves are olmo.hf.olmoe's
             params += _moe_block_params(cfg, ours, hf)
             continue
@@ -431,6 +421,8 @@ def to_hf_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict[str
         sizes = _split_sizes(cfg, param)
         parts = tensor.split(sizes, dim=0) if sizes else (tensor,)
         out.update(zip(param.hf, parts))
+    if cfg.has_linear_attention:
+        return to_saved_names(out, cfg)
     return {**out, **experts_to_hf(state, cfg)} if cfg.is_moe else out
 
 
@@ -441,6 +433,7 @@ def from_hf_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: s
     :raises OLMoConfigurationError: if ``state`` lacks a parameter or holds one our model has no place for.
     """
     params = _param_map(cfg)
+    state = from_saved_names(state) if cfg.has_linear_attention else state
     wanted = {name for p in params for name in p.hf} | (hf_expert_names(state, cfg) if cfg.is_moe else set())
     present = {k for k in state if not k.endswith(_IGNORED_HF_KEYS)}
     if cfg.weight_tying:

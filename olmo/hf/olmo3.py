@@ -48,7 +48,15 @@ from typing import Any, Optional
 from ..config import ModelConfig, RopeScalingConfig, SlidingWindowConfig
 from ..config.attention_sections import MAX_WINDOW, RopeScalingName, attention_option_problems
 
-__all__ = ["uses_olmo3", "olmo3_export_problems", "olmo3_config_kwargs", "HFRope", "read_rope", "read_windows"]
+__all__ = [
+    "uses_olmo3",
+    "olmo3_export_problems",
+    "olmo3_config_kwargs",
+    "hf_scaling",
+    "HFRope",
+    "read_rope",
+    "read_windows",
+]
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +93,7 @@ def olmo3_export_problems(cfg: ModelConfig) -> list[str]:
     return out
 
 
-def _hf_scaling(scaling: RopeScalingConfig, theta: float) -> dict[str, Any]:
+def hf_scaling(scaling: RopeScalingConfig, theta: float) -> dict[str, Any]:
     """transformers' ``rope_parameters`` entry for ``scaling`` on RoPE with base ``theta``."""
     out: dict[str, Any] = dict(
         rope_type=scaling.name,
@@ -113,7 +121,7 @@ def olmo3_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
     sizes = {w for w in windows if w is not None}
     theta = float(cfg.rope_theta)
     plain = {"rope_type": "default", "rope_theta": theta}
-    full = dict(plain) if cfg.rope_scaling is None else _hf_scaling(cfg.rope_scaling, theta)
+    full = dict(plain) if cfg.rope_scaling is None else hf_scaling(cfg.rope_scaling, theta)
     layers = dict(
         layer_types=[FULL if w is None else SLIDING for w in windows],
         sliding_window=sizes.pop() if sizes else cfg.max_sequence_length,

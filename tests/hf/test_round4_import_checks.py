@@ -254,7 +254,7 @@ def test_help_lists_every_family_the_code_converts(script, capsys):
     with pytest.raises(SystemExit):
         run_main(script, "--help")
     text = " ".join(capsys.readouterr().out.split())
-    assert len(HF_MODEL_TYPES) == 5
+    assert len(HF_MODEL_TYPES) == 6  # olmo, olmo2, olmo3, olmoe, flex_olmo, olmo_hybrid
     for model_type, name in HF_MODEL_TYPES.items():
         assert f"{name} ({model_type})" in text, (name, text)
 

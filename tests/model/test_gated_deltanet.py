@@ -137,7 +137,7 @@ def test_what_is_refused(tmp_path: Path) -> None:
         model(ids, attention_mask=torch.tensor([[1, 1, 0, 1, 1, 1, 1, 1]]))
     data = write_byte_corpus(tmp_path)
     base = {"model.layer_types": HYBRID, "model.linear_attention": {"kind": "gated_deltanet"}}
-    for key, value in [("tensor_parallel.degree", 2), ("context_parallel.degree", 2), ("hf_export.enabled", True)]:
+    for key, value in [("tensor_parallel.degree", 2), ("context_parallel.degree", 2)]:  # hf_export: tests/hf
         cfg = TrainConfig.from_dict(tiny_config_dict(tmp_path / "run", data, **base, **{key: value}))
         problems = " ".join(p for p in config_problems(cfg, 4) if "linear_attention" in p)
         assert key in problems, (key, config_problems(cfg, 4))
