@@ -42,7 +42,9 @@ def hf_import_problems(hf: Any, theta: float) -> list[str]:
         out.append("attention_bias=true: our blocks have biases in every linear layer or in none.")
     if getattr(hf, "hidden_act", "silu") != "silu":
         out.append(f"hidden_act={hf.hidden_act!r}: our SwiGLU MLP uses silu.")
-    if not theta.is_integer() and not math.isnan(theta):  # NaN: no RoPE (olmo_hybrid says why)
+    if math.isnan(theta) and hf.model_type != "olmo_hybrid":
+        out.append("rope_theta is null or missing: only OLMo Hybrid's attention goes without RoPE (model.nope).")
+    elif not theta.is_integer() and not math.isnan(theta):  # NaN: OLMo Hybrid's NoPE
         out.append(f"rope_theta={theta}: model.rope_theta is an integer.")
     head_dim = getattr(hf, "head_dim", None)
     if head_dim is not None and head_dim * hf.num_attention_heads != hf.hidden_size:

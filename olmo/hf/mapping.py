@@ -29,6 +29,7 @@ imported inside the functions that need it (the optional ``hf`` extra), never at
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -123,10 +124,11 @@ def _export_problems(cfg: ModelConfig) -> list[str]:
         out = olmo_hybrid_export_problems(cfg)
     else:
         out = moe_export_problems(cfg) if cfg.is_moe else olmo3_export_problems(cfg)
-    if not cfg.rope or cfg.alibi:
+    if not (cfg.rope or (cfg.nope and cfg.has_linear_attention)) or cfg.alibi:
         out.append(
             f"model.rope={cfg.rope}, model.alibi={cfg.alibi}: transformers' OLMo models use rotary position "
-            f"embeddings only (no ALiBi, no learned positions); train with --model.rope=true --model.alibi=false."
+            f"embeddings only (no ALiBi, no learned positions); train with --model.rope=true --model.alibi=false "
+            f"(or, for OLMo Hybrid, with no position encoding: --model.nope=true)."
         )
     if cfg.activation_type != ActivationType.swiglu:
         out.append(
@@ -307,7 +309,9 @@ def model_config_from_hf(hf: Any, vocab_size: Optional[int] = None) -> ModelConf
         mlp_hidden_size=None if hidden % hf.hidden_size == 0 else hidden,
         activation_type=ActivationType.swiglu,
         rope=True,
-        rope_theta=int(rope.theta),
+        rope_theta=int(rope.theta)
+        if math.isfinite(rope.theta)
+        else ModelConfig.rope_theta,  # NaN: olmo_hybrid's NoPE
         rope_scaling=rope.scaling,
         sliding_window=windows,
         attention_dropout=float(hf.attention_dropout or 0.0),

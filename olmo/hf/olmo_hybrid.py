@@ -25,9 +25,9 @@ YaRN, which becomes our ``model.rope_scaling``), or none at all: ``rope_paramete
 transformers itself saves; OLMo-core writes a top-level ``"rope_theta": null``) means no position information in
 any layer ("NoPE"), as the released OLMo-Hybrid-7B has it after its long-context stage dropped RoPE. A config.json
 whose ``rope_parameters`` is null or missing, with no ``rope_theta`` either, gets transformers' default RoPE
-(theta 10000) on load, which is what transformers then computes and what we import. Our model has no NoPE option:
-``model.rope=false`` gives it learned positions (``transformer.wpe``), which transformers' model lacks, so a
-RoPE-less OLMo Hybrid is refused both ways, naming the key.
+(theta 10000) on load, which is what transformers then computes and what we import. NoPE is our ``model.nope``
+(``model.rope=false`` alone would give learned positions, ``transformer.wpe``, which transformers' model lacks):
+imported from a null theta, exported as ``rope_parameters`` with a null ``rope_theta``.
 """
 
 from __future__ import annotations
@@ -54,11 +54,6 @@ __all__ = [
 
 HYBRID = "olmo_hybrid"
 """transformers' ``model_type`` of OLMo Hybrid."""
-
-NOPE_REFUSAL = (
-    "our model has no layers without position information (NoPE): model.rope=false gives it learned positions "
-    "(transformer.wpe) instead, which OlmoHybridForCausalLM does not have"
-)
 
 _SAVED_NAMES = (
     ("input_layernorm", "attention_layer_norm"),
@@ -113,7 +108,7 @@ def olmo_hybrid_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
     la = cfg.linear_attention
     assert la is not None, "validation requires model.linear_attention with linear_attention layers"
     theta = float(cfg.rope_theta)
-    rope = {"rope_type": "default", "rope_theta": theta}
+    rope = {"rope_type": "default", "rope_theta": None if cfg.nope else theta}
     return dict(
         layer_types=cfg.layer_kinds(),
         linear_num_key_heads=la.key_heads(cfg),
@@ -133,11 +128,6 @@ def olmo_hybrid_import_problems(hf: Any) -> list[str]:
     unknown = sorted(set(hf.layer_types or []) - set(LAYER_TYPES))  # transformers checks their number
     if unknown:
         out.append(f"layer_types holds {unknown}: each layer of OLMo Hybrid is one of {', '.join(LAYER_TYPES)}.")
-    if (getattr(hf, "rope_parameters", None) or {}).get("rope_theta") is None:
-        out.append(
-            f"rope_parameters.rope_theta=null (no RoPE in any layer, as the released OLMo-Hybrid-7B has it): "
-            f"{NOPE_REFUSAL}. A model trained with RoPE imports: its config.json gives rope_parameters.rope_theta."
-        )
     for key in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"):
         value = getattr(hf, key)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -150,7 +140,8 @@ def olmo_hybrid_import_problems(hf: Any) -> list[str]:
 
 def olmo_hybrid_fields(hf: Any) -> dict[str, Any]:
     """``model.layer_types`` (the shortest pattern that gives ``hf.layer_types`` cycled) and
-    ``model.linear_attention`` for the ``OlmoHybridConfig`` ``hf`` (which passed the import checks)."""
+    ``model.linear_attention`` for the ``OlmoHybridConfig`` ``hf`` (which passed the import checks); a null
+    ``rope_parameters.rope_theta`` (NoPE) gives ``model.nope`` without ``model.rope``."""
     types = list(hf.layer_types)
     period = next(k for k in range(1, len(types) + 1) if all(t == types[i % k] for i, t in enumerate(types)))
     linear = LinearAttentionConfig(
@@ -162,7 +153,10 @@ def olmo_hybrid_fields(hf: Any) -> dict[str, Any]:
         conv_kernel_size=hf.linear_conv_kernel_dim,
         allow_neg_eigval=bool(hf.linear_allow_neg_eigval),
     )
-    return dict(layer_types=types[:period], linear_attention=linear)
+    nope = (getattr(hf, "rope_parameters", None) or {}).get("rope_theta") is None
+    return dict(
+        layer_types=types[:period], linear_attention=linear, **({"rope": False, "nope": True} if nope else {})
+    )
 
 
 def linear_layer_names(ours: str, hf: str) -> list[tuple[str, tuple[str, ...]]]:

@@ -234,6 +234,10 @@ def test_no_shorter_pattern_reproduces_any_layout_of_up_to_six_layers():
             {F: {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 500.0}, S: {"rope_theta": 500.0}},
             r"rope_parameters.full_attention.rope_type='dynamic': our RoPE scaling is one of",
         ),
+        (  # no RoPE: only OLMo Hybrid's attention may go without (model.nope)
+            {F: {"rope_type": "default", "rope_theta": None}, S: {"rope_type": "default", "rope_theta": None}},
+            r"rope_theta is null or missing: only OLMo Hybrid's attention goes without RoPE \(model.nope\)",
+        ),
     ],
 )
 def test_rope_our_model_cannot_hold_is_refused_naming_the_key(tmp_path, rope, match):

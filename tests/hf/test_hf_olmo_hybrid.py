@@ -141,20 +141,35 @@ def test_transformers_olmo_hybrid_to_ours_and_back_is_exact(variant, tmp_path):
     assert all(torch.equal(expected[name], actual[name]) for name in expected)
 
 
-def test_a_model_without_rope_is_refused_both_ways(tmp_path):
-    """transformers holds "no RoPE" (``rope_parameters.rope_theta`` null; layers get no position information); our
-    model has no such option (``model.rope=false`` means learned positions), so neither direction converts."""
-    _hf_model().save_pretrained(tmp_path / "hf")
+def test_a_model_without_rope_converts_both_ways_as_nope(tmp_path):
+    """transformers' "no RoPE" (``rope_parameters.rope_theta`` null: attention gets no position information, as the
+    released OLMo-Hybrid-7B) imports as ``model.nope`` (no learned positions either), with the same logits, and
+    exports back to a null theta; OLMo-core's top-level ``"rope_theta": null`` imports the same. ``model.rope=false``
+    without ``model.nope`` (learned positions) is still refused."""
+    hf = _hf_model()
+    hf.save_pretrained(tmp_path / "hf")
+    write_byte_tokenizer(tmp_path / "hf" / "tokenizer.json")
     _edit_config(tmp_path / "hf", rope_parameters={"rope_type": "default", "rope_theta": None})
-    assert transformers.OlmoHybridForCausalLM.from_pretrained(tmp_path / "hf").model.rotary_emb is None
-    message = _refused(tmp_path, tmp_path / "hf", OLMoConfigurationError, r"rope_parameters.rope_theta=null")
-    assert "model.rope=false gives it learned positions" in message
-    # OLMo-core's own export writes a top-level null instead, which transformers reads the same way.
-    _edit_config(tmp_path / "hf", rope_parameters=None, rope_theta=None)
-    _refused(tmp_path, tmp_path / "hf", OLMoConfigurationError, r"rope_parameters.rope_theta=null")
+    hf = transformers.OlmoHybridForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert hf.model.rotary_emb is None
+    assert run_main("convert_from_hf.py", tmp_path / "hf", tmp_path / "ours") == 0
+    model_cfg = TrainConfig.load(tmp_path / "ours" / "config.yaml").model
+    assert (model_cfg.nope, model_cfg.rope) == (True, False)
+    ours = _ours(tmp_path / "ours")
+    assert "transformer.wpe.weight" not in ours.state_dict()
+    _assert_same_logits(ours, hf)
+    assert run_main("convert_to_hf.py", tmp_path / "ours", tmp_path / "back") == 0
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back", local_files_only=True).eval()
+    assert back.config.rope_parameters["rope_theta"] is None and back.model.rotary_emb is None
+    expected, actual = hf.state_dict(), back.state_dict()
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+
+    _edit_config(tmp_path / "hf", rope_parameters=None, rope_theta=None)  # OLMo-core's export
+    assert run_main("convert_from_hf.py", tmp_path / "hf", tmp_path / "ours-core") == 0
+    assert TrainConfig.load(tmp_path / "ours-core" / "config.yaml").model.nope
 
     cfg = _our_hybrid(rope=False)
-    with pytest.raises(OLMoConfigurationError, match=r"model.rope=False, model.alibi=False: .*--model.rope=true"):
+    with pytest.raises(OLMoConfigurationError, match=r"model.rope=False, model.alibi=False: .*--model.nope=true"):
         hf_model_type(cfg)
 
 
@@ -296,11 +311,13 @@ def _released_config(**changes):
 
 
 def test_the_released_7b_config_json_gives_olmo_cores_model(tmp_path):
-    """OLMo-Hybrid-7B's config.json (no RoPE after its long-context stage) is refused for the RoPE alone; with the RoPE
-    of its pretraining and midtraining stages (theta 500,000) convert_from_hf.py accepts it (every check up to the
-    weights, which the directory lacks) and gives OLMo-core's model, sized on the meta device."""
-    with pytest.raises(OLMoConfigurationError, match=r"rope_parameters.rope_theta=null \(no RoPE in any layer"):
+    """OLMo-Hybrid-7B's config.json (no RoPE after its long-context stage: model.nope) and the same with the RoPE of
+    its pretraining and midtraining stages (theta 500,000) pass every check of convert_from_hf.py up to the weights,
+    which the directory lacks, and give OLMo-core's model, sized on the meta device."""
+    with pytest.raises(OLMoConfigurationError, match=r"it has no model.safetensors"):
         run_main("convert_from_hf.py", FIXTURE, tmp_path / "out")
+    released = model_config_from_hf(read_hf_config(FIXTURE))
+    assert (released.nope, released.rope) == (True, False)
     (tmp_path / "hf").mkdir()
     with_rope = _released_config(rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
     (tmp_path / "hf" / "config.json").write_text(json.dumps(with_rope))
