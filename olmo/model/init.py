@@ -10,7 +10,7 @@ from torch import nn
 
 from ..config import InitFnType, ModelConfig
 
-__all__ = ["init_scales", "init_normal", "init_tensor"]
+__all__ = ["init_scales", "init_normal", "init_tensor", "assign_full"]
 
 
 def init_scales(cfg: ModelConfig) -> tuple[float | None, float, float]:
@@ -48,10 +48,10 @@ def init_tensor(weight: torch.Tensor, std: float, cutoff: float | None) -> None:
         nn.init.normal_(full, mean=0.0, std=std)
     else:
         nn.init.trunc_normal_(full, mean=0.0, std=std, a=-cutoff * std, b=cutoff * std)
-    _assign(weight, full)
+    assign_full(weight, full)
 
 
-def _assign(param: torch.Tensor, full: torch.Tensor) -> None:
+def assign_full(param: torch.Tensor, full: torch.Tensor) -> None:
     """Copy a full-size tensor into ``param``, which may be a sharded DTensor (every rank holds ``full``)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 

@@ -25,7 +25,7 @@ from ..exceptions import OLMoConfigurationError
 from .attention import DocumentSpans
 from .context_attention import ContextAttention
 from .delta_rule_kernels import CHUNK_SIZE, gated_delta_rule
-from .init import init_normal
+from .init import assign_full, init_normal
 from .layers import RotaryTables
 from .recurrent_cache import LayerCache, RecurrentState, conv_window
 
@@ -126,10 +126,10 @@ class GatedDeltaNetMixer(nn.Module):
         init_normal(self.conv1d, std, cutoff)  # type: ignore[arg-type]
         n = self.num_value_heads
         low, high = A_LOG_RANGE
-        self.A_log.copy_(torch.empty(n).uniform_(low, high).log())
+        assign_full(self.A_log, torch.empty(n).uniform_(low, high).log())  # a sharded parameter keeps its slice
         log_min, log_max = math.log(DT_RANGE[0]), math.log(DT_RANGE[1])
         dt = torch.exp(torch.rand(n) * (log_max - log_min) + log_min).clamp(min=DT_FLOOR)
-        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+        assign_full(self.dt_bias, dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
         self.o_norm.reset_parameters()
 
     def _reset_mixer_outputs(self, out_std: Callable[[int], float], cutoff: float | None) -> None:
