@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from olmo.config import ActivationType, LayerNormType, LinearAttentionConfig
+from olmo.hf import build_hf_config, to_hf_state
+from olmo.hf.olmo_hybrid import from_saved_names
 from olmo.model import OLMo
 from olmo.model.generation import left_padded, until_end
 from olmo.model.linear_attention import CHUNK_SIZE
@@ -137,44 +139,11 @@ def test_a_left_padded_batch_generates_what_each_prompt_generates_alone() -> Non
             model(batch[:1, :4], attention_bias=torch.ones(1, 1, 4, 4, dtype=torch.bool))
 
 
-def _hf_state(model: OLMo) -> dict[str, torch.Tensor]:
-    """transformers' names for our hybrid model's weights: the linear layers' own names are transformers'; the
-    attention layers are OLMo 3's (norm after, QK-norm)."""
-    cfg, out = model.config, {}
-    state = model.state_dict()
-    out["model.embed_tokens.weight"] = state.pop("transformer.wte.weight")
-    out["model.norm.weight"] = state.pop("transformer.ln_f.weight")
-    out["lm_head.weight"] = state.pop("transformer.ff_out.weight")
-    kv = cfg.effective_n_kv_heads * cfg.d_model // cfg.n_heads
-    for name, tensor in state.items():
-        i, ours = name.removeprefix("transformer.blocks.").split(".", 1)
-        hf, linear = f"model.layers.{i}.", cfg.layer_kinds()[int(i)] == "linear_attention"
-        norms = ("input_layernorm", "post_attention_layernorm") if linear else ("post_attention_layernorm", "")
-        if ours == "ff_proj.weight":
-            out[hf + "mlp.up_proj.weight"], out[hf + "mlp.gate_proj.weight"] = tensor.chunk(2)
-        elif ours == "ff_out.weight":
-            out[hf + "mlp.down_proj.weight"] = tensor
-        elif ours == "attn_norm.weight":
-            out[hf + norms[0] + ".weight"] = tensor
-        elif ours == "ff_norm.weight":
-            out[hf + (norms[1] or "post_feedforward_layernorm") + ".weight"] = tensor
-        elif linear:
-            out[hf + "linear_attn." + ours] = tensor
-        elif ours == "att_proj.weight":
-            parts = tensor.split((cfg.d_model, kv, kv))
-            out.update({hf + f"self_attn.{p}_proj.weight": t for p, t in zip("qkv", parts)})
-        else:
-            out[hf + "self_attn." + {"attn_out.weight": "o_proj.weight"}.get(ours, ours)] = tensor
-    return out
-
-
 def test_greedy_tokens_equal_transformers_generate() -> None:
     """OLMo Hybrid's layout (three linear-attention layers to one attention layer, GQA, negative eigenvalues) on
     transformers' OlmoHybridForCausalLM with the same weights: a 100-token prompt and a left-padded batch give the
     same greedy tokens and the same prompt logits."""
     hf_modeling = pytest.importorskip("transformers.models.olmo_hybrid.modeling_olmo_hybrid")
-    from transformers.models.olmo_hybrid.configuration_olmo_hybrid import OlmoHybridConfig
-
     types = ["linear_attention"] * 3 + ["full_attention"]
     model = build(
         seed=7,
@@ -194,27 +163,9 @@ def test_greedy_tokens_equal_transformers_generate() -> None:
         weight_tying=False,
     )
     cfg = model.config
-    hf_cfg = OlmoHybridConfig(
-        vocab_size=cfg.embedding_size,
-        hidden_size=64,
-        intermediate_size=cfg.effective_mlp_hidden_size // 2,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-        pad_token_id=cfg.pad_token_id,
-        eos_token_id=cfg.eos_token_id,
-        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
-        layer_types=types,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=8,
-        linear_value_head_dim=16,
-        linear_allow_neg_eigval=True,
-    )
-    ref = hf_modeling.OlmoHybridForCausalLM(hf_cfg).eval()
-    ref.load_state_dict(_hf_state(model), strict=True)
+    ref = hf_modeling.OlmoHybridForCausalLM(build_hf_config(cfg, torch.float32)).eval()  # the converter's config
+    # The converter's state dict is under the names transformers' files hold; its model's own names are these.
+    ref.load_state_dict(from_saved_names(to_hf_state(model.state_dict(), cfg)), strict=True)
     prompt = ids(1, 100, seed=9)
     with torch.no_grad():
         torch.testing.assert_close(model(prompt).logits, ref(prompt).logits, rtol=1e-4, atol=1e-5)
