@@ -115,13 +115,21 @@ def linear_attention_resets(
     """(B, T) bool, True at each document's first token (``doc_lens``, checked), where the linear-attention layers
     reset their state; None without documents.
 
-    :raises ValueError: for an ``attention_mask``, which these layers do not take.
+    An ``attention_mask`` that pads rows on the right only (DPO's and SFT's batches) needs nothing from these layers:
+    a causal recurrence never carries a position into an earlier one, so the real tokens' outputs are those of the
+    unpadded rows, as the attention layers' are.
+
+    :raises ValueError: for an ``attention_mask`` with padding before a real token, which would flow through the
+        recurrent state into the tokens after it.
     """
     if attention_mask is not None:
-        raise ValueError(
-            "attention_mask is not implemented for linear_attention layers (model.layer_types): padding would flow "
-            "through their recurrent state. Pass unpadded rows (documents marked by doc_lens)."
-        )
+        real = attention_mask != 0  # (B, T)
+        if bool((real[:, 1:] & ~real[:, :-1]).any()):
+            raise ValueError(
+                "attention_mask with padding before a real token is not implemented for linear_attention layers "
+                "(model.layer_types): the padding would flow through their recurrent state into the tokens after "
+                "it. Pad on the right, or pass unpadded rows (documents marked by doc_lens)."
+            )
     if doc_lens is None:
         return None
     doc_ids = document_ids(doc_lens, seq_len)  # (B, T)

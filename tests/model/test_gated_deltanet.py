@@ -138,7 +138,7 @@ def test_what_is_refused(tmp_path: Path) -> None:
     with pytest.raises(OLMoConfigurationError, match="linear_attention"):
         model(ids, use_cache=True)
     with pytest.raises(ValueError, match="attention_mask"):
-        model(ids, attention_mask=torch.ones_like(ids))
+        model(ids, attention_mask=(torch.arange(8) >= 2).long()[None])  # left padding
     data = write_byte_corpus(tmp_path)
     base = {"model.layer_types": HYBRID, "model.linear_attention": {"kind": "gated_deltanet"}}
     for key, value in [("tensor_parallel.degree", 2), ("context_parallel.degree", 2), ("hf_export.enabled", True)]:
