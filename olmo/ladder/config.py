@@ -25,7 +25,7 @@ from ..config.resolvers import register_resolvers
 from ..config.sections import DecayShape
 from ..exceptions import OLMoConfigurationError
 
-__all__ = ["NAMED_SIZES", "SizeSpec", "BatchRule", "LRRule", "LadderConfig", "load_ladder"]
+__all__ = ["NAMED_SIZES", "SizeSpec", "BatchRule", "LRRule", "LadderConfig", "load_ladder", "hybrid_size_problems"]
 
 NAMED_SIZES: dict[str, dict[str, Any]] = {
     "60M": dict(d_model=512, n_layers=14, n_heads=8, mlp_ratio=8),
@@ -344,6 +344,37 @@ def _size_problems(spec: SizeSpec, key: str) -> list[str]:
         out.append(
             f"{where}: max_duration={spec.max_duration!r} is in epochs, which depend on the data; give steps "
             f"(5000) or tokens ('2e9T')."
+        )
+    return out
+
+
+def hybrid_size_problems(layer_types: Optional[list[str]], linear_attention: Any, spec: SizeSpec) -> list[str]:
+    """What keeps a size from scaling a hybrid base config (``model.layer_types`` with linear-attention layers): its
+    layers must hold whole cycles of the pattern (else sizes differ in their ratio of layer kinds), and the
+    recurrence's sizes (``model.linear_attention``) must follow each size's ``d_model`` and ``n_heads`` (null),
+    not stay the base's."""
+    if not layer_types or "linear_attention" not in layer_types or linear_attention is None:
+        return []
+    out: list[str] = []
+    where = f"size {spec.name!r}"
+    if spec.n_layers and spec.n_layers % len(layer_types):
+        out.append(
+            f"{where}: n_layers={spec.n_layers} is not a multiple of the {len(layer_types)} entries of the base "
+            f"config's model.layer_types={list(layer_types)}, so its share of linear-attention layers would differ "
+            f"from the other sizes'; give it a multiple of {len(layer_types)}."
+        )
+    fixed = [
+        k
+        for k in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim")
+        if getattr(linear_attention, k) is not None
+    ]
+    if fixed:
+        keys = ", ".join(f"model.linear_attention.{k}={getattr(linear_attention, k)}" for k in fixed)
+        out.append(
+            f"{where}: the base config fixes {keys}, which would stay the same at every size; set "
+            f"{'it' if len(fixed) == 1 else 'them'} to null in train_overrides (e.g. "
+            f"model.linear_attention.{fixed[0]}=null), so that each size derives them from its d_model and n_heads "
+            f"as OLMo Hybrid does (key_head_dim = int(0.75 * d_model / n_heads), value_head_dim = 2 x that)."
         )
     return out
 

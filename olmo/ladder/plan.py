@@ -42,7 +42,7 @@ from ..config.cli import load_yaml, parse_override
 from ..config.stage_sections import MAX_STEPS, parse_duration_steps
 from ..exceptions import OLMoCliError, OLMoConfigurationError
 from ..util import write_result_file
-from .config import LadderConfig, SizeSpec
+from .config import LadderConfig, SizeSpec, hybrid_size_problems
 from .run_planner import DeviceSpec, ModelFacts, RunPlan, estimate_memory, model_facts, plan_run, resolve_device
 
 __all__ = ["Rung", "Branch", "plan_ladder", "select_sizes", "checkpoint_steps", "write_rung_config"]
@@ -299,6 +299,8 @@ def checkpoint_steps(max_steps: int, per_run: int) -> list[int]:
 
 def _plan_size(ladder: LadderConfig, base: _Base, spec: SizeSpec, device: DeviceSpec, is_next: bool) -> Rung:
     shaped = base.shaped(spec, ladder.sequence_length)
+    if hybrid := hybrid_size_problems(shaped.model.layer_types, shaped.model.linear_attention, spec):
+        raise OLMoConfigurationError(" ".join(hybrid))
     facts = model_facts(shaped)
     n = facts.num_non_embedding_params
     try:
