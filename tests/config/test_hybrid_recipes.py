@@ -62,7 +62,11 @@ def test_help_lists_each_recipe_s_layers(name, capsys):
     assert cfg.model.layer_windows() == [None] * 32  # OLMo 3's windows fall on no attention layer of the hybrid
     la = cfg.model.linear_attention
     assert (la.num_value_heads, la.value_head_dim, la.conv_kernel_size, la.allow_neg_eigval) == (30, 192, 4, True)
-    assert cfg.model.rope and cfg.context_parallel.degree == 1  # see each file's header for what OLMo-core did
+    # RoPE in stages 1 and 2, none from the long context on (DroPE, as OLMo-core's and the release); no context
+    # parallelism (see each file's header for what OLMo-core did).
+    long_context = name.endswith("long-context")
+    assert (cfg.model.rope, cfg.model.nope) == (not long_context, long_context)
+    assert cfg.context_parallel.degree == 1
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))
@@ -190,3 +194,20 @@ def test_shrunk_recipes_train_their_three_stages(tmp_path):
     assert losses[""][-1] < losses[""][0] - 0.5
     assert losses["-midtrain"][0] < losses[""][0] - 0.5
     assert losses["-long-context"][0] < losses[""][0] - 0.5
+
+
+def test_the_long_context_recipe_is_the_released_model() -> None:
+    """The released OLMo-Hybrid-7B's config.json (rebuilt from the published numbers, tests/fixtures/olmo_hybrid_7b)
+    imports as the model the long-context recipe trains: the same shape, layer pattern, recurrence and no RoPE."""
+    pytest.importorskip("transformers")
+    from olmo.hf import model_config_from_hf
+    from olmo.hf.files import read_hf_config
+
+    released = model_config_from_hf(read_hf_config(OFFICIAL.parents[1] / "tests" / "fixtures" / "olmo_hybrid_7b"))
+    recipe = TrainConfig.load(OFFICIAL / "OLMo-Hybrid-7B-long-context.yaml").model
+    fields = (
+        "d_model n_heads effective_n_kv_heads n_layers effective_mlp_hidden_size effective_embedding_size "
+        "max_sequence_length weight_tying norm_after layer_norm_eps rope nope linear_attention"
+    ).split()
+    assert {f: getattr(recipe, f) for f in fields} == {f: getattr(released, f) for f in fields}
+    assert recipe.layer_kinds() == released.layer_kinds()
