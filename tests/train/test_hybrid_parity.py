@@ -73,11 +73,19 @@ def test_a_hybrid_resumes_bitwise(tmp_path, corpus):
 
 def test_compiled_hybrid_blocks_train_like_eager_ones(tmp_path, corpus):
     """torch.compile(fullgraph=True) of every block, the chunked delta rule included: the same losses as eager to
-    float rounding (a 32-token sequence is one chunk, which keeps the compile short)."""
+    float rounding, over 130-token instances (three of the delta rule's 64-token chunks, whose pass the compiled
+    graph takes with one scan step instead of one copy per chunk) and the documents in them."""
     losses = {}
     for name, compile_cfg in (("eager", None), ("compiled", {"fullgraph": True})):
         record: list[dict] = []
-        short = {"max_duration": 2, "save_interval_unsharded": None, "scheduler.t_warmup": 1}
+        short = {
+            "max_duration": 2,
+            "save_interval_unsharded": None,
+            "scheduler.t_warmup": 1,
+            "model.max_sequence_length": 130,
+            "global_train_batch_size": 4,
+            "device_train_microbatch_size": 2,
+        }
         assert run_train(_config(tmp_path / name, corpus, compile=compile_cfg, **short), record=record) == 0
         losses[name] = _losses(record)
     assert len(losses["eager"]) == 2
