@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = result["shape"]
     print(
         f"batch {shape['batch']}, {shape['heads']} heads, key {shape['key_dim']}, value {shape['value_dim']}, "
-        f"{result['precision']} on {result['device']} ({result['threads']} threads; {result['kernels']}):"
+        f"{result['precision']} on {result['device']} ({result['threads']} threads; kernels: {result['kernels']}):"
     )
     for r in result["rows"]:
         peak = f"   peak {r['peak_memory_mb']:8.1f} MB" if r["peak_memory_mb"] is not None else ""

@@ -129,8 +129,8 @@ def chunk_gated_delta_rule(
         # torch.compile would unroll the loop below into a graph N chunks long, its compile time growing with the
         # sequence (~1.4 s a chunk on CPU: minutes at 8,192 tokens); scan compiles one chunk's step, at any length.
         # Eager keeps the loop: scan's eager path gives the same bits, twice as slowly.
-        per_chunk = (u_own, u_from_state, q_gamma, qk, gamma[..., -1], k_to_end)
-        chunks = [t.movedim(2, 0) for t in per_chunk]  # (N, B, H, ...): scan steps over the first dimension
+        stacked_inputs = (u_own, u_from_state, q_gamma, qk, gamma[..., -1], k_to_end)
+        chunks = [t.movedim(2, 0) for t in stacked_inputs]  # (N, B, H, ...): scan steps over the first dimension
         state, stacked = scan(_next_chunk, state, chunks)  # (B, H, dk, dv), (N, B, H, C, dv)
         return stacked.movedim(0, 2).reshape(B, H, N * C, dv)[:, :, :T], state
     outputs = []

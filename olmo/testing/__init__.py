@@ -35,6 +35,7 @@ __all__ = [
     "tiny_config_dict",
     "tiny_model_config",
     "write_config",
+    "shrunk_copy",
     "metric_by_step",
     "train_twins",
     "assert_same_weights",
@@ -220,6 +221,41 @@ def write_config(path: Union[str, Path], cfg: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+def shrunk_copy(
+    config: Union[str, Path],
+    folder: Path,
+    corpus: Union[str, Path],
+    seq: int,
+    batch: int,
+    steps: Union[int, str],
+    shrink: dict[str, Any],
+    **changes: Any,
+) -> Path:
+    """The recipe ``config`` (a YAML file) with the dotted keys of ``shrink`` (what makes it tiny), this corpus,
+    sequence length, batch (micro-batches of at most 2), length (checkpoint at the end) and ``changes``, written into
+    ``folder`` under its own name; the run's checkpoints go to ``folder/run``. For tests that train a shipped recipe
+    on a CPU."""
+    from omegaconf import OmegaConf as om
+
+    cfg = om.load(config)
+    values = {
+        **shrink,
+        "model.max_sequence_length": seq,
+        "data.paths": [str(corpus)],
+        "global_train_batch_size": batch,
+        "device_train_microbatch_size": min(batch, 2),
+        "max_duration": steps,
+        "save_interval": steps,
+        "save_folder": str(folder / "run"),
+        **changes,
+    }
+    for key, value in values.items():
+        om.update(cfg, key, value, merge=False)
+    folder.mkdir(parents=True)
+    om.save(cfg, folder / Path(config).name)
+    return folder / Path(config).name
 
 
 def metric_by_step(run: Union[str, Path], key: str = "train/CrossEntropyLoss") -> dict[int, float]:

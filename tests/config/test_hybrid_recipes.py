@@ -10,12 +10,11 @@ from typing import Union
 
 import pytest
 import torch
-from omegaconf import OmegaConf as om
 
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoConfigurationError, OLMoDataError
 from olmo.model import OLMo
-from olmo.testing import run_main, run_train, write_byte_memmap
+from olmo.testing import run_main, run_train, shrunk_copy, write_byte_memmap
 
 OFFICIAL = Path(__file__).resolve().parents[2] / "configs" / "official"
 STAGES = ("", "-midtrain", "-long-context")
@@ -144,25 +143,8 @@ the stage's loading) is the file's."""
 def _shrunk_copy(
     name: str, folder: Path, corpus: Path, seq: int, batch: int, steps: Union[int, str], **changes
 ) -> Path:
-    """``configs/official/{name}.yaml`` with :data:`SHRUNK`, this corpus, sequence length, batch, length and
-    ``changes`` (dotted keys), written to ``folder``; the run's checkpoints go to ``folder/run``."""
-    cfg = om.load(OFFICIAL / f"{name}.yaml")
-    values = {
-        **SHRUNK,
-        "model.max_sequence_length": seq,
-        "data.paths": [str(corpus)],
-        "global_train_batch_size": batch,
-        "device_train_microbatch_size": min(batch, 2),
-        "max_duration": steps,
-        "save_interval": steps,
-        "save_folder": str(folder / "run"),
-        **changes,
-    }
-    for key, value in values.items():
-        om.update(cfg, key, value, merge=False)
-    folder.mkdir(parents=True)
-    om.save(cfg, folder / f"{name}.yaml")
-    return folder / f"{name}.yaml"
+    """``configs/official/{name}.yaml`` with :data:`SHRUNK` (:func:`olmo.testing.shrunk_copy`)."""
+    return shrunk_copy(OFFICIAL / f"{name}.yaml", folder, corpus, seq, batch, steps, SHRUNK, **changes)
 
 
 def test_shrunk_recipes_train_their_three_stages(tmp_path):
