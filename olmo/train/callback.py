@@ -30,10 +30,14 @@ throughput clock, flush the metrics read back so far, enter a phase, log. A rewi
 end the current step's remaining ``post_step`` hooks; the loop then carries them out. Every rank runs every hook:
 a request must be made on every rank (base it on logged metrics, which every rank reads the same).
 
-Built in (in this order): the watchdog, straggler detection, spike skipping and rollback, throughput and MFU, metrics
-logging, the stop agreement, checkpointing, stage entry (its event and a KL stage's boundary checkpoint), evaluation
-(in-loop samples are its ``generate`` evaluators) and the Hugging Face export. Add your own from Python with ``Trainer(..., callbacks=[...])`` or
-``olmo.cli.train.main(argv, callbacks=[...])``; configs never name code to import (README, "Your own callbacks").
+Built in, in this order, each with its :attr:`Callback.priority` (higher runs first): the watchdog (100), straggler
+detection (90), spike skipping and rollback (80), throughput and MFU (70), metrics logging (60), the stop agreement
+(50), checkpointing (40), stage entry (30: its event and a KL stage's boundary checkpoint), evaluation (20: in-loop
+samples are its ``generate`` evaluators) and the Hugging Face export (10). Add your own from Python with
+``Trainer(..., callbacks=[...])`` or ``olmo.cli.train.main(argv, callbacks=[...])``; configs never name code to
+import (README, "Your own callbacks"). Yours run after every built-in (priority 0) unless their ``priority`` says
+otherwise (e.g. 45: after the stop agreement, before checkpointing), and keep their own state across a restart with
+``state_dict``/``load_state_dict`` (:mod:`olmo.train.callback_state`).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ __all__ = [
     "EndContext",
     "ErrorContext",
     "check_callbacks",
+    "ordered_callbacks",
 ]
 
 
@@ -204,6 +209,19 @@ class ErrorContext:
 class Callback:
     """A training-loop callback: override the hooks you need (every hook does nothing here)."""
 
+    priority: int = 0
+    """Where the callback runs among the others: higher first, equal ones in the order given (the built-ins' are in
+    the module's docstring, 100 to 10); 0 runs after every built-in."""
+
+    def state_dict(self) -> Optional[dict[str, Any]]:
+        """What the callback keeps across a restart, saved in every checkpoint's trainer state (plain data: numbers,
+        strings, lists, dicts, tensors) and handed to :meth:`load_state_dict` when the run resumes or rewinds; None
+        (the default): nothing."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state_dict` returned when the checkpoint being restored was saved."""
+
     def pre_train(self, ctx: RunContext) -> None:
         pass
 
@@ -283,6 +301,15 @@ def check_callbacks(callbacks: Any) -> list[Callback]:
     return list(callbacks)
 
 
+def ordered_callbacks(built_in: list[Callback], user: list[Callback]) -> list[Callback]:
+    """The callbacks in the order the loop calls them: ``built_in`` (in the order given, priorities 100, 90, ...)
+    and ``user`` by their :attr:`Callback.priority`, higher first, a user callback after a built-in of the same
+    priority and in list order among its own."""
+    ranked = [(100 - 10 * i, i, c) for i, c in enumerate(built_in)]
+    ranked += [(c.priority, len(built_in) + j, c) for j, c in enumerate(user)]
+    return [c for _, _, c in sorted(ranked, key=lambda r: (-r[0], r[1]))]
+
+
 def _problem(callback: Any) -> Optional[str]:
     """What is wrong with one item of ``callbacks``, or None."""
     if isinstance(callback, type):
@@ -293,6 +320,11 @@ def _problem(callback: Any) -> Optional[str]:
         return "is None"
     if not isinstance(callback, Callback):
         return f"is {_shown(callback)}, not a Callback"
+    priority = callback.priority
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 10**6:
+        return (
+            f"({type(callback).__name__}) has priority {_shown(priority)}, not a whole number within +-1,000,000"
+        )
     for hook, n_args in HOOK_ARGUMENTS.items():
         method = getattr(callback, hook)
         if not callable(method):

@@ -41,7 +41,9 @@ from .callback import (
     StageContext,
     StepContext,
     check_callbacks,
+    ordered_callbacks,
 )
+from .callback_state import callback_states, load_callback_states
 from .checkpointer import CheckpointCallback, Checkpointer, HFExportCallback
 from .data_feed import DataFeed
 from .evaluation import EvaluationCallback
@@ -188,6 +190,7 @@ class Trainer(LoopControl):
                 "The checkpoint's model config differs from this run's in non-shape options "
                 "(e.g. dropout or rope_theta); continuing with this run's values."
             )
+        load_callback_states(self.user_callbacks, state)
         if not self.cfg.restore_dataloader:
             return
         s = self.state
@@ -231,6 +234,7 @@ class Trainer(LoopControl):
         stability = {"stability": self.stability.state_dict(detector)} if self.stability.enabled else {}
         return {
             **stability,
+            **callback_states(self.user_callbacks),
             "format_version": 1,
             "global_step": s.global_step,
             "epoch": s.epoch,
@@ -285,7 +289,7 @@ class Trainer(LoopControl):
         self._stop, self._stop_reason, self._rewind_request, self._rewinds_to = stop, None, None, {}
         self._batch_iter, self._stage, self._clock_restarted = self.data.batches(stop.stop_at), None, False
         self.metrics = MetricsCallback(cfg, self.env.rank, stop.stop_at, self._summary, self.collect_steps)
-        self.callbacks = [
+        built_in: list[Callback] = [
             WatchdogCallback(self.watchdog),
             StragglerCallback(self.stragglers),
             StabilityCallback(self.stability, cfg.stability.rollback),
@@ -298,8 +302,8 @@ class Trainer(LoopControl):
             StageCallback(self.checkpointer, cfg.kl_reference.load_path is not None),
             EvaluationCallback(self.eval_runner, self.train_module, self.env, cfg.eval_on_load),
             HFExportCallback(self.checkpointer),
-            *self.user_callbacks,
         ]
+        self.callbacks = ordered_callbacks(built_in, self.user_callbacks)
         self.index_log = DataIndexLog(cfg.save_folder, self.env.rank, s.global_step, cfg.save_data_indices)
         if cfg.gen1_gc_interval is not None:
             gc.disable()
