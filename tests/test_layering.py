@@ -530,3 +530,51 @@ def test_the_data_package_imports_torch_only_when_a_name_needs_it():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert int(result.stdout) == len(__import__("olmo.data", fromlist=["__all__"]).__all__)
+
+
+# Each piece of the loop's state has one owner, which alone assigns it (everyone else calls the owner's methods).
+STATE_OWNERS = {
+    "global_step": "olmo/train/trainer_state.py",
+    "global_train_examples_seen_this_epoch": "olmo/train/trainer_state.py",
+    "global_train_tokens_seen": "olmo/train/trainer_state.py",
+    "restored_step": "olmo/train/checkpointer.py",
+}
+
+
+def _state_writes(path: Path, source: str | None = None) -> list[str]:
+    """``file:line: target`` for each assignment to one of :data:`STATE_OWNERS`' attributes outside its owner, and
+    each ``getattr(..., "spike_detector")`` (a part of the TrainModule interface, read as such); ``source``: check
+    this text as if it were ``path``'s."""
+    out = []
+    relative = path.relative_to(REPO).as_posix()
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = [
+                t for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])
+            ]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for target in targets:
+            if isinstance(target, ast.Attribute) and STATE_OWNERS.get(target.attr, relative) != relative:
+                out.append(f"{relative}:{node.lineno}: {ast.unparse(target)}")
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "getattr" and len(node.args) >= 2:
+            if isinstance(node.args[1], ast.Constant) and node.args[1].value == "spike_detector":
+                out.append(f"{relative}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_the_loop_state_is_changed_only_by_its_owner():
+    found = [hit for path in sorted(PACKAGE.rglob("*.py")) for hit in _state_writes(path)]
+    assert not found, (
+        "these change the training loop's state from outside its owner (TrainerState's methods for the position, "
+        "Checkpointer.mark_restored for the restored step; TrainModule.spike_detector is part of the interface):\n"
+        + "\n".join(found)
+    )
+    feed = PACKAGE / "train" / "data_feed.py"
+    sample = "s.global_step += 1\ns.epoch, s.global_train_examples_seen_this_epoch = 1, 0\nd = getattr(m, 'spike_detector')\n"
+    assert [hit.split(": ", 1)[1] for hit in _state_writes(feed, sample)] == [
+        "s.global_step",
+        "s.global_train_examples_seen_this_epoch",
+        "getattr(m, 'spike_detector')",
+    ]

@@ -73,6 +73,7 @@ class Checkpointer:
         self.pending: Optional[PendingCheckpoint] = None
         self.uploader = build_checkpoint_uploader(cfg.remote_save_folder, env.rank)  # rank 0 only, or None
         self.restored_step: Optional[int] = None
+        """The step of the checkpoint this launch restored (:meth:`mark_restored`), if any."""
         self.restored_path: Optional[str] = None  # the checkpoint this launch restored, if any
         self.exported_step: Optional[int] = None
         # What the run reads inside save_folder (launches that would delete it are refused up front): kept through
@@ -86,6 +87,10 @@ class Checkpointer:
         return (
             self.cfg.save_interval_unsharded is not None and self.cfg.save_num_unsharded_checkpoints_to_keep != 0
         )
+
+    def mark_restored(self, step: int) -> None:
+        """The launch (or a rewind) restored the checkpoint of ``step``: a save of that step again is the same one."""
+        self.restored_step = step
 
     def load(
         self, info: CheckpointInfo, load_optimizer_state: bool, load_trainer_state: bool

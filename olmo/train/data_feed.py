@@ -1,6 +1,6 @@
 """The training data as the loop reads it (:class:`DataFeed`): the current data segment's loader, its epochs, and
 the ranges of batches a rollback took out (``skipped_batches.json``), which are jumped over. The position itself
-is the trainer's :class:`~olmo.train.trainer.TrainerState` (a global instance count within the segment's epoch),
+is the trainer's :class:`~olmo.train.trainer_state.TrainerState` (a global instance count within the segment's epoch),
 which the feed advances at the end of an epoch and past a skipped range."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .stability import StabilityMonitor
 from .stages import Stage, StagePlan, build_stage_dataloader, order_dir_of
 
 if TYPE_CHECKING:
-    from .trainer import TrainerState
+    from .trainer_state import TrainerState
 
 __all__ = ["DataFeed"]
 
@@ -78,8 +78,7 @@ class DataFeed:
                     break  # the loader restarts after the range
             if jumped:
                 continue
-            self.state.epoch += 1
-            self.state.global_train_examples_seen_this_epoch = 0
+            self.state.start_epoch(self.state.epoch + 1)
             log.info("Epoch %d complete; starting epoch %d.", self.state.epoch - 1, self.state.epoch)
             self.dataset.reshuffle(self.state.epoch)
 
@@ -97,7 +96,7 @@ class DataFeed:
             s.epoch,
             "skipped_batches.json",
         )
-        s.global_train_examples_seen_this_epoch = target
+        s.skip_to(target)
         return True
 
     def fetch_stats(self) -> Optional[FetchStats]:

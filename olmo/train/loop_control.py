@@ -49,7 +49,7 @@ class LoopControl:
     def log_metrics(self, collect: bool = True) -> None:
         raise NotImplementedError
 
-    def _call(self, hook: str, ctx: Any) -> None:
+    def call_hook(self, hook: str, ctx: Any) -> None:
         """Call ``hook`` of every callback; a ``post_step`` ends early once a callback asks to rewind or stop."""
         for callback in self.callbacks:
             getattr(callback, hook)(ctx)

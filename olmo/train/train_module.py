@@ -70,6 +70,9 @@ class TrainModule(ABC):
     optimizer: torch.optim.Optimizer
     trains_kl_penalty: bool = False
     """Whether :meth:`enter_stage` sets up a stage's ``kl_beta`` (as :class:`olmo.train.kl.KLTrainModule` does)."""
+    spike_detector: Optional[SpikeDetector] = None
+    """With ``stability.skip_spikes``, what decides on the device whether a step's update is applied; the trainer
+    checkpoints its state (None: the module does not skip spikes)."""
 
     def __init__(self) -> None:
         self._trainer: Optional[StepHost] = None

@@ -18,7 +18,6 @@ import gc
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -69,22 +68,12 @@ from .stages import (
 from .stop import EXIT_CODE_STOPPED, StopCallback, StopConditions, StopNow, checkpoint_summary
 from .stragglers import StragglerCallback, StragglerMonitor
 from .train_module import TrainModule
+from .trainer_state import TrainerState
 from .watchdog import Watchdog, WatchdogCallback
 
 __all__ = ["Trainer", "TrainerState", "EXIT_CODE_STOPPED"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainerState:
-    """Where training is. The data position is a global instance count, so it survives a change of
-    world size or micro-batch size."""
-
-    global_step: int = 0
-    global_train_examples_seen_this_epoch: int = 0
-    global_train_tokens_seen: int = 0
-    epoch: int = 0
 
 
 class Trainer(LoopControl):
@@ -127,7 +116,7 @@ class Trainer(LoopControl):
             train_module,
             self.trainer_state_dict,
             self.collect_metrics,
-            lambda hook, ctx: self._call(hook, ctx),
+            self.call_hook,
         )
         self.eval_runner = EvalRunner(evaluators, cfg.eval_interval)
         self.stragglers = StragglerMonitor(cfg.stability.stragglers, env.rank, env.world_size, env.device)
@@ -173,7 +162,7 @@ class Trainer(LoopControl):
         refresh_float8_scales(self.model)  # the loaded weights' (a rewind's included), not those before the load
         if state is not None:
             self._load_trainer_state(state, rollback)
-            self.checkpointer.restored_step = self.state.global_step
+            self.checkpointer.mark_restored(self.state.global_step)
             if not load_optimizer_state:
                 self.train_module.on_optimizer_reset(self.state.global_step)
         self.dataset.start_index = self.state.global_train_examples_seen_this_epoch
@@ -194,21 +183,17 @@ class Trainer(LoopControl):
         if not self.cfg.restore_dataloader:
             return
         s = self.state
-        s.global_step = int(state["global_step"])
-        s.global_train_tokens_seen = int(state["global_train_tokens_seen"])
-        s.global_train_examples_seen_this_epoch = int(state["global_train_examples_seen_this_epoch"])
-        s.epoch = int(state.get("epoch") or 0)
+        s.restore(state)
         self.data.use_segment(self.stage_plan.after(s.global_step))  # the data the position counts in
         if self.cfg.epoch is not None and self.cfg.epoch != s.epoch and not rollback:
-            s.epoch, s.global_train_examples_seen_this_epoch = self.cfg.epoch, 0
+            s.start_epoch(self.cfg.epoch)
         if self.cfg.fast_forward_batches and not rollback:
-            s.global_train_examples_seen_this_epoch += (
-                self.cfg.fast_forward_batches * self.cfg.global_train_batch_size
-            )
+            skipped = self.cfg.fast_forward_batches * self.cfg.global_train_batch_size
+            s.skip_to(s.global_train_examples_seen_this_epoch + skipped)
         if self.dataset.epoch != s.epoch:
             self.dataset.reshuffle(s.epoch)
         if "stability" in state:
-            self.stability.load_state_dict(state["stability"], getattr(self.train_module, "spike_detector", None))
+            self.stability.load_state_dict(state["stability"], self.train_module.spike_detector)
         rng = state.get("rng", {}).get(self.env.rank)
         if state.get("world_size") == self.env.world_size and rng is not None:
             set_rng_state(rng)
@@ -230,7 +215,7 @@ class Trainer(LoopControl):
         else:
             rng_by_rank = {self.env.rank: rng}
         s = self.state
-        detector = getattr(self.train_module, "spike_detector", None)
+        detector = self.train_module.spike_detector
         stability = {"stability": self.stability.state_dict(detector)} if self.stability.enabled else {}
         return {
             **stability,
@@ -255,13 +240,13 @@ class Trainer(LoopControl):
         how, reason = "finished", None
         try:
             with stop:
-                self._call(
+                self.call_hook(
                     "pre_train", RunContext(s.global_step, stop.stop_at, self.checkpointer.restored_step, self)
                 )
                 self.train_module.pre_train()
                 while s.global_step < stop.stop_at and self._stop_reason is None:
                     self._enter_phase("forward_backward", s.global_step + 1)
-                    self._call("pre_step", StepContext(s.global_step, stop.stop_at, self))
+                    self.call_hook("pre_step", StepContext(s.global_step, stop.stop_at, self))
                     try:
                         batch, waited = self._next_batch(stop)
                         self._post_step(self.step(batch), waited)
@@ -269,14 +254,14 @@ class Trainer(LoopControl):
                         how, reason = "interrupted", e.reason
                         break
                     except Exception as e:
-                        self._call("on_error", ErrorContext(s.global_step, e, self))
+                        self.call_hook("on_error", ErrorContext(s.global_step, e, self))
                         if self._rewind_request is None:  # no callback recovers from it
                             raise
                     if self._rewind_request is not None:
                         self._rewind(*self._rewind_request)
                 if self._stop_reason is not None:
                     how, reason = "stopped", self._stop_reason
-                self._call("post_train", EndContext(s.global_step, how, reason, self.env.world_size, self))
+                self.call_hook("post_train", EndContext(s.global_step, how, reason, self.env.world_size, self))
                 self._exit_code = 0 if how == "finished" else EXIT_CODE_STOPPED
         finally:
             self._end()
@@ -347,7 +332,7 @@ class Trainer(LoopControl):
             record.values["train/stage"] = self._stage.index
         ctx = StepContext(s.global_step, self._stop_at, self, record.values, waited, s.global_train_tokens_seen)
         ctx.clock_restarted, self._clock_restarted = self._clock_restarted, False
-        self._call("post_step", ctx)
+        self.call_hook("post_step", ctx)
 
     def _rewind(self, before_step: int, reason: str) -> None:
         """Go back to the newest committed checkpoint from before ``before_step`` (a callback asked, see
@@ -365,7 +350,7 @@ class Trainer(LoopControl):
             self._count_rewind(s.global_step, target.step, reason, limit)
             order_dir = self.stage_plan.at(s.global_step).order_dir
             at = (s.global_step, target.step, before_step, reason, order_dir, s.epoch)
-            self._call(
+            self.call_hook(
                 "on_rewind", RewindContext(*at, s.global_train_examples_seen_this_epoch, self.env.rank, self)
             )
             self.checkpointer.delete_from(before_step)
@@ -384,9 +369,7 @@ class Trainer(LoopControl):
         cfg, s = self.cfg, self.state
         order_dir = self.stage_plan.at(s.global_step + 1).order_dir  # where each recent batch came from
         self.stability.before_step(s.global_step + 1, order_dir, s.epoch, s.global_train_examples_seen_this_epoch)
-        s.global_step += 1
-        s.global_train_examples_seen_this_epoch += cfg.global_train_batch_size
-        s.global_train_tokens_seen += cfg.tokens_per_batch
+        s.advance(cfg.global_train_batch_size, cfg.tokens_per_batch)
         if self.index_log is not None:
             self.index_log.write(s.global_step, batch["index"], batch.get("instance_mask"))
         record = self.train_step(batch)
@@ -402,13 +385,13 @@ class Trainer(LoopControl):
         any, then the train module's set-up of the stage. Returns the batches to train on."""
         s = self.state
         at_boundary = s.global_step == stage.start_step
-        self._call("on_stage", StageContext(s.global_step, stage, at_boundary, self.stage_plan.staged, self))
+        self.call_hook("on_stage", StageContext(s.global_step, stage, at_boundary, self.stage_plan.staged, self))
         if stage.segment != self.data.segment:
             assert at_boundary, "a resume restores the data of its stage"
             close = getattr(batches, "close", None)
             if close is not None:
                 close()  # stops the old loader's workers
-            s.epoch, s.global_train_examples_seen_this_epoch = 0, 0
+            s.start_epoch(0)
             self.data.use_segment(stage)
             batches = self.data.batches(self._stop_at)
         self.train_module.enter_stage(stage, at_boundary)
@@ -494,4 +477,4 @@ class Trainer(LoopControl):
         for record in self.step_metrics.pop_ready():
             record.values.update(self.filtered.pop(record.step))
             instances = functools.partial(self.data.instances_of, record.step)
-            self._call("post_metrics", MetricsContext(record.step, record.values, self, instances))
+            self.call_hook("post_metrics", MetricsContext(record.step, record.values, self, instances))
