@@ -29,22 +29,47 @@ gives the same result, so a callback that asks again would otherwise rewind fore
 
 class LoopControl:
     """What a callback may ask of the loop, and the dispatch of the hooks (a base of the trainer, which provides
-    ``state``, ``env`` and ``log_metrics``)."""
+    ``log_metrics``). It owns what callbacks ask for: the trainer reads it through :attr:`stop_reason`,
+    :meth:`take_rewind_request` and :meth:`take_clock_restart`, and sets up each ``fit`` with :meth:`begin_loop`."""
 
-    state: Any
-    env: DistEnv
     metrics: MetricsCallback
-    """The metrics-logging callback (set by ``fit``)."""
+    """The metrics-logging callback (set by :meth:`begin_loop`)."""
     _stop: StopConditions
 
-    def __init__(self, callbacks: list[Callback]):
+    def __init__(self, callbacks: list[Callback], state: Any, env: DistEnv):
         self.user_callbacks = callbacks
-        self.callbacks: list[Callback] = []  # the built-in ones, then the user's (set by fit)
+        self.state, self.env = state, env
+        self.callbacks: list[Callback] = []  # in the order they run (set by begin_loop)
         self._phase: tuple[Optional[str], int] = (None, 0)
         self._rewind_request: Optional[tuple[int, str]] = None
         self._rewinds_to: dict[int, list[str]] = {}  # this launch's rewinds, by the step of their checkpoint
         self._stop_reason: Optional[str] = None
         self._clock_restarted = False
+
+    def begin_loop(self, stop: StopConditions, metrics: MetricsCallback, callbacks: list[Callback]) -> None:
+        """A ``fit`` begins: its stop conditions, metrics callback and callbacks in the order they run; nothing
+        asked for yet."""
+        self._stop, self.metrics, self.callbacks = stop, metrics, callbacks
+        self._stop_reason, self._rewind_request, self._rewinds_to, self._clock_restarted = None, None, {}, False
+
+    @property
+    def stop_reason(self) -> Optional[str]:
+        """Why the ranks agreed to stop, once they did (the loop ends after the current hooks)."""
+        return self._stop_reason
+
+    @property
+    def rewind_requested(self) -> bool:
+        return self._rewind_request is not None
+
+    def take_rewind_request(self) -> Optional[tuple[int, str]]:
+        """The rewind a callback asked for (``before_step``, reason), now being carried out, or None."""
+        request, self._rewind_request = self._rewind_request, None
+        return request
+
+    def take_clock_restart(self) -> bool:
+        """Whether the time since the last step was not training (:meth:`restart_clock`), once."""
+        restarted, self._clock_restarted = self._clock_restarted, False
+        return restarted
 
     def log_metrics(self, collect: bool = True) -> None:
         raise NotImplementedError

@@ -121,7 +121,7 @@ class Trainer(LoopControl):
         self.eval_runner = EvalRunner(evaluators, cfg.eval_interval)
         self.stragglers = StragglerMonitor(cfg.stability.stragglers, env.rank, env.world_size, env.device)
         self.watchdog = Watchdog(cfg.stability.watchdog, cfg.save_folder, env.rank, env.world_size)
-        LoopControl.__init__(self, user_callbacks)
+        LoopControl.__init__(self, user_callbacks, self.state, env)
         self.index_log: Optional[DataIndexLog] = None  # set by fit
         self._stage: Optional[Stage] = None  # the stage being trained (set by fit)
         self._batch_iter: Iterator[dict[str, Any]] = iter(())
@@ -244,7 +244,7 @@ class Trainer(LoopControl):
                     "pre_train", RunContext(s.global_step, stop.stop_at, self.checkpointer.restored_step, self)
                 )
                 self.train_module.pre_train()
-                while s.global_step < stop.stop_at and self._stop_reason is None:
+                while s.global_step < stop.stop_at and self.stop_reason is None:
                     self._enter_phase("forward_backward", s.global_step + 1)
                     self.call_hook("pre_step", StepContext(s.global_step, stop.stop_at, self))
                     try:
@@ -255,12 +255,12 @@ class Trainer(LoopControl):
                         break
                     except Exception as e:
                         self.call_hook("on_error", ErrorContext(s.global_step, e, self))
-                        if self._rewind_request is None:  # no callback recovers from it
+                        if not self.rewind_requested:  # no callback recovers from it
                             raise
-                    if self._rewind_request is not None:
-                        self._rewind(*self._rewind_request)
-                if self._stop_reason is not None:
-                    how, reason = "stopped", self._stop_reason
+                    if (request := self.take_rewind_request()) is not None:
+                        self._rewind(*request)
+                if self.stop_reason is not None:
+                    how, reason = "stopped", self.stop_reason
                 self.call_hook("post_train", EndContext(s.global_step, how, reason, self.env.world_size, self))
                 self._exit_code = 0 if how == "finished" else EXIT_CODE_STOPPED
         finally:
@@ -271,15 +271,14 @@ class Trainer(LoopControl):
         """Set up one ``fit``: its stop conditions, the built-in callbacks (then the user's), the data index log."""
         cfg, s = self.cfg, self.state
         self._stop_at, self._start_step, self._exit_code = stop.stop_at, s.global_step, 0
-        self._stop, self._stop_reason, self._rewind_request, self._rewinds_to = stop, None, None, {}
-        self._batch_iter, self._stage, self._clock_restarted = self.data.batches(stop.stop_at), None, False
-        self.metrics = MetricsCallback(cfg, self.env.rank, stop.stop_at, self._summary, self.collect_steps)
+        self._batch_iter, self._stage = self.data.batches(stop.stop_at), None
+        metrics = MetricsCallback(cfg, self.env.rank, stop.stop_at, self._summary, self.collect_steps)
         built_in: list[Callback] = [
             WatchdogCallback(self.watchdog),
             StragglerCallback(self.stragglers),
             StabilityCallback(self.stability, cfg.stability.rollback),
             ThroughputCallback(self._throughput_monitor(), self.data.fetch_stats, self.collect_steps),
-            self.metrics,
+            metrics,
             StopCallback(stop, self.checkpointer, self._finish),
             CheckpointCallback(
                 self.checkpointer, cfg.stability.watchdog.upload_wait if self.watchdog.enabled else None
@@ -288,7 +287,7 @@ class Trainer(LoopControl):
             EvaluationCallback(self.eval_runner, self.train_module, self.env, cfg.eval_on_load),
             HFExportCallback(self.checkpointer),
         ]
-        self.callbacks = ordered_callbacks(built_in, self.user_callbacks)
+        self.begin_loop(stop, metrics, ordered_callbacks(built_in, self.user_callbacks))
         self.index_log = DataIndexLog(cfg.save_folder, self.env.rank, s.global_step, cfg.save_data_indices)
         if cfg.gen1_gc_interval is not None:
             gc.disable()
@@ -320,7 +319,7 @@ class Trainer(LoopControl):
         if self._stage is None or s.global_step == self._stage.end_step:
             self._stage = self.stage_plan.at(s.global_step + 1)
             self._batch_iter = self._enter_stage(self._stage, self._batch_iter)
-            self._clock_restarted = True
+            self.restart_clock()
         with self.phase("data_wait", s.global_step + 1), stop.waiting():
             start = time.perf_counter()
             batch = next(self._batch_iter)
@@ -331,7 +330,7 @@ class Trainer(LoopControl):
         if self.stage_plan.staged and self._stage is not None:
             record.values["train/stage"] = self._stage.index
         ctx = StepContext(s.global_step, self._stop_at, self, record.values, waited, s.global_train_tokens_seen)
-        ctx.clock_restarted, self._clock_restarted = self._clock_restarted, False
+        ctx.clock_restarted = self.take_clock_restart()
         self.call_hook("post_step", ctx)
 
     def _rewind(self, before_step: int, reason: str) -> None:
@@ -342,7 +341,6 @@ class Trainer(LoopControl):
         :raises OLMoTrainingError: when no committed checkpoint precedes ``before_step``.
         """
         s = self.state
-        self._rewind_request = None
         with self.phase("checkpoint"):
             target = self.checkpointer.newest_before(before_step, f"Step {s.global_step}: {reason}")
             rollback = self.cfg.stability.rollback
@@ -359,7 +357,8 @@ class Trainer(LoopControl):
                 close()  # stops the loader's workers
             self.step_metrics.records.clear()  # steps that are trained again
             self.restore(target, True, True, rollback=True)
-            self._batch_iter, self._stage, self._clock_restarted = self.data.batches(self._stop_at), None, True
+            self._batch_iter, self._stage = self.data.batches(self._stop_at), None
+            self.restart_clock()
 
     def step(self, batch: dict[str, Any]) -> StepMetrics:
         """One training step as :meth:`fit` runs it (and ``scripts/benchmark.py`` times it): advance the data
