@@ -48,7 +48,7 @@ def check_forward_inputs(
     input_ids: torch.Tensor | None,
     input_embeddings: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
-    past_key_values: Sequence[tuple[torch.Tensor, torch.Tensor]] | None,
+    past_key_values: Sequence[Any] | None,
     past: int,
     doc_lens: torch.Tensor | None,
 ) -> None:
@@ -109,19 +109,10 @@ def document_ids(doc_lens: torch.Tensor, seq_len: int) -> torch.Tensor:
     return torch.searchsorted(ends, positions, right=True)  # (B, T)
 
 
-def linear_attention_resets(
-    attention_mask: torch.Tensor | None, doc_lens: torch.Tensor | None, seq_len: int
-) -> torch.Tensor | None:
+def linear_attention_resets(doc_lens: torch.Tensor | None, seq_len: int) -> torch.Tensor | None:
     """(B, T) bool, True at each document's first token (``doc_lens``, checked), where the linear-attention layers
-    reset their state; None without documents.
-
-    :raises ValueError: for an ``attention_mask``, which these layers do not take.
-    """
-    if attention_mask is not None:
-        raise ValueError(
-            "attention_mask is not implemented for linear_attention layers (model.layer_types): padding would flow "
-            "through their recurrent state. Pass unpadded rows (documents marked by doc_lens)."
-        )
+    reset their state; None without documents (an ``attention_mask`` adds its own starts:
+    :func:`olmo.model.recurrent_cache.recurrent_resets`)."""
     if doc_lens is None:
         return None
     doc_ids = document_ids(doc_lens, seq_len)  # (B, T)

@@ -101,9 +101,8 @@ def gated_delta_rule(
         kernel = load_kernels()[0]
     if kernel is not None:
         return _on_kernels(kernel, q, k, v, g, beta, resets), None
-    if keep_state and q.shape[1] <= STEP_TOKENS:
-        return _recurrence(q, k, v, g, beta, resets, initial_state)
-    return pure_gated_delta_rule(q, k, v, g, beta, resets, initial_state)
+    step_by_step = keep_state and q.shape[1] <= STEP_TOKENS
+    return pure_gated_delta_rule(q, k, v, g, beta, resets, initial_state, step_by_step)
 
 
 def pure_gated_delta_rule(
@@ -114,13 +113,18 @@ def pure_gated_delta_rule(
     beta: torch.Tensor,
     resets: Optional[torch.Tensor] = None,
     initial_state: Optional[torch.Tensor] = None,
+    step_by_step: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`gated_delta_rule` on the pure-PyTorch chunked path whatever the device: the outputs (B, T, Hv, dv) in
-    fp32 and the state after the last position (B, Hv, dk, dv)."""
+    """:func:`gated_delta_rule` in pure PyTorch whatever the device, chunk by chunk (``step_by_step``: one position
+    at a time, for a decoding step, which a chunk would pad to 64 positions): the outputs (B, T, Hv, dv) in fp32 and
+    the state after the last position (B, Hv, dk, dv)."""
     q, k, v, g, beta = _heads_first(q, k, v, g, beta)
-    out, state = chunk_gated_delta_rule(
-        q, k, v, g, beta, resets, initial_state=initial_state, chunk_size=CHUNK_SIZE
-    )
+    if step_by_step:
+        out, state = recurrent_gated_delta_rule(q, k, v, g, beta, resets, initial_state=initial_state)
+    else:
+        out, state = chunk_gated_delta_rule(
+            q, k, v, g, beta, resets, initial_state=initial_state, chunk_size=CHUNK_SIZE
+        )
     return out.transpose(1, 2), state
 
 
@@ -134,21 +138,6 @@ def _heads_first(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if Hv > Hk:  # each group of value heads reads one key head
         q, k = (t.repeat_interleave(Hv // Hk, dim=2) for t in (q, k))
     return tuple(t.transpose(1, 2) for t in (q, k, v, g, beta))
-
-
-def _recurrence(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    resets: Optional[torch.Tensor],
-    initial_state: Optional[torch.Tensor],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`pure_gated_delta_rule` one position at a time (a decoding step: no padding to a whole chunk)."""
-    q, k, v, g, beta = _heads_first(q, k, v, g, beta)
-    out, state = recurrent_gated_delta_rule(q, k, v, g, beta, resets, initial_state=initial_state)
-    return out.transpose(1, 2), state
 
 
 def _on_kernels(

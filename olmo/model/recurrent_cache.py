@@ -79,7 +79,7 @@ def recurrent_resets(
             "attention_bias is not implemented for linear_attention layers (model.layer_types): their recurrence "
             "has no keys to mask. Pass an attention_mask (left padding) or doc_lens instead."
         )
-    resets = linear_attention_resets(None, doc_lens, seq_len)
+    resets = linear_attention_resets(doc_lens, seq_len)
     if attention_mask is None:
         return resets
     real = attention_mask.bool()  # (B, past + T)

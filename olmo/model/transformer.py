@@ -219,7 +219,7 @@ class OLMo(nn.Module):
         cfg = self.config
         t = self.transformer
         past = cached_length(past_key_values)
-        check_forward_inputs(cfg, input_ids, input_embeddings, attention_mask, past_key_values, past, doc_lens)  # type: ignore[arg-type]
+        check_forward_inputs(cfg, input_ids, input_embeddings, attention_mask, past_key_values, past, doc_lens)
         cp = context_parallel
         if cp is not None and (past_key_values or use_cache or last_logits_only or input_embeddings is not None):
             raise ValueError("context_parallel is for training: it takes input_ids alone, without a KV cache.")
