@@ -9,7 +9,7 @@ import torch
 
 from olmo.config import TrainConfig
 from olmo.data import build_train_dataloader
-from olmo.distributed import ParallelizeOptions, build_model, init_distributed
+from olmo.distributed import ParallelizeOptions, ParallelLayout, build_model, init_distributed
 from olmo.optim import build_optimizer, build_scheduler
 from olmo.testing import tiny_config_dict, write_byte_memmap
 from olmo.train import Trainer
@@ -35,7 +35,9 @@ def _trainer(tmp_path, corpus, **overrides):
     env = init_distributed()
     seed_all(cfg.seed)
     loader = build_train_dataloader(cfg, world_size=1, rank=0, work_dir=tmp_path)
-    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg, training=True))
+    model = build_model(
+        cfg.model, ParallelLayout.of_run(cfg, env), ParallelizeOptions.from_train_config(cfg, training=True)
+    )
     optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
     trainer = Trainer(
         cfg, env, build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler)), loader
@@ -253,7 +255,9 @@ def test_the_whole_loop_syncs_only_to_collect_metrics(tmp_path, corpus):
     env = init_distributed()
     seed_all(cfg.seed)
     loader = build_train_dataloader(cfg, world_size=1, rank=0, work_dir=tmp_path)
-    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg, training=True))
+    model = build_model(
+        cfg.model, ParallelLayout.of_run(cfg, env), ParallelizeOptions.from_train_config(cfg, training=True)
+    )
     optimizer = build_optimizer(cfg.optimizer, model, skip_steps=True)
     module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
     check = NoSyncBetweenCollections()

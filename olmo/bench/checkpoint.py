@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint, save_checkpoint
 from olmo.config import TrainConfig
-from olmo.distributed import DistEnv, ParallelizeOptions, build_model
+from olmo.distributed import DistEnv, ParallelizeOptions, ParallelLayout, build_model
 from olmo.optim import build_optimizer
 from olmo.util import machine_info
 
@@ -283,11 +283,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     overrides = [*(SMOKE_OVERRIDES if args.smoke else []), *args.override, "compile=null"]
     cfg = TrainConfig.load(args.config, overrides)
     torch.manual_seed(cfg.seed)
-    model = build_model(
-        cfg.model,
-        DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1),
-        ParallelizeOptions.from_train_config(cfg),
-    )
+    cpu = DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1)
+    model = build_model(cfg.model, ParallelLayout.of_run(cfg, cpu), ParallelizeOptions.from_train_config(cfg))
     optimizer = build_optimizer(cfg.optimizer, model)
     optimizer_step(model, optimizer, cfg.model.vocab_size)
     state = sharded_state_dict(model, optimizer)

@@ -12,7 +12,7 @@ import torch
 
 from ..config import TrainConfig
 from ..data import DataCollator, IterableDataset
-from ..distributed import DistEnv
+from ..distributed import DistEnv, ParallelLayout
 
 __all__ = ["RandomTokens", "SyntheticBatches", "PhaseClock"]
 
@@ -38,6 +38,7 @@ class SyntheticBatches:
     """
 
     def __init__(self, cfg: TrainConfig, env: DistEnv, n_steps: int):
+        layout = ParallelLayout.of_run(cfg, env)
         tokens = RandomTokens(
             n_steps * cfg.global_train_batch_size, cfg.model.max_sequence_length, cfg.model.vocab_size, cfg.seed
         )
@@ -46,8 +47,8 @@ class SyntheticBatches:
             cfg.global_train_batch_size,
             seed=cfg.seed,
             epoch=cfg.epoch or 0,
-            world_size=cfg.data_parallel_size(env.world_size),
-            rank=cfg.data_parallel_rank(env.rank),
+            world_size=layout.data_parallel_size,
+            rank=layout.data_parallel_rank,
         )
         collate = DataCollator.from_train_config(cfg)
         instances = iter(self.dataset)

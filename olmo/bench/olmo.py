@@ -162,7 +162,7 @@ class OursSide(Side):
         from olmo.bench.common import SyntheticBatches
         from olmo.bench.train_step import git_state
         from olmo.config import TrainConfig
-        from olmo.distributed import DistEnv, ParallelizeOptions, build_model
+        from olmo.distributed import DistEnv, ParallelizeOptions, ParallelLayout, build_model
         from olmo.optim import build_optimizer, build_scheduler
         from olmo.train import Trainer
         from olmo.train.build_module import build_train_module
@@ -188,11 +188,12 @@ class OursSide(Side):
         cfg.validate(1)
         env = DistEnv(self.device, rank=0, local_rank=0, world_size=1, local_world_size=1)
         seed_all(cfg.seed)
-        self.model = model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
+        layout = ParallelLayout.of_run(cfg, env)
+        self.model = model = build_model(cfg.model, layout, ParallelizeOptions.from_train_config(cfg))
         optimizer = build_optimizer(cfg.optimizer, model)
         loader: Any = SyntheticBatches(cfg, env, n_steps=4)  # 4 batches, cycled
         train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
-        self.trainer = Trainer(cfg, env, train_module, loader)
+        self.trainer = Trainer(cfg, env, train_module, loader, layout=layout)
         self.train_batches = cycle(loader.batches)
         gen = torch.Generator().manual_seed(cfg.seed)
         input_ids = torch.randint(0, cfg.model.vocab_size, (batch, seq), generator=gen)  # (B, T)

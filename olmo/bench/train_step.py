@@ -70,6 +70,7 @@ from olmo.data import build_train_dataloader
 from olmo.distributed import (
     DistEnv,
     ParallelizeOptions,
+    ParallelLayout,
     all_reduce,
     autocast_dtype,
     build_model,
@@ -346,11 +347,11 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
             loader: Any = SyntheticBatches(cfg, env, args.warmup + args.steps)
         else:
             loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank, work_dir=work_dir)
-        model: OLMo = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg, training=True))
+        layout = ParallelLayout.of_run(cfg, env)
+        model: OLMo = build_model(cfg.model, layout, ParallelizeOptions.from_train_config(cfg, training=True))
         optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
-        trainer = Trainer(
-            cfg, env, build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler)), loader
-        )
+        train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
+        trainer = Trainer(cfg, env, train_module, loader, layout=layout)
         # The first stage's setup, as fit does it (with --override 'stages=[{..., kl_beta: 0.1}]' the KL step).
         trainer.train_module.enter_stage(trainer.stage_plan.at(1), at_boundary=True)
         peak = device_peak_flops(env.device, cfg.speed_monitor.gpu_flops_available)

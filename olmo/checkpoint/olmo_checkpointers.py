@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..config import TrainConfig
-from ..distributed import DistEnv, ParallelizeOptions, build_model
+from ..distributed import DistEnv, ParallelizeOptions, ParallelLayout, build_model
 from ..exceptions import OLMoCheckpointError
 from ..optim import build_optimizer
 from .safe_reads import fetch, load_state_file
@@ -125,7 +125,9 @@ class Checkpointer:
         else:
             cfg = TrainConfig.load_saved(fetch(info.path, "config.yaml"), ["compile=null"])
             cpu = DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1)
-            model = build_model(cfg.model, cpu, ParallelizeOptions.from_train_config(cfg))
+            model = build_model(
+                cfg.model, ParallelLayout.of_run(cfg, cpu), ParallelizeOptions.from_train_config(cfg)
+            )
             optimizer = build_optimizer(cfg.optimizer, model) if load_optimizer_state else None
             load_checkpoint(info, model, optimizer, load_trainer_state=False)
             full = model_and_optim_state(model, optimizer, full=True)

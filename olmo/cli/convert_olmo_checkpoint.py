@@ -37,7 +37,7 @@ from olmo.checkpoint.olmo_core_v3 import convert_olmo_core_checkpoint, is_olmo_c
 from olmo.checkpoint.olmo_formats import load_olmo_core, merged_train_state
 from olmo.checkpoint.save import check_new_output_dir, write_unsharded_checkpoint
 from olmo.config import TrainConfig
-from olmo.distributed import DistEnv, ParallelizeOptions, build_model
+from olmo.distributed import DistEnv, ParallelizeOptions, ParallelLayout, build_model
 from olmo.exceptions import OLMoCheckpointError, OLMoCliError
 from olmo.optim import build_optimizer
 from olmo.util import is_url
@@ -81,11 +81,8 @@ def convert(input_dir: str, output_dir: str, model_only: bool = False, safetenso
     start = time.perf_counter()
     cfg = TrainConfig.load_saved(root / "config.yaml", ["compile=null"])
     log.info("Converting %s (original OLMo, %s layout, step %d).", root, info.layout, info.step)
-    model = build_model(
-        cfg.model,
-        DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1),
-        ParallelizeOptions.from_train_config(cfg),
-    )
+    cpu = DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1)
+    model = build_model(cfg.model, ParallelLayout.of_run(cfg, cpu), ParallelizeOptions.from_train_config(cfg))
     optimizer = None if model_only else build_optimizer(cfg.optimizer, model)
     if info.layout == "olmo_core":
         train_state = load_olmo_core(root, model, optimizer)

@@ -30,6 +30,7 @@ from olmo.config import TrainConfig
 from olmo.distributed import (
     DistEnv,
     ParallelizeOptions,
+    ParallelLayout,
     autocast_dtype,
     build_model,
     init_distributed,
@@ -102,7 +103,7 @@ def evaluate(
     """Build the model, load ``info`` into it and run every evaluator (the model is garbage once this returns, so
     :func:`teardown_distributed` frees it with the process groups)."""
     seed_all(cfg.seed)
-    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
+    model = build_model(cfg.model, ParallelLayout.of_run(cfg, env), ParallelizeOptions.from_train_config(cfg))
     load_checkpoint(info, model, None, load_trainer_state=False)
     metrics: dict[str, float] = {}
     for evaluator in evaluators:

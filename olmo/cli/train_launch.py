@@ -27,6 +27,7 @@ from olmo.data.mixture import MixturePlan
 from olmo.distributed import (
     DistEnv,
     ParallelizeOptions,
+    ParallelLayout,
     barrier,
     build_model,
     init_distributed,
@@ -186,7 +187,8 @@ def check_data(
     for stage in stages.stages:
         if stage.segment == stage.index:
             data = dataset_of(stage.data)
-            world, rank = cfg.data_parallel_size(env_world_size()), cfg.data_parallel_rank(env_rank())
+            layout = ParallelLayout.of_run(cfg, world_size=env_world_size(), rank=env_rank())
+            world, rank = layout.data_parallel_size, layout.data_parallel_rank
             IterableDataset(data, cfg.global_train_batch_size, world_size=world, rank=rank, pairs=cfg.dpo.enabled)
             if (
                 cfg.dpo.enabled and env_rank() == 0
@@ -227,10 +229,11 @@ def train(
         for name, mix in (mixes or {}).items():
             mix.write(Path(cfg.save_folder) / "train_data", name)
     barrier()  # nobody writes into save_folder before rank 0 has made it this run's
+    layout = ParallelLayout.of_run(cfg, env)  # the one layout of the launch: its meshes, what each rank reads
     train_loader = build_stage_dataloader(
-        cfg, stages.stages[0], cfg.data_parallel_size(env.world_size), cfg.data_parallel_rank(env.rank), dataset
+        cfg, stages.stages[0], layout.data_parallel_size, layout.data_parallel_rank, dataset
     )
-    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg, training=True))
+    model = build_model(cfg.model, layout, ParallelizeOptions.from_train_config(cfg, training=True))
     active = model.num_active_params()
     log.info(
         "Model: %s parameters (%s without embeddings%s), %.2f GFLOPs/token.",
@@ -241,7 +244,7 @@ def train(
     )
     optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
     train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), cfg.train_module)
-    trainer = Trainer(cfg, env, train_module, train_loader, evaluators, stages, callbacks)
+    trainer = Trainer(cfg, env, train_module, train_loader, evaluators, stages, callbacks, layout)
     log_speed_setup(cfg, trainer)
     plan = launch.restore
     if plan is not None:

@@ -28,7 +28,7 @@ from olmo.checkpoint.olmo_formats import merged_train_state
 from olmo.checkpoint.restore import RestorePlan, preflight_restore
 from olmo.checkpoint.save import check_new_output_dir, write_unsharded_checkpoint
 from olmo.config import TrainConfig
-from olmo.distributed import DistEnv, ParallelizeOptions, build_model
+from olmo.distributed import DistEnv, ParallelizeOptions, ParallelLayout, build_model
 from olmo.exceptions import OLMoCheckpointError, OLMoCliError
 from olmo.optim import build_optimizer
 from olmo.util import is_url
@@ -79,11 +79,8 @@ def unshard(input_dir: str, output_dir: str, model_only: bool = False, safetenso
     preflight_restore(RestorePlan(info, load_optimizer_state=not model_only, load_trainer_state=True), cfg.model)
     n_ranks = len(list((root / "train").glob("rank*.pt")))
     log.info("Loading sharded checkpoint %s (step %d, saved by %d rank(s)).", root, info.step, n_ranks)
-    model = build_model(
-        cfg.model,
-        DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1),
-        ParallelizeOptions.from_train_config(cfg),
-    )
+    cpu = DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1)
+    model = build_model(cfg.model, ParallelLayout.of_run(cfg, cpu), ParallelizeOptions.from_train_config(cfg))
     optimizer = None if model_only else build_optimizer(cfg.optimizer, model)
     load_checkpoint(info, model, optimizer, load_trainer_state=False)
     train_state = merged_train_state(root, original=info.layout != "olmo-trainer")

@@ -401,12 +401,9 @@ class TrainConfig(BaseConfig):
 
     def data_parallel_size(self, world_size: int) -> int:
         """Ranks that read different instances: ``world_size`` over the context- and tensor-parallel degrees (the
-        ranks of one such group share their instances)."""
+        ranks of one such group share their instances), for the batch sizes' checks; which share each rank reads is
+        the layout's (:class:`olmo.distributed.layout.ParallelLayout`)."""
         return max(1, world_size // self._shared_instance_ranks())
-
-    def data_parallel_rank(self, rank: int) -> int:
-        """Which data-parallel rank (which share of each batch's instances) the process of ``rank`` reads."""
-        return rank // self._shared_instance_ranks()
 
     def _shared_instance_ranks(self) -> int:
         """Ranks that read the same instances (context x tensor parallel degrees; a bad degree, which validation

@@ -1,6 +1,7 @@
 """Distributed training: ``collectives`` (process groups from torchrun's or Slurm's variables, rank helpers,
 ``all_reduce``, ``barrier``) and ``parallelize`` (FSDP2, activation checkpointing and compile applied from outside
-to a built model; ``float8`` converts its linear layers for ``model.float8`` there). Both are re-exported here; the ``parallelize`` names are loaded on first use, so code below the
+to a built model; ``float8`` converts its linear layers for ``model.float8`` there) and ``layout`` (the run's
+arrangement of ranks and every mesh, :class:`ParallelLayout`). Both are re-exported here; the ``parallelize`` names are loaded on first use, so code below the
 parallelization layer (the data order's collectives, evaluators' reductions) imports ``collectives`` without
 loading the model.
 
@@ -13,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .collectives import DistEnv, all_reduce, barrier, init_distributed, teardown_distributed
+from .layout import ParallelLayout
 
 if TYPE_CHECKING:
     from .parallelize import (
@@ -39,6 +41,7 @@ __all__ = [
     "teardown_distributed",
     "all_reduce",
     "barrier",
+    "ParallelLayout",
     "ParallelizeOptions",
     "build_model",
     "apply_activation_checkpointing",

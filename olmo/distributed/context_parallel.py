@@ -3,8 +3,8 @@ and values all-gathered in every attention layer (OLMo-core's "llama3" scheme), 
 
 The layout, for ``W`` ranks and degree ``D`` (``D`` divides ``W``; ``2 * D`` divides the sequence length ``T``):
 
-- **Groups** of ``D`` consecutive ranks (``r // D`` is the data-parallel rank, ``r % D`` the place in the group)
-  read the same instances.
+- **Groups**: the ``cp`` dimension of the layout's data mesh (:attr:`olmo.distributed.layout.ParallelLayout.context_parallel`):
+  ``D`` consecutive ranks (``T`` apart with tensor parallelism of degree ``T``) read the same instances.
 - **Tokens**: the sequence is cut into ``2 * D`` chunks of ``T / (2 D)`` tokens; place ``j`` holds chunks ``j`` and
   ``2 D - 1 - j`` (:meth:`ContextParallel.positions`), so under the causal mask every rank does the same work.
   Inputs and labels are cut in the train module (:meth:`ContextParallel.shard`), before the labels are counted,
@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from .collectives import all_gather_dim0, reduce_scatter_dim0
 
-__all__ = ["ContextParallel", "context_parallel_group", "load_balanced_positions"]
+__all__ = ["ContextParallel", "load_balanced_positions"]
 
 
 def load_balanced_positions(seq_len: int, degree: int, rank: int) -> torch.Tensor:
@@ -102,17 +102,3 @@ class _GatherParts(torch.autograd.Function):
             return mine, None
         dist.all_reduce(grad, group=cp.group)
         return grad[cp.rank], None
-
-
-def context_parallel_group(degree: int, world_size: int, rank: int, stride: int = 1) -> ContextParallel:
-    """The :class:`ContextParallel` of this rank. Ranks are laid out data parallel x context parallel x ``stride``
-    (the tensor-parallel degree, innermost): a group is ``degree`` ranks ``stride`` apart, consecutive without tensor
-    parallelism. Every rank must call it (it creates every group)."""
-    mine: dist.ProcessGroup | None = None
-    for start in range(0, world_size, degree * stride):
-        for offset in range(stride):
-            ranks = [start + offset + c * stride for c in range(degree)]
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                mine = group
-    return ContextParallel(degree, (rank // stride) % degree, mine)

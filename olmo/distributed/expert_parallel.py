@@ -4,7 +4,8 @@ else.
 
 The layout, for ``W`` ranks and degree ``D`` (``D`` divides ``W`` and ``num_experts``):
 
-- **Mesh** ``("ep", "ep_dp")`` of shape ``(D, W / D)``; rank ``r`` is EP rank ``r // (W / D)`` of the EP group of
+- **Mesh** ``("ep", "ep_dp")`` of shape ``(D, W / D)`` (the layout's,
+  :attr:`olmo.distributed.layout.ParallelLayout.expert_mesh`); rank ``r`` is EP rank ``r // (W / D)`` of the EP group of
   the ranks with the same ``r % (W / D)``. An EP group holds every expert once: its ranks exchange tokens.
 - **Expert weights** are DTensors of their full shape ``(E, C, H)`` placed ``(Shard(0), Shard(0))``: EP rank ``j``
   owns experts ``j * E / D .. (j + 1) * E / D - 1``, and that block is sharded again over the ``W / D`` ranks of
@@ -27,12 +28,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
 from .collectives import all_gather_dim0, reduce_scatter_dim0
 
-__all__ = ["ExpertGroup", "expert_mesh", "shard_experts"]
+__all__ = ["ExpertGroup", "shard_experts"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,11 +66,6 @@ class ExpertGroup:
         out = torch.empty_like(counts)
         dist.all_to_all_single(out, counts.contiguous(), group=self.ep)
         return out.view(self.degree, counts.numel() // self.degree)
-
-
-def expert_mesh(device_type: str, degree: int, world_size: int) -> DeviceMesh:
-    """The ``("ep", "ep_dp")`` mesh of shape ``(degree, world_size / degree)``."""
-    return init_device_mesh(device_type, (degree, world_size // degree), mesh_dim_names=("ep", "ep_dp"))
 
 
 def shard_experts(model: nn.Module, mesh: DeviceMesh) -> list[nn.Parameter]:

@@ -20,6 +20,7 @@ import torch
 from ..config import ModelConfig, TrainConfig
 from ..exceptions import OLMoConfigurationError
 from ..model import OLMo
+from .layout import ParallelLayout
 
 __all__ = ["meta_model", "state_bytes_per_param", "launch_memory_problem", "check_launch_memory"]
 
@@ -50,8 +51,8 @@ def launch_memory_problem(
     sharded = cfg.distributed_strategy == "fsdp" and str(cfg.fsdp and cfg.fsdp.sharding_strategy) != "NO_SHARD"
     # Without FSDP, tensor and expert parallelism still split the weights: a lower bound divides the whole model by
     # both degrees (only the experts are split by the one, only the rest by the other), never refusing what could fit.
-    ep = cfg.expert_parallel.degree if isinstance(cfg.expert_parallel.degree, int) else 1
-    split = cfg.tensor_parallel_size(world_size) * (ep if ep > 1 and world_size % ep == 0 else 1)
+    layout = ParallelLayout.planned(cfg, world_size)
+    split = layout.tensor * (layout.expert if layout.expert_sharded else 1)
     ranks = world_size if sharded else min(world_size, split)
     per_param = sum(state_bytes_per_param(str(cfg.optimizer.name)))
     need = per_param * num_params / ranks

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional, Union
 
 import torch
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from ..config import (
@@ -28,11 +28,11 @@ from ..config import (
     ShardingStrategy,
     TrainConfig,
 )
-from ..exceptions import OLMoConfigurationError
 from ..model import OLMo
 from .collectives import DistEnv
-from .expert_parallel import expert_mesh, shard_experts
+from .expert_parallel import shard_experts
 from .float8 import check_float8_device, convert_float8
+from .layout import ParallelLayout
 from .tensor_parallel import apply_tensor_parallel, order_fused_rows
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,8 @@ __all__ = [
 @dataclass(frozen=True, kw_only=True)
 class ParallelizeOptions:
     """What :func:`build_model` applies to the model from the outside: top-level keys of OLMo's config, taken from a
-    config by :meth:`from_train_config`."""
+    config by :meth:`from_train_config`. Where the model is split (the meshes) is the layout's
+    (:class:`~olmo.distributed.layout.ParallelLayout`)."""
 
     distributed_strategy: Optional[DistributedStrategy]
     """``distributed_strategy``: ``ddp`` replicates the parameters; ``fsdp`` shards them as ``fsdp`` says."""
@@ -64,12 +65,6 @@ class ParallelizeOptions:
     """The autocast dtype's name on GPU (``TrainConfig.autocast_precision``; None: fp32)."""
     float32_matmul_precision: str
     """``float32_matmul_precision``, set for the process on GPU."""
-    expert_parallel_degree: int = 1
-    """``expert_parallel.degree``: ranks sharing each mixture-of-experts layer's experts."""
-    context_parallel_degree: int = 1
-    """``context_parallel.degree``: ranks sharing each instance's tokens."""
-    tensor_parallel_degree: int = 1
-    """``tensor_parallel.degree``: ranks sharing each block's matrices."""
     float8: Optional[Float8Config] = None
     """``model.float8``, for a model that trains (None: no float8)."""
 
@@ -84,32 +79,34 @@ class ParallelizeOptions:
             compile=cfg.compile,
             autocast_precision=cfg.autocast_precision,
             float32_matmul_precision=cfg.float32_matmul_precision,
-            expert_parallel_degree=cfg.expert_parallel.degree,
-            context_parallel_degree=cfg.context_parallel.degree,
-            tensor_parallel_degree=cfg.tensor_parallel.degree,
             float8=cfg.model.float8 if training and cfg.model.trains_float8 else None,
         )
 
 
-def build_model(cfg: ModelConfig, env: DistEnv, options: ParallelizeOptions, init_params: bool = True) -> OLMo:
+def build_model(
+    cfg: ModelConfig, layout: ParallelLayout, options: ParallelizeOptions, init_params: bool = True
+) -> OLMo:
     """Build ``OLMo(cfg)`` on the meta device, apply activation checkpointing, compile and (with several ranks)
-    FSDP2 from the outside as ``options`` say, then materialize and initialize the parameters directly on the
-    training device, so no rank ever holds a full copy it does not need.
+    tensor, expert and FSDP2 sharding over ``layout``'s meshes from the outside as ``options`` say, then materialize
+    and initialize the parameters directly on the training device, so no rank ever holds a full copy it does not
+    need.
 
+    :param layout: the launch's layout (``ParallelLayout.of_run(train_config, env)``; one process:
+        ``ParallelLayout.single(env)``).
     :param options: ``ParallelizeOptions.from_train_config(train_config)``.
     :param init_params: initialize the parameters; without it they are left uninitialized (for weights about to
         be loaded or copied in) and no random numbers are drawn.
     """
+    env = layout.launch
     if env.device.type == "cuda":
         # Process-wide, so set before the first matmul; "high" lets fp32 matmuls use TF32.
         torch.set_float32_matmul_precision(options.float32_matmul_precision)
     with torch.device("meta"):
         model = OLMo(cfg)
-    mesh = _mesh(options, env) if env.world_size > 1 else None
-    tensor_parallel = mesh is not None and "tp" in (mesh.mesh_dim_names or ())
-    if tensor_parallel:
-        assert mesh is not None
-        apply_tensor_parallel(model, mesh["tp"])
+    tp_mesh = layout.tensor_mesh
+    if tp_mesh is not None:
+        apply_tensor_parallel(model, tp_mesh)
+    fsdp_mesh = layout.fsdp_mesh
     if options.float8 is not None and options.float8.enabled:  # before compile and FSDP, as torchao asks
         check_float8_device(options.float8, env.device)
         if cfg.is_moe:
@@ -118,33 +115,34 @@ def build_model(cfg: ModelConfig, env: DistEnv, options: ParallelizeOptions, ini
                 "grouped products stay in their usual precision (torchao's float8 grouped products are not wired)."
             )
         # Float8 all-gathers on NCCL only: gloo has no float8 type (a unit of float8 weights alone cannot gather).
-        convert_float8(model, options.float8, fsdp=mesh is not None and env.device.type == "cuda")
+        convert_float8(model, options.float8, fsdp=fsdp_mesh is not None and env.device.type == "cuda")
     if options.activation_checkpointing is not None:
         apply_activation_checkpointing(model, options.activation_checkpointing)
     if options.compile is not None:
-        _compile_blocks(model, _moe_compile_options(cfg, options, env))
+        _compile_blocks(model, _moe_compile_options(cfg, options, layout))
     experts: set[torch.nn.Parameter] = set()
-    degree = options.expert_parallel_degree
-    if degree > 1 and cfg.is_moe and env.world_size % degree == 0:
-        experts = set(shard_experts(model, expert_mesh(env.device.type, degree, env.world_size)))
-    elif degree > 1:
+    expert_mesh = layout.expert_mesh if cfg.is_moe else None
+    if expert_mesh is not None:
+        experts = set(shard_experts(model, expert_mesh))
+    elif layout.expert > 1:
         # Training refuses this before it starts; evaluating or converting a checkpoint in fewer processes than it was
         # trained on runs every expert on every rank instead.
         log.warning(
-            f"expert_parallel.degree={degree} is not used here ({env.world_size} process(es)): each rank holds every expert."
+            f"expert_parallel.degree={layout.expert} is not used here ({env.world_size} process(es)): each rank holds "
+            f"every expert."
         )
-    if options.context_parallel_degree > 1 and cfg.flash_attention:
+    if layout.context > 1 and cfg.flash_attention:
         log.warning(
             "model.flash_attention is not used with context_parallel.degree=%d: each rank attends to the gathered "
             "keys with a mask of positions, which runs on PyTorch SDPA.",
-            options.context_parallel_degree,
+            layout.context,
         )
-    if mesh is not None:
-        _shard(model, options, env, experts, mesh)
+    if fsdp_mesh is not None:
+        _shard(model, options, env, experts, fsdp_mesh)
     model.to_empty(device=env.device)
     if init_params:
         model.reset_parameters()
-        if tensor_parallel:  # drawn in the canonical order, as one process draws them
+        if tp_mesh is not None:  # drawn in the canonical order, as one process draws them
             order_fused_rows(model)
     return model
 
@@ -203,40 +201,6 @@ def defer_replica_all_reduce(cfg: TrainConfig, env: DistEnv) -> bool:
     return env.world_size > 1 and replicated and not per_micro_batch and not low_precision_reduce
 
 
-def _mesh(cfg: ParallelizeOptions, env: DistEnv) -> DeviceMesh:
-    """The device mesh, outermost first: ``shard`` (1-D) for full/grad-op sharding, or (``replicate``, ``shard``)
-    for hybrid sharding and DDP, then ``tp`` (``tensor_parallel.degree`` consecutive ranks) when there is one.
-    FSDP shards and replicates over every dimension but ``tp``."""
-    fsdp = cfg.fsdp or FSDPConfig()
-    device_type = env.device.type
-    tp = cfg.tensor_parallel_degree
-    if env.world_size % tp:
-        raise OLMoConfigurationError(
-            f"tensor_parallel.degree={tp} must divide the number of processes ({env.world_size})."
-        )
-    data_parallel = env.world_size // tp
-    if cfg.distributed_strategy == DistributedStrategy.ddp or fsdp.sharding_strategy == ShardingStrategy.NO_SHARD:
-        replicas = data_parallel
-    elif fsdp.sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
-        local = env.local_world_size or env.world_size
-        replicas = fsdp.hybrid_sharding_num_model_replicas or max(1, env.world_size // local)
-        if data_parallel % replicas != 0:
-            raise OLMoConfigurationError(
-                f"fsdp.hybrid_sharding_num_model_replicas={replicas} must divide the data-parallel ranks "
-                f"({data_parallel}: the world size {env.world_size} over tensor_parallel.degree={tp})."
-            )
-    else:
-        replicas = 0
-    shape, names = (
-        ((replicas, data_parallel // replicas), ("replicate", "shard"))
-        if replicas
-        else ((data_parallel,), ("shard",))
-    )
-    if tp > 1:
-        shape, names = (*shape, tp), (*names, "tp")
-    return init_device_mesh(device_type, shape, mesh_dim_names=names)
-
-
 def _shard(
     model: OLMo, cfg: ParallelizeOptions, env: DistEnv, experts: set[torch.nn.Parameter], mesh: DeviceMesh
 ) -> None:
@@ -253,14 +217,11 @@ def _shard(
     * ``fsdp.precision`` on GPU: ``pure`` computes and reduces in the autocast dtype, ``mixed`` reduces
       gradients in fp32. Parameters are always kept in fp32 for the optimizer.
     * ``experts``: expert-parallel weights, which FSDP leaves to their own mesh.
-    * ``mesh``: :func:`_mesh`'s; FSDP takes every dimension but ``tp``.
+    * ``mesh``: the layout's FSDP mesh (:attr:`~olmo.distributed.layout.ParallelLayout.fsdp_mesh`).
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     fsdp = cfg.fsdp or FSDPConfig()
-    names = mesh.mesh_dim_names or ()
-    if "tp" in names:
-        mesh = mesh[tuple(n for n in names if n != "tp")]
     reshard = fsdp.sharding_strategy not in (ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy._HYBRID_SHARD_ZERO2)
     dtype = autocast_dtype(cfg, env.device)
     policy = MixedPrecisionPolicy()
@@ -284,27 +245,27 @@ def _shard(
     fully_shard(model, **{**kwargs, "reshard_after_forward": False})
 
 
-def _moe_compile_options(cfg: ModelConfig, options: ParallelizeOptions, env: DistEnv) -> CompilerConfig:
+def _moe_compile_options(cfg: ModelConfig, options: ParallelizeOptions, layout: ParallelLayout) -> CompilerConfig:
     """``options.compile``, without ``fullgraph`` where part of each block runs in eager mode: context
     parallelism's all-gather of keys and values, and a mixture of experts that will not compute in bf16 on a GPU
     (there its experts run as a loop over host-side group sizes, which compiled code leaves to eager mode)."""
     compile_cfg = options.compile
     assert compile_cfg is not None
-    bf16_gpu = env.device.type == "cuda" and options.autocast_precision == "bfloat16"
-    if compile_cfg.fullgraph and options.context_parallel_degree > 1:
+    bf16_gpu = layout.device_type == "cuda" and options.autocast_precision == "bfloat16"
+    if compile_cfg.fullgraph and layout.context > 1:
         log.warning(
             "compile.fullgraph=true with context_parallel.degree=%d is not honoured: the keys' and values' all-gather "
             "in each attention layer runs in eager mode, which breaks the block's graph. Compiling with "
             "fullgraph=false.",
-            options.context_parallel_degree,
+            layout.context,
         )
         return replace(compile_cfg, fullgraph=False)
-    if compile_cfg.fullgraph and options.tensor_parallel_degree > 1 and cfg.attention_layer_norm:
+    if compile_cfg.fullgraph and layout.tensor > 1 and cfg.attention_layer_norm:
         log.warning(
             "compile.fullgraph=true with tensor_parallel.degree=%d and model.attention_layer_norm is not honoured: "
             "the QK-norm's sums over the group run in eager mode, which breaks the block's graph. Compiling with "
             "fullgraph=false.",
-            options.tensor_parallel_degree,
+            layout.tensor,
         )
         return replace(compile_cfg, fullgraph=False)
     if not (cfg.is_moe and compile_cfg.fullgraph and not bf16_gpu):

@@ -18,7 +18,7 @@ The split, for degree ``t`` (Megatron's; torchtitan's and OLMo-core's styles):
   and its statistics summed over the group (:class:`TensorParallelGroup`).
 - Embeddings, the other norms and the output layer are replicated within the group (their inputs are); every rank
   of a group computes the same logits and loss. The group's ranks read the same instances
-  (``TrainConfig.data_parallel_rank``), so the loss normalization (``sum(CE) * W / n_labels``, labels counted on
+  (``ParallelLayout.data_parallel_rank``), so the loss normalization (``sum(CE) * W / n_labels``, labels counted on
   every rank) comes to ``dp / n_labels`` per rank and FSDP's average over the ``dp`` data-parallel ranks gives the
   full gradient.
 """

@@ -15,8 +15,9 @@ from typing import Optional
 
 import torch
 
-from ..config import FSDPConfig, LayerNormType, ShardingStrategy, TrainConfig
+from ..config import LayerNormType, ShardingStrategy, TrainConfig
 from ..distributed.launch_memory import meta_model, state_bytes_per_param
+from ..distributed.layout import ParallelLayout
 from ..distributed.parallelize import apply_activation_checkpointing
 from ..exceptions import OLMoConfigurationError
 from ..model.flops import _MIN_CPU_SHARE, PeakFlops, cpu_peak_flops, gpu_peak_flops
@@ -211,17 +212,16 @@ class MemoryEstimate:
         return self.tensors + self.overhead
 
 
+def planned_layout(cfg: TrainConfig, world_size: int) -> ParallelLayout:
+    """The layout ``cfg`` launches with on ``world_size`` ranks in nodes of :data:`GPUS_PER_NODE` (the arithmetic
+    only; a layout that validation refuses is sized as one of ``world_size`` ranks sharding everything)."""
+    return ParallelLayout.planned(cfg, world_size, GPUS_PER_NODE)
+
+
 def shard_degree(cfg: TrainConfig, world_size: int) -> int:
     """Over how many ranks FSDP splits parameters, gradients and optimizer state (a tensor-parallel group's ranks
     hold different parts of a block and the same copy of the rest: FSDP shards over the data-parallel ranks)."""
-    fsdp = cfg.fsdp or FSDPConfig()
-    if world_size == 1 or cfg.distributed_strategy in ("ddp", "single") or fsdp.sharding_strategy == "NO_SHARD":
-        return 1
-    data_parallel = world_size // cfg.tensor_parallel_size(world_size)
-    if fsdp.sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
-        replicas = fsdp.hybrid_sharding_num_model_replicas or max(1, world_size // GPUS_PER_NODE)
-        return max(1, data_parallel // replicas)
-    return data_parallel
+    return planned_layout(cfg, world_size).shard
 
 
 def _block_activation_bytes(cfg: TrainConfig, compute: int, residual: int, tp: int = 1) -> tuple[float, float]:
@@ -271,12 +271,12 @@ def estimate_memory(
     """
     m = cfg.model
     micro = micro_batch or cfg.device_train_microbatch_size
-    cp = cfg.context_parallel.degree if world_size % max(1, cfg.context_parallel.degree) == 0 else 1
+    layout = planned_layout(cfg, world_size)
+    cp = layout.context if world_size % layout.context == 0 else 1
     tokens = micro * m.max_sequence_length // cp  # this rank's tokens (context parallelism: a share of each)
     autocast = device.is_gpu and cfg.autocast_precision is not None
     compute = 2 if autocast else 4
-    shard = shard_degree(cfg, world_size)
-    tp = cfg.tensor_parallel_size(world_size)
+    shard, tp = layout.shard, layout.tensor
     # FSDP gathers each unit even over one data-parallel rank (tensor parallelism on every rank): copies all the same.
     fsdp_units = world_size > 1 and (shard > 1 or tp > 1)
     mixed = fsdp_units and autocast and cfg.fsdp is not None and cfg.fsdp.precision is not None
@@ -295,8 +295,8 @@ def estimate_memory(
         keep_all = cfg.fsdp is not None and cfg.fsdp.sharding_strategy in GATHERED_STRATEGIES
         blocks = m.n_layers if keep_all else min(2, m.n_layers)
         block = float(facts.block_params) / tp
-        if cfg.expert_parallel.degree > 1:  # each rank gathers only its own share of the experts
-            block -= facts.expert_params / m.n_layers * (1 - 1 / cfg.expert_parallel.degree)
+        if layout.expert > 1:  # each rank gathers only its own share of the experts
+            block -= facts.expert_params / m.n_layers * (1 - 1 / layout.expert)
         # The unsharded gradient of the block being reduced, in the reduce dtype (fp32 unless pure bf16).
         gathered = unit * (root + blocks * block) + 4 * block
     elif autocast:

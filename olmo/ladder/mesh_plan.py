@@ -139,7 +139,7 @@ def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: floa
 
     :raises OLMoConfigurationError: when a launch would refuse the configured layout (:func:`check_layout`).
     """
-    from .estimates import estimate_memory, model_facts, shard_degree
+    from .estimates import estimate_memory, model_facts, planned_layout
 
     check_layout(cfg, world_size)
     facts = model_facts(cfg)
@@ -160,17 +160,7 @@ def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: floa
         tokens = mesh_cfg.global_train_batch_size * mesh_cfg.model.max_sequence_length / world_size
         rate = (device.peak_flops or 0.0) * mfu
         step = facts.flops_per_token * tokens / rate if rate else None
-        fsdp = mesh_cfg.fsdp
-        strategy = fsdp.sharding_strategy if fsdp is not None else ShardingStrategy.FULL_SHARD
-        shard = shard_degree(mesh_cfg, world_size) if strategy != ShardingStrategy.NO_SHARD else 1
-        tp = mesh_cfg.tensor_parallel_size(world_size)
-        degrees = {
-            "replicate": world_size // (shard * tp),
-            "shard": shard,
-            "expert_parallel": mesh_cfg.expert_parallel.degree,
-            "tensor_parallel": tp,
-            "context_parallel": mesh_cfg.context_parallel.degree,
-        }
+        degrees = planned_layout(mesh_cfg, world_size).degrees()  # the sizes a launch's layout gives this mesh
         plans.append(MeshPlan(name, degrees, micro, memory, fits, step, mfu, name == "configured", largest))
     return plans
 

@@ -13,7 +13,7 @@ import torch
 
 from ..config import TrainConfig
 from ..data import FetchStats, IterableDataset
-from ..distributed import DistEnv
+from ..distributed.layout import ParallelLayout
 from .stability import StabilityMonitor
 from .stages import Stage, StagePlan, build_stage_dataloader, order_dir_of
 
@@ -35,13 +35,19 @@ class DataFeed:
     def __init__(
         self,
         cfg: TrainConfig,
-        env: DistEnv,
+        layout: ParallelLayout,
         state: TrainerState,
         stage_plan: StagePlan,
         stability: StabilityMonitor,
         train_loader: torch.utils.data.DataLoader,
     ):
-        self.cfg, self.env, self.state, self.stage_plan, self.stability = cfg, env, state, stage_plan, stability
+        self.cfg, self.layout, self.state, self.stage_plan, self.stability = (
+            cfg,
+            layout,
+            state,
+            stage_plan,
+            stability,
+        )
         self.loader = train_loader
         self.dataset: IterableDataset = train_loader.dataset  # type: ignore[assignment]
         self.segment = stage_plan.stages[0].segment  # train_loader is the first stage's data
@@ -54,8 +60,8 @@ class DataFeed:
         self.loader = build_stage_dataloader(
             self.cfg,
             stage,
-            self.cfg.data_parallel_size(self.env.world_size),
-            self.cfg.data_parallel_rank(self.env.rank),
+            self.layout.data_parallel_size,
+            self.layout.data_parallel_rank,
         )
         self.dataset = self.loader.dataset  # type: ignore[assignment]
         self.segment = stage.segment

@@ -114,7 +114,7 @@ class DPOTrainModule(TransformerTrainModule):
         path = str(self.cfg.dpo.reference_path)
         if self.cfg.dpo.precompute_reference:
             self.reference_logps = precomputed_reference(
-                self.cfg, self.env, lambda: self._load_reference(path), self._reference_forward
+                self.cfg, self.trainer.layout, lambda: self._load_reference(path), self._reference_forward
             )
         else:
             self.reference = self._load_reference(path)
@@ -130,7 +130,7 @@ class DPOTrainModule(TransformerTrainModule):
 
     def _load_reference(self, path: str) -> nn.Module:
         reference = build_model(
-            self.cfg.model, self.env, ParallelizeOptions.from_train_config(self.cfg), init_params=False
+            self.cfg.model, self.trainer.layout, ParallelizeOptions.from_train_config(self.cfg), init_params=False
         )
         reference.eval()
         reference.requires_grad_(False)

@@ -30,7 +30,8 @@ from torch import nn
 
 from ..config import TrainConfig
 from ..data import DataCollator, DataContext, build_dataset
-from ..distributed.collectives import DistEnv, all_reduce, barrier
+from ..distributed.collectives import all_reduce, barrier
+from ..distributed.layout import ParallelLayout
 from ..exceptions import OLMoError
 from ..util import local_path_of, write_result_file
 from ..util.atomic import atomic_file
@@ -120,7 +121,7 @@ def _reusable(path: Path, record: dict[str, Any], held: dict[str, Any]) -> bool:
 
 def precomputed_reference(
     cfg: TrainConfig,
-    env: DistEnv,
+    layout: ParallelLayout,
     build_reference: Callable[[], nn.Module],
     forward: Callable[[nn.Module, dict[str, Any]], torch.Tensor],
 ) -> np.ndarray:
@@ -131,12 +132,13 @@ def precomputed_reference(
     path = Path(cfg.save_folder) / "train_data" / REFERENCE_FILE
     held = _held_record(path)
     record = _record(cfg, dataset, held)
+    env = layout.launch
     found = torch.tensor([1.0 if _reusable(path, record, held) else 0.0], device=env.device)
     # All ranks compute together, or none: a rank that does not see the file decides.
     if all_reduce(found, torch.distributed.ReduceOp.MIN).item() == 1.0:
         log.info("Reusing the DPO reference's log-probabilities in %s (its record matches).", path)
         return np.fromfile(path, dtype=np.float32)
-    values = _compute(cfg, env, dataset, build_reference, forward)  # every rank holds them all
+    values = _compute(cfg, layout, dataset, build_reference, forward)  # every rank holds them all
     if env.rank == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = values.astype(np.float32).tobytes()
@@ -152,13 +154,14 @@ def precomputed_reference(
 
 def _compute(
     cfg: TrainConfig,
-    env: DistEnv,
+    layout: ParallelLayout,
     dataset: Any,
     build_reference: Callable[[], nn.Module],
     forward: Callable[[nn.Module, dict[str, Any]], torch.Tensor],
 ) -> np.ndarray:
     n, micro = len(dataset), cfg.device_train_microbatch_size
-    dp, dp_rank = cfg.data_parallel_size(env.world_size), cfg.data_parallel_rank(env.rank)
+    env = layout.launch
+    dp, dp_rank = layout.data_parallel_size, layout.data_parallel_rank
     per_rank = math.ceil(
         n / dp
     )  # every rank runs the same forwards (collectives under FSDP); past n: repeats of 0
@@ -187,7 +190,7 @@ def _compute(
         torch.distributed.all_gather(gathered, values)
     full = np.zeros(n, dtype=np.float32)
     for rank, part in enumerate(gathered):
-        r = cfg.data_parallel_rank(rank)  # ranks of a tensor-parallel group hold the same values
+        r = layout.data_parallel_rank_of(rank)  # ranks of a tensor-parallel group hold the same values
         positions = np.arange(r, r + per_rank * dp, dp)
         keep = positions < n
         full[positions[keep]] = part.cpu().numpy()[keep]

@@ -79,7 +79,10 @@ class KLTrainModule(TransformerTrainModule):
             return
         if self.reference is None:
             self.reference = build_model(
-                self.cfg.model, self.env, ParallelizeOptions.from_train_config(self.cfg), init_params=False
+                self.cfg.model,
+                self.trainer.layout,
+                ParallelizeOptions.from_train_config(self.cfg),
+                init_params=False,
             )
             self.reference.eval()
             self.reference.requires_grad_(False)

@@ -11,6 +11,7 @@ import torch
 
 from ..config import TrainConfig
 from ..distributed.collectives import DistEnv
+from ..distributed.layout import ParallelLayout
 from .metrics import ReduceType
 
 __all__ = ["EvalBatchSpec", "StepHost"]
@@ -28,11 +29,13 @@ class EvalBatchSpec:
 
 class StepHost(Protocol):
     """What a train module may read of, and hand to, the trainer that drives it (:class:`olmo.train.Trainer`
-    implements it): the run's config and process group, where the run is, and three ways to report back. Nothing
+    implements it): the run's config, process group and layout, where the run is, and three ways to report back. Nothing
     else of the trainer is the module's business."""
 
     cfg: TrainConfig
     env: DistEnv
+    layout: ParallelLayout
+    """How the ranks are arranged: what each reads, its context-parallel group, the meshes."""
     max_steps: int
     """The run's length in optimizer steps (all stages)."""
 

@@ -26,7 +26,7 @@ from ..checkpoint.save import FULL_STATE, model_and_optim_state
 from ..config import SchedulerUnits, TrainConfig
 from ..data import check_token_ids
 from ..distributed.collectives import DistEnv, all_reduce
-from ..distributed.context_parallel import ContextParallel, context_parallel_group
+from ..distributed.context_parallel import ContextParallel
 from ..distributed.parallelize import autocast_dtype, defer_replica_all_reduce
 from ..distributed.tensor_parallel import order_fused_rows
 from ..eval.evaluator import ModelEval
@@ -171,7 +171,7 @@ class TrainModule(ABC):
     def global_num_flops_in_batch(self, batch: dict[str, Any]) -> int:
         """Training FLOPs of one global batch, given this rank's device batch."""
         rows, seq_len = batch["input_ids"].shape
-        data_parallel = self.trainer.cfg.data_parallel_size(self.trainer.env.world_size)
+        data_parallel = self.trainer.layout.data_parallel_size
         return self.num_flops_per_token(seq_len) * rows * seq_len * data_parallel
 
     def record_ce_loss(
@@ -232,12 +232,13 @@ class TransformerTrainModule(TrainModule):
         self._global_ce: Optional[torch.Tensor] = None  # the step's mean loss over ranks, for the spike detector
         self.expert_load = ExpertLoadMeter(model)  # model.moe: the auxiliary losses' shares, the routers' metrics
         self.context_parallel: Optional[ContextParallel] = None
-        """With ``context_parallel.degree`` > 1: the group of ranks sharing each instance; this rank trains on its
-        share of every instance's tokens (:mod:`olmo.distributed.context_parallel`)."""
-        if cfg.context_parallel.degree > 1:
-            self.context_parallel = context_parallel_group(
-                cfg.context_parallel.degree, env.world_size, env.rank, cfg.tensor_parallel.degree
-            )
+        """With ``context_parallel.degree`` > 1: the group of ranks sharing each instance (the layout's, set when the
+        trainer attaches); this rank trains on its share of every instance's tokens
+        (:mod:`olmo.distributed.context_parallel`)."""
+
+    def on_attach(self, trainer: StepHost) -> None:
+        super().on_attach(trainer)
+        self.context_parallel = trainer.layout.context_parallel
 
     @property
     def per_row(self) -> bool:
@@ -438,14 +439,17 @@ class BasicTrainModule(TrainModule):
         cls, cfg: TrainConfig, env: DistEnv, model: OLMo, optimizer: torch.optim.Optimizer, scheduler: Any
     ) -> TrainModule:
         """``optimizer.learning_rate`` for every step (the schedule is ignored) and ``max_grad_norm``."""
-        if cfg.context_parallel.degree > 1:
+        return cls(model, optimizer, cfg.optimizer.learning_rate, cfg.max_grad_norm)
+
+    def on_attach(self, trainer: StepHost) -> None:
+        super().on_attach(trainer)
+        if trainer.layout.context > 1:
             log.warning(
                 "context_parallel.degree=%d is not honoured by %s: each rank of a group trains its instances whole "
                 "(the same numbers, no memory saved). TransformerTrainModule splits them.",
-                cfg.context_parallel.degree,
-                cls.__name__,
+                trainer.layout.context,
+                type(self).__name__,
             )
-        return cls(model, optimizer, cfg.optimizer.learning_rate, cfg.max_grad_norm)
 
     def train_batch(self, batch: dict[str, Any], dry_run: bool = False) -> None:
         device = next(self.model.parameters()).device

@@ -28,6 +28,7 @@ from ..config import TrainConfig
 from ..data import DataIndexLog, FilteredInstanceCounter, IterableDataset
 from ..distributed import DistEnv, autocast_dtype, model_config_fingerprint
 from ..distributed.float8 import refresh_float8_scales
+from ..distributed.layout import ParallelLayout
 from ..eval import EvalRunner, Evaluator
 from ..util.rng import get_rng_state, set_rng_state
 from .callback import (
@@ -81,6 +82,7 @@ class Trainer(LoopControl):
 
     :param train_module: what one step does (see :func:`olmo.train.build_module.build_train_module`).
     :param train_loader: a DataLoader over :class:`olmo.data.IterableDataset`.
+    :param layout: the launch's (the one its model was built on); by default ``ParallelLayout.of_run(cfg, env)``.
     """
 
     def __init__(
@@ -92,16 +94,18 @@ class Trainer(LoopControl):
         evaluators: Sequence[Evaluator] = (),
         stages: Optional[StagePlan] = None,
         callbacks: Sequence[Callback] = (),
+        layout: Optional[ParallelLayout] = None,
     ):
         user_callbacks = check_callbacks(callbacks)  # a wrong item fails here, not at its first hook
         self.cfg, self.env, self.train_module = cfg, env, train_module
+        self.layout = layout or ParallelLayout.of_run(cfg, env)
         dataset: IterableDataset = train_loader.dataset  # type: ignore[assignment]
         self.state = TrainerState(epoch=dataset.epoch)  # --epoch starts a fresh run at that epoch
         if stages is None:
             stages = plan_stages(cfg, None if cfg.stages else lambda _: dataset.num_instances)
         self.stage_plan = stages
         self.stability = StabilityMonitor(cfg, env.rank)
-        self.data = DataFeed(cfg, env, self.state, stages, self.stability, train_loader)
+        self.data = DataFeed(cfg, self.layout, self.state, stages, self.stability, train_loader)
         self.max_steps = stages.total_steps
         self._stop_at = self.max_steps  # the step fit() stops at (set when it starts)
         check_schedule_lengths(cfg, stages)

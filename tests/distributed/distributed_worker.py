@@ -9,7 +9,13 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from olmo.config import TrainConfig
 from olmo.data import build_train_dataloader
-from olmo.distributed import ParallelizeOptions, build_model, init_distributed, teardown_distributed
+from olmo.distributed import (
+    ParallelizeOptions,
+    ParallelLayout,
+    build_model,
+    init_distributed,
+    teardown_distributed,
+)
 from olmo.optim import build_optimizer, build_scheduler
 from olmo.testing import tiny_config_dict
 from olmo.train import Trainer
@@ -71,7 +77,9 @@ def main(out: Path, data: str) -> None:
             cfg = TrainConfig.from_dict(tiny_config_dict(out / name, [data], **overrides))
             seed_all(cfg.seed)
             loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank, work_dir=out / name)
-            model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
+            model = build_model(
+                cfg.model, ParallelLayout.of_run(cfg, env), ParallelizeOptions.from_train_config(cfg)
+            )
             optimizer = build_optimizer(cfg.optimizer, model)
             train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
             trainer = Trainer(cfg, env, train_module, loader)

@@ -97,13 +97,13 @@ def test_what_cannot_work_is_refused_naming_the_key(tmp_path, extra, world, frag
 
 def test_a_model_built_in_fewer_processes_than_its_degree_holds_every_expert(tmp_path, caplog):
     """Benchmarks and conversions build a trained config's model in one process: every expert on the rank, a warning."""
+    from olmo.distributed import ParallelizeOptions, ParallelLayout, build_model
     from olmo.distributed.collectives import DistEnv
-    from olmo.distributed.parallelize import ParallelizeOptions, build_model
 
     cfg = TrainConfig.from_dict(tiny_config_dict(tmp_path, [str(tmp_path / "a.npy")], **MOE))
     cfg.expert_parallel.degree = 2
     env = DistEnv(device=torch.device("cpu"), rank=0, local_rank=0, world_size=1)
-    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
+    model = build_model(cfg.model, ParallelLayout.of_run(cfg, env), ParallelizeOptions.from_train_config(cfg))
     layer = model.transformer.typed_blocks()[0].moe
     assert layer is not None and layer.expert_group is None and tuple(layer.w1.shape) == (4, 32, 16)
     assert "expert_parallel.degree=2 is not used here (1 process(es))" in caplog.text

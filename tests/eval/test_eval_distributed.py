@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from olmo.config import TrainConfig
-from olmo.distributed import DistEnv, ParallelizeOptions, build_model
+from olmo.distributed import DistEnv, ParallelizeOptions, ParallelLayout, build_model
 from olmo.eval import DownstreamEvaluator, LMEvaluator
 from olmo.model import OLMo
 from olmo.testing import free_port, tiny_config_dict, write_byte_memmap
@@ -31,7 +31,9 @@ def _rank_main(rank, port, jobs, out_dir):
         results = {}
         for name, (cfg, state_dict, make_evaluator) in jobs.items():
             # FSDP2, one unit per block plus the root
-            model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
+            model = build_model(
+                cfg.model, ParallelLayout.of_run(cfg, env), ParallelizeOptions.from_train_config(cfg)
+            )
             set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True))
             results[name] = make_evaluator(rank).evaluate(model, CPU)
         (out_dir / f"rank{rank}.json").write_text(json.dumps(results))

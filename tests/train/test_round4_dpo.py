@@ -18,6 +18,7 @@ from olmo.config import TrainConfig
 from olmo.config.validation import config_problems
 from olmo.data import DataContext, build_dataset
 from olmo.distributed.collectives import DistEnv
+from olmo.distributed.layout import ParallelLayout
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError, OLMoDataError
 from olmo.testing import run_train, tiny_config_dict, write_config
 from olmo.train.dpo import check_pairs_differ
@@ -118,7 +119,7 @@ def test_precomputed_reference_follows_the_data_content_not_its_count(tmp_path):
     are reused. The reference here scores a row by its token ids, so that the values show which data they came from."""
     data = _data(tmp_path / "data")
     cfg = _config(tmp_path, data, **{"dpo.precompute_reference": True})
-    env = DistEnv(torch.device("cpu"), 0, 0, 1)
+    layout = ParallelLayout.single(DistEnv(torch.device("cpu"), 0, 0, 1))
     forwards: list[int] = []
 
     def forward(_: torch.nn.Module, batch: dict) -> torch.Tensor:
@@ -126,7 +127,7 @@ def test_precomputed_reference_follows_the_data_content_not_its_count(tmp_path):
         return (batch["input_ids"] * batch["label_mask"]).float().sum(1)
 
     def scores() -> np.ndarray:
-        return precomputed_reference(cfg, env, torch.nn.Identity, forward)
+        return precomputed_reference(cfg, layout, torch.nn.Identity, forward)
 
     first = scores()
     assert len(forwards) == 2 and first.shape == (8,)  # 8 instances in micro-batches of 4
@@ -147,18 +148,18 @@ def test_precomputed_reference_follows_the_data_content_not_its_count(tmp_path):
 def test_a_record_replaced_by_a_fifo_is_recomputed_not_waited_on(tmp_path):
     """A record replaced by a FIFO is not waited on: the values are computed anew and the record written again."""
     cfg = _config(tmp_path, _data(tmp_path / "data"), **{"dpo.precompute_reference": True})
-    env = DistEnv(torch.device("cpu"), 0, 0, 1)
+    layout = ParallelLayout.single(DistEnv(torch.device("cpu"), 0, 0, 1))
     forwards: list[int] = []
 
     def forward(_: torch.nn.Module, batch: dict) -> torch.Tensor:
         forwards.append(1)
         return batch["input_ids"].float().sum(1)
 
-    first = precomputed_reference(cfg, env, torch.nn.Identity, forward)
+    first = precomputed_reference(cfg, layout, torch.nn.Identity, forward)
     record = tmp_path / "run/train_data" / (REFERENCE_FILE + ".json")
     record.unlink()
     os.mkfifo(record)
-    assert np.array_equal(precomputed_reference(cfg, env, torch.nn.Identity, forward), first)
+    assert np.array_equal(precomputed_reference(cfg, layout, torch.nn.Identity, forward), first)
     assert len(forwards) == 4 and record.is_file()
 
 
@@ -200,21 +201,21 @@ def test_a_launch_skips_hashing_data_files_unchanged_since_the_last(tmp_path):
     for f in data.iterdir():
         os.utime(f, ns=(old, old))
     cfg = _config(tmp_path, data, **{"dpo.precompute_reference": True})
-    env = DistEnv(torch.device("cpu"), 0, 0, 1)
+    layout = ParallelLayout.single(DistEnv(torch.device("cpu"), 0, 0, 1))
     forwards: list[int] = []
 
     def forward(_: torch.nn.Module, batch: dict) -> torch.Tensor:
         forwards.append(1)
         return batch["input_ids"].float().sum(1)
 
-    first = precomputed_reference(cfg, env, torch.nn.Identity, forward)
+    first = precomputed_reference(cfg, layout, torch.nn.Identity, forward)
     ids = data / "input_ids.npy"
     tokens = np.fromfile(ids, dtype=np.uint16)
     with open(ids, "r+b") as f:  # in place: same inode, same size
         f.write((tokens[::-1]).tobytes())
     os.utime(ids, ns=(old, old))
-    assert np.array_equal(precomputed_reference(cfg, env, torch.nn.Identity, forward), first)
+    assert np.array_equal(precomputed_reference(cfg, layout, torch.nn.Identity, forward), first)
     assert len(forwards) == 2  # not read again, so not scored again
     os.utime(ids)  # touched now: read, found changed, scored anew
-    precomputed_reference(cfg, env, torch.nn.Identity, forward)
+    precomputed_reference(cfg, layout, torch.nn.Identity, forward)
     assert len(forwards) == 4

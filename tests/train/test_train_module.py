@@ -136,12 +136,12 @@ def test_train_module_names_resolve():
 
 
 def test_state_dict_round_trips_and_eval_batch_matches_the_model(tmp_path):
-    from olmo.distributed import ParallelizeOptions, build_model, init_distributed
+    from olmo.distributed import ParallelizeOptions, ParallelLayout, build_model, init_distributed
     from olmo.optim import build_optimizer, build_scheduler
 
     cfg = TrainConfig.from_dict(tiny_config_dict(tmp_path, [str(tmp_path / "unused.npy")]))
     env = init_distributed()
-    model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg))
+    model = build_model(cfg.model, ParallelLayout.of_run(cfg, env), ParallelizeOptions.from_train_config(cfg))
     optimizer = build_optimizer(cfg.optimizer, model)
     module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
     assert isinstance(module, TransformerTrainModule)

@@ -1,0 +1,293 @@
+"""The run's parallel layout (:class:`ParallelLayout`): built once from the config's parallel sections and the launch,
+it is the one place that knows how the ranks are arranged. Every other module asks it: which instances a rank reads,
+which ranks share a sequence or a layer's matrices, and the device meshes of every parallelism.
+
+The ranks, outermost first (rank ``r``, ``C`` = ``context_parallel.degree``, ``T`` = ``tensor_parallel.degree``):
+
+- **data parallel**: ``r // (C * T)``, of ``W / (C * T)``: which share of each batch's instances the rank reads (the
+  data order, ``global_indices.npy`` and each step's batch are those of a run on that many ranks);
+- **context parallel**: ``(r // T) % C``: the rank's place among the ``C`` ranks that share each instance's tokens;
+- **tensor parallel**: ``r % T``: the rank's share of each block's heads and hidden units.
+
+The meshes, each made on first use (every rank asks for them at the same points of the launch, as collectives
+require) and kept for the rest of the process:
+
+- :attr:`ParallelLayout.model_mesh`: FSDP2's, over every rank but the tensor-parallel ones (a context-parallel
+  group's ranks shard the model like any other ranks), ``("shard",)`` or ``("replicate", "shard")`` for hybrid
+  sharding, DDP and ``NO_SHARD``, then ``"tp"`` when ``T > 1``;
+- :attr:`ParallelLayout.data_mesh`: ``("dp", "cp")``, then ``"tp"``: its ``cp`` dimension is the group of
+  :attr:`ParallelLayout.context_parallel`;
+- :attr:`ParallelLayout.expert_mesh`: ``("ep", "ep_dp")`` of shape ``(E, W / E)`` for ``expert_parallel.degree``
+  ``E`` (:mod:`olmo.distributed.expert_parallel`).
+
+``scripts/plan.py`` sizes the same object for a cluster it has not launched on (:meth:`ParallelLayout.from_sections`
+without a process group: the arithmetic only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+from ..config import DistributedStrategy, FSDPConfig, ShardingStrategy
+from ..exceptions import OLMoConfigurationError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ..config import ContextParallelConfig, ExpertParallelConfig, TensorParallelConfig, TrainConfig
+    from .collectives import DistEnv
+    from .context_parallel import ContextParallel
+
+__all__ = ["ParallelLayout"]
+
+_REPLICATED = (ShardingStrategy.NO_SHARD,)
+_HYBRID = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+
+
+def _degree(section: Any) -> int:
+    """A section's ``degree`` (1 without the section; a bad value, which validation reports first, counts as 1)."""
+    d = getattr(section, "degree", 1)
+    return d if isinstance(d, int) and not isinstance(d, bool) and d >= 1 else 1
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """How the run's ``world_size`` ranks are arranged, and the meshes and groups of that arrangement."""
+
+    world_size: int = 1
+    rank: int = 0
+    """This process's rank (0 for a layout sized without a launch)."""
+    replicate: int = 0
+    """Model replicas FSDP all-reduces gradients over (DDP, ``NO_SHARD``, hybrid sharding); 0: fully sharded, the
+    mesh has no ``replicate`` dimension."""
+    context: int = 1
+    """``context_parallel.degree``: ranks sharing each instance's tokens."""
+    tensor: int = 1
+    """``tensor_parallel.degree``: ranks sharing each block's matrices."""
+    expert: int = 1
+    """``expert_parallel.degree``: ranks sharing each mixture-of-experts layer's experts."""
+    device_type: str = "cpu"
+    env: Optional[DistEnv] = field(default=None, compare=False, repr=False)
+    """The launch this layout is of (None: sized for a cluster, without a process group)."""
+    _meshes: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_sections(
+        cls,
+        world_size: int,
+        rank: int = 0,
+        *,
+        local_world_size: Optional[int] = None,
+        device_type: str = "cpu",
+        distributed_strategy: Optional[str] = None,
+        fsdp: Optional[FSDPConfig] = None,
+        context_parallel: Optional[ContextParallelConfig] = None,
+        tensor_parallel: Optional[TensorParallelConfig] = None,
+        expert_parallel: Optional[ExpertParallelConfig] = None,
+        env: Optional[DistEnv] = None,
+    ) -> ParallelLayout:
+        """The layout of ``world_size`` ranks (``local_world_size`` per node; None: one node) under these sections;
+        ``env``: the launch (its process group makes the meshes), whose world size, rank and device it takes.
+
+        :raises OLMoConfigurationError: when the tensor-parallel degree or the hybrid replicas do not divide the ranks
+            (validation refuses such a launch earlier; tools that skip it get the same sentence).
+        """
+        if env is not None:
+            world_size, rank, device_type = env.world_size, env.rank, env.device.type
+            local_world_size = env.local_world_size
+        tp, cp = _degree(tensor_parallel), _degree(context_parallel)
+        if world_size == 1:  # one process shares nothing (a checkpoint evaluated or converted alone)
+            tp = cp = 1
+        if world_size % tp:
+            raise OLMoConfigurationError(
+                f"tensor_parallel.degree={tp} must divide the number of processes ({world_size})."
+            )
+        data_parallel = world_size // tp  # FSDP's ranks: every one but the tensor-parallel ones
+        fsdp = fsdp or FSDPConfig()
+        replicate = 0
+        if world_size == 1:
+            pass
+        elif distributed_strategy == DistributedStrategy.ddp or fsdp.sharding_strategy in _REPLICATED:
+            replicate = data_parallel
+        elif fsdp.sharding_strategy in _HYBRID:
+            local = local_world_size or world_size
+            replicate = fsdp.hybrid_sharding_num_model_replicas or max(1, world_size // local)
+            if data_parallel % replicate != 0:
+                raise OLMoConfigurationError(
+                    f"fsdp.hybrid_sharding_num_model_replicas={replicate} must divide the data-parallel ranks "
+                    f"({data_parallel}: the world size {world_size} over tensor_parallel.degree={tp})."
+                )
+        return cls(world_size, rank, replicate, cp, tp, _degree(expert_parallel), device_type, env)
+
+    @classmethod
+    def of_run(
+        cls,
+        cfg: TrainConfig,
+        env: Optional[DistEnv] = None,
+        world_size: int = 1,
+        rank: int = 0,
+        local_world_size: Optional[int] = None,
+    ) -> ParallelLayout:
+        """The layout of a run's config on the launched processes of ``env`` (without one: ``world_size`` ranks,
+        ``local_world_size`` per node, seen from ``rank``, before any process group exists or for a cluster)."""
+        return cls.from_sections(
+            world_size,
+            rank,
+            local_world_size=local_world_size,
+            env=env,
+            distributed_strategy=cfg.distributed_strategy,
+            fsdp=cfg.fsdp,
+            context_parallel=cfg.context_parallel,
+            tensor_parallel=cfg.tensor_parallel,
+            expert_parallel=cfg.expert_parallel,
+        )
+
+    @classmethod
+    def planned(cls, cfg: TrainConfig, world_size: int, local_world_size: Optional[int] = None) -> ParallelLayout:
+        """:meth:`of_run` for a launch not made yet (estimates, plans): a layout that validation refuses (a degree
+        that does not divide the ranks) is sized as ``world_size`` ranks sharding everything, never an error."""
+        try:
+            return cls.of_run(cfg, world_size=world_size, local_world_size=local_world_size)
+        except OLMoConfigurationError:
+            return cls(world_size=world_size)
+
+    @classmethod
+    def single(cls, env: DistEnv) -> ParallelLayout:
+        """One process (``env``'s), nothing shared."""
+        assert env.world_size == 1, env
+        return cls(device_type=env.device.type, env=env)
+
+    @property
+    def launch(self) -> DistEnv:
+        """The launch this layout is of (a layout sized for a cluster has none)."""
+        if self.env is None:
+            raise RuntimeError(
+                "a layout sized without a launch (ParallelLayout.from_sections without env) has no process group"
+            )
+        return self.env
+
+    # The arithmetic: what each rank reads and where it sits.
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that read different instances."""
+        return max(1, self.world_size // (self.context * self.tensor))
+
+    def data_parallel_rank_of(self, rank: int) -> int:
+        """Which share of each batch's instances the process of ``rank`` reads."""
+        return rank // (self.context * self.tensor)
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which share of each batch's instances this process reads."""
+        return self.data_parallel_rank_of(self.rank)
+
+    @property
+    def context_rank(self) -> int:
+        """This rank's place in its context-parallel group."""
+        return (self.rank // self.tensor) % self.context
+
+    @property
+    def tensor_rank(self) -> int:
+        """This rank's place in its tensor-parallel group."""
+        return self.rank % self.tensor
+
+    @property
+    def shard(self) -> int:
+        """Ranks FSDP splits parameters, gradients and optimizer state over (1: replicated)."""
+        if self.world_size == 1:
+            return 1
+        return self.world_size // self.tensor // (self.replicate or 1)
+
+    @property
+    def expert_sharded(self) -> bool:
+        """Whether the experts are split over ranks (the degree divides the ranks; otherwise every rank holds every
+        expert, as a checkpoint evaluated on fewer processes than it trained on does)."""
+        return self.expert > 1 and self.world_size % self.expert == 0
+
+    def degrees(self) -> dict[str, int]:
+        """The layout's sizes by name, as ``scripts/plan.py`` shows them."""
+        return {
+            "replicate": self.replicate or 1,
+            "shard": self.shard,
+            "expert_parallel": self.expert,
+            "tensor_parallel": self.tensor,
+            "context_parallel": self.context,
+        }
+
+    # The meshes and groups: made on first use, every rank at the same point.
+
+    @property
+    def model_mesh(self) -> Optional[DeviceMesh]:
+        """FSDP2's mesh, then ``"tp"`` (None for one process)."""
+        if self.world_size == 1:
+            return None
+        if "model" not in self._meshes:
+            shape: tuple[int, ...] = (self.shard,)
+            names: tuple[str, ...] = ("shard",)
+            if self.replicate:
+                shape, names = (self.replicate, self.shard), ("replicate", "shard")
+            if self.tensor > 1:
+                shape, names = (*shape, self.tensor), (*names, "tp")
+            self._meshes["model"] = self._init_mesh(shape, names)
+        return self._meshes["model"]
+
+    @property
+    def fsdp_mesh(self) -> Optional[DeviceMesh]:
+        """The model mesh without its ``"tp"`` dimension: what FSDP shards and replicates over."""
+        mesh = self.model_mesh
+        if mesh is None or self.tensor == 1:
+            return mesh
+        return mesh[tuple(n for n in mesh.mesh_dim_names or () if n != "tp")]
+
+    @property
+    def tensor_mesh(self) -> Optional[DeviceMesh]:
+        """The tensor-parallel group's one-dimensional mesh (None without tensor parallelism)."""
+        mesh = self.model_mesh
+        return mesh["tp"] if mesh is not None and self.tensor > 1 else None
+
+    @property
+    def data_mesh(self) -> DeviceMesh:
+        """``("dp", "cp")``, then ``"tp"``: the ranks by the instances they read."""
+        if "data" not in self._meshes:
+            shape: tuple[int, ...] = (self.data_parallel_size, self.context)
+            names: tuple[str, ...] = ("dp", "cp")
+            if self.tensor > 1:
+                shape, names = (*shape, self.tensor), (*names, "tp")
+            self._meshes["data"] = self._init_mesh(shape, names)
+        return self._meshes["data"]
+
+    @property
+    def context_parallel(self) -> Optional[ContextParallel]:
+        """This rank's context-parallel group (None with ``context_parallel.degree`` 1)."""
+        if self.context == 1:
+            return None
+        if "cp" not in self._meshes:
+            from .context_parallel import ContextParallel
+
+            mesh = self.data_mesh
+            self._meshes["cp"] = ContextParallel(self.context, mesh.get_local_rank("cp"), mesh.get_group("cp"))
+        return self._meshes["cp"]
+
+    @property
+    def expert_mesh(self) -> Optional[DeviceMesh]:
+        """``("ep", "ep_dp")`` of shape ``(degree, world_size / degree)`` (None when the experts are not split)."""
+        if not self.expert_sharded:
+            return None
+        if "expert" not in self._meshes:
+            self._meshes["expert"] = self._init_mesh(
+                (self.expert, self.world_size // self.expert), ("ep", "ep_dp")
+            )
+        return self._meshes["expert"]
+
+    def _init_mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not dist.is_initialized() or dist.get_world_size() != self.world_size:
+            raise RuntimeError(
+                f"the {names} mesh of a layout of {self.world_size} ranks needs their process group "
+                f"(initialized: {dist.is_initialized()})"
+            )
+        return init_device_mesh(self.device_type, shape, mesh_dim_names=names)
