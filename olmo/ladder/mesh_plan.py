@@ -60,11 +60,12 @@ class MeshPlan:
 def _meshes(cfg: TrainConfig, world_size: int) -> list[tuple[str, TrainConfig]]:
     """The configured layout first, then the other FSDP layouts (and expert-parallel, context- and tensor-parallel
     degrees) this world allows: each one that a launch would accept (:func:`olmo.config.validation.layout_problems`)."""
-    from .estimates import GPUS_PER_NODE
+    from .estimates import GPUS_PER_NODE, planned_layout
 
     out = [("configured", cfg)]
     if world_size == 1:
         return out  # one rank: nothing to shard
+    configured = planned_layout(cfg, world_size)
     layouts: list[tuple[str, ShardingStrategy, Optional[int]]] = [
         ("FULL_SHARD", ShardingStrategy.FULL_SHARD, None),
         ("SHARD_GRAD_OP", ShardingStrategy.SHARD_GRAD_OP, None),
@@ -92,7 +93,7 @@ def _meshes(cfg: TrainConfig, world_size: int) -> list[tuple[str, TrainConfig]]:
             if not layout_problems(other, world_size):
                 out.append((label + (f" + EP {degree}" if degree > 1 else ""), other))
     seq = cfg.model.max_sequence_length
-    if (seq >= 16384 or cfg.context_parallel.degree > 1) and not cfg.model.is_moe:
+    if (seq >= 16384 or configured.context > 1) and not cfg.model.is_moe:
         for cp in (2, 4, 8, 16):
             if cp <= world_size:
                 other = copy.deepcopy(cfg)
@@ -103,8 +104,8 @@ def _meshes(cfg: TrainConfig, world_size: int) -> list[tuple[str, TrainConfig]]:
                 if not layout_problems(other, world_size):
                     out.append((f"FULL_SHARD + CP {cp}", other))
     m = cfg.model
-    if (m.d_model >= 4096 or cfg.tensor_parallel.degree > 1) and not m.is_moe and not m.alibi:
-        cp = cfg.context_parallel.degree  # a long-context config keeps its context parallelism
+    if (m.d_model >= 4096 or configured.tensor > 1) and not m.is_moe and not m.alibi:
+        cp = configured.context  # a long-context config keeps its context parallelism
         for tp in (2, 4, 8):
             other = copy.deepcopy(cfg)
             assert other.fsdp is not None

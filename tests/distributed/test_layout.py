@@ -162,8 +162,6 @@ PARALLEL_SECTIONS = {"context_parallel", "tensor_parallel", "expert_parallel"}
 READS_ALLOWED = {
     # What a dry run in one process will need under torchrun: the config's own degrees, not this launch's layout.
     "olmo/ladder/run_planner.py": "the single-process dry run names the degrees the config asks of a later launch",
-    # The meshes plan.py compares are configs with other degrees: it sets them, and offers a kind by the config's own.
-    "olmo/ladder/mesh_plan.py": "the candidate meshes are configs with other degrees (set, then sized by the layout)",
 }
 
 
