@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, Protocol, Union
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,6 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from ..config import TrainConfig
 from ..distributed.tensor_parallel import canonical_rows
 from ..exceptions import OLMoCheckpointError
 from ..util import lost_peer, remove_path, unwritable_reason
@@ -111,6 +110,13 @@ def is_committed(path: Path) -> bool:
         return False
 
 
+class ConfigRecord(Protocol):
+    """The run's config as a checkpoint records it (:class:`olmo.config.TrainConfig`): it writes itself as YAML."""
+
+    def save(self, path: Union[str, Path]) -> None:
+        """Write the config to ``path``."""
+
+
 @dataclass
 class PendingCheckpoint:
     """A checkpoint whose files are written (or being written in the background) into a temporary
@@ -119,7 +125,7 @@ class PendingCheckpoint:
     target: Path
     tmp: Path
     meta: dict[str, Any]
-    config: Optional[TrainConfig]
+    config: Optional[ConfigRecord]
     """Written as ``config.yaml`` at commit; None when the caller already put one in ``tmp``."""
     future: Optional[Future] = None
 
@@ -134,7 +140,7 @@ def save_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     train_state: dict[str, Any],
-    config: TrainConfig,
+    config: ConfigRecord,
     sharded: bool,
     overwrite: bool = False,
     ephemeral: bool = False,
@@ -239,7 +245,7 @@ def begin_checkpoint(
     step: int,
     state: dict[str, Any],
     train_state: dict[str, Any],
-    config: TrainConfig,
+    config: ConfigRecord,
     sharded: bool,
     overwrite: bool = False,
     ephemeral: bool = False,
@@ -390,7 +396,7 @@ def write_unsharded_checkpoint(
 
 def write_imported_checkpoint(
     target: Path,
-    cfg: TrainConfig,
+    cfg: ConfigRecord,
     model: nn.Module,
     optimizer: Optional[torch.optim.Optimizer] = None,
     safetensors: bool = False,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from olmo.checkpoint.restore import (
+    LaunchOptions,
     LaunchPlan,
     RestorePlan,
     claim_save_folder,
@@ -112,16 +113,18 @@ def _launch(cfg: TrainConfig, callbacks: Sequence[Callback]) -> int:
     try:
         stages = plan_stages(cfg, lambda data: len(dataset_of(data)))  # a length in epochs opens the data
         mixes = mixture_plans(stages, dataset_of)  # a mix its sources cannot meet is refused before any write
-        check_schedule_lengths(cfg, stages)
+        check_schedule_lengths(cfg.scheduler, cfg.tokens_per_batch, stages)
     except (OLMoDataError, OLMoConfigurationError):
         if cfg.dry_run and env_rank() == 0:
             print(format_plan(plan_run(cfg, env_world_size(), None)))
         raise
-    preflight_kl_reference(cfg)
-    launch = plan_restore(cfg)  # opens every checkpoint file it will read
+    preflight_kl_reference(cfg.kl_reference, stages, cfg.model)
+    launch = plan_restore(
+        LaunchOptions.from_train_config(cfg), cfg.model, cfg.optimizer
+    )  # opens every checkpoint file it will read
     resolve_dpo_reference(cfg, launch)  # recorded in config.yaml, so a resume keeps the reference
     check_resume(cfg, stages, launch)
-    prepare_save_folder(cfg, launch)
+    prepare_save_folder(LaunchOptions.from_train_config(cfg), launch)
     # Every rank checks the files; only rank 0 pays for the full token-id scan. A staged run checks every
     # stage's data.
     scan_tokens = 2**31 if env_rank() == 0 else 0
@@ -169,12 +172,21 @@ def check_resume(cfg: TrainConfig, stages: StagePlan, launch: LaunchPlan) -> Non
     """What continuing a run depends on, checked before anything is written: the batches rollbacks took out
     (``skipped_batches.json``, read unless the launch replaces the run), and, when the launch continues a
     checkpoint's trainer state, the steps left, the schedule and the KL stage's reference."""
-    if not replaces_previous_run(cfg, launch):
+    if not replaces_previous_run(LaunchOptions.from_train_config(cfg), launch):
         read_skip_ranges(cfg.save_folder)
     plan = continued_state(cfg, launch)
     if plan is not None:
-        check_resume_point(cfg, stages, plan.info.path, plan.info.step, resumes_in_save_folder(cfg, launch))
-        check_kl_reference(cfg, stages, plan.info.path, plan.info.step)
+        check_resume_point(
+            stages,
+            plan.info.path,
+            plan.info.step,
+            resumes_in_save_folder(cfg.save_folder, launch),
+            scheduler=cfg.scheduler,
+            tokens_per_batch=cfg.tokens_per_batch,
+            max_duration=cfg.max_duration,
+            written=cfg.as_written(),
+        )
+        check_kl_reference(cfg.save_folder, cfg.kl_reference, cfg.model, stages, plan.info.path, plan.info.step)
 
 
 def check_data(
@@ -193,12 +205,12 @@ def check_data(
             ):  # bounded as the token-id scan is; the train step checks the rest
                 check_pairs_differ(data, max_tokens=2**31)
     plan = continued_state(cfg, launch)
-    if plan is not None and resumes_in_save_folder(cfg, launch):
+    if plan is not None and resumes_in_save_folder(cfg.save_folder, launch):
         fix = (
             f"start a new run from the checkpoint (--load_path={plan.info.path} --save_folder=NEW_FOLDER), which plans "
             f"and records its data anew"
         )
-        check_recorded_data(cfg, stages, dataset_of, fix)
+        check_recorded_data(cfg.save_folder, cfg.seed, stages, dataset_of, fix)
 
 
 def train(
@@ -223,12 +235,19 @@ def train(
         cfg.grad_accum_steps(env.world_size),
     )
     if env.is_main and not cfg.dry_run:
-        claim_save_folder(cfg, launch)  # the launch's first write: cleans up, then writes config.yaml
+        claim_save_folder(
+            LaunchOptions.from_train_config(cfg), launch, cfg
+        )  # the launch's first write: cleans up, then writes config.yaml
         for name, mix in (mixes or {}).items():
             mix.write(Path(cfg.save_folder) / "train_data", name)
     barrier()  # nobody writes into save_folder before rank 0 has made it this run's
     train_loader = build_stage_dataloader(
-        cfg, stages.stages[0], cfg.data_parallel_size(env.world_size), cfg.data_parallel_rank(env.rank), dataset
+        cfg.model,
+        DataContext.from_train_config(cfg),
+        stages.stages[0],
+        cfg.data_parallel_size(env.world_size),
+        cfg.data_parallel_rank(env.rank),
+        dataset,
     )
     model = build_model(cfg.model, env, ParallelizeOptions.from_train_config(cfg, training=True))
     active = model.num_active_params()

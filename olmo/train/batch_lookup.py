@@ -55,7 +55,9 @@ def batch_rows(
             opened[id(data)] = build_memmap_dataset(cfg, data)
         return opened[id(data)]
 
-    check_recorded_data(cfg, plan, dataset_of, "inspect another run: this one never trained on it")
+    check_recorded_data(
+        cfg.save_folder, cfg.seed, plan, dataset_of, "inspect another run: this one never trained on it"
+    )
     batch_size = cfg.global_train_batch_size
     steps_per_epoch = batches_per_epoch(len(dataset), batch_size)
     if steps_per_epoch == 0:

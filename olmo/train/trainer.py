@@ -104,7 +104,7 @@ class Trainer(LoopControl):
         self.data = DataFeed(cfg, env, self.state, stages, self.stability, train_loader)
         self.max_steps = stages.total_steps
         self._stop_at = self.max_steps  # the step fit() stops at (set when it starts)
-        check_schedule_lengths(cfg, stages)
+        check_schedule_lengths(cfg.scheduler, cfg.tokens_per_batch, stages)
         self.device_batch_size = cfg.device_batch_size(env.world_size)
         self.autocast_dtype = autocast_dtype(cfg, env.device)
         self.collect_steps = cfg.metrics_collect_steps(env.device)
