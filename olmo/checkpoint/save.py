@@ -36,6 +36,7 @@ from .safe_reads import MARKER, describe_os_error, read_marker, root_cause
 
 __all__ = [
     "FORMAT_VERSION",
+    "ConfigRecord",
     "PendingCheckpoint",
     "save_checkpoint",
     "begin_checkpoint",

@@ -11,7 +11,7 @@ from typing import Optional
 from ..config import DataConfig, TrainConfig
 from ..config.stage_sections import MAX_STEPS
 from ..data import MemMapDataset, batches_per_epoch, build_memmap_dataset, data_order_seed, order_file_name
-from ..data.inspect import BatchRow, load_order, read_batch
+from ..data.inspect import BatchRow, BatchSettings, load_order, read_batch
 from ..exceptions import OLMoCliError, OLMoDataError
 from ..tokenizer import Tokenizer
 from .stability import SKIPPED_BATCHES_FILE, locate_batch, read_skip_ranges
@@ -93,7 +93,8 @@ def batch_rows(
     order_dir = default_order_dir.parent / stage.order_dir
     path = order_file if order_file is not None else order_dir / order_file_name(epoch)
     seed = data_order_seed(stage.data, cfg.seed)
-    order = load_order(path, order_file is not None, epoch, cfg, dataset, seed)
+    run = BatchSettings(cfg.global_train_batch_size, cfg.dpo.enabled, cfg.model.max_sequence_length)
+    order = load_order(path, order_file is not None, epoch, run, dataset, seed)
     return read_batch(
-        cfg, stage.data, dataset, order, path, s, step, rank, world_size, tokenizer, max_chars, provenance
+        run, stage.data, dataset, order, path, s, step, rank, world_size, tokenizer, max_chars, provenance
     )
