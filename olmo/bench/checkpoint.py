@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint, save_checkpoint
-from olmo.checkpoint.save import ConfigRecord
+from olmo.checkpoint.config_record import ConfigRecord
 from olmo.config import TrainConfig
 from olmo.distributed import DistEnv, ParallelizeOptions, build_model
 from olmo.optim import build_optimizer

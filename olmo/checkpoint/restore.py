@@ -47,7 +47,7 @@ from .storage import (
 )
 
 if TYPE_CHECKING:
-    from .save import ConfigRecord
+    from .config_record import ConfigRecord
 
 __all__ = [
     "preflight_reference",

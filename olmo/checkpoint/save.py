@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Protocol, Union
+from typing import Any, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -32,11 +32,11 @@ from torch.distributed.tensor import DTensor
 from ..distributed.tensor_parallel import canonical_rows
 from ..exceptions import OLMoCheckpointError
 from ..util import lost_peer, remove_path, unwritable_reason
+from .config_record import ConfigRecord
 from .safe_reads import MARKER, describe_os_error, read_marker, root_cause
 
 __all__ = [
     "FORMAT_VERSION",
-    "ConfigRecord",
     "PendingCheckpoint",
     "save_checkpoint",
     "begin_checkpoint",
@@ -109,13 +109,6 @@ def is_committed(path: Path) -> bool:
         return True
     except OLMoCheckpointError:
         return False
-
-
-class ConfigRecord(Protocol):
-    """The run's config as a checkpoint records it (:class:`olmo.config.TrainConfig`): it writes itself as YAML."""
-
-    def save(self, path: Union[str, Path]) -> None:
-        """Write the config to ``path``."""
 
 
 @dataclass

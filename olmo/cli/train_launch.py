@@ -46,13 +46,13 @@ from olmo.train import Trainer
 from olmo.train.build_module import build_train_module, train_module_class
 from olmo.train.callback import Callback
 from olmo.train.dpo import check_pairs_differ, resolve_dpo_reference
+from olmo.train.resume_point import check_resume_point
 from olmo.train.stability import read_skip_ranges
 from olmo.train.stages import (
     StagePlan,
     build_stage_dataloader,
     check_kl_reference,
     check_recorded_data,
-    check_resume_point,
     check_schedule_lengths,
     mixture_file,
     plan_stages,
