@@ -334,64 +334,7 @@ def test_no_module_of_olmo_finds_the_source_checkout_from_its_own_path():
     )
 
 
-TRAIN_CONFIG_ALLOWED = {
-    "olmo/checkpoint/olmo_checkpointers.py:build_sharded_checkpointer": (
-        "OLMo's build_sharded_checkpointer(cfg): the checkpointer writes the whole config into each checkpoint"
-    ),
-    "olmo/data/__init__.py:build_collator": "OLMo's build_collator(train_config); calls build_data_collator",
-    "olmo/data/__init__.py:build_memmap_dataset": (
-        "OLMo's build_memmap_dataset(cfg, cfg.data), DESIGN.md's inspection snippet; calls build_dataset"
-    ),
-    "olmo/data/__init__.py:build_eval_dataloader": (
-        "OLMo's build_eval_dataloader(cfg, data_cfg, batch_size); calls build_eval_loader"
-    ),
-    "olmo/data/__init__.py:build_train_dataloader": (
-        "OLMo's build_train_dataloader(cfg, world_size=..., rank=...); calls build_train_loader"
-    ),
-    "olmo/data/custom_datasets.py:build_custom_dataset": "OLMo's build_custom_dataset(cfg); also takes cfg.data",
-    "olmo/optim/__init__.py:build_optimizer": "OLMo's build_optimizer(cfg, model); also takes cfg.optimizer",
-    "olmo/optim/scheduler.py:build_scheduler": "OLMo's build_scheduler(cfg, sched_cfg=None); also takes cfg.scheduler",
-    "olmo/train/build_module.py:build_train_module": (
-        "the train module's own builder: a TrainModule subclass may read any section (issue 37 follow-up)"
-    ),
-    "olmo/train/stages.py:build_stage_dataloader": (
-        "a stage's loader, built with the train module from the whole config (issue 37 follow-up)"
-    ),
-    "olmo/train/train_module.py:from_config": (
-        "the train module's own builder: a TrainModule subclass may read any section (issue 37 follow-up)"
-    ),
-}
-"""``module:function`` builders below the commands that may take the whole ``TrainConfig``, and why: OLMo's own
-signatures, kept for scripts written against OLMo (each unpacks the sections and calls the section builder)."""
-
-
-def test_builders_take_their_own_config_section_not_the_whole_train_config():
-    import re
-
-    names_train_config = re.compile(r"\bTrainConfig\b")
-    takes_train_config = set()
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = str(path.relative_to(REPO))
-        if rel.startswith("olmo/cli/"):
-            continue  # the commands load the config and hand each builder its sections
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            if not (node.name.startswith("build_") or node.name == "from_config"):
-                continue
-            args = node.args
-            params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
-            annotations = [ast.unparse(p.annotation) for p in params if p is not None and p.annotation is not None]
-            if any(names_train_config.search(a) for a in annotations):
-                takes_train_config.add(f"{rel}:{node.name}")
-    offenders = sorted(takes_train_config - TRAIN_CONFIG_ALLOWED.keys())
-    assert not offenders, (
-        "builders that take the whole TrainConfig: give each its own section (cfg.data, cfg.optimizer, cfg.model, "
-        "an evaluator's config, ...) plus explicit arguments; only an OLMo-compatible entry may go in "
-        f"TRAIN_CONFIG_ALLOWED, with its reason: {offenders}"
-    )
-    stale = sorted(TRAIN_CONFIG_ALLOWED.keys() - takes_train_config)
-    assert not stale, f"TRAIN_CONFIG_ALLOWED names builders that are gone or no longer take a TrainConfig: {stale}"
+# Which functions may take the whole TrainConfig: tests/test_layering_sections.py.
 
 
 FIT_MAX_LINES = 40
@@ -480,40 +423,6 @@ def test_no_two_library_modules_share_a_file_name():
         by_name.setdefault(path.stem.removesuffix("s"), []).append(str(rel))
     shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
     assert not shared, f"modules sharing a file name (rename one after what it holds): {shared}"
-
-
-def _trainer_uses(path: Path) -> set[str]:
-    """The names read off ``self.trainer`` in ``path`` (``self.trainer.x``, and ``host.x`` after ``host =
-    self.trainer``)."""
-    tree = ast.parse(path.read_text())
-    aliases = {
-        target.id
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Assign) and ast.unparse(node.value) == "self.trainer"
-        for target in node.targets
-        if isinstance(target, ast.Name)
-    }
-    return {
-        node.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute)
-        and (ast.unparse(node.value) == "self.trainer" or ast.unparse(node.value) in aliases)
-    }
-
-
-def test_train_modules_use_only_what_the_step_host_offers():
-    """A train module reads the trainer through :class:`olmo.train.train_module.StepHost` only (config, process
-    group, where the run is, three ways to report back), never its state, monitors or checkpointer."""
-    from olmo.train.train_module import StepHost
-
-    offered = {name for name in dir(StepHost) if not name.startswith("_")} | set(StepHost.__annotations__)
-    for path in sorted((PACKAGE / "train").glob("*.py")) + sorted((PACKAGE / "eval").glob("*.py")):
-        extra = _trainer_uses(path) - offered
-        assert not extra, (
-            f"{path.relative_to(REPO)} reads self.trainer.{sorted(extra)}: add it to StepHost or pass it"
-        )
-    uses = _trainer_uses(PACKAGE / "train/train_module.py")
-    assert {"global_step", "add_step_metrics", "local_work", "count_filtered", "tokens_seen"} <= uses
 
 
 def test_the_data_package_imports_torch_only_when_a_name_needs_it():

@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from olmo.checkpoint import inspect_checkpoint, load_checkpoint, save_checkpoint
+from olmo.checkpoint.config_record import ConfigRecord
 from olmo.config import TrainConfig
 from olmo.distributed import DistEnv, ParallelizeOptions, ParallelLayout, build_model
 from olmo.optim import build_optimizer
@@ -172,13 +173,14 @@ def async_save_seconds(
 def run_repeat(
     root: Path,
     step: int,
-    cfg: TrainConfig,
+    config: ConfigRecord,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     stager: DefaultStager,
 ) -> tuple[dict[str, float], dict[str, int]]:
     """One save + load of each checkpoint kind, then the raw async saves; returns seconds and bytes on disk.
 
+    :param config: the run's config, each checkpoint's ``config.yaml``.
     :param stager: a stager that has already staged this state once (its buffers are allocated).
     """
     seconds: dict[str, float] = {}
@@ -186,7 +188,7 @@ def run_repeat(
     train_state = {"format_version": 1, "global_step": step, "world_size": 1, "rng": {0: torch.get_rng_state()}}
     for kind, sharded in (("sharded", True), ("unsharded", False)):
         seconds[f"save {kind}"], path = timed(
-            save_checkpoint, root, step, model, optimizer, train_state, cfg, sharded=sharded
+            save_checkpoint, root, step, model, optimizer, train_state, config, sharded=sharded
         )
         on_disk[kind] = disk_bytes(path)
         info = inspect_checkpoint(str(path))

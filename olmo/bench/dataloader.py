@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from olmo.config import TrainConfig
-from olmo.data import IterableDataset, build_train_dataloader
+from olmo.data import DataContext, IterableDataset, build_train_dataloader
 from olmo.testing import BYTE_EOS, stdlib_documents
 from olmo.util import machine_info
 
@@ -150,9 +150,9 @@ def summarize(runs: list[list[float]], tokens_per_batch: int, workers: Optional[
     }
 
 
-def profile_loader(cfg: TrainConfig, work_dir: Path, warmup: int, steps: int, top: int = 15) -> str:
-    """cProfile's top functions (by own time) while the single-process loader makes ``steps`` batches."""
-    batches = iter(build_train_dataloader(cfg, work_dir=work_dir))
+def profile_loader(loader: torch.utils.data.DataLoader, warmup: int, steps: int, top: int = 15) -> str:
+    """cProfile's top functions (by own time) while the single-process ``loader`` makes ``steps`` batches."""
+    batches = iter(loader)
     for _ in range(warmup):
         next(batches)
     profiler = cProfile.Profile()
@@ -206,7 +206,9 @@ def measure_remote(
             cfg = load_config(workers, f"{base_url}/{Path(corpus_name(root)).name}")
             name = f"remote loader, {workers} workers ({args.latency * 1e3:.0f} ms a request)"
             results[name] = remote.loader_row(
-                cfg,
+                cfg.data,
+                cfg.model,
+                DataContext.from_train_config(cfg),
                 root / f"order-remote-{workers}",
                 args.warmup,
                 args.remote_steps,
@@ -282,7 +284,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         ]
         results[NUMPY_GATHER] = summarize(runs, tokens_per_batch, None)
         if args.profile:
-            profile = profile_loader(load_config(0), root / "order", args.warmup, args.steps)
+            loader = build_train_dataloader(load_config(0), work_dir=root / "order")
+            profile = profile_loader(loader, args.warmup, args.steps)
             print(profile)
         if args.remote:
             remote = measure_remote(args, tokens, root, load_config, results)

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from olmo.bench.scripts import sibling_script
-from olmo.config import TrainConfig
-from olmo.data import IterableDataset, build_train_dataloader
+from olmo.config import DataConfig, ModelConfig, TrainConfig
+from olmo.data import DataContext, IterableDataset, build_train_loader
 
 QUICKSTART_CONFIG = Path("configs/tiny/OLMo-tiny.yaml")
 """The quickstart model's config, in the checkout the benchmark is run from."""
@@ -44,7 +44,9 @@ def serve(folder: Path, latency: float) -> tuple[subprocess.Popen, str]:
 
 
 def loader_row(
-    cfg: TrainConfig,
+    data: DataConfig,
+    model: ModelConfig,
+    context: DataContext,
     work_dir: Path,
     warmup: int,
     steps: int,
@@ -52,19 +54,19 @@ def loader_row(
     time_batches: Callable,
     summarize: Callable,
 ) -> dict[str, Any]:
-    """Throughput of the loader over ``cfg``'s (remote) files, and what it fetched per byte delivered."""
-    loader = build_train_dataloader(cfg, work_dir=work_dir)
+    """Throughput of the loader over the (remote) files of ``data``, and what it fetched per byte delivered."""
+    loader = build_train_loader(data, model, context, work_dir=work_dir)
     order = loader.dataset
     assert isinstance(order, IterableDataset)
     stats = order.dataset.fetch_stats  # type: ignore[attr-defined]
     before = stats.snapshot()["bytes"]
     order.stop_index = (
         warmup + steps
-    ) * cfg.global_train_batch_size  # what each run draws: nothing fetched past it
+    ) * context.global_train_batch_size  # what each run draws: nothing fetched past it
     runs = [time_batches(iter(loader), warmup, steps) for _ in range(repeats)]
-    tokens_per_batch = cfg.global_train_batch_size * cfg.model.max_sequence_length
-    row = summarize(runs, tokens_per_batch, cfg.data.num_workers)
-    delivered = repeats * (warmup + steps) * tokens_per_batch * np.dtype(cfg.data.memmap_dtype).itemsize
+    tokens_per_batch = context.global_train_batch_size * model.max_sequence_length
+    row = summarize(runs, tokens_per_batch, data.num_workers)
+    delivered = repeats * (warmup + steps) * tokens_per_batch * np.dtype(data.memmap_dtype).itemsize
     row["bytes_fetched_per_byte_delivered"] = round((stats.snapshot()["bytes"] - before) / delivered, 4)
     return row
 

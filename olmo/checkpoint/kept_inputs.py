@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..config import TrainConfig
-from ..config.input_paths import RunInput, run_inputs
+from ..config.input_paths import RunInput
 from ..exceptions import OLMoCheckpointError
 from ..util import is_url, local_path_of
 from ..util.checkpoint_dirs import list_checkpoints
@@ -89,11 +88,15 @@ def _first_hit(item: RunInput, removals: dict[Path, Removal]) -> Optional[Remova
 
 
 def check_inputs_kept(
-    cfg: TrainConfig, now: Iterable[Removal], later: Iterable[Removal], skip: Iterable[str] = ()
+    save_folder: str,
+    inputs: Iterable[RunInput],
+    now: Iterable[Removal],
+    later: Iterable[Removal],
+    skip: Iterable[str] = (),
 ) -> None:
-    """Refuse the launch when an input of ``cfg`` lies in (or is reached through) an entry of ``save_folder`` that
-    the launch removes (``now``) or, for an input read after the launch has started, that the run may delete
-    (``later``). Reads the folder; writes nothing.
+    """Refuse the launch when one of the run's ``inputs`` (:func:`olmo.config.input_paths.run_inputs`) lies in (or
+    is reached through) an entry of ``save_folder`` that the launch removes (``now``) or, for an input read after the
+    launch has started, that the run may delete (``later``). Reads the folder; writes nothing.
 
     :param skip: keys not read by this launch (``load_path`` when ``try_load_latest_save`` found a checkpoint).
     :raises OLMoCheckpointError: one paragraph naming every such key (three at most), its path and the fix.
@@ -105,7 +108,7 @@ def check_inputs_kept(
     problems: list[str] = []
     fixes: list[str] = []
     first: Optional[tuple[RunInput, Removal]] = None
-    for item in run_inputs(cfg):
+    for item in inputs:
         if item.key in skip:
             continue
         hit = _first_hit(item, removed_now)
@@ -125,17 +128,19 @@ def check_inputs_kept(
     shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
     item, hit = first
     raise OLMoCheckpointError(
-        f"This run would delete what it reads, so nothing was deleted or written: in save_folder '{cfg.save_folder}', "
+        f"This run would delete what it reads, so nothing was deleted or written: in save_folder '{save_folder}', "
         f"{shown}. Copy it out of the save folder first (e.g. cp -r '{hit.entry}' /elsewhere/ and point {item.key} "
         f"at the copy), {''.join(f + ', ' for f in fixes)}or choose another --save_folder."
     )
 
 
-def later_removals(cfg: TrainConfig, start_step: int, removed_now: Iterable[Path]) -> list[Removal]:
+def later_removals(
+    save_folder: str, save_overwrite: bool, start_step: int, removed_now: Iterable[Path]
+) -> list[Removal]:
     """The checkpoints of ``save_folder`` (not removed now) that a run starting at ``start_step`` would replace while
     it trains: with ``save_overwrite``, those of a later step, which this run saves again. (Retention and the removal
     of ephemeral checkpoints pass over the checkpoints a run reads: :func:`kept_checkpoints`.)"""
-    if not cfg.save_overwrite:
+    if not save_overwrite:
         return []
     gone = {canonical_entry(Path(p)) for p in removed_now}
     return [
@@ -144,19 +149,19 @@ def later_removals(cfg: TrainConfig, start_step: int, removed_now: Iterable[Path
             f"this run (from step {start_step}) saves again at step {c.step} and --save_overwrite replaces",
             "drop --save_overwrite",
         )
-        for c in list_checkpoints(cfg.save_folder)
+        for c in list_checkpoints(save_folder)
         if c.step > start_step and canonical_entry(Path(c.path)) not in gone
     ]
 
 
-def kept_checkpoints(cfg: TrainConfig) -> set[Path]:
-    """The checkpoints of ``save_folder`` that an input read during the run lies in (as :func:`path_route` finds
-    it): a rewind or retention mid-run must not delete them."""
-    found = {canonical_entry(Path(c.path)) for c in list_checkpoints(cfg.save_folder)}
+def kept_checkpoints(save_folder: str, inputs: Iterable[RunInput]) -> set[Path]:
+    """The checkpoints of ``save_folder`` that one of the run's ``inputs`` read during the run lies in (as
+    :func:`path_route` finds it): a rewind or retention mid-run must not delete them."""
+    found = {canonical_entry(Path(c.path)) for c in list_checkpoints(save_folder)}
     if not found:
         return set()
     kept: set[Path] = set()
-    for item in run_inputs(cfg):
+    for item in inputs:
         if not item.read_later:
             continue
         for path in _local_paths(item):

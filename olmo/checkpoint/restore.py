@@ -14,11 +14,12 @@ import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from ..config import TrainConfig
+from ..config.input_paths import RunInput, run_inputs
 from ..exceptions import OLMoCheckpointError
 from ..util import is_url, local_path_of, remove_path, unwritable_reason
 from ..util.checkpoint_dirs import STEP_DIR, read_marker, unreadable_checkpoints
@@ -45,8 +46,12 @@ from .storage import (
     trainer_state,
 )
 
+if TYPE_CHECKING:
+    from .config_record import ConfigRecord
+
 __all__ = [
     "preflight_reference",
+    "LaunchOptions",
     "LaunchPlan",
     "RestorePlan",
     "plan_restore",
@@ -78,6 +83,37 @@ _RUN_PATTERNS = re.compile(
 )
 
 
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """What the restore plan and the checks of the save folder read from the config (top-level keys of OLMo's
+    config); :meth:`from_train_config` takes them from one."""
+
+    save_folder: str
+    save_overwrite: bool = False
+    """``save_overwrite``: a new run replaces the folder's previous run; a resume removes the newer checkpoints."""
+    try_load_latest_save: bool = False
+    """``try_load_latest_save``: restore the folder's newest checkpoint that opens, before ``load_path``."""
+    load_path: Optional[str] = None
+    reset_trainer_state: bool = False
+    reset_optimizer_state: bool = False
+    inputs: tuple[RunInput, ...] = ()
+    """Every path the run reads (:func:`olmo.config.input_paths.run_inputs`): never deleted by the launch or run."""
+
+    @classmethod
+    def from_train_config(cls, cfg: TrainConfig) -> LaunchOptions:
+        """The launch settings of ``cfg``, as they are now (``dpo.reference_path`` is one of the inputs once it is
+        resolved)."""
+        return cls(
+            save_folder=cfg.save_folder,
+            save_overwrite=cfg.save_overwrite,
+            try_load_latest_save=cfg.try_load_latest_save,
+            load_path=None if cfg.load_path is None else str(cfg.load_path),
+            reset_trainer_state=cfg.reset_trainer_state,
+            reset_optimizer_state=cfg.reset_optimizer_state,
+            inputs=tuple(run_inputs(cfg)),
+        )
+
+
 @dataclass(frozen=True)
 class RestorePlan:
     """Which checkpoint a launch restores and what it takes from it."""
@@ -96,8 +132,9 @@ class LaunchPlan:
     unusable: tuple[str, ...] = ()
 
 
-def plan_restore(cfg: TrainConfig) -> LaunchPlan:
-    """Decide what this launch restores, and open every file of it (see :func:`preflight_restore`).
+def plan_restore(cfg: LaunchOptions, model_cfg: Any, optimizer_cfg: Any) -> LaunchPlan:
+    """Decide what this launch restores, and open every file of it (see :func:`preflight_restore`, which checks it
+    against ``model_cfg`` and ``optimizer_cfg``, the run's ``model`` and ``optimizer`` sections).
 
     ``try_load_latest_save`` wins when ``save_folder`` holds a committed checkpoint (and then the reset
     flags are ignored: a restarted job must continue exactly); a damaged newest checkpoint is passed over,
@@ -115,7 +152,7 @@ def plan_restore(cfg: TrainConfig) -> LaunchPlan:
         for candidate in reversed(list_checkpoints(cfg.save_folder)):
             try:
                 plan = RestorePlan(inspect_checkpoint(candidate.path), True, True)
-                preflight_restore(plan, cfg.model, cfg.optimizer)
+                preflight_restore(plan, model_cfg, optimizer_cfg)
             except ModelMismatchError:
                 raise  # the config changed, not the checkpoint: never pass over good checkpoints for that
             except OLMoCheckpointError as e:
@@ -139,7 +176,7 @@ def plan_restore(cfg: TrainConfig) -> LaunchPlan:
         )
         load_optimizer_state = False
     plan = RestorePlan(info, load_optimizer_state, not cfg.reset_trainer_state)
-    preflight_restore(plan, cfg.model, cfg.optimizer)
+    preflight_restore(plan, model_cfg, optimizer_cfg)
     return LaunchPlan(plan, tuple(unusable))
 
 
@@ -233,16 +270,18 @@ def _check_recorded_step(info: CheckpointInfo, path: Any, state: dict[str, Any])
     )
 
 
-def resumes_in_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> bool:
+def resumes_in_save_folder(save_folder: str, launch: LaunchPlan) -> bool:
     """Whether the launch restores a checkpoint of ``save_folder`` itself (a resume of the run, not a new run from
     another's checkpoint)."""
-    return _resuming_here(Path(cfg.save_folder), launch.restore)
+    return _resuming_here(Path(save_folder), launch.restore)
 
 
-def replaces_previous_run(cfg: TrainConfig, launch: LaunchPlan) -> bool:
+def replaces_previous_run(cfg: LaunchOptions, launch: LaunchPlan) -> bool:
     """Whether :func:`claim_save_folder` removes the previous run's files (``save_overwrite`` for a new run, neither
     resuming from the folder nor ``try_load_latest_save``)."""
-    return cfg.save_overwrite and not cfg.try_load_latest_save and not resumes_in_save_folder(cfg, launch)
+    return (
+        cfg.save_overwrite and not cfg.try_load_latest_save and not resumes_in_save_folder(cfg.save_folder, launch)
+    )
 
 
 def _same_place(a: str, b: str) -> bool:
@@ -265,7 +304,7 @@ def _check_writable(root: Path) -> None:
         )
 
 
-def prepare_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
+def prepare_save_folder(cfg: LaunchOptions, launch: LaunchPlan) -> None:
     """Check that ``save_folder`` can be written, holds no other run (unless ``save_overwrite``), and that nothing the
     run reads lies where the launch or the run deletes (:func:`check_kept_inputs`).
 
@@ -309,9 +348,9 @@ def prepare_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
             )
 
 
-def claim_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
-    """Make ``save_folder`` this run's and write its ``config.yaml``; rank 0 calls it after every check,
-    before writing anything else.
+def claim_save_folder(cfg: LaunchOptions, launch: LaunchPlan, config: ConfigRecord) -> None:
+    """Make ``save_folder`` this run's and write its ``config.yaml`` (``config``, the run's whole config); rank 0
+    calls it after every check, before writing anything else.
 
     * Checkpoints found unusable (:attr:`LaunchPlan.unusable`) are moved aside (renamed to hidden
       ``.stepN.damaged-*`` entries), never deleted, so no later launch picks them up and this run can save those
@@ -328,7 +367,7 @@ def claim_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
     try:
         _clean_save_folder(cfg, launch)
         Path(cfg.save_folder).mkdir(parents=True, exist_ok=True)
-        cfg.save(Path(cfg.save_folder) / "config.yaml")
+        config.save(Path(cfg.save_folder) / "config.yaml")
     except OSError as e:
         raise OLMoCheckpointError(
             f"Could not write to save_folder '{cfg.save_folder}': {describe_os_error(e)}. Free some space or fix "
@@ -336,7 +375,7 @@ def claim_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
         ) from None
 
 
-def _clean_save_folder(cfg: TrainConfig, launch: LaunchPlan) -> None:
+def _clean_save_folder(cfg: LaunchOptions, launch: LaunchPlan) -> None:
     root, plan = Path(cfg.save_folder), launch.restore
     for path in launch.unusable:
         aside = Path(path).with_name(f".{Path(path).name}.damaged-{uuid.uuid4().hex[:8]}")
@@ -379,7 +418,7 @@ def _newer_checkpoints(root: Path, launch: LaunchPlan) -> list[CheckpointInfo]:
     return [c for c in list_checkpoints(root) if c.step > plan.info.step and c.path not in launch.unusable]
 
 
-def planned_removals(cfg: TrainConfig, launch: LaunchPlan) -> list[Removal]:
+def planned_removals(cfg: LaunchOptions, launch: LaunchPlan) -> list[Removal]:
     """What :func:`claim_save_folder` removes from ``save_folder`` (or moves aside) for this launch, and why."""
     root, plan = Path(cfg.save_folder), launch.restore
     out = [
@@ -401,7 +440,7 @@ def planned_removals(cfg: TrainConfig, launch: LaunchPlan) -> list[Removal]:
     return out
 
 
-def check_kept_inputs(cfg: TrainConfig, launch: LaunchPlan) -> None:
+def check_kept_inputs(cfg: LaunchOptions, launch: LaunchPlan) -> None:
     """Refuse the launch when something it reads lies where it deletes: in what :func:`claim_save_folder` removes up
     front, or (for the references and data, read all along) in a checkpoint of ``save_folder`` that the run may
     delete later (:mod:`olmo.checkpoint.kept_inputs`). Writes nothing.
@@ -413,9 +452,9 @@ def check_kept_inputs(cfg: TrainConfig, launch: LaunchPlan) -> None:
     plan = launch.restore
     now = planned_removals(cfg, launch)
     start_step = plan.info.step if plan is not None and plan.load_trainer_state else 0
-    later = later_removals(cfg, start_step, [r.entry for r in now])
+    later = later_removals(cfg.save_folder, cfg.save_overwrite, start_step, [r.entry for r in now])
     # With try_load_latest_save, a checkpoint found in the folder wins, and load_path is not read.
     ignored = (
         plan is not None and cfg.load_path is not None and not _same_place(plan.info.path, str(cfg.load_path))
     )
-    check_inputs_kept(cfg, now, later, skip=("load_path",) if ignored else ())
+    check_inputs_kept(cfg.save_folder, cfg.inputs, now, later, skip=("load_path",) if ignored else ())

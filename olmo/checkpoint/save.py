@@ -29,10 +29,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from ..config import TrainConfig
 from ..distributed.tensor_parallel import canonical_rows
 from ..exceptions import OLMoCheckpointError
 from ..util import lost_peer, remove_path, unwritable_reason
+from .config_record import ConfigRecord
 from .safe_reads import MARKER, describe_os_error, read_marker, root_cause
 
 __all__ = [
@@ -119,7 +119,7 @@ class PendingCheckpoint:
     target: Path
     tmp: Path
     meta: dict[str, Any]
-    config: Optional[TrainConfig]
+    config: Optional[ConfigRecord]
     """Written as ``config.yaml`` at commit; None when the caller already put one in ``tmp``."""
     future: Optional[Future] = None
 
@@ -134,7 +134,7 @@ def save_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     train_state: dict[str, Any],
-    config: TrainConfig,
+    config: ConfigRecord,
     sharded: bool,
     overwrite: bool = False,
     ephemeral: bool = False,
@@ -239,7 +239,7 @@ def begin_checkpoint(
     step: int,
     state: dict[str, Any],
     train_state: dict[str, Any],
-    config: TrainConfig,
+    config: ConfigRecord,
     sharded: bool,
     overwrite: bool = False,
     ephemeral: bool = False,
@@ -390,7 +390,7 @@ def write_unsharded_checkpoint(
 
 def write_imported_checkpoint(
     target: Path,
-    cfg: TrainConfig,
+    cfg: ConfigRecord,
     model: nn.Module,
     optimizer: Optional[torch.optim.Optimizer] = None,
     safetensors: bool = False,

@@ -31,6 +31,7 @@ from typing import Optional
 
 from olmo.checkpoint.save import check_new_output_dir, write_imported_checkpoint
 from olmo.config import DataConfig, TokenizerConfig, TrainConfig
+from olmo.config.validation import config_problems
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError
 from olmo.hf import from_hf_state, hf_class_listing, model_config_from_hf
 from olmo.hf.conversion_checks import check_imported_config
@@ -102,7 +103,8 @@ def convert_from_hf(hf_dir: str, output_dir: str, safetensors: bool = False) -> 
     data = DataConfig(memmap_dtype="uint16" if model_cfg.vocab_size <= 2**16 else "uint32")  # OLMo 2/3: 100,278
     tokenizer = TokenizerConfig(identifier=identifier)
     cfg = TrainConfig(run_name=target.name, model=model_cfg, tokenizer=tokenizer, data=data)
-    check_imported_config(cfg, hf_config.model_type, source)  # a config the trainer refuses is refused here
+    # A config the trainer refuses is refused here.
+    check_imported_config(config_problems(cfg, 1), hf_config.model_type, source)
     state = from_hf_state(read_hf_weights(source), model_cfg, str(source))
     model = OLMo(model_cfg, init_params=False)
     model.load_state_dict(state, strict=True)  # casts to the model's fp32

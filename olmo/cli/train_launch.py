@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from olmo.checkpoint.restore import (
+    LaunchOptions,
     LaunchPlan,
     RestorePlan,
     claim_save_folder,
@@ -46,13 +47,13 @@ from olmo.train import Trainer
 from olmo.train.build_module import build_train_module, train_module_class
 from olmo.train.callback import Callback
 from olmo.train.dpo import check_pairs_differ, resolve_dpo_reference
+from olmo.train.resume_point import check_resume_point
 from olmo.train.stability import read_skip_ranges
 from olmo.train.stages import (
     StagePlan,
     build_stage_dataloader,
     check_kl_reference,
     check_recorded_data,
-    check_resume_point,
     check_schedule_lengths,
     mixture_file,
     plan_stages,
@@ -95,7 +96,7 @@ def _launch(cfg: TrainConfig, callbacks: Sequence[Callback]) -> int:
     if float8_problem is not None:  # a dry run on a login node plans a GPU run
         log.warning("%s", float8_problem)
     # A bad name, or a module that cannot train a stage's KL penalty, fails before anything is built.
-    train_module_class(cfg, cfg.train_module)
+    train_module_class(cfg.train_module, cfg.stages, cfg.dpo.enabled)
     if cfg.hf_export.enabled:
         check_hf_export(cfg.model, cfg.tokenizer.identifier)  # the export at the end must not fail
     if not cfg.dry_run:  # a dry run's plan shows the memory instead
@@ -113,16 +114,18 @@ def _launch(cfg: TrainConfig, callbacks: Sequence[Callback]) -> int:
     try:
         stages = plan_stages(cfg, lambda data: len(dataset_of(data)))  # a length in epochs opens the data
         mixes = mixture_plans(stages, dataset_of)  # a mix its sources cannot meet is refused before any write
-        check_schedule_lengths(cfg, stages)
+        check_schedule_lengths(cfg.scheduler, cfg.tokens_per_batch, stages)
     except (OLMoDataError, OLMoConfigurationError):
         if cfg.dry_run and env_rank() == 0:
             print(format_plan(plan_run(cfg, env_world_size(), None)))
         raise
-    preflight_kl_reference(cfg)
-    launch = plan_restore(cfg)  # opens every checkpoint file it will read
+    preflight_kl_reference(cfg.kl_reference, stages, cfg.model)
+    launch = plan_restore(
+        LaunchOptions.from_train_config(cfg), cfg.model, cfg.optimizer
+    )  # opens every checkpoint file it will read
     resolve_dpo_reference(cfg, launch)  # recorded in config.yaml, so a resume keeps the reference
     check_resume(cfg, stages, launch)
-    prepare_save_folder(cfg, launch)
+    prepare_save_folder(LaunchOptions.from_train_config(cfg), launch)
     # Every rank checks the files; only rank 0 pays for the full token-id scan. A staged run checks every
     # stage's data.
     scan_tokens = 2**31 if env_rank() == 0 else 0
@@ -170,12 +173,21 @@ def check_resume(cfg: TrainConfig, stages: StagePlan, launch: LaunchPlan) -> Non
     """What continuing a run depends on, checked before anything is written: the batches rollbacks took out
     (``skipped_batches.json``, read unless the launch replaces the run), and, when the launch continues a
     checkpoint's trainer state, the steps left, the schedule and the KL stage's reference."""
-    if not replaces_previous_run(cfg, launch):
+    if not replaces_previous_run(LaunchOptions.from_train_config(cfg), launch):
         read_skip_ranges(cfg.save_folder)
     plan = continued_state(cfg, launch)
     if plan is not None:
-        check_resume_point(cfg, stages, plan.info.path, plan.info.step, resumes_in_save_folder(cfg, launch))
-        check_kl_reference(cfg, stages, plan.info.path, plan.info.step)
+        check_resume_point(
+            stages,
+            plan.info.path,
+            plan.info.step,
+            resumes_in_save_folder(cfg.save_folder, launch),
+            scheduler=cfg.scheduler,
+            tokens_per_batch=cfg.tokens_per_batch,
+            max_duration=cfg.max_duration,
+            written=cfg.as_written(),
+        )
+        check_kl_reference(cfg.save_folder, cfg.kl_reference, cfg.model, stages, plan.info.path, plan.info.step)
 
 
 def check_data(
@@ -195,12 +207,12 @@ def check_data(
             ):  # bounded as the token-id scan is; the train step checks the rest
                 check_pairs_differ(data, max_tokens=2**31)
     plan = continued_state(cfg, launch)
-    if plan is not None and resumes_in_save_folder(cfg, launch):
+    if plan is not None and resumes_in_save_folder(cfg.save_folder, launch):
         fix = (
             f"start a new run from the checkpoint (--load_path={plan.info.path} --save_folder=NEW_FOLDER), which plans "
             f"and records its data anew"
         )
-        check_recorded_data(cfg, stages, dataset_of, fix)
+        check_recorded_data(cfg.save_folder, cfg.seed, stages, dataset_of, fix)
 
 
 def train(
@@ -225,13 +237,20 @@ def train(
         cfg.grad_accum_steps(env.world_size),
     )
     if env.is_main and not cfg.dry_run:
-        claim_save_folder(cfg, launch)  # the launch's first write: cleans up, then writes config.yaml
+        claim_save_folder(
+            LaunchOptions.from_train_config(cfg), launch, cfg
+        )  # the launch's first write: cleans up, then writes config.yaml
         for name, mix in (mixes or {}).items():
             mix.write(Path(cfg.save_folder) / "train_data", name)
     barrier()  # nobody writes into save_folder before rank 0 has made it this run's
     layout = ParallelLayout.of_run(cfg, env)  # the one layout of the launch: its meshes, what each rank reads
     train_loader = build_stage_dataloader(
-        cfg, stages.stages[0], layout.data_parallel_size, layout.data_parallel_rank, dataset
+        cfg.model,
+        DataContext.from_train_config(cfg),
+        stages.stages[0],
+        layout.data_parallel_size,
+        layout.data_parallel_rank,
+        dataset,
     )
     model = build_model(cfg.model, layout, ParallelizeOptions.from_train_config(cfg, training=True))
     active = model.num_active_params()

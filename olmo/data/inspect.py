@@ -16,12 +16,11 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from ..config import DataConfig, TrainConfig
+from ..config import DataConfig
 from ..exceptions import OLMoCliError, OLMoDataError
 from .instance_filter import is_repetitive
 from .iterable_dataset import (
     IterableDataset,
-    data_order_seed,
     order_file_name,
     rank_entries,
     read_instances,
@@ -32,7 +31,7 @@ from .provenance import instance_documents
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
 
-__all__ = ["BatchRow", "load_order", "read_batch", "launch_world_size"]
+__all__ = ["BatchRow", "BatchSettings", "load_order", "read_batch", "launch_world_size"]
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +90,22 @@ class BatchRow:
         }
 
 
+@dataclass(frozen=True)
+class BatchSettings:
+    """What reading a run's batches takes from its config."""
+
+    global_train_batch_size: int
+    pairs: bool
+    """``dpo.enabled``: the data are preference pairs, dealt to ranks whole."""
+    max_sequence_length: int
+    """``model.max_sequence_length``: the tokens of one instance."""
+
+
 def load_order(
-    path: Path, explicit: bool, epoch: int, cfg: TrainConfig, dataset: MemMapDataset, seed: Optional[int] = None
+    path: Path, explicit: bool, epoch: int, run: BatchSettings, dataset: MemMapDataset, seed: int
 ) -> np.ndarray:
-    """The order of ``epoch``: read from ``path`` or, if the trainer's file is absent, recomputed (with ``seed``,
-    by default the config's data-order seed).
+    """The order of ``epoch``: read from ``path`` or, if the trainer's file is absent, recomputed as the trainer
+    does with ``seed`` (the data's order seed, :func:`olmo.data.data_order_seed`).
 
     :param explicit: ``path`` was given with ``--order-file``, so it must exist.
     :raises OLMoDataError: for a file whose size does not fit the config's data.
@@ -109,16 +119,14 @@ def load_order(
         log.warning(
             "'%s' does not exist; recomputing epoch %d's order from the seed as the trainer does.", path, epoch
         )
-        seed = data_order_seed(cfg.data, cfg.seed) if seed is None else seed
-        pairs = cfg.dpo.enabled
         return IterableDataset(
-            dataset, cfg.global_train_batch_size, seed=seed, epoch=epoch, pairs=pairs
+            dataset, run.global_train_batch_size, seed=seed, epoch=epoch, pairs=run.pairs
         ).global_indices()
     size = path.stat().st_size
     if size != 4 * n:
         raise OLMoDataError(
             f"Order file '{path}' holds {size / 4:g} uint32 entries, but the config's data has {n} instances "
-            f"of {cfg.model.max_sequence_length} tokens. The config is not the one this order was made for: "
+            f"of {run.max_sequence_length} tokens. The config is not the one this order was made for: "
             f"pass the run's config.yaml (and --data.paths=[...] if only the file locations changed)."
         )
     log.info("Reading the order of epoch %d from %s.", epoch, path)
@@ -126,7 +134,7 @@ def load_order(
 
 
 def read_batch(
-    cfg: TrainConfig,
+    run: BatchSettings,
     data: DataConfig,
     dataset: MemMapDataset,
     order: np.ndarray,
@@ -149,12 +157,12 @@ def read_batch(
     :param order_path: where ``order`` was read from, for the error about an entry out of range.
     :param provenance: add each instance's documents and whether the instance filter drops it.
     """
-    batch_size = cfg.global_train_batch_size
+    batch_size = run.global_train_batch_size
     positions: Sequence[int] = range(batch_size)
     if rank is not None:
         assert world_size is not None and batch_size % world_size == 0 and 0 <= rank < world_size
         # Whole pairs per rank with dpo, else every world_size-th instance.
-        entries_of_rank = rank_entries(np.arange(batch_size), 0, batch_size, world_size, rank, cfg.dpo.enabled)
+        entries_of_rank = rank_entries(np.arange(batch_size), 0, batch_size, world_size, rank, run.pairs)
         positions = [int(p) for p in entries_of_rank]
     # Read exactly as users do (olmo/data/__init__.py): a slice of the order, uint32 indices as they are.
     entries = order[batch * batch_size : (batch + 1) * batch_size]
@@ -170,9 +178,9 @@ def read_batch(
         index = entries[position]
         path_of, offset = dataset.instance_location(index)
         row = BatchRow(position, int(index), path_of, offset, source=dataset.instance_source(index))
-        row.paired = cfg.dpo.enabled
+        row.paired = run.pairs
         if provenance:
-            row.documents = instance_documents(path_of, offset, cfg.model.max_sequence_length)
+            row.documents = instance_documents(path_of, offset, run.max_sequence_length)
         if wanted:
             instance = next(instances)
             if "label_mask" in instance:

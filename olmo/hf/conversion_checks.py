@@ -3,8 +3,8 @@ the model's config, and finite weights. A config.json with an ``inf`` RoPE facto
 with NaN in it, converted without a word gave a checkpoint that the trainer then refused (or trained on NaN); a
 checkpoint of ours with such a config or weights gave a transformers model that computes nothing useful.
 
-* :func:`check_imported_config` runs :func:`~olmo.config.validation.config_problems`, the very checks of a launch,
-  on the :class:`~olmo.config.TrainConfig` an import writes, and names each problem's config.json field.
+* :func:`check_imported_config` refuses what :func:`~olmo.config.validation.config_problems`, the very checks of a
+  launch, finds in the :class:`~olmo.config.TrainConfig` an import writes, naming each problem's config.json field.
 * :func:`check_exported_config` runs the launch's checks of the ``model`` section (those that do not depend on how
   many processes trained it) on the config of a checkpoint to export.
 * :func:`check_finite` refuses a tensor with a NaN or infinite value, naming it and its file or checkpoint, counted
@@ -20,9 +20,8 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig, TrainConfig
+from ..config import ModelConfig
 from ..config.bounds import problem_key, with_bound_problems
-from ..config.validation import config_problems
 from ..exceptions import OLMoCheckpointError, OLMoConfigurationError
 
 __all__ = [
@@ -83,14 +82,13 @@ _SLICE = 2**24
 bounded memory beyond the tensor itself."""
 
 
-def check_imported_config(cfg: TrainConfig, model_type: str, source: Path) -> None:
-    """Refuse ``cfg`` (the config an import of the ``model_type`` model in ``source`` would write) unless a launch
-    would accept it: every problem the trainer's validation finds, in one paragraph, each with the config.json
-    field it comes from.
+def check_imported_config(problems: list[str], model_type: str, source: Path) -> None:
+    """Refuse the config an import of the ``model_type`` model in ``source`` would write unless a launch would accept
+    it: every one of its ``problems`` (:func:`olmo.config.validation.config_problems` of it, for one process), in one
+    paragraph, each with the config.json field it comes from.
 
     :raises OLMoConfigurationError: naming ``source``'s config.json and each field at fault.
     """
-    problems = config_problems(cfg, 1)
     if not problems:
         return
     named = [f"{HF_FIELDS[problem_key(p)]}: {p}" if problem_key(p) in HF_FIELDS else p for p in problems]

@@ -212,16 +212,10 @@ class MemoryEstimate:
         return self.tensors + self.overhead
 
 
-def planned_layout(cfg: TrainConfig, world_size: int) -> ParallelLayout:
-    """The layout ``cfg`` launches with on ``world_size`` ranks in nodes of :data:`GPUS_PER_NODE` (the arithmetic
-    only; a layout that validation refuses is sized as one of ``world_size`` ranks sharding everything)."""
-    return ParallelLayout.planned(cfg, world_size, GPUS_PER_NODE)
-
-
 def shard_degree(cfg: TrainConfig, world_size: int) -> int:
     """Over how many ranks FSDP splits parameters, gradients and optimizer state (a tensor-parallel group's ranks
     hold different parts of a block and the same copy of the rest: FSDP shards over the data-parallel ranks)."""
-    return planned_layout(cfg, world_size).shard
+    return ParallelLayout.planned(cfg, world_size, GPUS_PER_NODE).shard
 
 
 def _block_activation_bytes(cfg: TrainConfig, compute: int, residual: int, tp: int = 1) -> tuple[float, float]:
@@ -271,7 +265,7 @@ def estimate_memory(
     """
     m = cfg.model
     micro = micro_batch or cfg.device_train_microbatch_size
-    layout = planned_layout(cfg, world_size)
+    layout = ParallelLayout.planned(cfg, world_size, GPUS_PER_NODE)
     cp = layout.context if world_size % layout.context == 0 else 1
     tokens = micro * m.max_sequence_length // cp  # this rank's tokens (context parallelism: a share of each)
     autocast = device.is_gpu and cfg.autocast_precision is not None

@@ -60,12 +60,13 @@ class MeshPlan:
 def _meshes(cfg: TrainConfig, world_size: int) -> list[tuple[str, TrainConfig]]:
     """The configured layout first, then the other FSDP layouts (and expert-parallel, context- and tensor-parallel
     degrees) this world allows: each one that a launch would accept (:func:`olmo.config.validation.layout_problems`)."""
-    from .estimates import GPUS_PER_NODE, planned_layout
+    from ..distributed.layout import ParallelLayout
+    from .estimates import GPUS_PER_NODE
 
     out = [("configured", cfg)]
     if world_size == 1:
         return out  # one rank: nothing to shard
-    configured = planned_layout(cfg, world_size)
+    configured = ParallelLayout.planned(cfg, world_size, GPUS_PER_NODE)
     layouts: list[tuple[str, ShardingStrategy, Optional[int]]] = [
         ("FULL_SHARD", ShardingStrategy.FULL_SHARD, None),
         ("SHARD_GRAD_OP", ShardingStrategy.SHARD_GRAD_OP, None),
@@ -140,7 +141,8 @@ def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: floa
 
     :raises OLMoConfigurationError: when a launch would refuse the configured layout (:func:`check_layout`).
     """
-    from .estimates import estimate_memory, model_facts, planned_layout
+    from ..distributed.layout import ParallelLayout
+    from .estimates import GPUS_PER_NODE, estimate_memory, model_facts
 
     check_layout(cfg, world_size)
     facts = model_facts(cfg)
@@ -161,7 +163,9 @@ def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: floa
         tokens = mesh_cfg.global_train_batch_size * mesh_cfg.model.max_sequence_length / world_size
         rate = (device.peak_flops or 0.0) * mfu
         step = facts.flops_per_token * tokens / rate if rate else None
-        degrees = planned_layout(mesh_cfg, world_size).degrees()  # the sizes a launch's layout gives this mesh
+        degrees = ParallelLayout.planned(
+            mesh_cfg, world_size, GPUS_PER_NODE
+        ).degrees()  # the sizes a launch's layout gives this mesh
         plans.append(MeshPlan(name, degrees, micro, memory, fits, step, mfu, name == "configured", largest))
     return plans
 

@@ -11,7 +11,7 @@ from typing import Optional
 from ..config import DataConfig, TrainConfig
 from ..config.stage_sections import MAX_STEPS
 from ..data import MemMapDataset, batches_per_epoch, build_memmap_dataset, data_order_seed, order_file_name
-from ..data.inspect import BatchRow, load_order, read_batch
+from ..data.inspect import BatchRow, BatchSettings, load_order, read_batch
 from ..exceptions import OLMoCliError, OLMoDataError
 from ..tokenizer import Tokenizer
 from .stability import SKIPPED_BATCHES_FILE, locate_batch, read_skip_ranges
@@ -55,7 +55,9 @@ def batch_rows(
             opened[id(data)] = build_memmap_dataset(cfg, data)
         return opened[id(data)]
 
-    check_recorded_data(cfg, plan, dataset_of, "inspect another run: this one never trained on it")
+    check_recorded_data(
+        cfg.save_folder, cfg.seed, plan, dataset_of, "inspect another run: this one never trained on it"
+    )
     batch_size = cfg.global_train_batch_size
     steps_per_epoch = batches_per_epoch(len(dataset), batch_size)
     if steps_per_epoch == 0:
@@ -91,7 +93,8 @@ def batch_rows(
     order_dir = default_order_dir.parent / stage.order_dir
     path = order_file if order_file is not None else order_dir / order_file_name(epoch)
     seed = data_order_seed(stage.data, cfg.seed)
-    order = load_order(path, order_file is not None, epoch, cfg, dataset, seed)
+    run = BatchSettings(cfg.global_train_batch_size, cfg.dpo.enabled, cfg.model.max_sequence_length)
+    order = load_order(path, order_file is not None, epoch, run, dataset, seed)
     return read_batch(
-        cfg, stage.data, dataset, order, path, s, step, rank, world_size, tokenizer, max_chars, provenance
+        run, stage.data, dataset, order, path, s, step, rank, world_size, tokenizer, max_chars, provenance
     )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from typing import Any, Optional, Union
 
 import torch
 
-from ..config import TrainConfig
+from ..config import StageConfig, TrainConfig
 from ..distributed.collectives import DistEnv
 from ..exceptions import OLMoConfigurationError
 from ..model import OLMo
@@ -43,26 +44,27 @@ def build_train_module(
     """The run's train module: :class:`TransformerTrainModule` (:class:`olmo.train.kl.KLTrainModule` for a run with
     ``stages``), or ``train_module`` (a class, or its dotted path ``package.module.ClassName``, or a class name of
     :mod:`olmo.train.train_module`) built by its :meth:`TrainModule.from_config`."""
-    cls = train_module_class(cfg, train_module)
+    cls = train_module_class(train_module, cfg.stages, cfg.dpo.enabled)
     return cls.from_config(cfg, env, model, optimizer, scheduler)
 
 
 def train_module_class(
-    cfg: TrainConfig, train_module: Optional[Union[str, type[TrainModule]]]
+    train_module: Optional[Union[str, type[TrainModule]]], stages: Optional[Sequence[StageConfig]], dpo: bool
 ) -> type[TrainModule]:
-    """The class :func:`build_train_module` builds; an :class:`OLMoConfigurationError` when it cannot be imported,
-    or when a stage has ``kl_beta > 0`` and the class does not train a KL penalty (call it before any work)."""
+    """The class :func:`build_train_module` builds for the run's ``stages`` (``dpo``: ``dpo.enabled``); an
+    :class:`OLMoConfigurationError` when it cannot be imported, or when a stage has ``kl_beta > 0`` and the class
+    does not train a KL penalty (call it before any work)."""
     if train_module is None:
-        train_module = STAGED_TRAIN_MODULE if cfg.stages else TransformerTrainModule
-        if cfg.dpo.enabled:
+        train_module = STAGED_TRAIN_MODULE if stages else TransformerTrainModule
+        if dpo:
             train_module = DPO_TRAIN_MODULE
     cls = resolve_train_module_class(train_module)
-    if cfg.dpo.enabled and not getattr(cls, "trains_dpo", False):
+    if dpo and not getattr(cls, "trains_dpo", False):
         raise OLMoConfigurationError(
             f"dpo.enabled=true, but train_module={train_module!r} does not train the DPO loss (it would train the "
             f"pairs' cross entropy). Leave train_module unset (olmo.train.dpo.DPOTrainModule), or use a subclass of it."
         )
-    kl_stages = [i for i, stage in enumerate(cfg.stages or []) if stage.kl_beta > 0]
+    kl_stages = [i for i, stage in enumerate(stages or []) if stage.kl_beta > 0]
     if kl_stages and not cls.trains_kl_penalty:
         raise no_kl_penalty_error(repr(train_module), kl_stages[0])
     return cls

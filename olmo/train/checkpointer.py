@@ -34,6 +34,7 @@ from ..checkpoint import (
 from ..checkpoint.kept_inputs import canonical_entry, kept_checkpoints
 from ..checkpoint.upload import build_checkpoint_uploader
 from ..config import TrainConfig
+from ..config.input_paths import run_inputs
 from ..distributed.collectives import DistEnv, all_reduce, barrier
 from ..exceptions import OLMoTrainingError
 from ..hf.files import export_tokenizer, parse_size, write_hf_model
@@ -78,7 +79,7 @@ class Checkpointer:
         self.exported_step: Optional[int] = None
         # What the run reads inside save_folder (launches that would delete it are refused up front): kept through
         # retention and rewinds.
-        self.kept = kept_checkpoints(cfg) if env.rank == 0 else set[Path]()
+        self.kept = kept_checkpoints(cfg.save_folder, run_inputs(cfg)) if env.rank == 0 else set[Path]()
 
     def enabled(self, sharded: bool) -> bool:
         """Whether the config saves checkpoints of this kind on a schedule."""

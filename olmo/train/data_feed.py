@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from ..config import TrainConfig
-from ..data import FetchStats, IterableDataset
+from ..data import DataContext, FetchStats, IterableDataset
 from ..distributed.layout import ParallelLayout
 from .stability import StabilityMonitor
 from .stages import Stage, StagePlan, build_stage_dataloader, order_dir_of
@@ -56,9 +56,14 @@ class DataFeed:
         """Train on the data of ``stage``'s segment (a new loader, at the start of its epoch 0)."""
         if stage.segment == self.segment:
             return
-        log.info("Stage %d trains on its own data (order in %s).", stage.index, order_dir_of(self.cfg, stage))
+        log.info(
+            "Stage %d trains on its own data (order in %s).",
+            stage.index,
+            order_dir_of(self.cfg.save_folder, stage),
+        )
         self.loader = build_stage_dataloader(
-            self.cfg,
+            self.cfg.model,
+            DataContext.from_train_config(self.cfg),
             stage,
             self.layout.data_parallel_size,
             self.layout.data_parallel_rank,

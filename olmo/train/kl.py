@@ -73,7 +73,7 @@ class KLTrainModule(TransformerTrainModule):
         elif at_boundary:
             source = f"stage{stage.index}"  # this stage's snapshot, taken now
         else:
-            found = find_boundary_checkpoint(self.cfg, stage, self.trainer.restored_path)
+            found = find_boundary_checkpoint(self.cfg.save_folder, stage, self.trainer.restored_path)
             source = str(found or Path(self.cfg.save_folder) / boundary_checkpoint_name(stage))
         if source == self._reference_source:
             return
@@ -111,7 +111,9 @@ class KLTrainModule(TransformerTrainModule):
             ) from None
         if from_boundary:  # as check_kl_reference checked it before the launch wrote anything
             try:
-                check_boundary_checkpoint(self.cfg, stage, Path(path), info, self.trainer.restored_path)
+                check_boundary_checkpoint(
+                    self.cfg.save_folder, stage, Path(path), info, self.trainer.restored_path
+                )
             except OLMoCheckpointError as e:
                 raise OLMoCheckpointError(
                     f"'{path}' cannot be the KL reference of stage {stage.index}: {e}"

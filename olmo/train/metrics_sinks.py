@@ -14,15 +14,16 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from ..config import TrainConfig
+from ..config import WandbConfig
 from ..util.progress import estimate_left, format_duration
 from ..util.secrets import redact_text
 from .callback import Callback, EndContext, MetricsContext, StepContext
 
-__all__ = ["MetricsLogger", "MetricsCallback", "ConsoleSink", "JsonlSink", "WandbSink"]
+__all__ = ["MetricsLogger", "MetricsCallback", "ConsoleSink", "JsonlSink", "SinkOptions", "WandbSink"]
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +126,26 @@ class JsonlSink:
         self.file.close()
 
 
+@dataclass(frozen=True)
+class SinkOptions:
+    """What the metrics sinks read from the config: where they write, how often the console shows a training step,
+    and the wandb run, if any."""
+
+    save_folder: str
+    console_log_interval: int = 1
+    wandb: Optional[WandbConfig] = None
+    run_name: Optional[str] = None
+    """``run_name``: the wandb run's name unless ``wandb.name`` gives one."""
+    written: Callable[[], dict[str, Any]] = dict
+    """The run's config as written (:meth:`olmo.config.TrainConfig.as_written`), recorded with the wandb run; called
+    once, when the run opens."""
+
+
 class WandbSink:
     """A wandb run in ``save_folder/wandb`` (mode: ``wandb.mode``, else ``$WANDB_MODE``, else offline): training
     metrics every ``wandb.log_interval`` steps, evaluations always, the summary's numbers at the end."""
 
-    def __init__(self, cfg: TrainConfig):
+    def __init__(self, cfg: SinkOptions):
         assert cfg.wandb is not None
         self.interval = cfg.wandb.log_interval
         mode: Any = cfg.wandb.mode or os.environ.get("WANDB_MODE") or "offline"
@@ -142,7 +158,7 @@ class WandbSink:
             sys.argv = argv
 
     @staticmethod
-    def _init(cfg: TrainConfig, mode: Any) -> Any:
+    def _init(cfg: SinkOptions, mode: Any) -> Any:
         import wandb
 
         assert cfg.wandb is not None
@@ -154,7 +170,7 @@ class WandbSink:
             group=cfg.wandb.group,
             name=cfg.wandb.name or cfg.run_name,
             tags=cfg.wandb.tags,
-            config={k: v for k, v in cfg.as_written().items() if k != "wandb"},  # no secret: see as_written
+            config={k: v for k, v in cfg.written().items() if k != "wandb"},  # no secret: see as_written
         )
 
     def log(self, step: int, metrics: dict[str, float], eval_keys: Optional[list[str]]) -> None:
@@ -185,7 +201,7 @@ class MetricsLogger:
     (``console_log_interval``) and, with a ``wandb`` section, :class:`WandbSink`; rank 0 only. It also keeps the
     first and the last training loss for the run summary."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, max_steps: int):
+    def __init__(self, cfg: SinkOptions, rank: int, max_steps: int):
         self.enabled = rank == 0
         self.first_loss: Optional[float] = None
         self.last: dict[str, float] = {}
@@ -241,7 +257,7 @@ class MetricsCallback(Callback):
 
     def __init__(
         self,
-        cfg: TrainConfig,
+        cfg: SinkOptions,
         rank: int,
         stop_at: int,
         summary: Callable[[MetricsLogger], dict[str, Any]],

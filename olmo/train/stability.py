@@ -24,8 +24,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..config import TrainConfig
-from ..config.stability_sections import RollbackConfig, SkipSpikesConfig
+from ..config.stability_sections import RollbackConfig, SkipSpikesConfig, StabilityConfig
 from ..exceptions import OLMoDataError, OLMoTrainingError
 from ..util import write_result_file
 from .callback import Callback, ErrorContext, MetricsContext, RewindContext, StepContext
@@ -190,16 +189,18 @@ class StabilityMonitor:
     """The host side of ``stability``: what the logged steps say (skipped steps, non-finite losses), when a rollback
     is due, and the ranges of batches that rollbacks took out of the data.
 
+    :param stability: the run's ``stability`` section.
+    :param save_folder: where ``skipped_batches.json`` is; ``batch_size``: ``global_train_batch_size``.
     :param rank: only rank 0 writes ``skipped_batches.json``.
     """
 
-    def __init__(self, cfg: TrainConfig, rank: int):
-        self.skip_cfg: SkipSpikesConfig = cfg.stability.skip_spikes
-        self.rollback_cfg: RollbackConfig = cfg.stability.rollback
-        self.save_folder, self.rank = Path(cfg.save_folder), rank
-        self.batch_size = cfg.global_train_batch_size
+    def __init__(self, stability: StabilityConfig, save_folder: str, batch_size: int, rank: int):
+        self.skip_cfg: SkipSpikesConfig = stability.skip_spikes
+        self.rollback_cfg: RollbackConfig = stability.rollback
+        self.save_folder, self.rank = Path(save_folder), rank
+        self.batch_size = batch_size
         self.rollbacks = 0
-        self.ranges: list[SkipRange] = read_skip_ranges(cfg.save_folder)
+        self.ranges: list[SkipRange] = read_skip_ranges(save_folder)
         self.positions: deque[tuple[int, str, int, int]] = deque(maxlen=4096)
         """(step, order_dir, epoch, position before the step) of the latest steps."""
         self.skipped_steps: deque[int] = deque()

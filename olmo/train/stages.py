@@ -25,8 +25,9 @@ from ..config import (
     DEFAULT_MAX_DURATION,
     DataConfig,
     KLEstimator,
+    KLReferenceConfig,
+    ModelConfig,
     SchedulerConfig,
-    SchedulerType,
     SchedulerUnits,
     TrainConfig,
 )
@@ -37,7 +38,7 @@ from .callback import Callback, StageContext
 
 if TYPE_CHECKING:
     from ..checkpoint import CheckpointInfo
-    from ..data import MemMapDataset
+    from ..data import DataContext, MemMapDataset
     from .checkpointer import Checkpointer
 
 __all__ = [
@@ -45,7 +46,6 @@ __all__ = [
     "StagePlan",
     "plan_stages",
     "check_schedule_lengths",
-    "check_resume_point",
     "check_boundary_checkpoint",
     "check_recorded_data",
     "mixture_file",
@@ -74,6 +74,8 @@ class Stage:
     kl_beta: float = 0.0
     kl_estimator: KLEstimator = KLEstimator.nll_diff
     scheduler: Optional[SchedulerConfig] = None
+    data_key: str = "data"
+    """Where the data of its segment is in the config: ``data``, or ``stages[i].data``."""
 
     @property
     def num_steps(self) -> int:
@@ -147,31 +149,34 @@ class StageCallback(Callback):
             self.checkpointer.save_named(ctx.step, boundary_checkpoint_name(stage))
 
 
-def preflight_kl_reference(cfg: TrainConfig) -> None:
-    """Before anything is written, the model of ``kl_reference.load_path`` (when a stage has a KL penalty), opened and
-    checked as a restore of ``load_path`` is.
+def preflight_kl_reference(kl_reference: KLReferenceConfig, plan: StagePlan, model: ModelConfig) -> None:
+    """Before anything is written, the model of ``kl_reference.load_path`` (when a stage of ``plan`` has a KL
+    penalty), opened and checked against ``model`` as a restore of ``load_path`` is.
 
     :raises OLMoCheckpointError: naming the key when it cannot be this run's reference."""
-    if cfg.kl_reference.load_path is None or not any(stage.kl_beta > 0 for stage in cfg.stages or []):
+    if kl_reference.load_path is None or not any(stage.kl_beta > 0 for stage in plan.stages):
         return
     from ..checkpoint.restore import preflight_reference
 
-    preflight_reference(str(cfg.kl_reference.load_path), "kl_reference.load_path", "the KL reference", cfg.model)
+    preflight_reference(str(kl_reference.load_path), "kl_reference.load_path", "the KL reference", model)
 
 
-def check_schedule_lengths(cfg: TrainConfig, plan: StagePlan) -> None:
+def check_schedule_lengths(scheduler: SchedulerConfig, tokens_per_batch: int, plan: StagePlan) -> None:
     """Refuse a ``wsd`` schedule whose decay would start inside its warmup, now that every length is known in steps
     (validation checks durations in steps or tokens; one in epochs needs the data).
+
+    :param scheduler: the run's schedule (``scheduler``); a stage's own is in ``plan``.
+    :param tokens_per_batch: tokens per optimizer step, for a schedule in tokens.
 
     :raises OLMoConfigurationError: naming the schedule's keys and the longest ``t_decay`` that fits.
     """
 
     def span(steps: int, units: SchedulerUnits) -> int:
-        return steps * cfg.tokens_per_batch if units == SchedulerUnits.tokens else steps
+        return steps * tokens_per_batch if units == SchedulerUnits.tokens else steps
 
     problems = []
     if any(stage.scheduler is None for stage in plan.stages):  # the run's schedule spans the whole run
-        problems += schedule_problems(cfg.scheduler, "scheduler", span(plan.total_steps, cfg.scheduler.units))
+        problems += schedule_problems(scheduler, "scheduler", span(plan.total_steps, scheduler.units))
     for stage in plan.stages:
         if stage.scheduler is not None:
             where = f"stages[{stage.index}].scheduler"
@@ -205,20 +210,21 @@ def plan_stages(cfg: TrainConfig, num_instances: Optional[Callable[[DataConfig],
     if not cfg.stages:
         duration = DEFAULT_MAX_DURATION if cfg.max_duration is None else cfg.max_duration
         only = Stage(0, "stage0", 0, steps(duration, cfg.data), cfg.data, 0, "train_data")
-        return StagePlan(_with_mixture_tokens(cfg, (only,)))
+        return StagePlan(_with_mixture_tokens((only,), cfg.global_train_batch_size, cfg.model.max_sequence_length))
     out: list[Stage] = []
-    start, segment, order_dir, data = 0, 0, "train_data", cfg.data
+    start, segment, order_dir, data, key = 0, 0, "train_data", cfg.data, "data"
     for i, sc in enumerate(cfg.stages):
         if sc.data is not None:
-            segment, order_dir = i, f"train_data/stage{i}"
-            data = stage_data_config(cfg.data, sc.data, f"stages[{i}].data")
+            segment, order_dir, key = i, f"train_data/stage{i}", f"stages[{i}].data"
+            data = stage_data_config(cfg.data, sc.data, key)
         assert sc.max_duration is not None, "validate() reports a stage without max_duration"
         end = start + steps(sc.max_duration, data)
         name = sc.name or f"stage{i}"
         estimator = KLEstimator(sc.kl_estimator)
-        out.append(Stage(i, name, start, end, data, segment, order_dir, sc.kl_beta, estimator, sc.scheduler))
+        out.append(Stage(i, name, start, end, data, segment, order_dir, sc.kl_beta, estimator, sc.scheduler, key))
         start = end
-    plan = StagePlan(_with_mixture_tokens(cfg, tuple(out)), staged=True)
+    stages = _with_mixture_tokens(tuple(out), cfg.global_train_batch_size, cfg.model.max_sequence_length)
+    plan = StagePlan(stages, staged=True)
     if cfg.max_duration is not None:
         given = steps(cfg.max_duration, cfg.data)
         if given != plan.total_steps:
@@ -226,7 +232,9 @@ def plan_stages(cfg: TrainConfig, num_instances: Optional[Callable[[DataConfig],
     return plan
 
 
-def _with_mixture_tokens(cfg: TrainConfig, stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
+def _with_mixture_tokens(
+    stages: tuple[Stage, ...], global_train_batch_size: int, max_sequence_length: int
+) -> tuple[Stage, ...]:
     """The stages, where a data segment trains on a mixture whose ``tokens`` is null, with the segment's own
     length filled in: the mixture draws exactly the instances its stages train (the stages of one segment keep
     sharing one data config)."""
@@ -236,8 +244,8 @@ def _with_mixture_tokens(cfg: TrainConfig, stages: tuple[Stage, ...]) -> tuple[S
         mixture = members[0].data.mixture
         if mixture is None or mixture.tokens is not None:
             continue
-        instances = sum(s.num_steps for s in members) * cfg.global_train_batch_size
-        data = replace(members[0].data, mixture=replace(mixture, tokens=instances * cfg.model.max_sequence_length))
+        instances = sum(s.num_steps for s in members) * global_train_batch_size
+        data = replace(members[0].data, mixture=replace(mixture, tokens=instances * max_sequence_length))
         for s in members:
             out[s.index] = replace(s, data=data)
     return tuple(out)
@@ -251,20 +259,15 @@ def mixture_file(stage: Stage) -> str:
     return MIXTURE_FILE if stage.index == 0 else f"mixture-{stage.name}.json"
 
 
-def data_key(cfg: TrainConfig, stage: Stage) -> str:
-    """Where the data of ``stage``'s segment is in the config: ``data``, or ``stages[i].data``."""
-    own = cfg.stages is not None and cfg.stages[stage.segment].data is not None
-    return f"stages[{stage.segment}].data" if own else "data"
-
-
 def check_recorded_data(
-    cfg: TrainConfig, plan: StagePlan, dataset_of: Callable[[DataConfig], MemMapDataset], fix: str
+    save_folder: str, seed: int, plan: StagePlan, dataset_of: Callable[[DataConfig], MemMapDataset], fix: str
 ) -> None:
     """Before a resume writes anything: every data segment's files hold what the run recorded when it began, in its
     mixture record (``mixture.json``: each source's instances) and its data orders' records
     (``global_indices*.npy.json``: the instances numbered, the seed). Files that grew, shrank or were replaced since
     (a glob that matches more files) would change the instances the checkpoint's data position points at.
 
+    :param seed: the run's ``seed`` (a data config's own ``seed`` wins).
     :param fix: how to use the data as it is now instead, for the message (e.g. a new run from the checkpoint).
     :raises OLMoDataError: naming the record, what changed and how to proceed.
     """
@@ -276,15 +279,15 @@ def check_recorded_data(
     for stage in plan.stages:
         if stage.segment != stage.index:
             continue
-        key, dataset = data_key(cfg, stage), dataset_of(stage.data)
+        key, dataset = stage.data_key, dataset_of(stage.data)
         if dataset.mixture_plan is not None:
-            record = Path(cfg.save_folder) / "train_data" / mixture_file(stage)
+            record = Path(save_folder) / "train_data" / mixture_file(stage)
             check_recorded_mixture(record, dataset.mixture_plan, f"{key}.mixture", fix)
-        n, seed = len(dataset), data_order_seed(stage.data, cfg.seed)
-        for order in sorted(order_dir_of(cfg, stage).glob("global_indices*.npy")):
+        n, order_seed = len(dataset), data_order_seed(stage.data, seed)
+        for order in sorted(order_dir_of(save_folder, stage).glob("global_indices*.npy")):
             held = read_order_record(order) or {}
             numbered = held.get("num_instances")
-            if not isinstance(numbered, int) or (numbered, held.get("seed")) == (n, seed):
+            if not isinstance(numbered, int) or (numbered, held.get("seed")) == (n, order_seed):
                 continue  # no record (the order is then compared entry by entry), or the data as recorded
             if numbered != n:
                 change = (
@@ -292,7 +295,7 @@ def check_recorded_data(
                     f"(a glob that matches more files, say), or model.max_sequence_length changed"
                 )
             else:
-                change = f"its seed is {seed} now ({key}.seed, else seed): set it back to {held.get('seed')}"
+                change = f"its seed is {order_seed} now ({key}.seed, else seed): set it back to {held.get('seed')}"
             raise OLMoDataError(
                 f"The run's data order '{order}' numbers {numbered:,} instances shuffled with seed "
                 f"{held.get('seed')}, but {change}: its positions would name other instances than the run trained "
@@ -300,31 +303,48 @@ def check_recorded_data(
             )
 
 
-def order_dir_of(cfg: TrainConfig, stage: Stage) -> Path:
-    """The absolute directory of the data order ``stage`` trains on."""
-    return Path(cfg.save_folder) / stage.order_dir
+def order_dir_of(save_folder: str, stage: Stage) -> Path:
+    """The absolute directory of the data order ``stage`` trains on, in the run's ``save_folder``."""
+    return Path(save_folder) / stage.order_dir
 
 
 def build_stage_dataloader(
-    cfg: TrainConfig, stage: Stage, world_size: int, rank: int, dataset: Optional[MemMapDataset] = None
+    model: ModelConfig,
+    context: DataContext,
+    stage: Stage,
+    world_size: int,
+    rank: int,
+    dataset: Optional[MemMapDataset] = None,
 ) -> DataLoader:
-    """The training DataLoader of ``stage``'s data segment (see :func:`olmo.data.build_train_dataloader`): the
-    first segment starts at ``cfg.epoch`` as a run without stages does, a later one at epoch 0.
+    """The training DataLoader of ``stage``'s data segment (see :func:`olmo.data.build_train_loader`): the first
+    segment starts at ``context.epoch`` as a run without stages does, a later one at epoch 0.
 
+    :param model: the run's ``model`` section (the instances' length).
+    :param context: the run's data settings (:meth:`olmo.data.DataContext.from_train_config`).
     :param dataset: the segment's data, already opened (its files are then not looked at again).
     """
-    from ..data import build_train_dataloader
+    from ..data import build_train_loader
 
-    staged = replace(cfg, data=stage.data, epoch=cfg.epoch if stage.segment == 0 else None)
-    return build_train_dataloader(
-        staged, world_size=world_size, rank=rank, work_dir=order_dir_of(cfg, stage), dataset=dataset
+    staged = replace(context, epoch=context.epoch if stage.segment == 0 else None)
+    work_dir = order_dir_of(context.save_folder, stage)
+    return build_train_loader(
+        stage.data, model, staged, world_size=world_size, rank=rank, work_dir=work_dir, dataset=dataset
     )
 
 
-def check_kl_reference(cfg: TrainConfig, plan: StagePlan, restored: Optional[str], restored_step: int) -> None:
+def check_kl_reference(
+    save_folder: str,
+    kl_reference: KLReferenceConfig,
+    model: ModelConfig,
+    plan: StagePlan,
+    restored: Optional[str],
+    restored_step: int,
+) -> None:
     """Before any work: a launch that resumes inside a KL stage (after its first step) needs the checkpoint of
     the stage's first step, which holds its reference (unless ``kl_reference.load_path`` names one).
 
+    :param save_folder: the run's ``save_folder``, where the trainer saved that checkpoint.
+    :param model: the run's ``model`` section, which the reference's shapes must match.
     :param restored: the checkpoint this launch restores with its trainer state, or None.
     :raises OLMoCheckpointError: naming the checkpoint that is missing and what to do.
     """
@@ -333,15 +353,15 @@ def check_kl_reference(cfg: TrainConfig, plan: StagePlan, restored: Optional[str
     from ..exceptions import OLMoCheckpointError
 
     stage = plan.at(restored_step + 1)
-    if restored is None or stage.kl_beta == 0 or cfg.kl_reference.load_path is not None:
+    if restored is None or stage.kl_beta == 0 or kl_reference.load_path is not None:
         return
     if restored_step <= stage.start_step:
         return  # the snapshot is taken when the stage begins
-    found = find_boundary_checkpoint(cfg, stage, restored)
+    found = find_boundary_checkpoint(save_folder, stage, restored)
     if found is None:
         raise OLMoCheckpointError(
             f"The launch resumes at step {restored_step}, inside KL stage {stage.index} ({stage.name}), whose "
-            f"reference is the model at its first step, saved as '{Path(cfg.save_folder) / boundary_checkpoint_name(stage)}'; "
+            f"reference is the model at its first step, saved as '{Path(save_folder) / boundary_checkpoint_name(stage)}'; "
             f"that checkpoint is missing (not in save_folder nor next to '{restored}'). Copy it there, resume from a "
             f"checkpoint at or before step {stage.start_step}, or name the reference with --kl_reference.load_path."
         )
@@ -349,8 +369,8 @@ def check_kl_reference(cfg: TrainConfig, plan: StagePlan, restored: Optional[str
     # or of another shape.
     info = inspect_checkpoint(str(found), "the KL reference")
     try:
-        check_boundary_checkpoint(cfg, stage, found, info, restored)
-        preflight_restore(RestorePlan(info, load_optimizer_state=False, load_trainer_state=False), cfg.model)
+        check_boundary_checkpoint(save_folder, stage, found, info, restored)
+        preflight_restore(RestorePlan(info, load_optimizer_state=False, load_trainer_state=False), model)
     except OLMoCheckpointError as e:
         raise type(e)(
             f"The reference of KL stage {stage.index} ({stage.name}), '{found}', cannot be used: {e} Copy the stage's "
@@ -360,11 +380,11 @@ def check_kl_reference(cfg: TrainConfig, plan: StagePlan, restored: Optional[str
 
 
 def check_boundary_checkpoint(
-    cfg: TrainConfig, stage: Stage, found: Path, info: CheckpointInfo, restored: Optional[str]
+    save_folder: str, stage: Stage, found: Path, info: CheckpointInfo, restored: Optional[str]
 ) -> None:
     """The checkpoint ``found`` where :func:`find_boundary_checkpoint` looked is the one this trainer saved when
-    ``stage`` began: committed (its marker), of the stage's first step, and of this run (or of the run ``restored``
-    belongs to), not a link to another run's.
+    ``stage`` began: committed (its marker), of the stage's first step, and of this run (its ``save_folder``, or the
+    run ``restored`` belongs to), not a link to another run's.
 
     :raises OLMoCheckpointError: saying which of these it is not.
     """
@@ -381,7 +401,7 @@ def check_boundary_checkpoint(
         raise OLMoCheckpointError(
             f"it is a checkpoint of step {info.step}, not of step {stage.start_step} where stage {stage.index} began."
         )
-    runs = {Path(cfg.save_folder).resolve()}
+    runs = {Path(save_folder).resolve()}
     if restored is not None and not is_url(restored):
         runs.add(Path(restored).parent.resolve())
     if found.is_symlink() and found.resolve().parent not in runs:
@@ -391,90 +411,13 @@ def check_boundary_checkpoint(
         )
 
 
-def check_resume_point(
-    cfg: TrainConfig, plan: StagePlan, restored: str, restored_step: int, in_save_folder: bool
-) -> None:
-    """Before anything is written: a launch that continues the trainer state of ``restored`` (at ``restored_step``)
-    has steps left to train, and a WSD decay of the run's schedule that differs from the checkpoint's (a *decay
-    branch*) starts at or after that step, so the learning rate continues where the checkpoint left it.
-
-    :param in_save_folder: the checkpoint is the run's own (a resume); a finished run may be relaunched as is.
-    :raises OLMoConfigurationError: naming the keys and the values that fit.
-    """
-    total = plan.total_steps
-    duration = DEFAULT_MAX_DURATION if cfg.max_duration is None else cfg.max_duration
-    length = "the stages' max_duration" if plan.staged else f"max_duration={duration}"
-    if total < restored_step or (total == restored_step and not in_save_folder):
-        if in_save_folder:
-            fix = f"Set --max_duration to {restored_step} steps or more to resume the run"
-        else:
-            fix = (
-                f"Set --max_duration to more than {restored_step} steps (a decay branch: {restored_step} plus the "
-                f"decay's steps, given as --scheduler.t_decay)"
-            )
-        raise OLMoConfigurationError(
-            f"{length} ({total:,} steps) ends {'at' if total == restored_step else 'before'} step {restored_step}, "
-            f"the step of the checkpoint this launch continues ('{restored}'): it would train no step"
-            f"{'' if in_save_folder else ' and write a new run folder holding only that checkpoint'}. {fix}, or "
-            f"load an earlier checkpoint."
-        )
-    s = cfg.scheduler
-    if plan.at(restored_step + 1).scheduler is not None or s.name != SchedulerType.wsd or not s.t_decay:
-        return
-    if _schedule_of(_saved_config(restored)) == _schedule_of(cfg.as_written()):
-        return  # the checkpoint's own schedule, continued
-    per_step = cfg.tokens_per_batch if s.units == SchedulerUnits.tokens else 1
-    end = s.t_max if s.t_max is not None else total * per_step
-    start, at = end - s.t_decay, restored_step * per_step
-    if start >= at:
-        return
-    units = "tokens" if per_step > 1 else "steps"
-    if s.t_max is not None:
-        keep_decay = f"--scheduler.t_max={at + s.t_decay}"
-        end_key = f"scheduler.t_max={s.t_max}"
-    else:
-        keep_decay = f"--max_duration={restored_step + -(-int(s.t_decay) // per_step)}"
-        end_key = f"{length} ({end:,} {units})"
-    raise OLMoConfigurationError(
-        f"The launch continues step {restored_step} of '{restored}' with a WSD decay that starts at {start:,} "
-        f"{units} ({end_key} minus scheduler.t_decay={s.t_decay}), before that step ({at:,} {units}): the learning "
-        f"rate would jump from the checkpoint's to one {100 * (at - start) / s.t_decay:.0f}% of the way down the "
-        f"decay. A decay branch must start its decay at or after the step it loads: keep t_decay with "
-        f"{keep_decay}, or keep the length with --scheduler.t_decay={end - at}, or branch from an earlier checkpoint "
-        f"(one at or before {start:,} {units})."
-    )
-
-
-def _saved_config(checkpoint: str) -> Optional[dict]:
-    """The ``config.yaml`` saved with ``checkpoint`` as plain data (never resolved), or None when it has none."""
-    import yaml
-
-    from ..checkpoint.safe_reads import fetch
-    from ..exceptions import OLMoError
-
-    try:
-        loaded = yaml.safe_load(fetch(checkpoint, "config.yaml").read_text())
-    except (OSError, ValueError, yaml.YAMLError, OLMoError):  # missing, unreadable or not YAML: unknown
-        return None
-    return loaded if isinstance(loaded, dict) else None
-
-
-def _schedule_of(config: Optional[dict]) -> Optional[tuple]:
-    """What decides a run's learning rate at each step, from a config as written (None when unknown)."""
-    if config is None:
-        return None
-    keys = ("scheduler", "max_duration", "stages", "global_train_batch_size")
-    model = config.get("model")
-    return (*(config.get(k) for k in keys), model.get("max_sequence_length") if isinstance(model, dict) else None)
-
-
-def find_boundary_checkpoint(cfg: TrainConfig, stage: Stage, restored: Optional[str]) -> Optional[Path]:
-    """The checkpoint of ``stage``'s first step: in ``save_folder``, or else next to ``restored`` (the checkpoint a
-    launch resumed from, e.g. another run's with ``--load_path``); None when neither holds it."""
+def find_boundary_checkpoint(save_folder: str, stage: Stage, restored: Optional[str]) -> Optional[Path]:
+    """The checkpoint of ``stage``'s first step: in the run's ``save_folder``, or else next to ``restored`` (the
+    checkpoint a launch resumed from, e.g. another run's with ``--load_path``); None when neither holds it."""
     from ..util import is_url
 
     name = boundary_checkpoint_name(stage)
-    candidates = [Path(cfg.save_folder) / name]
+    candidates = [Path(save_folder) / name]
     if restored is not None and not is_url(restored):
         candidates.append(Path(restored).parent / name)
     return next((c for c in candidates if c.is_dir()), None)

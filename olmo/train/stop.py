@@ -12,12 +12,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.distributed as dist
 
-from ..config import TrainConfig
 from ..distributed.collectives import all_reduce
 from ..util import env_rank
 from ..util.checkpoint_dirs import list_checkpoints
@@ -33,6 +33,7 @@ __all__ = [
     "StopNow",
     "StopRequest",
     "StopConditions",
+    "StopLimits",
     "StopCallback",
     "checkpoint_progress",
     "checkpoint_summary",
@@ -146,6 +147,16 @@ class StopRequest:
         os._exit(EXIT_CODE_ABORTED)
 
 
+@dataclass(frozen=True)
+class StopLimits:
+    """When a run stops before its last step: at step ``stop_at``, after ``stop_after`` steps of this launch, or
+    past ``time_limit`` seconds (the config's keys of these names; None: no such limit)."""
+
+    stop_at: Optional[int] = None
+    stop_after: Optional[int] = None
+    time_limit: Optional[float] = None
+
+
 class StopConditions:
     """When a run stops, for :meth:`olmo.train.Trainer.fit`: at :attr:`stop_at` (``max_duration``, ``stop_at`` and
     ``stop_after``, whichever comes first), on SIGTERM/SIGINT on any rank, or past ``time_limit`` seconds.
@@ -154,14 +165,19 @@ class StopConditions:
     """
 
     def __init__(
-        self, cfg: TrainConfig, start_step: int, max_steps: int, current_step: Callable[[], int] = lambda: 0
+        self,
+        save_folder: str,
+        start_step: int,
+        max_steps: int,
+        current_step: Callable[[], int] = lambda: 0,
+        limits: StopLimits = StopLimits(),
     ):
-        stop_at = min(cfg.stop_at or max_steps, max_steps)
-        if cfg.stop_after is not None:
-            stop_at = min(stop_at, start_step + cfg.stop_after)
+        stop_at = min(limits.stop_at or max_steps, max_steps)
+        if limits.stop_after is not None:
+            stop_at = min(stop_at, start_step + limits.stop_after)
         self.stop_at: int = stop_at
-        self.time_limit = cfg.time_limit
-        self.request = StopRequest(cfg.save_folder, current_step)
+        self.time_limit = limits.time_limit
+        self.request = StopRequest(save_folder, current_step)
         self.start_time = time.monotonic()
 
     def __enter__(self) -> StopConditions:

@@ -57,7 +57,7 @@ from .metrics import (
     device_peak_flops,
     fetch_metrics,
 )
-from .metrics_sinks import MetricsCallback, MetricsLogger
+from .metrics_sinks import MetricsCallback, MetricsLogger, SinkOptions
 from .stability import StabilityCallback, StabilityMonitor
 from .stages import (
     Stage,
@@ -66,7 +66,7 @@ from .stages import (
     check_schedule_lengths,
     plan_stages,
 )
-from .stop import EXIT_CODE_STOPPED, StopCallback, StopConditions, StopNow, checkpoint_summary
+from .stop import EXIT_CODE_STOPPED, StopCallback, StopConditions, StopLimits, StopNow, checkpoint_summary
 from .stragglers import StragglerCallback, StragglerMonitor
 from .train_module import TrainModule
 from .trainer_state import TrainerState
@@ -104,11 +104,11 @@ class Trainer(LoopControl):
         if stages is None:
             stages = plan_stages(cfg, None if cfg.stages else lambda _: dataset.num_instances)
         self.stage_plan = stages
-        self.stability = StabilityMonitor(cfg, env.rank)
+        self.stability = StabilityMonitor(cfg.stability, cfg.save_folder, cfg.global_train_batch_size, env.rank)
         self.data = DataFeed(cfg, self.layout, self.state, stages, self.stability, train_loader)
         self.max_steps = stages.total_steps
         self._stop_at = self.max_steps  # the step fit() stops at (set when it starts)
-        check_schedule_lengths(cfg, stages)
+        check_schedule_lengths(cfg.scheduler, cfg.tokens_per_batch, stages)
         self.device_batch_size = cfg.device_batch_size(env.world_size)
         self.autocast_dtype = autocast_dtype(cfg, env.device)
         self.collect_steps = cfg.metrics_collect_steps(env.device)
@@ -239,7 +239,8 @@ class Trainer(LoopControl):
         """Train until ``stop_at``/max_duration, a stop signal, the time limit or a callback's stop; return an exit
         code. The loop itself: everything around a step is a callback (:mod:`olmo.train.callback`)."""
         s = self.state
-        stop = StopConditions(self.cfg, s.global_step, self.max_steps, lambda: s.global_step)
+        limits = StopLimits(self.cfg.stop_at, self.cfg.stop_after, self.cfg.time_limit)
+        stop = StopConditions(self.cfg.save_folder, s.global_step, self.max_steps, lambda: s.global_step, limits)
         self._begin(stop)
         how, reason = "finished", None
         try:
@@ -276,7 +277,8 @@ class Trainer(LoopControl):
         cfg, s = self.cfg, self.state
         self._stop_at, self._start_step, self._exit_code = stop.stop_at, s.global_step, 0
         self._batch_iter, self._stage = self.data.batches(stop.stop_at), None
-        metrics = MetricsCallback(cfg, self.env.rank, stop.stop_at, self._summary, self.collect_steps)
+        sinks = SinkOptions(cfg.save_folder, cfg.console_log_interval, cfg.wandb, cfg.run_name, cfg.as_written)
+        metrics = MetricsCallback(sinks, self.env.rank, stop.stop_at, self._summary, self.collect_steps)
         built_in: list[Callback] = [
             WatchdogCallback(self.watchdog),
             StragglerCallback(self.stragglers),

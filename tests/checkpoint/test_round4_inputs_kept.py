@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from olmo.checkpoint import MARKER, prune_checkpoints, remove_ephemeral_checkpoints
-from olmo.checkpoint.restore import LaunchPlan, RestorePlan, claim_save_folder, prepare_save_folder
+from olmo.checkpoint.restore import LaunchOptions, LaunchPlan, RestorePlan, claim_save_folder, prepare_save_folder
 from olmo.config import TrainConfig
 from olmo.config.input_paths import INPUT_KEYS, NOT_INPUT_KEYS, PATH_LIKE_NAME, run_inputs
 from olmo.distributed.collectives import DistEnv
@@ -52,6 +52,14 @@ def _cfg(run: Path, **values) -> TrainConfig:
     return TrainConfig.new(save_folder=str(run), **values)
 
 
+def _prepare(cfg: TrainConfig, launch: LaunchPlan) -> None:
+    prepare_save_folder(LaunchOptions.from_train_config(cfg), launch)
+
+
+def _claim(cfg: TrainConfig, launch: LaunchPlan) -> None:
+    claim_save_folder(LaunchOptions.from_train_config(cfg), launch, cfg)
+
+
 def _listing(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
@@ -59,7 +67,7 @@ def _listing(folder: Path) -> list[str]:
 def _refused(cfg: TrainConfig, launch: LaunchPlan, *needles: str) -> str:
     """Both the check (prepare_save_folder) and the deleting step (claim_save_folder) refuse, deleting nothing."""
     before = _listing(Path(cfg.save_folder))
-    for step in (prepare_save_folder, claim_save_folder):
+    for step in (_prepare, _claim):
         with pytest.raises(OLMoCheckpointError) as raised:
             step(cfg, launch)
         message = str(raised.value)
@@ -157,8 +165,8 @@ def test_an_unread_reference_does_not_stop_the_launch(tmp_path):
         kl_reference={"load_path": str(run / "step5-unsharded")},
         dpo={"reference_path": str(run / "step9-unsharded")},
     )
-    prepare_save_folder(cfg, FRESH)
-    claim_save_folder(cfg, FRESH)
+    _prepare(cfg, FRESH)
+    _claim(cfg, FRESH)
     assert not (run / "step5-unsharded").exists() and (run / "config.yaml").is_file()
 
 
@@ -182,8 +190,8 @@ def test_links_are_followed_as_the_kernel_follows_them(tmp_path):
     _refused(_cfg(run, save_overwrite=True, load_path=str(tmp_path / "ckpt_link")), restore, "load_path")
     # Named directly, the link's target is safe: the link goes, the checkpoint stays.
     cfg = _cfg(run, save_overwrite=True, dpo={"enabled": True, "reference_path": str(kept)})
-    prepare_save_folder(cfg, FRESH)
-    claim_save_folder(cfg, FRESH)
+    _prepare(cfg, FRESH)
+    _claim(cfg, FRESH)
     assert not (run / "step3-unsharded").is_symlink() and (kept / MARKER).is_file()
 
 
@@ -199,7 +207,7 @@ def test_urls_and_link_loops_are_no_inputs_in_the_folder(tmp_path):
     _previous_run(run)
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     cfg = _cfg(run, save_overwrite=True, data={"paths": ["s3://bucket/tokens.npy", str(tmp_path / "loop" / "x")]})
-    prepare_save_folder(cfg, FRESH)
+    _prepare(cfg, FRESH)
 
 
 def test_a_resume_in_the_folder_keeps_the_reference_newer_checkpoints_hold(tmp_path):
@@ -232,10 +240,10 @@ def test_resaves_that_would_replace_a_reference_are_refused_up_front_and_retenti
     # Retention and ephemeral removal pass over what the run reads (test below), so neither stops the launch; nor
     # does keeping every checkpoint without --save_overwrite; and load_path (read once, at the restore) may be pruned
     # later as any resumed checkpoint is.
-    prepare_save_folder(dpo("step5-unsharded", save_num_unsharded_checkpoints_to_keep=2), start)
-    prepare_save_folder(dpo("step4"), start)
-    prepare_save_folder(dpo("step3-unsharded"), start)
-    prepare_save_folder(_cfg(run, **base, save_num_unsharded_checkpoints_to_keep=1), start)
+    _prepare(dpo("step5-unsharded", save_num_unsharded_checkpoints_to_keep=2), start)
+    _prepare(dpo("step4"), start)
+    _prepare(dpo("step3-unsharded"), start)
+    _prepare(_cfg(run, **base, save_num_unsharded_checkpoints_to_keep=1), start)
 
 
 def test_many_inputs_in_one_paragraph(tmp_path):

@@ -8,7 +8,7 @@ import os
 import pytest
 
 import olmo.util.secrets as secrets
-from olmo.checkpoint.restore import LaunchPlan, prepare_save_folder
+from olmo.checkpoint.restore import LaunchOptions, LaunchPlan, prepare_save_folder
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoCheckpointError, OLMoError
 from olmo.util.secrets import RedactingFilter, redact_text
@@ -33,7 +33,7 @@ def test_a_parent_folder_of_a_secret_save_folder_is_masked(tmp_path, monkeypatch
     monkeypatch.setenv("R4_SECRET_ROOT", str(tmp_path / "acme-tenant-7f3k" / "runs"))
     cfg = _load(tmp_path, "save_folder: ${oc.env:R4_SECRET_ROOT}/run1\n")
     with pytest.raises(OLMoCheckpointError) as raised:
-        prepare_save_folder(cfg, LaunchPlan(None))
+        prepare_save_folder(LaunchOptions.from_train_config(cfg), LaunchPlan(None))
     message = str(raised.value)
     assert "acme-tenant-7f3k" not in message, message
     assert "'${oc.env:R4_SECRET_ROOT}/..' is a file" in message

@@ -12,8 +12,8 @@ import torch
 from olmo.config import TrainConfig
 from olmo.testing import tiny_config_dict
 from olmo.train.metrics import ReduceType, StepMetricsQueue
-from olmo.train.metrics_sinks import ConsoleSink, JsonlSink, MetricsLogger
-from olmo.train.stop import StopConditions
+from olmo.train.metrics_sinks import ConsoleSink, JsonlSink, MetricsLogger, SinkOptions
+from olmo.train.stop import StopConditions, StopLimits
 
 
 def _cfg(tmp_path, **overrides):
@@ -52,11 +52,12 @@ def test_console_sink_shows_training_every_interval_and_evaluations_in_full(capl
 
 def test_metrics_logger_writes_on_rank_zero_only_and_keeps_first_and_last_loss(tmp_path):
     cfg = _cfg(tmp_path, wandb=None)
-    other = MetricsLogger(cfg, rank=1, max_steps=3)
+    sinks = SinkOptions(cfg.save_folder, cfg.console_log_interval)
+    other = MetricsLogger(sinks, rank=1, max_steps=3)
     other.log(1, {"train/CrossEntropyLoss": 3.0})
     other.close({})
     assert not (tmp_path / "run" / "metrics.jsonl").exists() and other.first_loss is None
-    logger = MetricsLogger(cfg, rank=0, max_steps=3)
+    logger = MetricsLogger(sinks, rank=0, max_steps=3)
     for step, loss in enumerate((3.0, 2.0, 1.0), start=1):
         logger.log(step, {"train/CrossEntropyLoss": loss})
     logger.log(3, {"eval/x/CrossEntropyLoss": 9.0}, console_keys=["eval/x/CrossEntropyLoss"])
@@ -82,6 +83,12 @@ def test_step_metrics_queue_reduces_recorded_metrics_and_normalizes_the_loss():
     assert (values["a"], values["b"], values["c"]) == (4.0, 4.0, 4.0)  # one rank: every reduction is the value
 
 
+def _stop_conditions(cfg: TrainConfig, start: int) -> StopConditions:
+    """The stop conditions the trainer builds from ``cfg`` for a run of 10 steps that starts at ``start``."""
+    limits = StopLimits(cfg.stop_at, cfg.stop_after, cfg.time_limit)
+    return StopConditions(cfg.save_folder, start, 10, limits=limits)
+
+
 @pytest.mark.parametrize(
     "overrides, start, expected",
     [
@@ -93,18 +100,18 @@ def test_step_metrics_queue_reduces_recorded_metrics_and_normalizes_the_loss():
     ],
 )
 def test_stop_at_is_the_earliest_of_max_duration_stop_at_and_stop_after(tmp_path, overrides, start, expected):
-    assert StopConditions(_cfg(tmp_path, **overrides), start, max_steps=10).stop_at == expected
+    assert _stop_conditions(_cfg(tmp_path, **overrides), start).stop_at == expected
 
 
 def test_a_signal_or_the_time_limit_stops_and_handlers_are_restored(tmp_path):
     before = signal.getsignal(signal.SIGTERM)
-    with StopConditions(_cfg(tmp_path), 0, max_steps=10) as stop:
+    with _stop_conditions(_cfg(tmp_path), 0) as stop:
         assert stop.agree() == (None, True)
         assert stop.agree(writing=True) == (None, False)
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.agree() == ("SIGTERM", True)
     assert signal.getsignal(signal.SIGTERM) is before
-    with StopConditions(_cfg(tmp_path, time_limit=0.0), 0, max_steps=10) as stop:
+    with _stop_conditions(_cfg(tmp_path, time_limit=0.0), 0) as stop:
         assert stop.agree()[0] == "time_limit"
 
 
