@@ -81,8 +81,6 @@ TRAIN_CONFIG_ALLOWED = {
     "olmo/distributed/parallelize.py:ParallelizeOptions.from_train_config": "TODO part 2: lead's files",
     "olmo/distributed/layout.py:ParallelLayout.of_run": "the run's assembly: the layout of its parallel sections",
     "olmo/distributed/layout.py:ParallelLayout.planned": "plans and estimates size a run's layout before its launch",
-    "olmo/distributed/parallelize.py:defer_replica_all_reduce": "TODO part 2: lead's files",
-    "olmo/distributed/parallelize.py:autocast_dtype": "TODO part 2: lead's files",
     "olmo/ladder/estimates.py:model_facts": "TODO part 2: lead's files",
     "olmo/ladder/estimates.py:shard_degree": "TODO part 2: lead's files",
     "olmo/ladder/estimates.py:_block_activation_bytes": "TODO part 2: lead's files",

@@ -10,7 +10,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Optional, Union
+from typing import Any, Optional, Protocol
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from ..config import (
     ActivationCheckpointingStrategy,
     CompilerConfig,
+    DDPConfig,
     DDPGradSyncMode,
     DistributedStrategy,
     Float8Config,
@@ -182,7 +183,7 @@ def _checkpointed(fn: Callable[..., torch.Tensor], preserve_rng: bool) -> Callab
     return wrapper
 
 
-def defer_replica_all_reduce(cfg: TrainConfig, env: DistEnv) -> bool:
+def defer_replica_all_reduce(options: ParallelizeOptions, ddp: Optional[DDPConfig], env: DistEnv) -> bool:
     """Whether the gradient all-reduce over the ``replicate`` mesh dimension (DDP, NO_SHARD, hybrid sharding)
     should wait for the last micro-batch of a step, as OLMo's ``ddp.grad_sync_mode: batch`` does.
 
@@ -190,14 +191,14 @@ def defer_replica_all_reduce(cfg: TrainConfig, env: DistEnv) -> bool:
     (``fsdp.precision: pure`` under autocast): FSDP sums the waiting micro-batches in the reduce dtype, where
     per-micro-batch all-reduces are summed into the fp32 gradient.
     """
-    fsdp = cfg.fsdp or FSDPConfig()
-    replicated = cfg.distributed_strategy == DistributedStrategy.ddp or fsdp.sharding_strategy in (
+    fsdp = options.fsdp or FSDPConfig()
+    replicated = options.distributed_strategy == DistributedStrategy.ddp or fsdp.sharding_strategy in (
         ShardingStrategy.NO_SHARD,
         ShardingStrategy.HYBRID_SHARD,
         ShardingStrategy._HYBRID_SHARD_ZERO2,
     )
-    per_micro_batch = cfg.ddp is not None and cfg.ddp.grad_sync_mode == DDPGradSyncMode.micro_batch
-    low_precision_reduce = autocast_dtype(cfg, env.device) is not None and fsdp.precision == FSDPPrecision.pure
+    per_micro_batch = ddp is not None and ddp.grad_sync_mode == DDPGradSyncMode.micro_batch
+    low_precision_reduce = autocast_dtype(options, env.device) is not None and fsdp.precision == FSDPPrecision.pure
     return env.world_size > 1 and replicated and not per_micro_batch and not low_precision_reduce
 
 
@@ -300,8 +301,14 @@ def model_config_fingerprint(cfg: ModelConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def autocast_dtype(cfg: Union[TrainConfig, ParallelizeOptions], device: torch.device) -> Optional[torch.dtype]:
-    """The autocast dtype for this device, or None for fp32. CPUs always train in fp32."""
+class _Precision(Protocol):
+    @property
+    def autocast_precision(self) -> Optional[str]: ...
+
+
+def autocast_dtype(cfg: _Precision, device: torch.device) -> Optional[torch.dtype]:
+    """The autocast dtype for this device, or None for fp32 (``cfg``: anything with ``autocast_precision``, a
+    ``TrainConfig`` or :class:`ParallelizeOptions`). CPUs always train in fp32."""
     name = cfg.autocast_precision
     if name is None or device.type != "cuda":
         return None

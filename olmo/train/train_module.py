@@ -27,7 +27,7 @@ from ..config import SchedulerUnits, TrainConfig
 from ..data import check_token_ids
 from ..distributed.collectives import DistEnv, all_reduce
 from ..distributed.context_parallel import ContextParallel
-from ..distributed.parallelize import autocast_dtype, defer_replica_all_reduce
+from ..distributed.parallelize import ParallelizeOptions, autocast_dtype, defer_replica_all_reduce
 from ..distributed.tensor_parallel import order_fused_rows
 from ..eval.evaluator import ModelEval
 from ..exceptions import OLMoConfigurationError
@@ -212,7 +212,8 @@ class TransformerTrainModule(TrainModule):
         self.autocast_dtype = autocast_dtype(cfg, env.device)
         self._eval = ModelEval(model, env.device, self.autocast_dtype)  # forward under no_grad and autocast
         self.z_loss_multiplier = (cfg.auxiliary_loss_multiplier or 1e-4) if cfg.softmax_auxiliary_loss else None
-        self.defer_replica_all_reduce = defer_replica_all_reduce(cfg, env) and hasattr(
+        parallel = ParallelizeOptions.from_train_config(cfg)
+        self.defer_replica_all_reduce = defer_replica_all_reduce(parallel, cfg.ddp, env) and hasattr(
             model, "set_requires_all_reduce"
         )
         self._stage_schedulers: dict[int, Any] = {}
