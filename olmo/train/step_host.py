@@ -9,7 +9,6 @@ from typing import Optional, Protocol
 
 import torch
 
-from ..config import TrainConfig
 from ..distributed.collectives import DistEnv
 from ..distributed.layout import ParallelLayout
 from .metrics import ReduceType
@@ -29,15 +28,19 @@ class EvalBatchSpec:
 
 class StepHost(Protocol):
     """What a train module may read of, and hand to, the trainer that drives it (:class:`olmo.train.Trainer`
-    implements it): the run's config, process group and layout, where the run is, and three ways to report back. Nothing
+    implements it): the run's process group and layout, where the run is, and three ways to report back. Nothing
     else of the trainer is the module's business."""
 
-    cfg: TrainConfig
     env: DistEnv
     layout: ParallelLayout
     """How the ranks are arranged: what each reads, its context-parallel group, the meshes."""
     max_steps: int
     """The run's length in optimizer steps (all stages)."""
+
+    @property
+    def evaluator_batches(self) -> EvalBatchSpec:
+        """The largest batch the run's evaluators make (``device_eval_batch_size``, each evaluator's own) of up to
+        ``model.max_sequence_length`` tokens."""
 
     @property
     def global_step(self) -> int:

@@ -126,9 +126,7 @@ class TrainModule(ABC):
         """What :meth:`eval_batch` takes. By default any batch the config's evaluators make (the largest of
         their ``device_eval_batch_size``) of up to ``model.max_sequence_length`` tokens; a module with a smaller
         limit overrides this, and the trainer refuses, at start-up, an evaluator whose batches exceed it."""
-        cfg = self.trainer.cfg
-        sizes = [cfg.device_eval_batch_size] + [e.device_eval_batch_size or 0 for e in cfg.evaluators]
-        return EvalBatchSpec(max(sizes), cfg.model.max_sequence_length)
+        return self.trainer.evaluator_batches
 
     def enter_stage(self, stage: Stage, at_boundary: bool) -> None:
         """Called by the trainer before the first step it trains of each stage (see :mod:`olmo.train.stages`; a run

@@ -68,7 +68,7 @@ from .stages import (
 )
 from .stop import EXIT_CODE_STOPPED, StopCallback, StopConditions, StopLimits, StopNow, checkpoint_summary
 from .stragglers import StragglerCallback, StragglerMonitor
-from .train_module import TrainModule
+from .train_module import EvalBatchSpec, TrainModule
 from .trainer_state import TrainerState
 from .watchdog import Watchdog, WatchdogCallback
 
@@ -430,6 +430,12 @@ class Trainer(LoopControl):
         }
 
     # What the train module may read of and hand to the trainer (olmo.train.train_module.StepHost).
+    @property
+    def evaluator_batches(self) -> EvalBatchSpec:
+        cfg = self.cfg
+        sizes = [cfg.device_eval_batch_size] + [e.device_eval_batch_size or 0 for e in cfg.evaluators]
+        return EvalBatchSpec(max(sizes), cfg.model.max_sequence_length)
+
     @property
     def global_step(self) -> int:
         return self.state.global_step
