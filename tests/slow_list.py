@@ -1,6 +1,7 @@
 """The tests that are left out of ``make test-quick``, chosen by measured duration: ``tests/slow_tests.txt`` lists
 every test that took :data:`THRESHOLD` seconds or more (setup, call and teardown together) in a whole-suite run,
-with its seconds and those of its setup (a fixture that its module's tests share is set up by the first of them). ``tests/conftest.py`` reads it to mark those tests ``slow`` and to start the longest first.
+with its seconds and those of its setup (a fixture that its module's tests share is set up by the first of them).
+``tests/conftest.py`` reads it to mark those tests ``slow`` and to start the longest first.
 
 ``make slow-list`` regenerates the list: ``python tests/slow_list.py`` runs the suite as ``make test`` does, with
 ``--durations=0``, and writes the list from its durations table; ``python tests/slow_list.py DURATIONS.txt`` writes it
