@@ -57,8 +57,9 @@ def pytest_collection_modifyitems(config, items):
     """Mark ``slow`` (left out of ``make test-quick``, the inner loop) every test that :mod:`slow_list` names, and
     every test that shares a fixture of its module with one whose setup took that long (whichever of them runs first
     pays it); ``make test`` and CI run everything. A listed test that no longer exists stops the run."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):  # under xdist, the controller checks (_StaleUnderXdist)
-        _fail_if_stale(config, [item.nodeid for item in items])
+    stale = _stale(config, [item.nodeid for item in items])
+    if stale and items:
+        items.append(StaleSlowList.from_parent(items[0].session, name=f"tests/{slow_list.PATH.name}", stale=stale))
     shared = {}  # module: the fixtures of its own (module scope and wider) that a listed test uses
     for item in items:
         if SLOW.get(item.nodeid, (0.0, 0.0))[1] >= slow_list.THRESHOLD:
@@ -81,30 +82,26 @@ def _module_fixtures(item) -> set:
     }
 
 
-def _fail_if_stale(config, node_ids: list) -> None:
-    """Stop the run if :data:`SLOW` names a test that this run collects the whole file of (a folder above it or the
-    file itself is an argument) but did not find: the list must not go stale silently."""
-    stale = _stale(config, node_ids)
-    if stale:
-        message = f"tests/{slow_list.PATH.name} names tests that no longer exist (make slow-list, or edit it): "
-        raise pytest.UsageError(message + ", ".join(stale))
+class StaleSlowList(pytest.Item):
+    """A test that fails when :data:`SLOW` names tests that no longer exist: the list must not go stale silently.
+    (An item, not an error at collection: under xdist each worker collects, and a worker's error reads as an internal
+    error of the run.)"""
 
+    def __init__(self, *, stale: list, **kwargs):
+        super().__init__(**kwargs)
+        self.stale = stale
 
-class _StaleUnderXdist:
-    """Under xdist the workers collect, and a worker's error reads as the controller's internal error: the
-    controller checks the collection the first worker reports instead."""
+    def runtest(self):
+        raise AssertionError(
+            f"tests/{slow_list.PATH.name} names tests that no longer exist (run make slow-list, or edit it): "
+            + ", ".join(self.stale)
+        )
 
-    def __init__(self, config):
-        self.config = config
-        self.checked = False
+    def repr_failure(self, excinfo):
+        return str(excinfo.value)
 
-    def pytest_xdist_node_collection_finished(self, node, ids):
-        if not self.checked:
-            self.checked = True
-            try:
-                _fail_if_stale(self.config, list(ids))
-            except pytest.UsageError as error:
-                pytest.exit(str(error), returncode=pytest.ExitCode.USAGE_ERROR)
+    def reportinfo(self):
+        return self.path, None, self.name
 
 
 def _stale(config, node_ids: list) -> list:
@@ -188,5 +185,3 @@ class _Unlisted:
 def pytest_configure(config):
     config.pluginmanager.register(_LongestFirst(), "longest-first")
     config.pluginmanager.register(_Unlisted(), "unlisted-slow-tests")
-    if config.pluginmanager.hasplugin("xdist") and not os.environ.get("PYTEST_XDIST_WORKER"):
-        config.pluginmanager.register(_StaleUnderXdist(config), "stale-slow-list")
