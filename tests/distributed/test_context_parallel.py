@@ -17,13 +17,13 @@ from olmo.distributed.context_parallel import load_balanced_positions
 from olmo.testing import (
     assert_same_weights,
     metric_by_step,
-    run_torchrun,
     run_train,
     tiny_config_dict,
     train_twins,
     write_byte_memmap,
     write_config,
 )
+from olmo.testing.train_each import run_torchrun_each
 
 LONG = {
     "model.max_sequence_length": 8192,
@@ -38,7 +38,9 @@ LONG = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The uninterrupted run in one process, and its context-parallel twins (world size, degree)."""
+    """The uninterrupted run in one process, its context-parallel twins (world size, degree), and the runs with CP=2
+    on 2 ranks of ``test_a_context_parallel_checkpoint_resumes_on_other_layouts`` and
+    ``test_a_kl_stage_shares_its_instances_as_one_process`` in one launch (each launch costs seconds of start-up)."""
     root = tmp_path_factory.mktemp("cp")
     write_byte_memmap(root / "corpus.npy", 8 * 8192)  # 8 instances of 8,192 tokens: 3 steps of 2
     corpus = [str(root / "corpus.npy")]
@@ -50,7 +52,22 @@ def runs(tmp_path_factory):
 
     twins = {f"cp4x{d}": (4, {"context_parallel.degree": d, "save_interval": 2}) for d in (2, 4)}
     train_twins(config, twins)
+    (root / "kl").mkdir()
+    write_byte_memmap(root / "kl/corpus.npy", 20_000)
+    resumed2 = [config("resumed2", **{"context_parallel.degree": 2}), f"--load_path={root / 'cp4x2/run/step2'}"]
+    result = run_torchrun_each(2, [resumed2, [_kl_config(root / "kl", "cp", **{"context_parallel.degree": 2})]])
+    assert result.returncode == 0, result.stderr[-4000:]
     return root, config
+
+
+def _kl_config(root, name, **extra):
+    """Two stages, the second with a KL term, on ``root/corpus.npy``."""
+    stages = [
+        {"name": "pretrain", "max_duration": 2},
+        {"name": "anneal-kl", "max_duration": 2, "kl_beta": 0.1, "kl_estimator": "full"},
+    ]
+    raw = tiny_config_dict(root / name, [str(root / "corpus.npy")], stages=stages, **extra)
+    return write_config(root / f"{name}.yaml", {**raw, "max_duration": None, "save_interval_unsharded": 100})
 
 
 @pytest.mark.slow
@@ -73,9 +90,7 @@ def test_ranks_sharing_each_instance_train_as_one_process(runs, layout):
 def test_a_context_parallel_checkpoint_resumes_on_other_layouts(runs):
     root, config = runs
     checkpoint = root / "cp4x2/run/step2"
-    assert run_train(config("resumed1"), f"--load_path={checkpoint}") == 0
-    result = run_torchrun(2, config("resumed2", **{"context_parallel.degree": 2}), f"--load_path={checkpoint}")
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert run_train(config("resumed1"), f"--load_path={checkpoint}") == 0  # the fixture resumed it with CP=2
     one = metric_by_step(root / "one/run")
     for name in ("resumed1", "resumed2"):
         resumed = metric_by_step(root / name / "run")
@@ -129,25 +144,12 @@ def test_a_context_parallel_layout_that_fits_has_no_problem():
 
 
 @pytest.mark.slow
-def test_a_kl_stage_shares_its_instances_as_one_process(tmp_path):
+def test_a_kl_stage_shares_its_instances_as_one_process(runs):
     """Two-stage KL (the frozen reference's forward gets the same share of each instance as the policy's)."""
-    write_byte_memmap(tmp_path / "corpus.npy", 20_000)
-    stages = [
-        {"name": "pretrain", "max_duration": 2},
-        {"name": "anneal-kl", "max_duration": 2, "kl_beta": 0.1, "kl_estimator": "full"},
-    ]
-
-    def config(name, **extra):
-        raw = tiny_config_dict(tmp_path / name, [str(tmp_path / "corpus.npy")], stages=stages, **extra)
-        return write_config(
-            tmp_path / f"{name}.yaml", {**raw, "max_duration": None, "save_interval_unsharded": 100}
-        )
-
-    assert run_train(config("one")) == 0
-    result = run_torchrun(2, config("cp", **{"context_parallel.degree": 2}))
-    assert result.returncode == 0, result.stderr[-4000:]
+    kl = runs[0] / "kl"
+    assert run_train(_kl_config(kl, "one")) == 0  # the fixture trained "cp" on 2 ranks
     rows = {
-        name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        name: [json.loads(line) for line in (kl / name / "metrics.jsonl").read_text().splitlines()]
         for name in ("one", "cp")
     }
     for key in ("train/CrossEntropyLoss", "train/KL"):

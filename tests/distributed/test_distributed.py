@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from olmo.data import read_data_indices
-from olmo.testing import run_torchrun, run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.testing import run_train, tiny_config_dict, write_byte_memmap, write_config
+from olmo.testing.train_each import run_torchrun_each
 
 
 @pytest.fixture(scope="module")
@@ -43,67 +44,71 @@ def _check(result):
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-def test_fsdp_two_ranks_match_one_process_with_and_without_accumulation(tmp_path, corpus):
-    runs = {}
-    for name, nproc, micro in (("1x8", 1, 8), ("8x1", 1, 1), ("2x4", 2, 4), ("2x2x2", 2, 2)):
-        cfg = tiny_config_dict(
-            tmp_path / name / "run",
-            corpus,
-            device_train_microbatch_size=micro,
-            max_duration=5,
-            save_interval_unsharded=5,
-        )
-        config = write_config(tmp_path / name / "c.yaml", cfg)
+ACCUMULATION = {"1x8": (1, 8), "8x1": (1, 1), "2x4": (2, 4), "2x2x2": (2, 2)}
+"""name: (processes, micro-batch size) of the 5-step runs compared with each other."""
+
+SAVES = {
+    "sharded": {"save_interval": 3, "save_interval_unsharded": None},
+    "sharded_async": {"save_interval": 3, "save_interval_unsharded": None, "save_async": True},
+    "unsharded": {"save_interval_unsharded": 3},
+}
+"""The checkpoints that carry a 9-step run from 2 ranks to one process and back."""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, corpus):
+    """Every run of this module's 2-rank tests, in two torchrun launches: the runs of :data:`ACCUMULATION` (5 steps)
+    and the first 3 steps of each :data:`SAVES` run, then, after steps 4-6 of those in one process, their last 3
+    steps on 2 ranks again. Also the one-process runs compared with them, and ``uninterrupted``: 9 steps in one
+    process without a stop, the reference of the resumed runs (saves change no number, and 2 ranks match one process
+    to rtol 1e-5)."""
+    root = tmp_path_factory.mktemp("runs")
+
+    def config(name, **overrides):
+        return write_config(root / name / "c.yaml", tiny_config_dict(root / name / "run", corpus, **overrides))
+
+    first = []
+    for name, (nproc, micro) in ACCUMULATION.items():
+        path = config(name, device_train_microbatch_size=micro, max_duration=5, save_interval_unsharded=5)
         if nproc == 1:
-            assert run_train(config) == 0
+            assert run_train(path) == 0
         else:
-            _check(run_torchrun(nproc, config))
-        runs[name] = (_losses(tmp_path / name / "run"), _weights(tmp_path / name / "run/step5-unsharded"))
-    reference_losses, reference_weights = runs["1x8"]
-    for name, (losses, weights) in runs.items():
+            first.append([path])
+    parts = {save: config(save, max_duration=9, **overrides) for save, overrides in SAVES.items()}
+    _check(run_torchrun_each(2, [*first, *([part, "--stop_at=3"] for part in parts.values())]))
+    for part in parts.values():
+        assert run_train(part, "--try_load_latest_save", "--stop_at=6") == 0
+    _check(run_torchrun_each(2, [[part, "--try_load_latest_save"] for part in parts.values()]))
+    assert run_train(config("uninterrupted", max_duration=9)) == 0
+    return root
+
+
+def test_fsdp_two_ranks_match_one_process_with_and_without_accumulation(runs):
+    results = {
+        name: (_losses(runs / name / "run"), _weights(runs / name / "run/step5-unsharded"))
+        for name in ACCUMULATION
+    }
+    reference_losses, reference_weights = results["1x8"]
+    for name, (losses, weights) in results.items():
         np.testing.assert_allclose(losses, reference_losses, rtol=1e-5, err_msg=name)
         assert weights.keys() == reference_weights.keys()
         for key, value in weights.items():
             torch.testing.assert_close(value, reference_weights[key], rtol=1e-4, atol=1e-5, msg=f"{name} {key}")
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, corpus):
-    """9 steps in one process without a stop: the reference of the resume tests (saves change no number, and 2
-    ranks match one process to rtol 1e-5)."""
-    root = tmp_path_factory.mktemp("uninterrupted")
-    config = write_config(root / "c.yaml", tiny_config_dict(root / "run", corpus, max_duration=9))
-    assert run_train(config) == 0
-    return root / "run"
-
-
-@pytest.mark.parametrize(
-    "save",
-    [
-        {"save_interval": 3, "save_interval_unsharded": None},
-        {"save_interval": 3, "save_interval_unsharded": None, "save_async": True},
-        {"save_interval_unsharded": 3},
-    ],
-    ids=["sharded", "sharded_async", "unsharded"],
-)
-def test_checkpoint_from_two_ranks_resumes_on_one_and_back(tmp_path, corpus, save, uninterrupted):
+@pytest.mark.parametrize("save", list(SAVES))
+def test_checkpoint_from_two_ranks_resumes_on_one_and_back(runs, save):
     # The run of `uninterrupted` in three launches: 2 ranks -> 1 process -> 2 ranks.
-    part = write_config(
-        tmp_path / "part/c.yaml", tiny_config_dict(tmp_path / "part/run", corpus, max_duration=9, **save)
-    )
-    _check(run_torchrun(2, part, "--stop_at=3"))
-    assert run_train(part, "--try_load_latest_save", "--stop_at=6") == 0
-    _check(run_torchrun(2, part, "--try_load_latest_save"))
-
-    np.testing.assert_allclose(_losses(tmp_path / "part/run"), _losses(uninterrupted), rtol=1e-5)
+    part, uninterrupted = runs / save / "run", runs / "uninterrupted/run"
+    np.testing.assert_allclose(_losses(part), _losses(uninterrupted), rtol=1e-5)
     # Audit the data: every step trained on the same global batch, no instance skipped or repeated.
-    used, reference = _indices_by_step(tmp_path / "part/run"), _indices_by_step(uninterrupted)
+    used, reference = _indices_by_step(part), _indices_by_step(uninterrupted)
     assert sorted(used) == list(range(1, 10))
     for step in used:
         assert sorted(used[step]) == sorted(reference[step]), step
     flat = [i for step in sorted(used) for i in used[step]]
     assert len(flat) == len(set(flat)) == 9 * 8
-    order = np.fromfile(tmp_path / "part/run/train_data/global_indices.npy", dtype=np.uint32)
+    order = np.fromfile(part / "train_data/global_indices.npy", dtype=np.uint32)
     assert sorted(flat) == sorted(order[: 9 * 8].tolist())
 
 

@@ -18,11 +18,11 @@ from olmo.testing import (
     run_torchrun,
     run_train,
     tiny_config_dict,
-    train_twins,
     write_byte_memmap,
     write_byte_tokenizer,
     write_config,
 )
+from olmo.testing.train_each import run_torchrun_each
 
 SHAPE = {
     "model.n_heads": 4,
@@ -42,7 +42,9 @@ SHAPE = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The uninterrupted run in one process, and its tensor-parallel twins (world size, degree)."""
+    """The uninterrupted run in one process, and every run of this module under torchrun: its tensor-parallel twins
+    and the 3-D mesh on 4 ranks, and, in one launch (each costs seconds of start-up), the runs with TP=2 on 2 ranks:
+    a twin, the resumed runs of ``test_checkpoints_resume_across_tensor_parallel_layouts`` and the compiled blocks."""
     root = tmp_path_factory.mktemp("tp")
     write_byte_memmap(root / "corpus.npy", 20_000)
     write_byte_memmap(
@@ -62,7 +64,25 @@ def runs(tmp_path_factory):
         return write_config(root / name / "c.yaml", raw)
 
     tp2 = {"tensor_parallel.degree": 2}
-    train_twins(config, {"tp4": (4, tp2), "tp2": (2, tp2), "cp2tp2": (4, {**tp2, "context_parallel.degree": 2})})
+    assert run_train(config("one")) == 0
+    hsdp = {
+        **tp2,
+        "fsdp": {"sharding_strategy": "HYBRID_SHARD", "hybrid_sharding_num_model_replicas": 2},
+        "activation_checkpointing": "whole_layer",
+        "evaluators": [],
+    }
+    # One launch for each layout of 4 ranks: a launch's runs must lay out their ranks alike (olmo.testing.train_each).
+    for name, extra in (("tp4", tp2), ("cp2tp2", {**tp2, "context_parallel.degree": 2}), ("hsdp", hsdp)):
+        result = run_torchrun(4, config(name, **extra), timeout=600)
+        assert result.returncode == 0, result.stderr[-4000:]
+    # Sharded, saved by CP=2 x TP=2, into TP=2 on 2 ranks; unsharded, saved by one process, into TP=2.
+    resumed = [
+        [config(name, **tp2), f"--load_path={root / source}"]
+        for name, source in (("from_cp_tp", "cp2tp2/run/step3"), ("into_tp", "one/run/step3-unsharded"))
+    ]
+    compiled = config("compiled", **tp2, **{"compile": {}, "max_duration": 3, "evaluators": []})
+    result = run_torchrun_each(2, [[config("tp2", **tp2)], *resumed, [compiled]])  # all TP=2 on 2 ranks
+    assert result.returncode == 0, result.stderr[-4000:]
     return root, config
 
 
@@ -96,13 +116,9 @@ def test_ranks_sharing_each_layer_train_as_one_process(runs, layout):
 @pytest.mark.slow
 def test_checkpoints_resume_across_tensor_parallel_layouts(runs):
     root, config = runs
-    # Sharded, saved by TP=2 x FSDP=2, into one process; sharded, saved by CP=2 x TP=2, into TP=2 on 2 ranks;
-    # unsharded, saved by one process, into TP=2.
+    # Sharded, saved by TP=2 x FSDP=2, into one process; the fixture resumed a sharded checkpoint saved by
+    # CP=2 x TP=2 into TP=2 on 2 ranks, and one process's unsharded one into TP=2.
     assert run_train(config("from_tp"), f"--load_path={root / 'tp4/run/step3'}") == 0
-    tp2 = {"tensor_parallel.degree": 2}
-    for name, source in (("from_cp_tp", "cp2tp2/run/step3"), ("into_tp", "one/run/step3-unsharded")):
-        result = run_torchrun(2, config(name, **tp2), f"--load_path={root / source}")
-        assert result.returncode == 0, result.stderr[-4000:]
     one = metric_by_step(root / "one/run")
     for name in ("from_tp", "from_cp_tp", "into_tp"):
         resumed = metric_by_step(root / name / "run")
@@ -117,12 +133,7 @@ def test_checkpoints_resume_across_tensor_parallel_layouts(runs):
 def test_compiled_blocks_split_over_ranks_train_as_one_process(runs):
     """``torch.compile`` of each block with the parallel styles' hooks and the QK-norm's sums over the group (left to
     eager mode)."""
-    root, config = runs
-    compiled = config(
-        "compiled", **{"tensor_parallel.degree": 2, "compile": {}, "max_duration": 3, "evaluators": []}
-    )
-    result = run_torchrun(2, compiled, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    root, _ = runs
     one, tp = metric_by_step(root / "one/run"), metric_by_step(root / "compiled/run")
     np.testing.assert_allclose([tp[s] for s in (1, 2, 3)], [one[s] for s in (1, 2, 3)], rtol=1e-5)
 
@@ -130,15 +141,7 @@ def test_compiled_blocks_split_over_ranks_train_as_one_process(runs):
 @pytest.mark.slow
 def test_a_three_dimensional_mesh_trains_as_one_process(runs):
     """HYBRID_SHARD x TP: replicate 2 x shard 1 x tp 2 on 4 ranks, with activation checkpointing."""
-    root, config = runs
-    extra = {
-        "tensor_parallel.degree": 2,
-        "fsdp": {"sharding_strategy": "HYBRID_SHARD", "hybrid_sharding_num_model_replicas": 2},
-        "activation_checkpointing": "whole_layer",
-        "evaluators": [],
-    }
-    result = run_torchrun(4, config("hsdp", **extra), timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    root, _ = runs
     one, tp = metric_by_step(root / "one/run"), metric_by_step(root / "hsdp/run")
     np.testing.assert_allclose([tp[s] for s in range(1, 6)], [one[s] for s in range(1, 6)], rtol=1e-5)
     assert_same_weights(root / "one/run/step5-unsharded/model.pt", root / "hsdp/run/step5-unsharded/model.pt")

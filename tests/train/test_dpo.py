@@ -20,13 +20,13 @@ from olmo.testing import (
     assert_same_weights,
     metric_by_step,
     run_main,
-    run_torchrun,
     run_train,
     tiny_config_dict,
     write_byte_corpus,
     write_byte_tokenizer,
     write_config,
 )
+from olmo.testing.train_each import run_torchrun_each
 
 SEQ = 48  # the fixture's sequence length too
 METRICS = ("loss", "rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin")
@@ -181,11 +181,22 @@ def _assert_same_run(first: Path, second: Path, steps: int) -> None:
     assert_same_weights(first / f"step{steps}-unsharded/model.pt", second / f"step{steps}-unsharded/model.pt")
 
 
-@pytest.mark.slow
-def test_two_fsdp_ranks_train_whole_pairs_as_one_process(sft):
-    assert run_train(_dpo_config(sft, "one", max_duration=4)) == 0
-    result = run_torchrun(2, _dpo_config(sft, "two", max_duration=4), timeout=300)
+PRECOMPUTED = {"dpo.precompute_reference": True, "max_duration": 2}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(sft):
+    """The 2-rank runs of this module, in one torchrun launch (each launch costs seconds of start-up): "two" (4
+    steps) and "pre2" (the reference precomputed, 2 steps)."""
+    runs = [[_dpo_config(sft, "two", max_duration=4)], [_dpo_config(sft, "pre2", **PRECOMPUTED)]]
+    result = run_torchrun_each(2, runs, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    return sft
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_train_whole_pairs_as_one_process(sft, two_ranks):
+    assert run_train(_dpo_config(sft, "one", max_duration=4)) == 0
     _assert_same_run(sft / "one", sft / "two", steps=4)
     # Each rank trained whole pairs: both halves of every pair in one rank's line.
     from olmo.data import read_data_indices
@@ -269,11 +280,8 @@ def test_precomputed_reference_trains_as_the_reference_on_the_fly(sft):
 
 
 @pytest.mark.slow
-def test_precomputed_reference_on_two_ranks_equals_one_process(sft):
-    overrides = {"dpo.precompute_reference": True, "max_duration": 2}
-    assert run_train(_dpo_config(sft, "pre1", **overrides)) == 0
-    result = run_torchrun(2, _dpo_config(sft, "pre2", **overrides), timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_precomputed_reference_on_two_ranks_equals_one_process(sft, two_ranks):
+    assert run_train(_dpo_config(sft, "pre1", **PRECOMPUTED)) == 0
     one = np.fromfile(sft / "pre1/train_data/dpo_reference_logps.npy", dtype=np.float32)
     two = np.fromfile(sft / "pre2/train_data/dpo_reference_logps.npy", dtype=np.float32)
     np.testing.assert_allclose(two, one, rtol=1e-5)

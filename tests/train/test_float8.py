@@ -20,13 +20,13 @@ from olmo.model import OLMo
 from olmo.testing import (
     metric_by_step,
     run_main,
-    run_torchrun,
     run_train,
     tiny_config_dict,
     tiny_model_config,
     write_byte_corpus,
     write_config,
 )
+from olmo.testing.train_each import run_torchrun_each
 
 EMULATED = {"enabled": True, "emulate": True, "min_features": 16}
 BLOCK_LINEARS = ("att_proj", "attn_out", "ff_proj", "ff_out")
@@ -165,30 +165,47 @@ def _losses(run):
     return metric_by_step(run)
 
 
-def test_float8_and_plain_runs_resume_from_each_others_checkpoints(tmp_path, corpus):
+CHECKPOINTED = {
+    "save_interval": 5,
+    "save_interval_unsharded": 10,
+    "distributed_strategy": "fsdp",
+    "model.layer_norm_with_affine": False,  # OlmoForCausalLM's norm, for the export below
+}
+ROWWISE = {**EMULATED, "recipe": "rowwise"}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, corpus):
+    """The 2-rank runs of this module, in one torchrun launch (each launch costs seconds of start-up), in turn: a
+    float8 and a plain run, the three resumes of each from the other's (and its own) step-5 checkpoint, and the
+    rowwise run that ``test_rowwise_float8_on_two_fsdp_ranks_follows_one_process`` compares with one process."""
+    root = tmp_path_factory.mktemp("two_ranks")
+    float8_run = _config(root, corpus, "float8", EMULATED, **CHECKPOINTED)
+    plain_run = _config(root, corpus, "plain", None, **CHECKPOINTED)
+    resumes = [
+        [config, f"--save_folder={root / name}", f"--load_path={root / source / 'step5'}"]
+        for name, config, source in (
+            ("f8-from-f8", float8_run, "float8"),
+            ("plain-from-f8", plain_run, "float8"),
+            ("f8-from-plain", float8_run, "plain"),
+        )
+    ]
+    rowwise = _config(root, corpus, "two", ROWWISE, distributed_strategy="fsdp")
+    result = run_torchrun_each(2, [[float8_run], [plain_run], *resumes, [rowwise]])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+def test_float8_and_plain_runs_resume_from_each_others_checkpoints(two_ranks, tmp_path):
     """2 FSDP ranks: the sharded and unsharded checkpoints hold plain tensors, a float8 resume continues as the
     uninterrupted run, plain and float8 runs resume each other's, and the float8 run exports to transformers. (On
     GPUs the weights are all-gathered in float8, wrapped by torchao: the test below checks their unwrapping.)"""
-    ckpt = {"save_interval": 5, "save_interval_unsharded": 10, "distributed_strategy": "fsdp"}
-    ckpt["model.layer_norm_with_affine"] = False  # OlmoForCausalLM's norm, for the export below
-    float8_run = _config(tmp_path, corpus, "float8", EMULATED, **ckpt)
-    plain_run = _config(tmp_path, corpus, "plain", None, **ckpt)
-    for config in (float8_run, plain_run):
-        result = run_torchrun(2, config)
-        assert result.returncode == 0, result.stderr[-3000:]
-    for name, config, source in (
-        ("f8-from-f8", float8_run, "float8"),
-        ("plain-from-f8", plain_run, "float8"),
-        ("f8-from-plain", float8_run, "plain"),
-    ):
-        args = (f"--save_folder={tmp_path / name}", f"--load_path={tmp_path / source / 'step5'}")
-        result = run_torchrun(2, config, *args)
-        assert result.returncode == 0, result.stderr[-3000:]
-    uninterrupted, resumed = _losses(tmp_path / "float8"), _losses(tmp_path / "f8-from-f8")
+    runs = two_ranks
+    uninterrupted, resumed = _losses(runs / "float8"), _losses(runs / "f8-from-f8")
     assert [resumed[s] for s in range(6, 11)] == [uninterrupted[s] for s in range(6, 11)]
     # Each kind of run continues near its own uninterrupted run: the weights crossed over intact.
     for name, reference in (("plain-from-f8", "float8"), ("f8-from-plain", "plain")):
-        assert abs(_losses(tmp_path / name)[10] - _losses(tmp_path / reference)[10]) < 0.05
+        assert abs(_losses(runs / name)[10] - _losses(runs / reference)[10]) < 0.05
     # The checkpoints are a plain run's: readable with weights_only and without torchao.
     check = (
         "import sys, torch; sd = torch.load(sys.argv[1], weights_only=True); "
@@ -196,10 +213,10 @@ def test_float8_and_plain_runs_resume_from_each_others_checkpoints(tmp_path, cor
         "import torch.distributed.checkpoint as dcp; dcp.FileSystemReader(sys.argv[2]).read_metadata(); "
         "assert 'torchao' not in sys.modules"
     )
-    model_pt = tmp_path / "float8" / "step10-unsharded" / "model.pt"
-    sharded = tmp_path / "float8" / "step5" / "model_and_optim"
+    model_pt = runs / "float8" / "step10-unsharded" / "model.pt"
+    sharded = runs / "float8" / "step5" / "model_and_optim"
     subprocess.run([sys.executable, "-c", check, str(model_pt), str(sharded)], check=True, timeout=120)
-    plain_pt = torch.load(tmp_path / "plain" / "step10-unsharded" / "model.pt", weights_only=True)
+    plain_pt = torch.load(runs / "plain" / "step10-unsharded" / "model.pt", weights_only=True)
     float8_pt = torch.load(model_pt, weights_only=True)
     assert {k: (v.shape, v.dtype) for k, v in float8_pt.items()} == {
         k: (v.shape, v.dtype) for k, v in plain_pt.items()
@@ -209,16 +226,13 @@ def test_float8_and_plain_runs_resume_from_each_others_checkpoints(tmp_path, cor
     assert (tmp_path / "hf" / "config.json").is_file()
 
 
-def test_rowwise_float8_on_two_fsdp_ranks_follows_one_process(tmp_path, corpus):
+def test_rowwise_float8_on_two_fsdp_ranks_follows_one_process(two_ranks, tmp_path, corpus):
     """Rowwise scales do not depend on which instances share a micro-batch, so FSDP follows one process to within
     the rare float8 rounding that the gradient all-reduce's different fp32 sums flip, which then grows a little
     (measured at step 10: 1.4e-4 on one CPU, 1.6e-3 on another, whose first flip came at step 8; tensorwise scales
     depend on the layout, and its runs differ by ~1 %)."""
-    rowwise = {**EMULATED, "recipe": "rowwise"}
-    assert run_train(_config(tmp_path, corpus, "one", rowwise)) == 0
-    result = run_torchrun(2, _config(tmp_path, corpus, "two", rowwise, distributed_strategy="fsdp"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert run_train(_config(tmp_path, corpus, "one", ROWWISE)) == 0
+    one, two = _losses(tmp_path / "one"), _losses(two_ranks / "two")  # the fixture trained "two" on 2 ranks
     assert one.keys() == two.keys()
     for step in one:
         assert abs(one[step] - two[step]) < 5e-3, step

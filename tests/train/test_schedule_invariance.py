@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from olmo.testing import (
-    run_torchrun,
     run_train,
     tiny_config_dict,
     write_byte_corpus,
@@ -19,6 +18,7 @@ from olmo.testing import (
     write_byte_tokenizer,
     write_config,
 )
+from olmo.testing.train_each import run_torchrun_each
 from olmo.util.json_lines import read_metrics_jsonl
 
 STEPS = 6
@@ -126,11 +126,12 @@ def test_checkpoint_schedule_does_not_change_an_fsdp_run(root):
     runs = {}
     # The quiet run saves only its final (unsharded) checkpoint, to compare the weights.
     quiet = {"save_interval_unsharded": STEPS}
+    configs = []
     for name, schedule in (("fsdp-quiet", quiet), ("fsdp-busy", {**BUSY, "save_interval": 1})):
-        config = _config(root, name, "adamw", schedule, **{"distributed_strategy": "fsdp"})
-        result = run_torchrun(2, config)
-        assert result.returncode == 0, result.stderr[-3000:]
+        configs.append([_config(root, name, "adamw", schedule, **{"distributed_strategy": "fsdp"})])
         runs[name] = root / name
+    result = run_torchrun_each(2, configs)  # one launch, the runs in turn
+    assert result.returncode == 0, result.stderr[-3000:]
     assert (runs["fsdp-busy"] / "step0").is_dir()
     assert _losses(runs["fsdp-busy"]) == _losses(runs["fsdp-quiet"])
     _assert_equal_state(_final(runs["fsdp-busy"], "model.pt"), _final(runs["fsdp-quiet"], "model.pt"), "model")

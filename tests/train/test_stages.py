@@ -12,7 +12,8 @@ from olmo.cli.inspect_batch import main as inspect_batch
 from olmo.config import TrainConfig
 from olmo.data import read_data_indices
 from olmo.exceptions import OLMoCheckpointError, OLMoConfigurationError
-from olmo.testing import run_torchrun, run_train, tiny_config_dict, write_byte_corpus, write_config
+from olmo.testing import run_train, tiny_config_dict, write_byte_corpus, write_config
+from olmo.testing.train_each import run_torchrun_each
 
 
 @pytest.fixture(scope="module")
@@ -219,38 +220,41 @@ def _assert_runs_match(a: Path, b: Path, steps=8):
             assert mb[s]["train/KL"] == pytest.approx(ma[s]["train/KL"], rel=1e-4, abs=1e-7)
 
 
-def test_fsdp_kl_stage_resumes_bitwise_and_continues_on_another_world_size(tmp_path, corpus):
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, corpus):
+    """The 2-rank (FSDP) runs of this module, in one torchrun launch (each launch costs seconds of start-up), in
+    turn: a KL run stopped in its KL stage, the same run uninterrupted, an nll_diff run, then the stopped run
+    resumed; the uninterrupted and nll_diff runs between the stop and the resume, so that nothing the stopped run
+    left in the ranks' memory can stand in for what the checkpoint must restore."""
+    root = tmp_path_factory.mktemp("two_ranks")
+    kl = _stages(estimator="full")
+    whole, part = _config(root, corpus, "whole", stages=kl), _config(root, corpus, "part", stages=kl)
+    nll_diff = _config(root, corpus, "fsdp", stages=_stages(estimator="nll_diff"))
+    runs = [[part, "--stop_at=6"], [whole], [nll_diff], [part, "--try_load_latest_save"]]
+    proc = run_torchrun_each(2, runs)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root
+
+
+def test_fsdp_kl_stage_resumes_bitwise_and_continues_on_another_world_size(two_ranks, tmp_path, corpus):
     """2 gloo ranks (FSDP): stopped inside the KL stage and resumed, the run ends bitwise equal to the
     uninterrupted 2-rank run; resumed from the same checkpoint by 1 process (another folder, --load_path), it
     continues the same data and matches 1 process (rtol 1e-5), as does the 2-rank run itself."""
     stages = _stages(estimator="full")
-    whole, part = (
-        _config(tmp_path, corpus, "whole", stages=stages),
-        _config(tmp_path, corpus, "part", stages=stages),
-    )
-    for args in ((whole,), (part, "--stop_at=6"), (part, "--try_load_latest_save")):
-        proc = run_torchrun(2, *args)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "part" / "stage1-step4" / MARKER).is_file()
-    _assert_models_equal(_final_model(tmp_path / "whole", 8), _final_model(tmp_path / "part", 8))
+    root = two_ranks
+    assert (root / "part" / "stage1-step4" / MARKER).is_file()
+    _assert_models_equal(_final_model(root / "whole", 8), _final_model(root / "part", 8))
     single = _config(tmp_path, corpus, "single", stages=stages)
     switch = _config(tmp_path, corpus, "switch", stages=stages)
     assert run_train(single) == 0
     assert (
-        run_train(switch, f"--load_path={tmp_path / 'part' / 'step6-unsharded'}") == 0
+        run_train(switch, f"--load_path={root / 'part' / 'step6-unsharded'}") == 0
     )  # reference: part/stage1-step4
-    _assert_runs_match(tmp_path / "single", tmp_path / "whole")
+    _assert_runs_match(tmp_path / "single", root / "whole")
     _assert_runs_match(tmp_path / "single", tmp_path / "switch")
     assert read_data_indices(tmp_path / "switch")[7][0] == read_data_indices(tmp_path / "single")[7][0]
 
 
-def test_fsdp_nll_diff_matches_one_process(tmp_path, corpus):
-    stages = _stages(estimator="nll_diff")
-    single, fsdp = (
-        _config(tmp_path, corpus, "single", stages=stages),
-        _config(tmp_path, corpus, "fsdp", stages=stages),
-    )
-    assert run_train(single) == 0
-    proc = run_torchrun(2, fsdp)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _assert_runs_match(tmp_path / "single", tmp_path / "fsdp")
+def test_fsdp_nll_diff_matches_one_process(two_ranks, tmp_path, corpus):
+    assert run_train(_config(tmp_path, corpus, "single", stages=_stages(estimator="nll_diff"))) == 0
+    _assert_runs_match(tmp_path / "single", two_ranks / "fsdp")  # the fixture trained "fsdp" on 2 ranks
