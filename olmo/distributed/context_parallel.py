@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..model.compile_guards import eager_in_compiled
 from .collectives import all_gather_dim0, reduce_scatter_dim0
 
 __all__ = ["ContextParallel", "load_balanced_positions"]
@@ -68,7 +69,7 @@ class ContextParallel:
         """This rank's tokens of ``t``, whose dimension ``dim`` is the whole sequence."""
         return t.index_select(dim, self.positions(t.size(dim), t.device))
 
-    @torch.compiler.disable  # a collective: left to eager mode inside a compiled block
+    @eager_in_compiled  # a collective: left to eager mode inside a compiled block
     def gather(self, t: torch.Tensor, dim: int) -> torch.Tensor:
         """Every rank's ``t`` (its tokens along ``dim`` >= 0) as the whole instance, in the instance's order; the
         backward pass sends each rank the summed gradient of its own part."""

@@ -30,6 +30,7 @@ from ..config import (
     TrainConfig,
 )
 from ..model import OLMo
+from ..model.compile_guards import install_compile_guards
 from .collectives import DistEnv
 from .expert_parallel import shard_experts
 from .float8 import check_float8_device, convert_float8
@@ -281,6 +282,7 @@ def _moe_compile_options(cfg: ModelConfig, options: ParallelizeOptions, layout: 
 
 def _compile_blocks(model: OLMo, cfg: CompilerConfig) -> None:
     """Compile each block separately: one small graph reused by every layer compiles fast."""
+    install_compile_guards()  # the functions compiled blocks leave to eager mode
     for block in model.transformer.typed_blocks():
         block.compile(mode=cfg.mode, fullgraph=cfg.fullgraph, backend=cfg.backend, dynamic=cfg.dynamic)
 

@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 from ..config import ActivationType, LayerNormType
 from ..model import OLMo
+from ..model.compile_guards import eager_in_compiled
 from ..model.layers import LayerNorm
 
 __all__ = [
@@ -59,7 +60,7 @@ class TensorParallelGroup:
     degree: int
     group: dist.ProcessGroup
 
-    @torch.compiler.disable  # a collective: left to eager mode inside a compiled block
+    @eager_in_compiled  # a collective: left to eager mode inside a compiled block
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of ``x`` over the group; its gradient is summed over the group too."""
         return _SumOverGroup.apply(x, self.group)

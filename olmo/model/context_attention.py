@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
-from torch.nn.attention.bias import causal_lower_right
 
 from ..config import ModelConfig
 from .attention import check_doc_lens, document_ids
@@ -71,7 +70,7 @@ class ContextAttention:
         k, v = self.cp.gather(k, dim=2), self.cp.gather(v, dim=2)  # (B, KV, T, hd), the instance's order
         out = []
         for (start, length, keys), mask in zip(self.chunks, self.masks):
-            bias = causal_lower_right(length, keys) if mask is None else mask
+            bias = _causal_lower_right(length, keys) if mask is None else mask
             out.append(sdpa(q[:, :, start : start + length], k[:, :, :keys], v[:, :, :keys], bias))
         return torch.cat(out, dim=1)
 
@@ -138,3 +137,11 @@ def context_parallel_inputs(
     for window in windows:
         inputs[window] = (ContextAttention(cp, spans, masks(window)), rope(False))
     return inputs
+
+
+def _causal_lower_right(queries: int, keys: int) -> Any:
+    """``torch.nn.attention.bias.causal_lower_right``, imported when first needed: that module loads torch's compiler
+    (see :mod:`olmo.model.compile_guards`)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    return causal_lower_right(queries, keys)

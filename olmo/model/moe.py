@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .compile_guards import eager_in_compiled
+
 __all__ = [
     "MoEFeedForward",
     "MoELayerStats",
@@ -113,7 +115,7 @@ def _expert_matmul(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor, gr
     return _loop_matmul(x, weight, ends)
 
 
-@torch.compiler.disable  # the group sizes on the host: compiled code breaks its graph here
+@eager_in_compiled  # the group sizes on the host: compiled code breaks its graph here
 def _loop_matmul(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     # The group sizes on the host: one synchronization per call on a GPU. split and unbind (not a slice per
     # expert) so that the backward pass assembles each gradient once instead of adding E full-size zero tensors.
@@ -262,7 +264,7 @@ class MoEFeedForward(nn.Module):
             and grouped_mm_runs(rows, weights[2])
         )
 
-    @torch.compiler.disable  # host-side sizes and collectives: left to eager mode inside a compiled block
+    @eager_in_compiled  # host-side sizes and collectives: left to eager mode inside a compiled block
     def _experts_in_parallel(self, rows: torch.Tensor, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The experts' outputs for ``rows`` (sorted by expert; ``counts`` per expert), computed on the EP ranks that
         hold them: rows out by expert owner, this rank's experts over everyone's rows, and the results back."""
