@@ -161,6 +161,7 @@ def _run_unprivileged(script: str, *args) -> subprocess.CompletedProcess[str]:
         "import os, runpy, sys\n"
         "runpy.run_path(sys.argv[1], run_name='preload')\n"
         "import olmo.cli.train_launch\n"  # train.py imports the launch (and torch) only once the config is valid
+        "import torch._dynamo\n"  # torch loads its compiler on first use (the launch's meta model), not at import
         "try:\n"
         f"    os.setgid({NOBODY}); os.setuid({NOBODY})\n"
         "except OSError as e:\n"
