@@ -99,6 +99,13 @@ def build_model(
     :param init_params: initialize the parameters; without it they are left uninitialized (for weights about to
         be loaded or copied in) and no random numbers are drawn.
     """
+    if isinstance(layout, DistEnv):  # the signature before the layout: fine for one process, ambiguous for more
+        if layout.world_size > 1:
+            raise TypeError(
+                "build_model takes the launch's ParallelLayout, not a DistEnv, with several processes: pass "
+                "ParallelLayout.of_run(train_config, env), which says how the ranks share the model."
+            )
+        layout = ParallelLayout.single(layout)
     env = layout.launch
     if env.device.type == "cuda":
         # Process-wide, so set before the first matmul; "high" lets fp32 matmuls use TF32.

@@ -184,3 +184,16 @@ def test_only_the_layout_reads_a_parallel_degree_from_the_config():
             if degree or config_arithmetic:
                 offenders.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
     assert not offenders, "ask the ParallelLayout instead:\n" + "\n".join(offenders)
+
+
+def test_build_model_still_takes_a_one_process_env_and_refuses_a_bare_env_of_several(tmp_path):
+    import torch
+
+    from olmo.distributed import DistEnv, ParallelizeOptions, build_model
+
+    cfg = TrainConfig.from_dict(tiny_config_dict(tmp_path, [str(tmp_path / "a.npy")]))
+    options = ParallelizeOptions.from_train_config(cfg)
+    one = DistEnv(torch.device("cpu"), 0, 0, 1)
+    assert build_model(cfg.model, one, options).num_params() > 0  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"ParallelLayout.of_run\(train_config, env\)"):
+        build_model(cfg.model, DistEnv(torch.device("cpu"), 0, 0, 2), options)  # type: ignore[arg-type]
