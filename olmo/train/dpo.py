@@ -33,7 +33,7 @@ from ..exceptions import OLMoCheckpointError, OLMoConfigurationError, OLMoDataEr
 from ..model.layers import lm_head
 from ..model.loss import OutputHead, next_token_labels, per_token_cross_entropy
 from ..util import is_url
-from .dpo_reference import precomputed_reference, reference_of_batch
+from .dpo_reference import ReferenceInputs, precomputed_reference, reference_of_batch
 from .metrics import ReduceType
 from .train_module import TransformerTrainModule
 
@@ -114,7 +114,10 @@ class DPOTrainModule(TransformerTrainModule):
         path = str(self.cfg.dpo.reference_path)
         if self.cfg.dpo.precompute_reference:
             self.reference_logps = precomputed_reference(
-                self.cfg, self.trainer.layout, lambda: self._load_reference(path), self._reference_forward
+                ReferenceInputs.from_train_config(self.cfg),
+                self.trainer.layout,
+                lambda: self._load_reference(path),
+                self._reference_forward,
             )
         else:
             self.reference = self._load_reference(path)

@@ -21,6 +21,7 @@ import os
 import time
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config import TrainConfig
+from ..config import DataConfig, ModelConfig, TrainConfig
 from ..data import DataCollator, DataContext, build_dataset
 from ..distributed.collectives import all_reduce, barrier
 from ..distributed.layout import ParallelLayout
@@ -37,7 +38,7 @@ from ..util import local_path_of, write_result_file
 from ..util.atomic import atomic_file
 from ..util.bounded_files import open_regular, read_bounded
 
-__all__ = ["REFERENCE_FILE", "data_fingerprint", "precomputed_reference", "reference_of_batch"]
+__all__ = ["REFERENCE_FILE", "ReferenceInputs", "data_fingerprint", "precomputed_reference", "reference_of_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +51,37 @@ _MAX_RECORD_BYTES = 1 << 24
 """The largest record read (its files' names and fingerprints): far above what thousands of data files take."""
 
 
-def _record(cfg: TrainConfig, dataset: Any, held: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ReferenceInputs:
+    """What the precomputation reads of a run: its preference data, the model's sizes, the reference's path and where
+    the values are kept (``save_folder/train_data``)."""
+
+    data: DataConfig
+    model: ModelConfig
+    data_context: DataContext
+    reference_path: Optional[str]
+    save_folder: str
+    micro_batch: int
+    """Instances per forward pass (``device_train_microbatch_size``)."""
+
+    @classmethod
+    def from_train_config(cls, cfg: TrainConfig) -> ReferenceInputs:
+        return cls(
+            cfg.data,
+            cfg.model,
+            DataContext.from_train_config(cfg),
+            cfg.dpo.reference_path,
+            cfg.save_folder,
+            cfg.device_train_microbatch_size,
+        )
+
+
+def _record(inputs: ReferenceInputs, dataset: Any, held: dict[str, Any]) -> dict[str, Any]:
     files, stats = data_fingerprint(dataset, held.get("file_stats") or {})
     return {
-        "reference": cfg.dpo.reference_path,
+        "reference": inputs.reference_path,
         "instances": len(dataset),
-        "sequence_length": cfg.model.max_sequence_length,
+        "sequence_length": inputs.model.max_sequence_length,
         "files": files,
         "dtype": "float32",
         "file_stats": stats,
@@ -120,7 +146,7 @@ def _reusable(path: Path, record: dict[str, Any], held: dict[str, Any]) -> bool:
 
 
 def precomputed_reference(
-    cfg: TrainConfig,
+    inputs: ReferenceInputs,
     layout: ParallelLayout,
     build_reference: Callable[[], nn.Module],
     forward: Callable[[nn.Module, dict[str, Any]], torch.Tensor],
@@ -128,17 +154,17 @@ def precomputed_reference(
     """The reference's log-probability of every instance, computed now unless every rank finds a matching file.
     ``build_reference()`` builds and loads the frozen model (only when needed; freed afterwards);
     ``forward(reference, batch)`` returns the summed log-probabilities (B,) of a collated batch on the device."""
-    dataset = build_dataset(cfg.data, cfg.model, DataContext.from_train_config(cfg))
-    path = Path(cfg.save_folder) / "train_data" / REFERENCE_FILE
+    dataset = build_dataset(inputs.data, inputs.model, inputs.data_context)
+    path = Path(inputs.save_folder) / "train_data" / REFERENCE_FILE
     held = _held_record(path)
-    record = _record(cfg, dataset, held)
+    record = _record(inputs, dataset, held)
     env = layout.launch
     found = torch.tensor([1.0 if _reusable(path, record, held) else 0.0], device=env.device)
     # All ranks compute together, or none: a rank that does not see the file decides.
     if all_reduce(found, torch.distributed.ReduceOp.MIN).item() == 1.0:
         log.info("Reusing the DPO reference's log-probabilities in %s (its record matches).", path)
         return np.fromfile(path, dtype=np.float32)
-    values = _compute(cfg, layout, dataset, build_reference, forward)  # every rank holds them all
+    values = _compute(inputs, layout, dataset, build_reference, forward)  # every rank holds them all
     if env.rank == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = values.astype(np.float32).tobytes()
@@ -153,20 +179,20 @@ def precomputed_reference(
 
 
 def _compute(
-    cfg: TrainConfig,
+    inputs: ReferenceInputs,
     layout: ParallelLayout,
     dataset: Any,
     build_reference: Callable[[], nn.Module],
     forward: Callable[[nn.Module, dict[str, Any]], torch.Tensor],
 ) -> np.ndarray:
-    n, micro = len(dataset), cfg.device_train_microbatch_size
+    n, micro = len(dataset), inputs.micro_batch
     env = layout.launch
     dp, dp_rank = layout.data_parallel_size, layout.data_parallel_rank
     per_rank = math.ceil(
         n / dp
     )  # every rank runs the same forwards (collectives under FSDP); past n: repeats of 0
     mine = [dp_rank + k * dp for k in range(per_rank)]
-    collate = DataCollator(pad_direction=cfg.data.pad_direction, pad_token_id=cfg.model.pad_token_id)
+    collate = DataCollator(pad_direction=inputs.data.pad_direction, pad_token_id=inputs.model.pad_token_id)
     reference = build_reference()
     values = torch.zeros(per_rank, dtype=torch.float32, device=env.device)
     started, reported = time.monotonic(), 0

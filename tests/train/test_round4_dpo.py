@@ -22,7 +22,7 @@ from olmo.distributed.layout import ParallelLayout
 from olmo.exceptions import OLMoCliError, OLMoConfigurationError, OLMoDataError
 from olmo.testing import run_train, tiny_config_dict, write_config
 from olmo.train.dpo import check_pairs_differ
-from olmo.train.dpo_reference import REFERENCE_FILE, precomputed_reference
+from olmo.train.dpo_reference import REFERENCE_FILE, ReferenceInputs, precomputed_reference
 
 TRL_FIXTURE = Path(__file__).parent.parent / "fixtures" / "trl_dpo"
 SEQ = 48  # the fixture's sequence length
@@ -127,7 +127,7 @@ def test_precomputed_reference_follows_the_data_content_not_its_count(tmp_path):
         return (batch["input_ids"] * batch["label_mask"]).float().sum(1)
 
     def scores() -> np.ndarray:
-        return precomputed_reference(cfg, layout, torch.nn.Identity, forward)
+        return precomputed_reference(ReferenceInputs.from_train_config(cfg), layout, torch.nn.Identity, forward)
 
     first = scores()
     assert len(forwards) == 2 and first.shape == (8,)  # 8 instances in micro-batches of 4
@@ -155,11 +155,13 @@ def test_a_record_replaced_by_a_fifo_is_recomputed_not_waited_on(tmp_path):
         forwards.append(1)
         return batch["input_ids"].float().sum(1)
 
-    first = precomputed_reference(cfg, layout, torch.nn.Identity, forward)
+    first = precomputed_reference(ReferenceInputs.from_train_config(cfg), layout, torch.nn.Identity, forward)
     record = tmp_path / "run/train_data" / (REFERENCE_FILE + ".json")
     record.unlink()
     os.mkfifo(record)
-    assert np.array_equal(precomputed_reference(cfg, layout, torch.nn.Identity, forward), first)
+    assert np.array_equal(
+        precomputed_reference(ReferenceInputs.from_train_config(cfg), layout, torch.nn.Identity, forward), first
+    )
     assert len(forwards) == 4 and record.is_file()
 
 
@@ -208,14 +210,16 @@ def test_a_launch_skips_hashing_data_files_unchanged_since_the_last(tmp_path):
         forwards.append(1)
         return batch["input_ids"].float().sum(1)
 
-    first = precomputed_reference(cfg, layout, torch.nn.Identity, forward)
+    first = precomputed_reference(ReferenceInputs.from_train_config(cfg), layout, torch.nn.Identity, forward)
     ids = data / "input_ids.npy"
     tokens = np.fromfile(ids, dtype=np.uint16)
     with open(ids, "r+b") as f:  # in place: same inode, same size
         f.write((tokens[::-1]).tobytes())
     os.utime(ids, ns=(old, old))
-    assert np.array_equal(precomputed_reference(cfg, layout, torch.nn.Identity, forward), first)
+    assert np.array_equal(
+        precomputed_reference(ReferenceInputs.from_train_config(cfg), layout, torch.nn.Identity, forward), first
+    )
     assert len(forwards) == 2  # not read again, so not scored again
     os.utime(ids)  # touched now: read, found changed, scored anew
-    precomputed_reference(cfg, layout, torch.nn.Identity, forward)
+    precomputed_reference(ReferenceInputs.from_train_config(cfg), layout, torch.nn.Identity, forward)
     assert len(forwards) == 4
