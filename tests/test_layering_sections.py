@@ -96,7 +96,6 @@ TRAIN_CONFIG_ALLOWED = {
     "olmo/ladder/run_planner.py:_max_steps": "TODO part 2: lead's files",
     "olmo/ladder/run_planner.py:_dpo_note": "TODO part 2: lead's files",
     "olmo/ladder/run_planner.py:plan_run": "TODO part 2: lead's files",
-    "olmo/train/data_feed.py:DataFeed.__init__": "TODO part 2: lead's files",
     "olmo/train/dpo.py:DPOTrainModule.__init__": "TODO part 2: lead's files",
     "olmo/train/dpo.py:resolve_dpo_reference": "TODO part 2: lead's files",
     "olmo/train/dpo_reference.py:ReferenceInputs.from_train_config": "an options object of the run's data, model and reference",

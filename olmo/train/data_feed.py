@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from ..config import TrainConfig
+from ..config import ModelConfig
 from ..data import DataContext, FetchStats, IterableDataset
 from ..distributed.layout import ParallelLayout
 from .stability import StabilityMonitor
@@ -28,26 +28,29 @@ log = logging.getLogger(__name__)
 class DataFeed:
     """The batches of the current stage's data for the loop.
 
+    :param model, data_context: what a stage's loader is built from (a stage with data of its own gets a new one).
+    :param batch_size: ``global_train_batch_size``: instances of each step, over all ranks.
+    :param save_folder: the run's folder, where each stage's data order lives.
     :param state: the trainer's position, read and advanced here.
     :param train_loader: the first stage's loader.
     """
 
     def __init__(
         self,
-        cfg: TrainConfig,
         layout: ParallelLayout,
         state: TrainerState,
         stage_plan: StagePlan,
         stability: StabilityMonitor,
         train_loader: torch.utils.data.DataLoader,
+        *,
+        model: ModelConfig,
+        data_context: DataContext,
+        batch_size: int,
+        save_folder: str,
     ):
-        self.cfg, self.layout, self.state, self.stage_plan, self.stability = (
-            cfg,
-            layout,
-            state,
-            stage_plan,
-            stability,
-        )
+        self.model_config, self.data_context = model, data_context
+        self.batch_size, self.save_folder = batch_size, save_folder
+        self.layout, self.state, self.stage_plan, self.stability = layout, state, stage_plan, stability
         self.loader = train_loader
         self.dataset: IterableDataset = train_loader.dataset  # type: ignore[assignment]
         self.segment = stage_plan.stages[0].segment  # train_loader is the first stage's data
@@ -59,11 +62,11 @@ class DataFeed:
         log.info(
             "Stage %d trains on its own data (order in %s).",
             stage.index,
-            order_dir_of(self.cfg.save_folder, stage),
+            order_dir_of(self.save_folder, stage),
         )
         self.loader = build_stage_dataloader(
-            self.cfg.model,
-            DataContext.from_train_config(self.cfg),
+            self.model_config,
+            self.data_context,
             stage,
             self.layout.data_parallel_size,
             self.layout.data_parallel_rank,
@@ -79,7 +82,7 @@ class DataFeed:
             s = self.state
             if self.jump_skipped_range():
                 self.dataset.start_index = s.global_train_examples_seen_this_epoch
-            remaining = (stop_at - s.global_step) * self.cfg.global_train_batch_size
+            remaining = (stop_at - s.global_step) * self.batch_size
             self.dataset.stop_index = s.global_train_examples_seen_this_epoch + remaining
             jumped = False
             for batch in self.loader:
@@ -120,6 +123,4 @@ class DataFeed:
         if found is None or found[1] != self.dataset.epoch:
             return None
         position = found[2]
-        return [
-            int(i) for i in self.dataset.global_indices()[position : position + self.cfg.global_train_batch_size]
-        ]
+        return [int(i) for i in self.dataset.global_indices()[position : position + self.batch_size]]

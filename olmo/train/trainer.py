@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ..checkpoint import CheckpointInfo
 from ..config import TrainConfig
-from ..data import DataIndexLog, FilteredInstanceCounter, IterableDataset
+from ..data import DataContext, DataIndexLog, FilteredInstanceCounter, IterableDataset
 from ..distributed import DistEnv, autocast_dtype, model_config_fingerprint
 from ..distributed.float8 import refresh_float8_scales
 from ..distributed.layout import ParallelLayout
@@ -105,7 +105,17 @@ class Trainer(LoopControl):
             stages = plan_stages(cfg, None if cfg.stages else lambda _: dataset.num_instances)
         self.stage_plan = stages
         self.stability = StabilityMonitor(cfg.stability, cfg.save_folder, cfg.global_train_batch_size, env.rank)
-        self.data = DataFeed(cfg, self.layout, self.state, stages, self.stability, train_loader)
+        self.data = DataFeed(
+            self.layout,
+            self.state,
+            stages,
+            self.stability,
+            train_loader,
+            model=cfg.model,
+            data_context=DataContext.from_train_config(cfg),
+            batch_size=cfg.global_train_batch_size,
+            save_folder=cfg.save_folder,
+        )
         self.max_steps = stages.total_steps
         self._stop_at = self.max_steps  # the step fit() stops at (set when it starts)
         check_schedule_lengths(cfg.scheduler, cfg.tokens_per_batch, stages)
@@ -131,6 +141,8 @@ class Trainer(LoopControl):
         self._batch_iter: Iterator[dict[str, Any]] = iter(())
         if cfg.precision not in (None, "fp32") and self.autocast_dtype is None:
             log.warning("precision=%s has no effect on %s; training in fp32.", cfg.precision, env.device.type)
+        sizes = [cfg.device_eval_batch_size] + [e.device_eval_batch_size or 0 for e in cfg.evaluators]
+        self.evaluator_batches = EvalBatchSpec(max(sizes), cfg.model.max_sequence_length)  # for StepHost
         train_module.on_attach(self)
         self.eval_runner.check_batch_size(train_module.eval_batch_spec.rank_batch_size)
 
@@ -430,12 +442,6 @@ class Trainer(LoopControl):
         }
 
     # What the train module may read of and hand to the trainer (olmo.train.train_module.StepHost).
-    @property
-    def evaluator_batches(self) -> EvalBatchSpec:
-        cfg = self.cfg
-        sizes = [cfg.device_eval_batch_size] + [e.device_eval_batch_size or 0 for e in cfg.evaluators]
-        return EvalBatchSpec(max(sizes), cfg.model.max_sequence_length)
-
     @property
     def global_step(self) -> int:
         return self.state.global_step
