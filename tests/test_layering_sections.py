@@ -51,8 +51,8 @@ TRAIN_CONFIG_ALLOWED = {
         "the run-wide data settings (top-level keys) the data builders take, read where the config is at hand"
     ),
     "olmo/eval/__init__.py:evaluators_of_run": (
-        "the commands' one assembly of a run's evaluators (build_evaluators with its sections); TODO part 1: the "
-        "tensor-parallel share from the layout"
+        "the commands' one assembly of a run's evaluators (build_evaluators with its sections; the tensor-parallel "
+        "share from the layout)"
     ),
     "olmo/train/batch_lookup.py:batch_rows": (
         "inspect_batch's lookup of a step's batch from a run's config.yaml: plans its stages and opens its data "
