@@ -27,6 +27,7 @@ without a process group: the arithmetic only).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..config import DistributedStrategy, FSDPConfig, ShardingStrategy
@@ -70,7 +71,6 @@ class ParallelLayout:
     device_type: str = "cpu"
     env: Optional[DistEnv] = field(default=None, compare=False, repr=False)
     """The launch this layout is of (None: sized for a cluster, without a process group)."""
-    _meshes: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_sections(
@@ -216,22 +216,15 @@ class ParallelLayout:
             "context_parallel": self.context,
         }
 
-    # The meshes and groups: made on first use, every rank at the same point.
+    # The meshes and groups: made on first use (every rank at the same point) and kept.
 
-    @property
+    @cached_property
     def model_mesh(self) -> Optional[DeviceMesh]:
         """FSDP2's mesh, then ``"tp"`` (None for one process)."""
         if self.world_size == 1:
             return None
-        if "model" not in self._meshes:
-            shape: tuple[int, ...] = (self.shard,)
-            names: tuple[str, ...] = ("shard",)
-            if self.replicate:
-                shape, names = (self.replicate, self.shard), ("replicate", "shard")
-            if self.tensor > 1:
-                shape, names = (*shape, self.tensor), (*names, "tp")
-            self._meshes["model"] = self._init_mesh(shape, names)
-        return self._meshes["model"]
+        replicate = [("replicate", self.replicate)] if self.replicate else []
+        return self._init_mesh([*replicate, ("shard", self.shard), *self._tensor_dim])
 
     @property
     def fsdp_mesh(self) -> Optional[DeviceMesh]:
@@ -247,47 +240,41 @@ class ParallelLayout:
         mesh = self.model_mesh
         return mesh["tp"] if mesh is not None and self.tensor > 1 else None
 
-    @property
+    @cached_property
     def data_mesh(self) -> DeviceMesh:
         """``("dp", "cp")``, then ``"tp"``: the ranks by the instances they read."""
-        if "data" not in self._meshes:
-            shape: tuple[int, ...] = (self.data_parallel_size, self.context)
-            names: tuple[str, ...] = ("dp", "cp")
-            if self.tensor > 1:
-                shape, names = (*shape, self.tensor), (*names, "tp")
-            self._meshes["data"] = self._init_mesh(shape, names)
-        return self._meshes["data"]
+        return self._init_mesh([("dp", self.data_parallel_size), ("cp", self.context), *self._tensor_dim])
 
-    @property
+    @cached_property
     def context_parallel(self) -> Optional[ContextParallel]:
         """This rank's context-parallel group (None with ``context_parallel.degree`` 1)."""
         if self.context == 1:
             return None
-        if "cp" not in self._meshes:
-            from .context_parallel import ContextParallel
+        from .context_parallel import ContextParallel
 
-            mesh = self.data_mesh
-            self._meshes["cp"] = ContextParallel(self.context, mesh.get_local_rank("cp"), mesh.get_group("cp"))
-        return self._meshes["cp"]
+        mesh = self.data_mesh
+        return ContextParallel(self.context, mesh.get_local_rank("cp"), mesh.get_group("cp"))
 
-    @property
+    @cached_property
     def expert_mesh(self) -> Optional[DeviceMesh]:
         """``("ep", "ep_dp")`` of shape ``(degree, world_size / degree)`` (None when the experts are not split)."""
         if not self.expert_sharded:
             return None
-        if "expert" not in self._meshes:
-            self._meshes["expert"] = self._init_mesh(
-                (self.expert, self.world_size // self.expert), ("ep", "ep_dp")
-            )
-        return self._meshes["expert"]
+        return self._init_mesh([("ep", self.expert), ("ep_dp", self.world_size // self.expert)])
 
-    def _init_mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
+    @property
+    def _tensor_dim(self) -> list[tuple[str, int]]:
+        return [("tp", self.tensor)] if self.tensor > 1 else []
+
+    def _init_mesh(self, dims: list[tuple[str, int]]) -> DeviceMesh:
+        """A mesh of ``dims`` (name, size), outermost first, over this layout's ranks."""
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
+        names = tuple(name for name, _ in dims)
         if not dist.is_initialized() or dist.get_world_size() != self.world_size:
             raise RuntimeError(
                 f"the {names} mesh of a layout of {self.world_size} ranks needs their process group "
                 f"(initialized: {dist.is_initialized()})"
             )
-        return init_device_mesh(self.device_type, shape, mesh_dim_names=names)
+        return init_device_mesh(self.device_type, tuple(size for _, size in dims), mesh_dim_names=names)
