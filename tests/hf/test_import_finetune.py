@@ -18,6 +18,19 @@ transformers = pytest.importorskip("transformers")
 W = 8
 SEQ = 48
 L, F = "linear_attention", "full_attention"
+SHAPE = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=SEQ,
+    eos_token_id=BYTE_EOS,
+    pad_token_id=BYTE_EOS,
+    tie_word_embeddings=False,
+)
+"""What both transformers models share: 4 layers of width 64, 2 key/value heads, the byte tokenizer's ids."""
 
 
 def _olmo3_dir(path):
@@ -26,21 +39,12 @@ def _olmo3_dir(path):
     torch.manual_seed(0)
     yarn = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16, beta_fast=32.0, beta_slow=1.0)
     config = transformers.Olmo3Config(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=SEQ,
+        **SHAPE,
         sliding_window=W,
         rope_parameters={
             "full_attention": {**yarn, "rope_theta": 500000.0},
             "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0},
         },
-        eos_token_id=BYTE_EOS,
-        pad_token_id=BYTE_EOS,
-        tie_word_embeddings=False,
     )
     transformers.Olmo3ForCausalLM(config).save_pretrained(path)
     write_byte_tokenizer(path / "tokenizer.json")
@@ -52,20 +56,11 @@ def _hybrid_dir(path):
     heads for 4 value heads in Gated DeltaNet) with the byte tokenizer."""
     torch.manual_seed(0)
     config = transformers.OlmoHybridConfig(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **SHAPE,
         linear_num_key_heads=2,
         linear_num_value_heads=4,
-        max_position_embeddings=SEQ,
         layer_types=[L, L, L, F],
         rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
-        eos_token_id=BYTE_EOS,
-        pad_token_id=BYTE_EOS,
-        tie_word_embeddings=False,
     )
     transformers.OlmoHybridForCausalLM(config).save_pretrained(path)
     write_byte_tokenizer(path / "tokenizer.json")
