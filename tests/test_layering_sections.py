@@ -78,7 +78,9 @@ TRAIN_CONFIG_ALLOWED = {
     "olmo/bench/train_step.py:describe_setup": "TODO part 2: lead's files",
     "olmo/distributed/launch_memory.py:launch_memory_problem": "TODO part 2: lead's files",
     "olmo/distributed/launch_memory.py:check_launch_memory": "TODO part 2: lead's files",
-    "olmo/distributed/parallelize.py:ParallelizeOptions.from_train_config": "TODO part 2: lead's files",
+    "olmo/distributed/parallelize.py:ParallelizeOptions.from_train_config": (
+        "the options build_model applies (top-level keys), taken where the config is at hand"
+    ),
     "olmo/distributed/layout.py:ParallelLayout.of_run": "the run's assembly: the layout of its parallel sections",
     "olmo/distributed/layout.py:ParallelLayout.planned": "plans and estimates size a run's layout before its launch",
     "olmo/ladder/estimates.py:model_facts": "TODO part 2: lead's files",
@@ -96,13 +98,19 @@ TRAIN_CONFIG_ALLOWED = {
     "olmo/ladder/run_planner.py:_max_steps": "TODO part 2: lead's files",
     "olmo/ladder/run_planner.py:_dpo_note": "TODO part 2: lead's files",
     "olmo/ladder/run_planner.py:plan_run": "TODO part 2: lead's files",
-    "olmo/train/dpo.py:DPOTrainModule.__init__": "TODO part 2: lead's files",
-    "olmo/train/dpo.py:resolve_dpo_reference": "TODO part 2: lead's files",
-    "olmo/train/dpo_reference.py:ReferenceInputs.from_train_config": "an options object of the run's data, model and reference",
-    "olmo/train/train_module.py:TrainModule.from_config": "TODO part 2: lead's files",
-    "olmo/train/train_module.py:TransformerTrainModule.__init__": "TODO part 2: lead's files",
-    "olmo/train/train_module.py:BasicTrainModule.from_config": "TODO part 2: lead's files",
-    "olmo/train/trainer.py:Trainer.__init__": "TODO part 2: lead's files",
+    "olmo/train/train_module.py:TrainModule.from_config": (
+        "the train module's hook (issue 37): a TrainModule subclass builds itself from whichever sections it needs"
+    ),
+    "olmo/train/train_module.py:TransformerTrainModule.from_config": (
+        "the hook of OLMo's step: takes the StepSettings it is built with from the config"
+    ),
+    "olmo/train/train_module.py:BasicTrainModule.from_config": (
+        "the hook of the smallest module: optimizer.learning_rate and max_grad_norm"
+    ),
+    "olmo/train/trainer.py:Trainer.__init__": (
+        "the run's assembly, as OLMo's Trainer(cfg=...): builds the loop's parts (stage plan, data feed, "
+        "checkpointer, monitors, sinks, callbacks) each from its own sections"
+    ),
 }
 """``file:qualified name`` of each function, method or dataclass field outside ``olmo/config/`` and ``olmo/cli/``
 that takes (or holds) the whole ``TrainConfig``, and why. Keep it short: a new entry needs a reason that a section

@@ -123,7 +123,9 @@ def _launch(cfg: TrainConfig, callbacks: Sequence[Callback]) -> int:
     launch = plan_restore(
         LaunchOptions.from_train_config(cfg), cfg.model, cfg.optimizer
     )  # opens every checkpoint file it will read
-    resolve_dpo_reference(cfg, launch)  # recorded in config.yaml, so a resume keeps the reference
+    resolve_dpo_reference(
+        cfg.dpo, cfg.model, launch, cfg.restore_dataloader
+    )  # recorded in config.yaml, so a resume keeps the reference
     check_resume(cfg, stages, launch)
     prepare_save_folder(LaunchOptions.from_train_config(cfg), launch)
     # Every rank checks the files; only rank 0 pays for the full token-id scan. A staged run checks every

@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint import inspect_checkpoint, load_checkpoint
-from ..config import DPOLoss, TrainConfig
+from ..config import DPOConfig, DPOLoss, ModelConfig, TrainConfig
 from ..data import check_token_ids
 from ..distributed.collectives import all_reduce
-from ..distributed.parallelize import ParallelizeOptions, build_model
+from ..distributed.parallelize import build_model
 from ..exceptions import OLMoCheckpointError, OLMoConfigurationError, OLMoDataError
 from ..model.layers import lm_head
 from ..model.loss import OutputHead, next_token_labels, per_token_cross_entropy
@@ -96,9 +96,9 @@ class DPOTrainModule(TransformerTrainModule):
 
     trains_dpo = True
 
-    def __init__(self, cfg: TrainConfig, *args: Any, **kwargs: Any):
-        super().__init__(cfg, *args, **kwargs)
-        if cfg.dpo.reference_path is None:
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if self.settings.dpo.reference_path is None:
             raise OLMoConfigurationError(
                 "dpo.reference_path is not set: scripts/train.py sets it to the model the run starts from; a program "
                 "building DPOTrainModule itself must set it (or call olmo.train.dpo.resolve_dpo_reference)."
@@ -111,10 +111,11 @@ class DPOTrainModule(TransformerTrainModule):
         super().enter_stage(stage, at_boundary)
         if self.reference is not None or self.reference_logps is not None:
             return
-        path = str(self.cfg.dpo.reference_path)
-        if self.cfg.dpo.precompute_reference:
+        s = self.settings
+        path = str(s.dpo.reference_path)
+        if s.dpo.precompute_reference:
             self.reference_logps = precomputed_reference(
-                ReferenceInputs.from_train_config(self.cfg),
+                ReferenceInputs(s.data, s.model, s.data_context, path, s.save_folder, s.micro_batch_size),
                 self.trainer.layout,
                 lambda: self._load_reference(path),
                 self._reference_forward,
@@ -133,7 +134,7 @@ class DPOTrainModule(TransformerTrainModule):
 
     def _load_reference(self, path: str) -> nn.Module:
         reference = build_model(
-            self.cfg.model, self.trainer.layout, ParallelizeOptions.from_train_config(self.cfg), init_params=False
+            self.settings.model, self.trainer.layout, self.settings.parallel, init_params=False
         )
         reference.eval()
         reference.requires_grad_(False)
@@ -144,9 +145,9 @@ class DPOTrainModule(TransformerTrainModule):
 
     def train_batch(self, batch: dict[str, Any], dry_run: bool = False) -> None:
         assert self.reference is not None or self.reference_logps is not None, "enter_stage was not called"
-        check_token_ids(batch, self.cfg.model.vocab_size, self.trainer.global_step)
+        check_token_ids(batch, self.settings.model.vocab_size, self.trainer.global_step)
         self._check_pairs_differ(batch)
-        device, W, dpo = self.env.device, self.env.world_size, self.cfg.dpo
+        device, W, dpo = self.env.device, self.env.world_size, self.settings.dpo
         max_doc_lens = batch.get("max_doc_lens")
         indices = batch.get("index")  # on the host: the rows' instances, for precomputed reference values
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, torch.Tensor)}
@@ -156,7 +157,7 @@ class DPOTrainModule(TransformerTrainModule):
         n_labels, n_pairs = all_reduce(torch.stack([lengths.sum().float(), lengths.new_tensor(rows // 2).float()]))
         scale = W / n_pairs.clamp(min=1.0)
         sums = torch.zeros(6, device=device)  # loss, CE, chosen and rejected rewards, correct pairs, margin
-        micro = self.cfg.device_train_microbatch_size
+        micro = self.settings.micro_batch_size
         try:
             for start in range(0, rows, micro):
                 part = slice(start, start + micro)
@@ -275,25 +276,29 @@ def _model_inputs(batch: dict[str, Any], rows: slice, max_doc_lens: Optional[lis
     return inputs
 
 
-def resolve_dpo_reference(cfg: TrainConfig, launch: LaunchPlan) -> None:
-    """Fix ``cfg.dpo.reference_path`` before anything is written (the run's and every checkpoint's ``config.yaml``
+def resolve_dpo_reference(
+    dpo: DPOConfig, model: ModelConfig, launch: LaunchPlan, restore_dataloader: bool
+) -> None:
+    """Fix ``dpo.reference_path`` before anything is written (the run's and every checkpoint's ``config.yaml``
     then record it) and check that it opens with this run's model shape.
 
     A launch that continues a DPO checkpoint's trainer state keeps the reference that checkpoint's config
     recorded (a different ``dpo.reference_path`` is refused); any other launch uses ``dpo.reference_path``, or
     else the checkpoint it starts from.
 
+    :param model: the run's model section (the reference must open with its shape).
+    :param restore_dataloader: the config's key (False: a launch restoring trainer state still starts a new run).
     :raises OLMoConfigurationError: when there is no reference, or it differs from the one the run trained with.
     :raises OLMoCheckpointError: naming ``dpo.reference_path`` when it cannot be this run's reference.
     """
-    if not cfg.dpo.enabled:
+    if not dpo.enabled:
         return
     from ..checkpoint.restore import preflight_reference
     from ..checkpoint.safe_reads import fetch
 
     plan = launch.restore
-    given = cfg.dpo.reference_path
-    if plan is not None and plan.load_trainer_state and cfg.restore_dataloader:
+    given = dpo.reference_path
+    if plan is not None and plan.load_trainer_state and restore_dataloader:
         try:
             saved = TrainConfig.load_saved(fetch(plan.info.path, "config.yaml"), ["compile=null"])
         except (OLMoConfigurationError, OLMoCheckpointError, OSError):
@@ -316,6 +321,6 @@ def resolve_dpo_reference(cfg: TrainConfig, launch: LaunchPlan) -> None:
             "holds none for --try_load_latest_save). Start from the model to align with --load_path=CHECKPOINT "
             "--reset_trainer_state, or name the reference with --dpo.reference_path=CHECKPOINT."
         )
-    preflight_reference(str(given), "dpo.reference_path", "the DPO reference", cfg.model)
-    cfg.dpo.reference_path = str(given)
+    preflight_reference(str(given), "dpo.reference_path", "the DPO reference", model)
+    dpo.reference_path = str(given)
     log.info("DPO reference: %s.", given)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config import DataConfig, ModelConfig, TrainConfig
+from ..config import DataConfig, ModelConfig
 from ..data import DataCollator, DataContext, build_dataset
 from ..distributed.collectives import all_reduce, barrier
 from ..distributed.layout import ParallelLayout
@@ -63,17 +63,6 @@ class ReferenceInputs:
     save_folder: str
     micro_batch: int
     """Instances per forward pass (``device_train_microbatch_size``)."""
-
-    @classmethod
-    def from_train_config(cls, cfg: TrainConfig) -> ReferenceInputs:
-        return cls(
-            cfg.data,
-            cfg.model,
-            DataContext.from_train_config(cfg),
-            cfg.dpo.reference_path,
-            cfg.save_folder,
-            cfg.device_train_microbatch_size,
-        )
 
 
 def _record(inputs: ReferenceInputs, dataset: Any, held: dict[str, Any]) -> dict[str, Any]:

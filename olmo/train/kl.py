@@ -34,7 +34,7 @@ from torch import nn
 
 from ..checkpoint import inspect_checkpoint, load_checkpoint
 from ..config import KLEstimator
-from ..distributed.parallelize import ParallelizeOptions, build_model
+from ..distributed.parallelize import build_model
 from ..exceptions import OLMoCheckpointError
 from ..model.layers import output_head_loss
 from ..model.loss import LossSums, OutputHead
@@ -67,22 +67,19 @@ class KLTrainModule(TransformerTrainModule):
                 log.info("Stage %s has no KL penalty: dropping the reference model.", stage.name)
             self.reference, self._reference_source = None, None
             return
-        load_path = self.cfg.kl_reference.load_path
+        load_path = self.settings.kl_reference.load_path
         if load_path is not None:
             source = load_path
         elif at_boundary:
             source = f"stage{stage.index}"  # this stage's snapshot, taken now
         else:
-            found = find_boundary_checkpoint(self.cfg.save_folder, stage, self.trainer.restored_path)
-            source = str(found or Path(self.cfg.save_folder) / boundary_checkpoint_name(stage))
+            found = find_boundary_checkpoint(self.settings.save_folder, stage, self.trainer.restored_path)
+            source = str(found or Path(self.settings.save_folder) / boundary_checkpoint_name(stage))
         if source == self._reference_source:
             return
         if self.reference is None:
             self.reference = build_model(
-                self.cfg.model,
-                self.trainer.layout,
-                ParallelizeOptions.from_train_config(self.cfg),
-                init_params=False,
+                self.settings.model, self.trainer.layout, self.settings.parallel, init_params=False
             )
             self.reference.eval()
             self.reference.requires_grad_(False)
@@ -112,7 +109,7 @@ class KLTrainModule(TransformerTrainModule):
         if from_boundary:  # as check_kl_reference checked it before the launch wrote anything
             try:
                 check_boundary_checkpoint(
-                    self.cfg.save_folder, stage, Path(path), info, self.trainer.restored_path
+                    self.settings.save_folder, stage, Path(path), info, self.trainer.restored_path
                 )
             except OLMoCheckpointError as e:
                 raise OLMoCheckpointError(
@@ -126,7 +123,7 @@ class KLTrainModule(TransformerTrainModule):
         stage, reference = self.stage, self.reference
         if stage is None or stage.kl_beta == 0 or reference is None:
             return super().micro_batch_loss(input_ids, labels, inputs)
-        beta, fused = stage.kl_beta, bool(self.cfg.fused_loss)
+        beta, fused = stage.kl_beta, self.settings.fused_loss
         z = self.z_loss_multiplier
         if stage.kl_estimator == KLEstimator.nll_diff:
             with torch.no_grad():

@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_op
 from ..checkpoint.save import FULL_STATE, model_and_optim_state
 from ..config import SchedulerUnits, TrainConfig
 from ..data import check_token_ids
+from ..data.builders import DataContext
 from ..distributed.collectives import DistEnv, all_reduce
 from ..distributed.context_parallel import ContextParallel
 from ..distributed.parallelize import ParallelizeOptions, autocast_dtype, defer_replica_all_reduce
@@ -41,6 +42,7 @@ from .metrics import ReduceType
 from .stability import SpikeDetector
 from .stages import no_kl_penalty_error
 from .step_host import EvalBatchSpec, StepHost
+from .step_settings import StepSettings
 
 if TYPE_CHECKING:
     from .stages import Stage
@@ -198,20 +200,25 @@ class TransformerTrainModule(TrainModule):
     """The OLMo training step: label masks, global-label-count loss normalization, fused loss, z-loss, autocast,
     gradient accumulation with a deferred replica all-reduce, clipping and the scheduled learning rate.
 
-    :param cfg: the run's config (micro-batch size, loss, clipping and schedule options).
+    :param settings: what the step reads of the run (:meth:`from_config` takes it from the config).
     :param scheduler: an :mod:`olmo.optim` scheduler.
     """
 
     def __init__(
-        self, cfg: TrainConfig, env: DistEnv, model: OLMo, optimizer: torch.optim.Optimizer, scheduler: Any
+        self, settings: StepSettings, env: DistEnv, model: OLMo, optimizer: torch.optim.Optimizer, scheduler: Any
     ):
         super().__init__()
-        self.cfg, self.env, self.model, self.optimizer, self.scheduler = cfg, env, model, optimizer, scheduler
-        self.autocast_dtype = autocast_dtype(cfg, env.device)
+        self.settings, self.env, self.model, self.optimizer, self.scheduler = (
+            settings,
+            env,
+            model,
+            optimizer,
+            scheduler,
+        )
+        self.autocast_dtype = autocast_dtype(settings, env.device)
         self._eval = ModelEval(model, env.device, self.autocast_dtype)  # forward under no_grad and autocast
-        self.z_loss_multiplier = (cfg.auxiliary_loss_multiplier or 1e-4) if cfg.softmax_auxiliary_loss else None
-        parallel = ParallelizeOptions.from_train_config(cfg)
-        self.defer_replica_all_reduce = defer_replica_all_reduce(parallel, cfg.ddp, env) and hasattr(
+        self.z_loss_multiplier = settings.z_loss_multiplier  # None: no z-loss
+        self.defer_replica_all_reduce = defer_replica_all_reduce(settings.parallel, settings.ddp, env) and hasattr(
             model, "set_requires_all_reduce"
         )
         self._stage_schedulers: dict[int, Any] = {}
@@ -221,19 +228,35 @@ class TransformerTrainModule(TrainModule):
         self._source_sums: Optional[torch.Tensor] = None  # (S, 2): this rank's CE sum and label count per source
         self.spike_detector: Optional[SpikeDetector] = None
         """With ``stability.skip_spikes.enabled``: decides, on the device, whether each step's update is applied."""
-        if cfg.stability.skip_spikes.enabled:
+        if settings.skip_spikes.enabled:
             if not isinstance(optimizer, StepFactorMixin):
                 raise OLMoConfigurationError(
                     f"stability.skip_spikes needs a skip-step optimizer (build_optimizer(..., skip_steps=True)); "
                     f"got {type(optimizer).__name__}."
                 )
-            self.spike_detector = SpikeDetector(cfg.stability.skip_spikes, env.device)
+            self.spike_detector = SpikeDetector(settings.skip_spikes, env.device)
         self._global_ce: Optional[torch.Tensor] = None  # the step's mean loss over ranks, for the spike detector
         self.expert_load = ExpertLoadMeter(model)  # model.moe: the auxiliary losses' shares, the routers' metrics
         self.context_parallel: Optional[ContextParallel] = None
-        """With ``context_parallel.degree`` > 1: the group of ranks sharing each instance (the layout's, set when the
-        trainer attaches); this rank trains on its share of every instance's tokens
-        (:mod:`olmo.distributed.context_parallel`)."""
+        """With ``context_parallel.degree`` > 1: the layout's group of ranks sharing each instance (set on attaching);
+        this rank trains on its share of every instance's tokens (:mod:`olmo.distributed.context_parallel`)."""
+
+    @classmethod
+    def from_config(
+        cls, cfg: TrainConfig, env: DistEnv, model: OLMo, optimizer: torch.optim.Optimizer, scheduler: Any
+    ) -> TrainModule:
+        """``cls(settings, env, model, optimizer, scheduler)`` with the :class:`StepSettings` of ``cfg``."""
+        settings = StepSettings(
+            **{name: getattr(cfg, name) for name in StepSettings.SAME_NAMES},
+            skip_spikes=cfg.stability.skip_spikes,
+            parallel=ParallelizeOptions.from_train_config(cfg),
+            data_context=DataContext.from_train_config(cfg),
+            micro_batch_size=cfg.device_train_microbatch_size,
+            fused_loss=bool(cfg.fused_loss),
+            z_loss_multiplier=(cfg.auxiliary_loss_multiplier or 1e-4) if cfg.softmax_auxiliary_loss else None,
+            autocast_precision=cfg.autocast_precision,
+        )
+        return cls(settings, env, model, optimizer, scheduler)  # type: ignore[call-arg]
 
     def on_attach(self, trainer: StepHost) -> None:
         super().on_attach(trainer)
@@ -256,11 +279,11 @@ class TransformerTrainModule(TrainModule):
 
     def on_optimizer_reset(self, step: int) -> None:
         # A fresh optimizer restarting mid-schedule gets its own warmup back up to the schedule.
-        self.scheduler = BoltOnWarmupScheduler(self.scheduler, step, step + int(self.cfg.scheduler.t_warmup))
+        self.scheduler = BoltOnWarmupScheduler(self.scheduler, step, step + int(self.settings.scheduler.t_warmup))
 
     def train_batch(self, batch: dict[str, Any], dry_run: bool = False) -> None:
         step = self.trainer.global_step
-        check_token_ids(batch, self.cfg.model.vocab_size, step)
+        check_token_ids(batch, self.settings.model.vocab_size, step)
         device, W = self.env.device, self.env.world_size
         max_doc_lens = batch.get("max_doc_lens")  # a list, which stays on the host
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, torch.Tensor)}
@@ -306,7 +329,7 @@ class TransformerTrainModule(TrainModule):
         device = self.env.device
         ce_sum, z_sum, total_sum = (torch.zeros((), device=device) for _ in range(3))
         kl_sum: Optional[torch.Tensor] = None
-        micro, n_rows = self.cfg.device_train_microbatch_size, batch["input_ids"].size(0)
+        micro, n_rows = self.settings.micro_batch_size, batch["input_ids"].size(0)
         sources = batch.get("source_id") if self.source_names is not None else None  # (B,)
         source_sums = None if sources is None else torch.zeros(len(self.source_names or []), 2, device=device)
         try:
@@ -354,7 +377,7 @@ class TransformerTrainModule(TrainModule):
         ``inputs`` holds the model's other arguments (``attention_mask``, ``doc_lens``, ``max_doc_lens``). With
         :attr:`per_row`, the loss is computed through the model's output head hook, with each instance's sum."""
         if self.per_row:
-            fused = bool(self.cfg.fused_loss)
+            fused = self.settings.fused_loss
             head = partial(
                 output_head_loss,
                 labels=labels,
@@ -367,14 +390,14 @@ class TransformerTrainModule(TrainModule):
             input_ids,
             labels=labels,
             z_loss_multiplier=self.z_loss_multiplier,
-            fused_loss=bool(self.cfg.fused_loss),
+            fused_loss=self.settings.fused_loss,
             **inputs,
         ).loss
 
     def optim_step(self) -> None:
         step = self.trainer.global_step
-        max_norm = self.scheduler.get_max_grad_norm(self.cfg.max_grad_norm, step)
-        grad_norm = clip_grads(self.optimizer, max_norm, self.cfg.max_grad_norm_ratio, step)
+        max_norm = self.scheduler.get_max_grad_norm(self.settings.max_grad_norm, step)
+        grad_norm = clip_grads(self.optimizer, max_norm, self.settings.max_grad_norm_ratio, step)
         lr = self._learning_rate()
         if self.spike_detector is not None and self._global_ce is not None:
             factor, z = self.spike_detector.step_factor(self._global_ce, grad_norm, step)
@@ -394,7 +417,7 @@ class TransformerTrainModule(TrainModule):
         ``scheduler`` restarts that schedule at its first step and spans the stage."""
         host = self.trainer
         max_steps = host.max_steps
-        scheduler, units, start = self.scheduler, self.cfg.scheduler.units, 0
+        scheduler, units, start = self.scheduler, self.settings.scheduler.units, 0
         stage = self.stage
         if stage is not None and stage.scheduler is not None:
             if stage.index not in self._stage_schedulers:
@@ -402,11 +425,11 @@ class TransformerTrainModule(TrainModule):
             scheduler, units = self._stage_schedulers[stage.index], stage.scheduler.units
             start, max_steps = stage.start_step, stage.num_steps
         if units == SchedulerUnits.tokens:
-            tokens = self.cfg.tokens_per_batch
+            tokens = self.settings.tokens_per_batch
             current, t_max = host.tokens_seen - start * tokens, max_steps * tokens
         else:
             current, t_max = host.global_step - start, max_steps
-        return scheduler.get_lr(self.cfg.optimizer.learning_rate, current, t_max)
+        return scheduler.get_lr(self.settings.optimizer.learning_rate, current, t_max)
 
     def eval_batch(self, batch: dict[str, Any], labels: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self._eval.eval_batch(batch, labels)

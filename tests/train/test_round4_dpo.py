@@ -44,6 +44,18 @@ def _data(folder: Path, swap_pair: int | None = None, same_pair: int | None = No
     return folder
 
 
+def _reference_inputs(cfg: TrainConfig) -> ReferenceInputs:
+    """What DPOTrainModule hands the precomputation (from its StepSettings) for a run of ``cfg``."""
+    return ReferenceInputs(
+        cfg.data,
+        cfg.model,
+        DataContext.from_train_config(cfg),
+        cfg.dpo.reference_path,
+        cfg.save_folder,
+        cfg.device_train_microbatch_size,
+    )
+
+
 def _config(tmp_path: Path, data: Path, **overrides) -> TrainConfig:
     cfg = tiny_config_dict(
         tmp_path / "run",
@@ -127,7 +139,7 @@ def test_precomputed_reference_follows_the_data_content_not_its_count(tmp_path):
         return (batch["input_ids"] * batch["label_mask"]).float().sum(1)
 
     def scores() -> np.ndarray:
-        return precomputed_reference(ReferenceInputs.from_train_config(cfg), layout, torch.nn.Identity, forward)
+        return precomputed_reference(_reference_inputs(cfg), layout, torch.nn.Identity, forward)
 
     first = scores()
     assert len(forwards) == 2 and first.shape == (8,)  # 8 instances in micro-batches of 4
@@ -155,13 +167,11 @@ def test_a_record_replaced_by_a_fifo_is_recomputed_not_waited_on(tmp_path):
         forwards.append(1)
         return batch["input_ids"].float().sum(1)
 
-    first = precomputed_reference(ReferenceInputs.from_train_config(cfg), layout, torch.nn.Identity, forward)
+    first = precomputed_reference(_reference_inputs(cfg), layout, torch.nn.Identity, forward)
     record = tmp_path / "run/train_data" / (REFERENCE_FILE + ".json")
     record.unlink()
     os.mkfifo(record)
-    assert np.array_equal(
-        precomputed_reference(ReferenceInputs.from_train_config(cfg), layout, torch.nn.Identity, forward), first
-    )
+    assert np.array_equal(precomputed_reference(_reference_inputs(cfg), layout, torch.nn.Identity, forward), first)
     assert len(forwards) == 4 and record.is_file()
 
 
@@ -210,16 +220,14 @@ def test_a_launch_skips_hashing_data_files_unchanged_since_the_last(tmp_path):
         forwards.append(1)
         return batch["input_ids"].float().sum(1)
 
-    first = precomputed_reference(ReferenceInputs.from_train_config(cfg), layout, torch.nn.Identity, forward)
+    first = precomputed_reference(_reference_inputs(cfg), layout, torch.nn.Identity, forward)
     ids = data / "input_ids.npy"
     tokens = np.fromfile(ids, dtype=np.uint16)
     with open(ids, "r+b") as f:  # in place: same inode, same size
         f.write((tokens[::-1]).tobytes())
     os.utime(ids, ns=(old, old))
-    assert np.array_equal(
-        precomputed_reference(ReferenceInputs.from_train_config(cfg), layout, torch.nn.Identity, forward), first
-    )
+    assert np.array_equal(precomputed_reference(_reference_inputs(cfg), layout, torch.nn.Identity, forward), first)
     assert len(forwards) == 2  # not read again, so not scored again
     os.utime(ids)  # touched now: read, found changed, scored anew
-    precomputed_reference(ReferenceInputs.from_train_config(cfg), layout, torch.nn.Identity, forward)
+    precomputed_reference(_reference_inputs(cfg), layout, torch.nn.Identity, forward)
     assert len(forwards) == 4
