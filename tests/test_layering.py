@@ -432,7 +432,8 @@ def test_the_data_package_imports_torch_only_when_a_name_needs_it():
     import sys
 
     probe = (
-        "import sys, olmo.cli.prepare_memmap_dataset, olmo.cli.prepare_sft_data; assert 'torch' not in sys.modules; "
+        "import sys, olmo.cli.prepare_memmap_dataset, olmo.cli.prepare_sft_data, olmo.cli.prepare_rl_prompts, olmo.rl; "
+        "assert 'torch' not in sys.modules; "
         "import olmo.data as d; names = [getattr(d, n) for n in d.__all__]; assert 'torch' in sys.modules; "
         "assert set(d.__all__) <= set(dir(d)); print(len(names))"
     )

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from olmo.data.chat_templates import load_chat_template
+from olmo.data.chat_templates import ChatTemplate, load_chat_template
 from olmo.data.sft import (
     OUTPUT_FILES,
     Formatter,
@@ -112,19 +112,27 @@ def prepare(args: argparse.Namespace, what: str) -> tuple[Path, Union[Formatter,
     tokenizer = Tokenizer.from_file(args.tokenizer, eos_token_id=args.eos, pad_token_id=args.pad)
     check_sft_tokenizer(tokenizer, args.tokenizer, args.eos, args.pad, args.dtype)
     formatter: Union[Formatter, TemplateFormatter] = Formatter(tokenizer, args.seq_len, args.eos, args.pad)
-    if args.chat_template is not None:
-        eos_text = tokenizer.base.id_to_token(args.eos)
-        template = load_chat_template(args.chat_template, eos_token=eos_text or "<|endoftext|>")
-        if tokenizer.base.token_to_id(template.eos_token) != args.eos:
-            raise OLMoCliError(
-                f"The chat template {template.name} ends turns with eos_token {template.eos_token!r}, which is not "
-                f"token --eos {args.eos} of the tokenizer '{args.tokenizer}' (it is "
-                f"{tokenizer.base.token_to_id(template.eos_token)}). Pass the tokenizer the template was written for, "
-                f"or --eos with that token's id."
-            )
+    template = chat_template(args, tokenizer)
+    if template is not None:
         formatter = TemplateFormatter(tokenizer, args.seq_len, args.pad, template)
-        log.info("Chat template: %s.", template.name)
     return anchor, formatter
+
+
+def chat_template(args: argparse.Namespace, tokenizer: Tokenizer) -> Optional[ChatTemplate]:
+    """The chat template of ``--chat-template`` (None without it), checked to end turns with ``--eos``."""
+    if args.chat_template is None:
+        return None
+    eos_text = tokenizer.base.id_to_token(args.eos)
+    template = load_chat_template(args.chat_template, eos_token=eos_text or "<|endoftext|>")
+    if tokenizer.base.token_to_id(template.eos_token) != args.eos:
+        raise OLMoCliError(
+            f"The chat template {template.name} ends turns with eos_token {template.eos_token!r}, which is not "
+            f"token --eos {args.eos} of the tokenizer '{args.tokenizer}' (it is "
+            f"{tokenizer.base.token_to_id(template.eos_token)}). Pass the tokenizer the template was written for, "
+            f"or --eos with that token's id."
+        )
+    log.info("Chat template: %s.", template.name)
+    return template
 
 
 def main(argv: Optional[list[str]] = None) -> int:

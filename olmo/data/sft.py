@@ -268,9 +268,9 @@ class Packer:
         self.ids, self.mask = [], []
 
 
-def check_sft_output(out: Path, overwrite: bool) -> Path:
+def check_sft_output(out: Path, overwrite: bool, names: tuple[str, ...] = OUTPUT_FILES) -> Path:
     """The existing folder to write the run in before it is moved to ``out``, checking that the output files
-    of an earlier run are only replaced with ``--overwrite``.
+    (``names``) of an earlier run are only replaced with ``--overwrite``.
 
     :raises OLMoCliError: for an output that cannot be written, or that holds an earlier run's files.
     """
@@ -278,7 +278,7 @@ def check_sft_output(out: Path, overwrite: bool) -> Path:
     if reason is not None:
         raise OLMoCliError(f"-o/--output '{out}' cannot be written: {reason}. Pass a folder you can write to.")
     anchor = nearest_existing(out)
-    existing = [name for name in OUTPUT_FILES if (out / name).exists()]
+    existing = [name for name in names if (out / name).exists()]
     if existing and not overwrite:
         raise OLMoCliError(
             f"-o/--output '{out}' already holds {' and '.join(existing)} of an earlier run. Pass --overwrite to "
@@ -389,14 +389,20 @@ def write_examples(
     return summary
 
 
-def write_staged(out: Path, anchor: Path, write: Callable[[Path], T]) -> T:
-    """Call ``write(folder)``, which writes ``OUTPUT_FILES`` into a hidden folder in ``anchor`` (:func:`check_sft_output`'s)
-    or raises to give up, then move the files into ``out``: a failed run leaves ``out`` as it was."""
+def write_staged(
+    out: Path,
+    anchor: Path,
+    write: Callable[[Path], T],
+    names: tuple[str, ...] = (*OUTPUT_FILES, CONVERSATIONS_FILE),
+) -> T:
+    """Call ``write(folder)``, which writes the files ``names`` into a hidden folder in ``anchor``
+    (:func:`check_sft_output`'s) or raises to give up, then move them into ``out``: a failed run leaves ``out`` as it
+    was."""
     staging = Path(tempfile.mkdtemp(prefix=f".{out.resolve().name}.partial-", dir=anchor))
     try:
         result = write(staging)
         out.mkdir(parents=True, exist_ok=True)
-        for name in (*OUTPUT_FILES, CONVERSATIONS_FILE):
+        for name in names:
             if (staging / name).exists():
                 os.replace(staging / name, out / name)
     finally:

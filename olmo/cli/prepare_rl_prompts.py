@@ -1,0 +1,103 @@
+"""Tokenize the prompts of reinforcement learning with verifiable rewards, with their ground truths.
+
+    python scripts/prepare_rl_prompts.py INPUT.jsonl[.gz] -o DIR --seq-len N [-t TOKENIZER] [--chat-template NAME|PATH]
+
+Every line of INPUT is ``{"prompt": "...", "ground_truth": "..."}`` (the prompt's text, tokenized as it is) or
+``{"messages": [...], "ground_truth": "..."}`` (a conversation ending with the user's turn, as
+``prepare_sft_data.py`` takes messages: OLMo's Tulu layout up to ``<|assistant|>\\n``, or ``--chat-template``'s
+rendering with its generation prompt, so that a model fine-tuned on ``prepare_sft_data.py``'s output with the same
+format answers it). A ground truth is a string or a number; the rewards (``exact_answer``: the completion's last
+``\\boxed{}`` or number) score completions against it. Prompts longer than ``--seq-len`` tokens are dropped and
+counted (``rl.max_new_tokens`` more must fit in ``model.max_sequence_length``).
+
+DIR receives ``prompt_ids.npy`` (the prompts' tokens one after another), ``prompt_offsets.npy`` (int64: where each
+starts), ``ground_truths.jsonl`` (each prompt's ``{"id": "FILE:LINE", "ground_truth": ...}``) and ``prompts.json``
+(the record: tokenizer, EOS, dtype, chat template, counts). A run reads DIR as ``rl.prompts``.
+
+A line that is not such an object (invalid JSON, both or neither of ``prompt`` and ``messages``, an empty prompt, a
+message without a string ``role`` and ``content``, a conversation ending with the assistant, no string or number
+``ground_truth``), a prompt the chat template fails on, and an input without a prompt that fits stop the run naming
+the file and line, before anything is written to DIR (the files are written into a hidden folder and moved into
+place at the end). DIR may not already hold these files unless ``--overwrite`` is passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+from typing import Optional
+
+from olmo.cli.prepare_sft_data import chat_template
+from olmo.data.rl_prompts import PROMPT_FILES, PromptFormatter, write_rl_prompts
+from olmo.data.sft import check_sft_output, check_sft_tokenizer
+from olmo.exceptions import OLMoCliError
+from olmo.tokenizer import DEFAULT_TOKENIZER, Tokenizer
+
+log = logging.getLogger("prepare_rl_prompts")
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("input", type=Path, help="JSON lines of prompts with ground truths (.jsonl or .jsonl.gz)")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="output directory")
+    parser.add_argument(
+        "-t", "--tokenizer", default=DEFAULT_TOKENIZER, help="tokenizer.json path or packaged name (%(default)s)"
+    )
+    parser.add_argument("-s", "--seq-len", type=int, required=True, help="the most tokens a prompt may have")
+    parser.add_argument("--eos", type=int, default=50279, help="end-of-sequence token id (%(default)s)")
+    parser.add_argument(
+        "--dtype", default="uint16", choices=["uint16", "uint32"], help="token dtype (%(default)s)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace the prompt files in OUTPUT_DIR")
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        help="render each conversation with a chat template and its generation prompt: a built-in (tulu, olmo3), a "
+        ".jinja file, a tokenizer_config.json with a chat_template, or a folder holding one; default: OLMo's Tulu "
+        "layout, as prepare_sft_data.py writes it",
+    )
+    args = parser.parse_args(argv)
+    if args.seq_len < 1:
+        parser.error(
+            f"--seq-len {args.seq_len} is not a length; pass the most tokens a prompt may have (e.g. 256)"
+        )
+    if args.eos < 0:
+        parser.error(f"--eos {args.eos} is negative; pass a token id of the tokenizer")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    if not args.input.is_file():
+        raise OLMoCliError(f"INPUT '{args.input}' is not a file. Pass a .jsonl or .jsonl.gz file of prompts.")
+    anchor = check_sft_output(args.output, args.overwrite, PROMPT_FILES)
+    tokenizer = Tokenizer.from_file(args.tokenizer, eos_token_id=args.eos, pad_token_id=args.eos)
+    check_sft_tokenizer(tokenizer, args.tokenizer, args.eos, args.eos, args.dtype)
+    template = chat_template(args, tokenizer)
+    formatter = PromptFormatter(tokenizer, args.eos, template)
+    record = {
+        "tokenizer": str(args.tokenizer),
+        "eos_token_id": args.eos,
+        "chat_template": None if template is None else template.name,
+    }
+    start = time.monotonic()
+    summary = write_rl_prompts(args.input, args.output, formatter, args.dtype, anchor, args.seq_len, record)
+    log.info(
+        "Wrote %s prompts (%s tokens, the longest %d) to %s in %.1f s.",
+        f"{summary.kept:,}",
+        f"{summary.tokens:,}",
+        summary.longest,
+        args.output,
+        time.monotonic() - start,
+    )
+    if summary.too_long:
+        log.warning(
+            "Dropped %s prompts longer than --seq-len %d tokens (input lines %s%s).",
+            f"{summary.too_long:,}",
+            args.seq_len,
+            ", ".join(map(str, summary.too_long_lines)),
+            ", ..." if summary.too_long > len(summary.too_long_lines) else "",
+        )
+    return 0

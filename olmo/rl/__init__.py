@@ -1,0 +1,10 @@
+"""Reinforcement learning with verifiable rewards (issue 53; being built): the rewards (:mod:`olmo.rl.rewards`),
+by name: the built-in ``exact_answer``, ``format`` and ``length``, and a user's own, registered with
+:func:`register_reward`. May import every package below ``olmo.bench``.
+"""
+
+from __future__ import annotations
+
+from .rewards import Completion, register_reward, registered_rewards
+
+__all__ = ["Completion", "register_reward", "registered_rewards"]
