@@ -1,6 +1,7 @@
 """Reinforcement learning with verifiable rewards (issue 53; being built): the rewards (:mod:`olmo.rl.rewards`),
 by name: the built-in ``exact_answer``, ``format`` and ``length``, and a user's own, registered with
-:func:`register_reward`. May import every package below ``olmo.bench``.
+:func:`register_reward`; the group advantages and policy losses (:mod:`olmo.rl.loss`: ``grpo``, ``dr_grpo``,
+``dapo``, ``cispo``, as TRL defines them). May import every package below ``olmo.bench``.
 """
 
 from __future__ import annotations
