@@ -5,7 +5,7 @@ Modules: ``train_config`` (``TrainConfig``, load/save), the sections, each with 
 (a ``problems`` method beside its fields): ``sections`` (the enums and the small sections), ``model_sections``
 (``model``), ``attention`` (``model.sliding_window`` and ``model.rope_scaling``), ``moe`` (``model.moe``), ``linear_attention_sections`` (``model.layer_types``, ``model.linear_attention``), ``float8_sections`` (``model.float8``), ``optim_sections``
 (``optimizer``, ``scheduler``), ``data_sections`` (``data``), ``eval_sections`` (``evaluators``), ``stages``
-(``stages:``, ``kl_reference:``, durations), ``stability``, ``dpo_sections`` (``dpo``); ``validation`` (the run's own settings, the rules
+(``stages:``, ``kl_reference:``, durations), ``stability``, ``dpo_sections`` (``dpo``), ``rl_sections`` (``rl``); ``validation`` (the run's own settings, the rules
 between sections, the one report of every problem, and no-effect warnings), ``bounds`` (limits shared by the checks,
 and the non-finite check), ``cli`` (override parsing), ``loading`` (unknown keys reported with the bad values),
 ``resolvers`` (``${path.*:...}``), ``docs`` (``--help``).
@@ -21,6 +21,7 @@ from .float8_sections import Float8Config
 from .linear_attention_sections import LinearAttentionConfig
 from .moe_sections import ExpertParallelConfig, MoEConfig
 from .parallel_sections import ContextParallelConfig, TensorParallelConfig
+from .rl_sections import RLConfig, RLLoss, RLRewardConfig, RLScaleRewards
 from .stability_sections import RollbackConfig, SkipSpikesConfig, StragglersConfig, WatchdogConfig
 from .train_config import (
     DEFAULT_MAX_DURATION,
@@ -74,6 +75,10 @@ __all__ = [
     "BaseConfig",
     "DPOConfig",
     "DPOLoss",
+    "RLConfig",
+    "RLLoss",
+    "RLRewardConfig",
+    "RLScaleRewards",
     "StrEnum",
     "ActivationType",
     "BlockType",

@@ -42,6 +42,7 @@ from .moe_sections import ExpertParallelConfig
 from .optim_sections import OptimizerConfig, SchedulerConfig
 from .parallel_sections import ContextParallelConfig, TensorParallelConfig
 from .resolvers import register_resolvers
+from .rl_sections import RLConfig
 from .sections import (
     ActivationCheckpointingStrategy,
     ActivationType,
@@ -237,6 +238,9 @@ class TrainConfig(BaseConfig):
     dpo: DPOConfig = field(default_factory=DPOConfig)
     """Direct Preference Optimization on prepared pairs (``scripts/prepare_preference_data.py``) against a frozen
     reference (:class:`olmo.config.dpo_sections.DPOConfig`); off by default."""
+    rl: RLConfig = field(default_factory=RLConfig)
+    """Reinforcement learning with verifiable rewards on prepared prompts (``scripts/prepare_rl_prompts.py``)
+    (:class:`olmo.config.rl_sections.RLConfig`); off by default."""
     global_train_batch_size: int = 512
     """Instances per optimizer step across all ranks."""
     device_train_batch_size: Optional[int] = None

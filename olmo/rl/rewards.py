@@ -23,6 +23,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Optional
 
+from ..config.rl_sections import BUILTIN_REWARDS
 from ..exceptions import OLMoConfigurationError
 
 __all__ = [
@@ -59,8 +60,6 @@ class Completion:
 RewardFn = Callable[[Completion], float]
 """A reward: a completion's score (a finite float; larger is better)."""
 
-BUILTIN_REWARDS = ("exact_answer", "format", "length")
-"""The rewards a config names without registering them."""
 
 _REGISTERED: dict[str, RewardFn] = {}
 

@@ -1,0 +1,214 @@
+"""The ``rl`` section: reinforcement learning with verifiable rewards (GRPO and its kin, issue 53), with the checks
+of its values (``problems``). Defaults are TRL's ``GRPOConfig``'s where it has the same knob.
+
+Each step samples ``group_size`` completions for each of ``prompts_per_step`` prompts of ``rl.prompts`` (a folder
+of ``scripts/prepare_rl_prompts.py``), scores them with ``rewards``, and trains on them in optimizer steps of
+``global_train_batch_size`` completions with the policy loss ``loss`` (:mod:`olmo.rl.loss`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+from ..util import missing_slash_problem
+from .sections import StrEnum
+
+if TYPE_CHECKING:
+    from .train_config import TrainConfig
+
+__all__ = ["RLConfig", "RLLoss", "RLRewardConfig", "RLScaleRewards", "BUILTIN_REWARDS"]
+
+BUILTIN_REWARDS = ("exact_answer", "format", "length")
+"""The rewards a config names without registering them (``olmo.rl.rewards``)."""
+_REWARD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+
+
+class RLLoss(StrEnum):
+    """The policy loss (TRL's ``loss_type``; :mod:`olmo.rl.loss` gives each formula)."""
+
+    grpo = "grpo"
+    """PPO's clipped objective, averaged over each completion's tokens, then over completions."""
+    dr_grpo = "dr_grpo"
+    """The clipped objective summed and divided by completions x ``max_new_tokens`` (Dr. GRPO: no length bias)."""
+    dapo = "dapo"
+    """The clipped objective averaged over every token of the step (DAPO's token-level loss; TRL's default)."""
+    cispo = "cispo"
+    """CISPO: ``-sg(min(r, epsilon_high)) A log p``; every token keeps its gradient (``epsilon_high`` ~5)."""
+
+
+class RLScaleRewards(StrEnum):
+    """What divides a completion's reward minus its group's mean (TRL's ``scale_rewards``)."""
+
+    group = "group"
+    """The group's standard deviation (GRPO)."""
+    batch = "batch"
+    """The step's standard deviation over all completions."""
+    none = "none"
+    """Nothing (Dr. GRPO)."""
+
+
+@dataclass
+class RLRewardConfig:
+    """One reward and its weight in the sum that is each completion's reward; each is logged as
+    ``train/rl/rewards/NAME``."""
+
+    name: str = "exact_answer"
+    """``exact_answer``, ``format``, ``length``, or a name registered from Python (``olmo.rl.register_reward``)."""
+    weight: float = 1.0
+    """Its weight in the sum (negative: a penalty)."""
+    pattern: Optional[str] = None
+    """``format``: the regular expression a whole completion must match."""
+    max_tokens: Optional[int] = None
+    """``length``: the completion length (tokens) at which the penalty reaches -1."""
+    buffer: int = 0
+    """``length``: the penalty grows linearly over the last ``buffer`` tokens before ``max_tokens``."""
+
+
+@dataclass
+class RLConfig:
+    """Reinforcement learning with verifiable rewards (``rl.enabled``)."""
+
+    enabled: bool = False
+    """Train with RL: sample, score and train on completions of ``prompts`` each step."""
+    prompts: Optional[str] = None
+    """The folder ``scripts/prepare_rl_prompts.py`` wrote (prompts and ground truths)."""
+    loss: RLLoss = RLLoss.dapo
+    """The policy loss: ``grpo``, ``dr_grpo``, ``dapo`` (TRL's default) or ``cispo``."""
+    group_size: int = 8
+    """Completions sampled per prompt (TRL's ``num_generations``); at least 2."""
+    prompts_per_step: int = 8
+    """Prompts sampled each step; their ``prompts_per_step x group_size`` completions are trained in optimizer steps
+    of ``global_train_batch_size`` completions (a whole number of them)."""
+    max_new_tokens: int = 512
+    """The longest completion (TRL's ``max_completion_length``); longer ones are cut and marked truncated."""
+    temperature: float = 1.0
+    """Sampling temperature (the logits are divided by it when sampling and when training)."""
+    top_p: float = 1.0
+    """Sample from the nucleus of this probability (1.0: the whole distribution)."""
+    beta: float = 0.0
+    """The weight of the KL penalty to the reference; 0 needs no reference model (TRL's default)."""
+    epsilon_low: float = 0.2
+    """The ratio's lower clip is ``1 - epsilon_low`` (TRL's ``epsilon``)."""
+    epsilon_high: Optional[float] = None
+    """The ratio's upper clip is ``1 + epsilon_high`` (null: ``epsilon_low``; DAPO uses 0.28); for ``cispo`` the
+    largest ratio itself (ScaleRL: 5)."""
+    scale_rewards: RLScaleRewards = RLScaleRewards.group
+    """What divides the advantages: the ``group``'s reward standard deviation, the ``batch``'s, or ``none``."""
+    mask_truncated_completions: bool = False
+    """Truncated completions do not count in the loss (DAPO's overlong filtering)."""
+    reference_path: Optional[str] = None
+    """With ``beta > 0``: the checkpoint whose frozen model is the reference; null: the model the run starts from."""
+    rewards: list[RLRewardConfig] = field(default_factory=lambda: [RLRewardConfig()])
+    """The rewards whose weighted sum scores each completion (default: ``exact_answer`` alone)."""
+
+    @property
+    def upper_clip(self) -> float:
+        """``epsilon_high``, or ``epsilon_low`` when it is not set."""
+        return self.epsilon_low if self.epsilon_high is None else self.epsilon_high
+
+    def problems(self, cfg: TrainConfig) -> list[str]:
+        """One sentence per reason ``rl`` cannot train ``cfg`` (none when disabled)."""
+        if not self.enabled:
+            return []
+        out: list[str] = []
+        if self.prompts is None:
+            out.append(
+                "rl.enabled=true needs rl.prompts: the folder scripts/prepare_rl_prompts.py INPUT.jsonl -o DIR wrote."
+            )
+        out += _slash(self.prompts, "rl.prompts") + _slash(self.reference_path, "rl.reference_path")
+        if self.loss not in RLLoss.__members__:
+            out.append(f"rl.loss={self.loss!r} is not an RL loss; use grpo, dr_grpo, dapo or cispo.")
+        if self.scale_rewards not in RLScaleRewards.__members__:
+            out.append(f"rl.scale_rewards={self.scale_rewards!r} must be group, batch or none.")
+        counts_ok = True
+        for key, value, low in (
+            ("group_size", self.group_size, 2),
+            ("prompts_per_step", self.prompts_per_step, 1),
+            ("max_new_tokens", self.max_new_tokens, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                out.append(f"rl.{key}={value!r} must be a whole number >= {low}.")
+                counts_ok = False
+        if counts_ok:
+            completions = self.group_size * self.prompts_per_step
+            if completions % cfg.global_train_batch_size:
+                out.append(
+                    f"rl.prompts_per_step x rl.group_size = {completions} completions per step must be a whole number "
+                    f"of optimizer steps of global_train_batch_size={cfg.global_train_batch_size}; e.g. "
+                    f"--global_train_batch_size={completions} (one optimizer step per rollout)."
+                )
+        if not (_finite(self.temperature) and self.temperature > 0):
+            out.append(
+                f"rl.temperature={self.temperature} must be a positive number (1.0 samples the model as it is)."
+            )
+        if not (_finite(self.top_p) and 0 < self.top_p <= 1):
+            out.append(f"rl.top_p={self.top_p} must be in (0, 1] (1.0: no nucleus cut).")
+        if not (_finite(self.beta) and self.beta >= 0):
+            out.append(f"rl.beta={self.beta} must be a number >= 0 (0: no KL penalty, no reference model).")
+        if not (_finite(self.epsilon_low) and 0 <= self.epsilon_low < 1):
+            out.append(f"rl.epsilon_low={self.epsilon_low} must be in [0, 1) (the ratio's lower clip is 1 - it).")
+        if self.epsilon_high is not None and not (_finite(self.epsilon_high) and self.epsilon_high > 0):
+            out.append(f"rl.epsilon_high={self.epsilon_high} must be a positive number, or null (epsilon_low).")
+        elif self.loss == RLLoss.cispo and self.upper_clip < 1:
+            out.append(
+                f"rl.loss=cispo caps the ratio itself at epsilon_high ({self.upper_clip}), which below 1 shrinks every "
+                f"on-policy token's gradient; set rl.epsilon_high (ScaleRL uses 5.0)."
+            )
+        out += self._reward_problems()
+        if not out:
+            out.append(
+                "rl.enabled=true: this version has RL's prompts (scripts/prepare_rl_prompts.py), rewards, losses and "
+                "rollout engine (olmo.rl) but not yet the training step that runs them (issue 53, being built); "
+                "set rl.enabled=false."
+            )
+        return out
+
+    def _reward_problems(self) -> list[str]:
+        if not self.rewards:
+            return ["rl.rewards is empty: name at least one reward, e.g. [{name: exact_answer, weight: 1.0}]."]
+        out: list[str] = []
+        names = [r.name for r in self.rewards]
+        for i, reward in enumerate(self.rewards):
+            key = f"rl.rewards[{i}]"
+            if not isinstance(reward.name, str) or not _REWARD_NAME.fullmatch(reward.name):
+                out.append(f"{key}.name={reward.name!r} is not a reward name (letters, digits, '_', '.', '-').")
+            elif names.count(reward.name) > 1 and names.index(reward.name) == i:
+                out.append(f"rl.rewards names {reward.name} twice; give it once, with the sum of the weights.")
+            if not _finite(reward.weight):
+                out.append(f"{key}.weight={reward.weight} must be a finite number.")
+            if reward.name == "format":
+                if not reward.pattern:
+                    out.append(
+                        f"{key} (format) needs pattern: the regular expression a whole completion must match."
+                    )
+                else:
+                    try:
+                        re.compile(reward.pattern, re.DOTALL)
+                    except re.error as e:
+                        out.append(
+                            f"{key}.pattern={reward.pattern!r} is not a regular expression Python can compile ({e})."
+                        )
+            elif reward.pattern is not None:
+                out.append(f"{key}.pattern is only read by the format reward; remove it from {reward.name}.")
+            if reward.name == "length":
+                m, b = reward.max_tokens, reward.buffer
+                if not (isinstance(m, int) and isinstance(b, int) and 0 <= b < m):
+                    out.append(
+                        f"{key} (length) needs max_tokens and buffer with 0 <= buffer < max_tokens (got max_tokens="
+                        f"{m}, buffer={b}); e.g. max_tokens: 512, buffer: 128."
+                    )
+            elif reward.max_tokens is not None or reward.buffer:
+                out.append(f"{key}.max_tokens and buffer are only read by the length reward; remove them.")
+        return out
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _slash(path: Optional[str], key: str) -> list[str]:
+    problem = missing_slash_problem(path, key)
+    return [] if problem is None else [problem]
