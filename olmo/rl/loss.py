@@ -9,6 +9,7 @@ the policy that sampled it) and the completion's advantage ``A``:
   keeps its gradient; ``epsilon_high`` is then the largest ratio, 5 in ScaleRL);
 
 plus ``beta`` times the k3 estimate of the KL divergence to a reference, ``exp(ref - logp) - (ref - logp) - 1``,
+weighted by ``r`` (the tokens were sampled by the old policy: TRL's ``use_bias_correction_kl``, on by default),
 when ``beta > 0``. The per-token losses (over each completion's tokens, :func:`reduce_losses`'s ``mask``) are then
 averaged as each loss says: ``grpo`` over each completion's tokens and then over completions; ``dr_grpo`` summed
 and divided by completions x ``max_new_tokens`` (no length bias); ``dapo`` and ``cispo`` over every token of the
@@ -73,7 +74,7 @@ class TokenLosses:
     negative advantage or above ``1 + epsilon_high`` with a positive one; for CISPO above ``epsilon_high`` with a
     positive advantage (TRL's ``clip_ratio/region_mean`` and ``cispo_clip_ratio``)."""
     kl: Optional[torch.Tensor]
-    """The k3 estimate of the KL divergence to the reference (None when ``beta`` is 0)."""
+    """The k3 estimate of the KL divergence to the reference, weighted by the ratio (None when ``beta`` is 0)."""
 
 
 def token_losses(
@@ -106,7 +107,7 @@ def token_losses(
         if ref_logps is None:
             raise ValueError("beta > 0 needs the reference's log-probabilities (ref_logps)")
         delta = ref_logps - logps
-        kl = torch.exp(delta) - delta - 1
+        kl = (torch.exp(delta) - delta - 1) * ratio  # estimated under the sampling policy: importance-weighted
         per_token = per_token + beta * kl
     return TokenLosses(per_token, clipped, kl)
 

@@ -88,6 +88,12 @@ def test_the_kl_term_is_k3_and_zero_at_the_reference():
     expected_kl = torch.tensor([[0.0, math.exp(0.5) - 0.5 - 1]])
     torch.testing.assert_close(out.kl, expected_kl)
     torch.testing.assert_close(out.loss, 0.1 * expected_kl)
+    # Off-policy (the tokens were sampled by an older policy): the estimate is weighted by the ratio, as TRL does.
+    old = logps.detach() - 0.5
+    weighted = token_losses(
+        logps, old, torch.zeros(1), loss="grpo", epsilon_low=0.2, epsilon_high=0.2, beta=0.1, ref_logps=ref
+    )
+    torch.testing.assert_close(weighted.kl, expected_kl * math.exp(0.5))
     with pytest.raises(ValueError, match="needs the reference"):
         token_losses(logps, logps, torch.zeros(1), loss="grpo", epsilon_low=0.2, epsilon_high=0.2, beta=0.1)
 
