@@ -1,18 +1,22 @@
 """Tokenize the prompts of reinforcement learning with verifiable rewards, with their ground truths.
 
-    python scripts/prepare_rl_prompts.py INPUT.jsonl[.gz] -o DIR --seq-len N [-t TOKENIZER] [--chat-template NAME|PATH]
+    python scripts/prepare_rl_prompts.py INPUT.jsonl[.gz] -o DIR --seq-len N [--max-prompt-tokens M] [-t TOKENIZER]
+        [--chat-template NAME|PATH]
 
 Every line of INPUT is ``{"prompt": "...", "ground_truth": "..."}`` (the prompt's text, tokenized as it is) or
 ``{"messages": [...], "ground_truth": "..."}`` (a conversation ending with the user's turn, as
 ``prepare_sft_data.py`` takes messages: OLMo's Tulu layout up to ``<|assistant|>\\n``, or ``--chat-template``'s
 rendering with its generation prompt, so that a model fine-tuned on ``prepare_sft_data.py``'s output with the same
 format answers it). A ground truth is a string or a number; the rewards (``exact_answer``: the completion's last
-``\\boxed{}`` or number) score completions against it. Prompts longer than ``--seq-len`` tokens are dropped and
-counted (``rl.max_new_tokens`` more must fit in ``model.max_sequence_length``).
+``\\boxed{}`` or number) score completions against it. ``--seq-len`` is the model's ``max_sequence_length``;
+prompts longer than ``--max-prompt-tokens`` (by default ``--seq-len``) are dropped and counted. A run checks that its
+longest prompt and ``rl.max_new_tokens`` fit in ``model.max_sequence_length``.
 
 DIR receives ``prompt_ids.npy`` (the prompts' tokens one after another), ``prompt_offsets.npy`` (int64: where each
 starts), ``ground_truths.jsonl`` (each prompt's ``{"id": "FILE:LINE", "ground_truth": ...}``) and ``prompts.json``
-(the record: tokenizer, EOS, dtype, chat template, counts). A run reads DIR as ``rl.prompts``.
+(the record: tokenizer, EOS, dtype, chat template, counts), and ``input_ids.npy``: prompt ``i`` as instance ``i``
+of ``--seq-len`` tokens padded on the left with ``--pad``, the token file whose order (``global_indices.npy``) says
+which prompts each step trained on. A run reads DIR as ``rl.prompts``.
 
 A line that is not such an object (invalid JSON, both or neither of ``prompt`` and ``messages``, an empty prompt, a
 message without a string ``role`` and ``content``, a conversation ending with the assistant, no string or number
@@ -45,8 +49,19 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument(
         "-t", "--tokenizer", default=DEFAULT_TOKENIZER, help="tokenizer.json path or packaged name (%(default)s)"
     )
-    parser.add_argument("-s", "--seq-len", type=int, required=True, help="the most tokens a prompt may have")
+    parser.add_argument(
+        "-s", "--seq-len", type=int, required=True, help="tokens per instance: the model's max_sequence_length"
+    )
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        help="drop prompts longer than this (default: --seq-len); leave room for rl.max_new_tokens",
+    )
     parser.add_argument("--eos", type=int, default=50279, help="end-of-sequence token id (%(default)s)")
+    parser.add_argument(
+        "--pad", type=int, default=1, help="the padding token id of input_ids.npy's instances (%(default)s)"
+    )
     parser.add_argument(
         "--dtype", default="uint16", choices=["uint16", "uint32"], help="token dtype (%(default)s)"
     )
@@ -60,11 +75,15 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.seq_len < 1:
+        parser.error(f"--seq-len {args.seq_len} is not a length; pass the model's max_sequence_length (e.g. 2048)")
+    if args.max_prompt_tokens is not None and not 1 <= args.max_prompt_tokens <= args.seq_len:
         parser.error(
-            f"--seq-len {args.seq_len} is not a length; pass the most tokens a prompt may have (e.g. 256)"
+            f"--max-prompt-tokens {args.max_prompt_tokens} must be in [1, --seq-len {args.seq_len}]: a prompt and its "
+            f"completion share the model's max_sequence_length"
         )
-    if args.eos < 0:
-        parser.error(f"--eos {args.eos} is negative; pass a token id of the tokenizer")
+    for flag, value in (("--eos", args.eos), ("--pad", args.pad)):
+        if value < 0:
+            parser.error(f"{flag} {value} is negative; pass a token id of the tokenizer")
     return args
 
 
@@ -73,8 +92,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not args.input.is_file():
         raise OLMoCliError(f"INPUT '{args.input}' is not a file. Pass a .jsonl or .jsonl.gz file of prompts.")
     anchor = check_sft_output(args.output, args.overwrite, PROMPT_FILES)
-    tokenizer = Tokenizer.from_file(args.tokenizer, eos_token_id=args.eos, pad_token_id=args.eos)
-    check_sft_tokenizer(tokenizer, args.tokenizer, args.eos, args.eos, args.dtype)
+    tokenizer = Tokenizer.from_file(args.tokenizer, eos_token_id=args.eos, pad_token_id=args.pad)
+    check_sft_tokenizer(tokenizer, args.tokenizer, args.eos, args.pad, args.dtype)
     template = chat_template(args, tokenizer)
     formatter = PromptFormatter(tokenizer, args.eos, template)
     record = {
@@ -83,7 +102,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         "chat_template": None if template is None else template.name,
     }
     start = time.monotonic()
-    summary = write_rl_prompts(args.input, args.output, formatter, args.dtype, anchor, args.seq_len, record)
+    summary = write_rl_prompts(
+        args.input,
+        args.output,
+        formatter,
+        args.dtype,
+        anchor,
+        args.seq_len,
+        record,
+        args.pad,
+        args.max_prompt_tokens,
+    )
     log.info(
         "Wrote %s prompts (%s tokens, the longest %d) to %s in %.1f s.",
         f"{summary.kept:,}",
@@ -94,9 +123,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     if summary.too_long:
         log.warning(
-            "Dropped %s prompts longer than --seq-len %d tokens (input lines %s%s).",
+            "Dropped %s prompts longer than %d tokens (input lines %s%s).",
             f"{summary.too_long:,}",
-            args.seq_len,
+            args.seq_len if args.max_prompt_tokens is None else args.max_prompt_tokens,
             ", ".join(map(str, summary.too_long_lines)),
             ", ..." if summary.too_long > len(summary.too_long_lines) else "",
         )

@@ -6,7 +6,11 @@ A prompt folder holds:
 * ``prompt_ids.npy``: every prompt's token ids one after another (a headerless memmap of ``dtype``);
 * ``prompt_offsets.npy``: int64, prompt ``i`` is ``prompt_ids[offsets[i]:offsets[i + 1]]``;
 * ``ground_truths.jsonl``: line ``i`` is ``{"id": "FILE:LINE", "ground_truth": "..."}`` for prompt ``i``;
-* ``prompts.json``: the record (format, version, tokenizer, EOS, dtype, chat template, counts, the input file).
+* ``prompts.json``: the record (format, version, tokenizer, EOS, dtype, chat template, counts, the input file);
+* ``input_ids.npy``: prompt ``i`` as instance ``i`` of ``seq_len`` tokens, padded on the left (a headerless memmap
+  of ``dtype``): the token file the training data order, its dealing to ranks, resumption and ``inspect_batch.py``
+  read, as for any other data (each step's batch is its prompts; the run takes their exact tokens from the files
+  above).
 
 A line ``{"prompt": "..."}`` is the prompt's text as it is (its tokens, nothing added, as TRL takes a standard
 prompt); a line ``{"messages": [...]}`` is a conversation that the model answers next: OLMo's Tulu layout (as
@@ -45,13 +49,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PROMPT_IDS, PROMPT_OFFSETS, GROUND_TRUTHS, RECORD = (
+PROMPT_IDS, PROMPT_OFFSETS, GROUND_TRUTHS, RECORD, INSTANCES = (
     "prompt_ids.npy",
     "prompt_offsets.npy",
     "ground_truths.jsonl",
     "prompts.json",
+    "input_ids.npy",
 )
-PROMPT_FILES = (PROMPT_IDS, PROMPT_OFFSETS, GROUND_TRUTHS, RECORD)
+PROMPT_FILES = (PROMPT_IDS, PROMPT_OFFSETS, GROUND_TRUTHS, RECORD, INSTANCES)
 FORMAT, VERSION = "olmo-rl-prompts", 1
 EXAMPLE = (
     '{"prompt": "What is 2 + 3?", "ground_truth": "5"} or '
@@ -161,19 +166,29 @@ def write_rl_prompts(
     anchor: Path,
     seq_len: int,
     record: dict[str, Any],
+    pad: int,
+    max_prompt_tokens: Optional[int] = None,
 ) -> PromptSummary:
-    """Write the prompts of ``source`` (each of at most ``seq_len`` tokens: longer ones are dropped and counted) and
+    """Write the prompts of ``source`` (each of at most ``max_prompt_tokens``, by default ``seq_len``, tokens: longer
+    ones are dropped and counted) and
     their ground truths into ``out``, through a hidden folder in ``anchor``, with ``record`` (the settings) added to
-    ``prompts.json``: a failed run leaves ``out`` as it was.
+    ``prompts.json`` and each prompt also as an instance padded on the left with ``pad``: a failed run leaves
+    ``out`` as it was.
 
     :raises OLMoDataError: naming the file and line of a bad line or one the chat template fails on, and for an
         input without a prompt that fits.
     """
     summary = PromptSummary()
+    limit = seq_len if max_prompt_tokens is None else min(max_prompt_tokens, seq_len)
+    flag = "--seq-len" if limit == seq_len else "--max-prompt-tokens"
 
     def write(staging: Path) -> PromptSummary:
         offsets = [0]
-        with open(staging / PROMPT_IDS, "wb") as ids_file, open(staging / GROUND_TRUTHS, "w") as truths:
+        with (
+            open(staging / PROMPT_IDS, "wb") as ids_file,
+            open(staging / GROUND_TRUTHS, "w") as truths,
+            open(staging / INSTANCES, "wb") as instances,
+        ):
             for line in read_prompt_lines(source):
                 try:
                     ids = formatter.ids(line)
@@ -182,12 +197,13 @@ def write_rl_prompts(
                         f"'{source}' line {line.line}: {str(e).rstrip('.')}. Fix that prompt, or pass another "
                         f"--chat-template."
                     ) from None
-                if len(ids) > seq_len or not ids:
+                if len(ids) > limit or not ids:
                     summary.too_long += 1
                     if len(summary.too_long_lines) < 5:
                         summary.too_long_lines.append(line.line)
                     continue
                 np.asarray(ids, dtype=dtype).tofile(ids_file)
+                np.asarray([pad] * (seq_len - len(ids)) + ids, dtype=dtype).tofile(instances)
                 truths.write(json.dumps({"id": f"{source.name}:{line.line}", "ground_truth": line.ground_truth}))
                 truths.write("\n")
                 offsets.append(offsets[-1] + len(ids))
@@ -196,12 +212,12 @@ def write_rl_prompts(
         summary.tokens = offsets[-1]
         if summary.kept == 0:
             raise OLMoDataError(
-                f"'{source}' holds no prompt of at most --seq-len {seq_len} tokens ({summary.too_long} longer ones "
+                f"'{source}' holds no prompt of at most {flag} {limit} tokens ({summary.too_long} longer ones "
                 f"dropped), so nothing was written to '{out}'. Write one prompt per line ({EXAMPLE}), or raise "
-                f"--seq-len."
+                f"{flag}."
             )
         np.asarray(offsets, dtype=np.int64).tofile(staging / PROMPT_OFFSETS)
-        written = {"format": FORMAT, "version": VERSION, **record, "dtype": dtype, "seq_len": seq_len}
+        written = {"format": FORMAT, "version": VERSION, **record, "dtype": dtype, "seq_len": seq_len, "pad": pad}
         written.update(prompts=summary.kept, tokens=summary.tokens, max_prompt_tokens=summary.longest)
         written.update(dropped_too_long=summary.too_long, source=str(source))
         (staging / RECORD).write_text(json.dumps(written, indent=2) + "\n")
@@ -250,12 +266,34 @@ class RLPrompts:
                     f"'{self.folder / name}' has {found:,} bytes, but its record says {size:,} ({n:,} prompts, "
                     f"{tokens:,} tokens): it is cut short or from another run. {fix}"
                 )
+        try:
+            self.seq_len = int(record["seq_len"])
+            assert self.seq_len >= 1
+        except (KeyError, TypeError, ValueError, AssertionError):
+            raise OLMoDataError(f"'{self.folder / RECORD}' has a bad seq_len. {fix}") from None
+        found = (self.folder / INSTANCES).stat().st_size
+        if found != n * self.seq_len * self.dtype.itemsize:
+            raise OLMoDataError(
+                f"'{self.folder / INSTANCES}' has {found:,} bytes, not {n:,} prompts of {self.seq_len} tokens: it is cut "
+                f"short or from another run. {fix}"
+            )
         self.offsets = np.fromfile(self.folder / PROMPT_OFFSETS, dtype=np.int64)
         lengths = np.diff(self.offsets)
         if self.offsets[0] != 0 or self.offsets[-1] != tokens or (lengths < 1).any():
             raise OLMoDataError(f"'{self.folder / PROMPT_OFFSETS}' does not describe {n:,} prompts. {fix}")
         self.max_prompt_tokens = int(lengths.max())
+        if self.max_prompt_tokens > self.seq_len:
+            raise OLMoDataError(f"'{self.folder / PROMPT_OFFSETS}' holds prompts longer than seq_len. {fix}")
         self.ids = np.memmap(self.folder / PROMPT_IDS, dtype=self.dtype, mode="r", shape=(tokens,))
+        rows = np.memmap(self.folder / INSTANCES, dtype=self.dtype, mode="r", shape=(n, self.seq_len))
+        for i in range(n):  # every instance ends with its prompt: the data order's rows are these prompts
+            length = int(lengths[i])
+            if not np.array_equal(
+                rows[i, self.seq_len - length :], self.ids[self.offsets[i] : self.offsets[i + 1]]
+            ):
+                raise OLMoDataError(
+                    f"'{self.folder / INSTANCES}' instance {i} is not prompt {i} of '{self.folder / PROMPT_IDS}'. {fix}"
+                )
         self.sources, self.ground_truths = [], []
         for line_no, line in read_json_lines(self.folder / GROUND_TRUTHS, what="ground truth"):
             if not (isinstance(line.get("id"), str) and isinstance(line.get("ground_truth"), str)):

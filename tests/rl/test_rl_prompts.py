@@ -82,7 +82,12 @@ def test_plain_prompts_are_their_text_and_long_ones_are_dropped_and_counted(tmp_
     assert prompts.prompt(0).tolist() == tokenizer.encode("Q: 2 + 3 =", add_special_tokens=False)
     assert prompts.prompt(1).tolist() == tokenizer.encode("Q: half of 1 =", add_special_tokens=False)
     assert prompts.ground_truths == ["5", "0.5"]  # numbers kept as written
-    assert "Dropped 1 prompts longer than --seq-len 48 tokens (input lines 3)" in caplog.text
+    # Each prompt is also instance i of the token file the data order reads, padded on the left with --pad.
+    rows = np.fromfile(tmp_path / "out/input_ids.npy", dtype=np.uint16).reshape(2, 48)
+    for i in range(2):
+        ids = prompts.prompt(i).tolist()
+        assert rows[i, 48 - len(ids) :].tolist() == ids and (rows[i, : 48 - len(ids)] == 1).all()
+    assert "Dropped 1 prompts longer than 48 tokens (input lines 3)" in caplog.text
     assert json.loads((tmp_path / "out/prompts.json").read_text())["dropped_too_long"] == 1
     prompts.check_vocab(50280)
     with pytest.raises(
@@ -146,6 +151,8 @@ def test_only_prompts_that_fit_or_no_output(tmp_path):
         (lambda d: np.zeros(3, np.int64).tofile(d / "prompt_offsets.npy"), "does not describe 2 prompts"),
         (lambda d: _lines(d / "ground_truths.jsonl", [{"id": "a", "ground_truth": "1"}]), "1 ground truths for 2"),
         (lambda d: _lines(d / "ground_truths.jsonl", [{"id": "a"}, {"id": "b"}]), "line 1 is not"),
+        (lambda d: _truncate(d / "input_ids.npy"), "input_ids.npy' has .* bytes, not 2 prompts of 48 tokens"),
+        (lambda d: _swap_rows(d / "input_ids.npy"), "input_ids.npy' instance 0 is not prompt 0"),
     ],
 )
 def test_a_damaged_prompt_folder_is_refused_naming_the_file(tmp_path, damage, message):
@@ -158,9 +165,26 @@ def test_a_damaged_prompt_folder_is_refused_naming_the_file(tmp_path, damage, me
     assert "scripts/prepare_rl_prompts.py" in str(e.value)
 
 
+def _swap_rows(path: Path) -> None:
+    rows = np.fromfile(path, dtype=np.uint16).reshape(2, -1)
+    rows[::-1].tofile(path)
+
+
 def _truncate(path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[:-2])
+
+
+def test_max_prompt_tokens_leaves_room_for_the_completions(tmp_path, tokenizer, caplog):
+    rows = [
+        {"prompt": "Q: 2 + 3 =", "ground_truth": "5"},
+        {"prompt": "Q: what is two plus three?", "ground_truth": "5"},
+    ]
+    caplog.set_level(logging.INFO)
+    _prepare(_lines(tmp_path / "in.jsonl", rows), tmp_path / "out", "--max-prompt-tokens", "6")
+    prompts = RLPrompts(tmp_path / "out")
+    assert len(prompts) == 1 and prompts.max_prompt_tokens <= 6 and prompts.seq_len == 48
+    assert "Dropped 1 prompts longer than 6 tokens (input lines 2)" in caplog.text
 
 
 def test_absurd_flags_are_refused_before_any_work(tmp_path, capsys):
@@ -168,5 +192,8 @@ def test_absurd_flags_are_refused_before_any_work(tmp_path, capsys):
     with pytest.raises(SystemExit):
         prepare_rl_prompts.main([str(src), "-o", str(tmp_path / "out"), "--seq-len", "0"])
     assert "--seq-len 0 is not a length" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _prepare(src, tmp_path / "out", "--max-prompt-tokens", "49")
+    assert "--max-prompt-tokens 49 must be in [1, --seq-len 48]" in capsys.readouterr().err
     with pytest.raises(OLMoCliError, match="INPUT .* is not a file"):
         prepare_rl_prompts.main([str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "out"), "--seq-len", "8"])
