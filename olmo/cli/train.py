@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Optional
 
 from olmo.config import TrainConfig
 from olmo.config.docs import describe_config
+from olmo.config.rl_sections import apply_rl_run_settings
 from olmo.exceptions import OLMoCliError
 from olmo.util import env_rank, env_world_size
 from olmo.util.secrets import redact_text
@@ -57,6 +58,8 @@ def main(argv: Optional[list[str]] = None, callbacks: Sequence[Callback] = ()) -
 
         check_callbacks(callbacks)
     cfg = TrainConfig.load(argv[0], argv[1:])
+    for change in apply_rl_run_settings(cfg):
+        log.info("rl.enabled: %s.", change)
     cfg.validate(env_world_size())
     from olmo.cli.train_launch import launch  # torch, the model, the data and the trainer
 

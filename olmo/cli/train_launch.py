@@ -96,7 +96,11 @@ def _launch(cfg: TrainConfig, callbacks: Sequence[Callback]) -> int:
     if float8_problem is not None:  # a dry run on a login node plans a GPU run
         log.warning("%s", float8_problem)
     # A bad name, or a module that cannot train a stage's KL penalty, fails before anything is built.
-    train_module_class(cfg.train_module, cfg.stages, cfg.dpo.enabled)
+    train_module_class(cfg.train_module, cfg.stages, cfg.dpo.enabled, cfg.rl.enabled)
+    if cfg.rl.enabled:
+        from olmo.rl.run_checks import check_rl_run
+
+        check_rl_run(cfg.rl, cfg.model)
     if cfg.hf_export.enabled:
         check_hf_export(cfg.model, cfg.tokenizer.identifier)  # the export at the end must not fail
     if not cfg.dry_run:  # a dry run's plan shows the memory instead

@@ -2,8 +2,8 @@
 of its values (``problems``). Defaults are TRL's ``GRPOConfig``'s where it has the same knob.
 
 Each step samples ``group_size`` completions for each of ``prompts_per_step`` prompts of ``rl.prompts`` (a folder
-of ``scripts/prepare_rl_prompts.py``), scores them with ``rewards``, and trains on them in optimizer steps of
-``global_train_batch_size`` completions with the policy loss ``loss`` (:mod:`olmo.rl.loss`).
+of ``scripts/prepare_rl_prompts.py``, whose instances are the run's data: :func:`apply_rl_run_settings`), scores them
+with ``rewards``, and trains on them in one optimizer step with the policy loss ``loss`` (:mod:`olmo.rl.policy_loss`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from ..util import missing_slash_problem
@@ -19,7 +20,7 @@ from .sections import StrEnum
 if TYPE_CHECKING:
     from .train_config import TrainConfig
 
-__all__ = ["RLConfig", "RLLoss", "RLRewardConfig", "RLScaleRewards", "BUILTIN_REWARDS"]
+__all__ = ["RLConfig", "RLLoss", "RLRewardConfig", "RLScaleRewards", "BUILTIN_REWARDS", "apply_rl_run_settings"]
 
 BUILTIN_REWARDS = ("exact_answer", "format", "length")
 """The rewards a config names without registering them (``olmo.rl.rewards``)."""
@@ -27,7 +28,7 @@ _REWARD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 
 
 class RLLoss(StrEnum):
-    """The policy loss (TRL's ``loss_type``; :mod:`olmo.rl.loss` gives each formula)."""
+    """The policy loss (TRL's ``loss_type``; :mod:`olmo.rl.policy_loss` gives each formula)."""
 
     grpo = "grpo"
     """PPO's clipped objective, averaged over each completion's tokens, then over completions."""
@@ -80,8 +81,8 @@ class RLConfig:
     group_size: int = 8
     """Completions sampled per prompt (TRL's ``num_generations``); at least 2."""
     prompts_per_step: int = 8
-    """Prompts sampled each step; their ``prompts_per_step x group_size`` completions are trained in optimizer steps
-    of ``global_train_batch_size`` completions (a whole number of them)."""
+    """Prompts sampled each step (an RL run's ``global_train_batch_size``, which counts instances: prompts); their
+    ``prompts_per_step x group_size`` completions are trained in one optimizer step."""
     max_new_tokens: int = 512
     """The longest completion (TRL's ``max_completion_length``); longer ones are cut and marked truncated."""
     temperature: float = 1.0
@@ -123,7 +124,6 @@ class RLConfig:
             out.append(f"rl.loss={self.loss!r} is not an RL loss; use grpo, dr_grpo, dapo or cispo.")
         if self.scale_rewards not in RLScaleRewards.__members__:
             out.append(f"rl.scale_rewards={self.scale_rewards!r} must be group, batch or none.")
-        counts_ok = True
         for key, value, low in (
             ("group_size", self.group_size, 2),
             ("prompts_per_step", self.prompts_per_step, 1),
@@ -131,15 +131,6 @@ class RLConfig:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 out.append(f"rl.{key}={value!r} must be a whole number >= {low}.")
-                counts_ok = False
-        if counts_ok:
-            completions = self.group_size * self.prompts_per_step
-            if completions % cfg.global_train_batch_size:
-                out.append(
-                    f"rl.prompts_per_step x rl.group_size = {completions} completions per step must be a whole number "
-                    f"of optimizer steps of global_train_batch_size={cfg.global_train_batch_size}; e.g. "
-                    f"--global_train_batch_size={completions} (one optimizer step per rollout)."
-                )
         if not (_finite(self.temperature) and self.temperature > 0):
             out.append(
                 f"rl.temperature={self.temperature} must be a positive number (1.0 samples the model as it is)."
@@ -158,12 +149,30 @@ class RLConfig:
                 f"on-policy token's gradient; set rl.epsilon_high (ScaleRL uses 5.0)."
             )
         out += self._reward_problems()
-        if not out:
+        if self.beta > 0 and self.reference_path is None:
             out.append(
-                "rl.enabled=true: this version has RL's prompts (scripts/prepare_rl_prompts.py), rewards, losses and "
-                "rollout engine (olmo.rl) but not yet the training step that runs them (issue 53, being built); "
-                "set rl.enabled=false."
+                f"rl.beta={self.beta} pulls the policy toward a reference model: name it with rl.reference_path "
+                f"(e.g. the SFT checkpoint the run starts from), or set rl.beta=0 (TRL's default: no reference)."
             )
+        refused = {  # key: (whether the run sets it, why the RL step cannot use it yet)
+            "dpo.enabled": (cfg.dpo.enabled, "one objective per run"),
+            "stages": (bool(cfg.stages), "the prompts are one data segment; train RL as its own run"),
+            "data.mixture": (cfg.data.mixture is not None, "the prompts are rl.prompts' own"),
+            "data.instance_filter": (
+                cfg.data.instance_filter is not None,
+                "it reads token instances, not prompts",
+            ),
+            "data.generate_doc_lengths": (cfg.data.generate_doc_lengths, "each prompt is one instance"),
+            "context_parallel.degree": (cfg.context_parallel.degree > 1, "sampling does not split sequences"),
+            "tensor_parallel.degree": (cfg.tensor_parallel.degree > 1, "sampling runs each rank's prompts alone"),
+            "model.moe": (cfg.model.moe is not None, "the experts' auxiliary losses are not in the RL loss yet"),
+            "stability.skip_spikes": (cfg.stability.skip_spikes.enabled, "it watches the cross entropy"),
+            "softmax_auxiliary_loss": (bool(cfg.softmax_auxiliary_loss), "the z-loss is not part of the RL loss"),
+            "scheduler.units": (cfg.scheduler.units == "tokens", "an RL step's tokens are its completions'"),
+        }
+        for key, (on, why) in refused.items():
+            if on:
+                out.append(f"rl.enabled=true cannot be combined with {key} ({why}); remove {key}.")
         return out
 
     def _reward_problems(self) -> list[str]:
@@ -212,3 +221,30 @@ def _finite(value: object) -> bool:
 def _slash(path: Optional[str], key: str) -> list[str]:
     problem = missing_slash_problem(path, key)
     return [] if problem is None else [problem]
+
+
+def apply_rl_run_settings(cfg: TrainConfig) -> list[str]:
+    """With ``rl.enabled``, the settings an RL run derives from its section, set in ``cfg`` (before it is checked):
+    its data are the prompts' instances (``rl.prompts/input_ids.npy``, no label mask), each step's batch is
+    ``rl.prompts_per_step`` of them (``global_train_batch_size`` counts prompts; each brings ``rl.group_size``
+    completions), and each forward and backward is one prompt's group (``device_train_microbatch_size`` 1). Returns
+    one line per value changed, for the log."""
+    if not cfg.rl.enabled or cfg.rl.prompts is None:
+        return []
+    changed = []
+    paths = [str(Path(cfg.rl.prompts) / "input_ids.npy")]
+    if cfg.data.paths != paths:
+        changed.append(f"data.paths={paths} (the prompts of rl.prompts, one instance each)")
+        cfg.data.paths = paths
+    if cfg.data.label_mask_paths is not None:
+        changed.append("data.label_mask_paths=null (an RL run trains on its sampled completions)")
+        cfg.data.label_mask_paths = None
+    if isinstance(cfg.rl.prompts_per_step, int) and cfg.global_train_batch_size != cfg.rl.prompts_per_step:
+        changed.append(
+            f"global_train_batch_size={cfg.rl.prompts_per_step} (rl.prompts_per_step: prompts per step)"
+        )
+        cfg.global_train_batch_size = cfg.rl.prompts_per_step
+    if cfg.device_train_microbatch_size != 1:
+        changed.append("device_train_microbatch_size=1 (each forward and backward is one prompt's group)")
+        cfg.device_train_microbatch_size = 1
+    return changed

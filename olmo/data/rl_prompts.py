@@ -25,7 +25,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import numpy as np
 
@@ -233,7 +233,7 @@ class RLPrompts:
     :raises OLMoDataError: naming the file and what is wrong, before a run uses any of it.
     """
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Union[str, Path]):
         self.folder = Path(folder)
         fix = f"Prepare the prompts again with scripts/prepare_rl_prompts.py INPUT.jsonl -o {self.folder}."
         missing = [name for name in PROMPT_FILES if not (self.folder / name).is_file()]

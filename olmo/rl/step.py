@@ -23,7 +23,6 @@ from .rewards import Completion, RewardFn, exact_answer, format_reward, length_r
 from .rollout import Group
 
 if TYPE_CHECKING:
-    from ..model import OLMo
     from ..model.loss import OutputHead
 
 __all__ = [
@@ -164,7 +163,7 @@ def _completion_head(
 
 
 def completion_logps(
-    model: OLMo, batch: GroupBatch, temperature: float, vocab_size: int
+    model: torch.nn.Module, batch: GroupBatch, temperature: float, vocab_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The policy's (G, C) log-probabilities of the completion tokens (with gradient) and their entropies, at
     ``temperature`` over the ``vocab_size`` real tokens, as the rollout engine records them."""

@@ -22,11 +22,15 @@ __all__ = [
     "resolve_train_module_class",
     "STAGED_TRAIN_MODULE",
     "DPO_TRAIN_MODULE",
+    "RL_TRAIN_MODULE",
 ]
 
 
 DPO_TRAIN_MODULE = "olmo.train.dpo.DPOTrainModule"
 """The train module of a run with ``dpo.enabled`` when ``train_module`` is unset."""
+
+RL_TRAIN_MODULE = "olmo.rl.rl_train_module.RLTrainModule"
+"""The train module of a run with ``rl.enabled`` (named, not imported: ``olmo.rl`` sits above ``olmo.train``)."""
 
 STAGED_TRAIN_MODULE = "olmo.train.kl.KLTrainModule"
 """The train module of a run with ``stages`` when ``train_module`` is unset (named, not imported: it subclasses
@@ -44,12 +48,15 @@ def build_train_module(
     """The run's train module: :class:`TransformerTrainModule` (:class:`olmo.train.kl.KLTrainModule` for a run with
     ``stages``), or ``train_module`` (a class, or its dotted path ``package.module.ClassName``, or a class name of
     :mod:`olmo.train.train_module`) built by its :meth:`TrainModule.from_config`."""
-    cls = train_module_class(train_module, cfg.stages, cfg.dpo.enabled)
+    cls = train_module_class(train_module, cfg.stages, cfg.dpo.enabled, cfg.rl.enabled)
     return cls.from_config(cfg, env, model, optimizer, scheduler)
 
 
 def train_module_class(
-    train_module: Optional[Union[str, type[TrainModule]]], stages: Optional[Sequence[StageConfig]], dpo: bool
+    train_module: Optional[Union[str, type[TrainModule]]],
+    stages: Optional[Sequence[StageConfig]],
+    dpo: bool,
+    rl: bool = False,
 ) -> type[TrainModule]:
     """The class :func:`build_train_module` builds for the run's ``stages`` (``dpo``: ``dpo.enabled``); an
     :class:`OLMoConfigurationError` when it cannot be imported, or when a stage has ``kl_beta > 0`` and the class
@@ -58,7 +65,14 @@ def train_module_class(
         train_module = STAGED_TRAIN_MODULE if stages else TransformerTrainModule
         if dpo:
             train_module = DPO_TRAIN_MODULE
+        if rl:
+            train_module = RL_TRAIN_MODULE
     cls = resolve_train_module_class(train_module)
+    if rl and not getattr(cls, "trains_rl", False):
+        raise OLMoConfigurationError(
+            f"rl.enabled=true, but train_module={train_module!r} does not train the RL step. Leave train_module unset "
+            f"(olmo.rl.rl_train_module.RLTrainModule), or use a subclass of it."
+        )
     if dpo and not getattr(cls, "trains_dpo", False):
         raise OLMoConfigurationError(
             f"dpo.enabled=true, but train_module={train_module!r} does not train the DPO loss (it would train the "

@@ -14,8 +14,10 @@ from ..config import (
     KLReferenceConfig,
     ModelConfig,
     OptimizerConfig,
+    RLConfig,
     SchedulerConfig,
     SkipSpikesConfig,
+    TokenizerConfig,
 )
 from ..data.builders import DataContext
 from ..distributed.parallelize import ParallelizeOptions
@@ -41,6 +43,9 @@ class StepSettings:
         "max_grad_norm",
         "max_grad_norm_ratio",
         "save_folder",
+        "rl",
+        "tokenizer",
+        "seed",
     )
     """The fields that are the config's keys (or properties) of the same name."""
 
@@ -72,3 +77,9 @@ class StepSettings:
     """The autocast dtype's name on an accelerator (None: fp32)."""
     save_folder: str
     """``save_folder``: where a staged run's KL reference snapshots and the DPO reference's values are kept."""
+    rl: RLConfig
+    """``rl``: the RL step's section (:class:`olmo.rl.rl_train_module.RLTrainModule`)."""
+    tokenizer: TokenizerConfig
+    """``tokenizer``: what decodes the RL step's completions for its rewards."""
+    seed: int
+    """``seed``: it seeds the RL step's sampling."""

@@ -1,5 +1,5 @@
-"""The ``rl`` section (issue 53's contract): TRL GRPOConfig's defaults, every absurd value named with its key, and
-an enabled run refused before any work while the training step is being built."""
+"""The ``rl`` section (issue 53's contract): TRL GRPOConfig's defaults, every absurd value named with its key, what
+the RL step cannot be combined with yet, and the data and batch an RL run takes from its section."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import re
 import pytest
 
 from olmo.config import RLLoss, RLScaleRewards, TrainConfig
-from olmo.config.rl_sections import BUILTIN_REWARDS
+from olmo.config.rl_sections import BUILTIN_REWARDS, apply_rl_run_settings
 from olmo.config.validation import config_problems
-from olmo.rl.loss import LOSSES, SCALES
+from olmo.rl.policy_loss import LOSSES, SCALES
 from olmo.rl.rewards import BUILTIN_REWARDS as REWARDS_OF_OLMO_RL
 
 TINY = "configs/tiny/OLMo-tiny.yaml"
@@ -41,7 +41,10 @@ def test_defaults_are_trls_and_the_names_match_the_code():
         ("rl.group_size=1", r"rl.group_size=1 must be a whole number >= 2"),
         ("rl.prompts_per_step=0", r"rl.prompts_per_step=0 must be a whole number >= 1"),
         ("rl.max_new_tokens=0", r"rl.max_new_tokens=0 must be a whole number >= 1"),
-        ("rl.prompts_per_step=3", r"= 24 completions per step must be a whole number of optimizer steps"),
+        ("rl.beta=0.1", "rl.beta=0.1 pulls the policy toward a reference model: name it with rl.reference_path"),
+        ("dpo.enabled=true", r"rl.enabled=true cannot be combined with dpo.enabled \(one objective per run\)"),
+        ("tensor_parallel.degree=2", "cannot be combined with tensor_parallel.degree"),
+        ("scheduler.units=tokens", "cannot be combined with scheduler.units"),
         ("rl.temperature=0", "rl.temperature=0.0 must be a positive number"),
         ("rl.top_p=1.5", r"rl.top_p=1.5 must be in \(0, 1\]"),
         ("rl.beta=-0.1", "rl.beta=-0.1 must be a number >= 0"),
@@ -61,13 +64,15 @@ def test_defaults_are_trls_and_the_names_match_the_code():
 def test_each_absurd_value_is_named_with_its_key(override, message):
     problems = _problems(override)
     assert any(re.search(message, p) for p in problems), problems
-    assert not any("not yet the training step" in p for p in problems)  # the real problem, not the generic one
 
 
-def test_an_enabled_run_is_refused_naming_what_exists_until_the_step_lands():
-    (problem,) = _problems()
-    assert (
-        "rl.enabled=true" in problem
-        and "scripts/prepare_rl_prompts.py" in problem
-        and "rl.enabled=false" in problem
-    )
+def test_an_rl_run_takes_its_data_and_batch_from_its_section():
+    cfg = TrainConfig.load(TINY, ["rl.enabled=true", "rl.prompts=prompts/", "rl.prompts_per_step=6"])
+    changes = apply_rl_run_settings(cfg)
+    assert cfg.data.paths == ["prompts/input_ids.npy"] and cfg.data.label_mask_paths is None
+    assert cfg.global_train_batch_size == 6 and cfg.device_train_microbatch_size == 1
+    assert len(changes) == 3 and all(isinstance(line, str) for line in changes)
+    assert apply_rl_run_settings(cfg) == []  # applied once: nothing left to change
+    assert not [p for p in config_problems(cfg, 1) if p.startswith("rl")]  # a valid RL run
+    off = TrainConfig.load(TINY)
+    assert apply_rl_run_settings(off) == [] and off.global_train_batch_size != 6

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from olmo.rl.loss import LOSSES, group_advantages, reduce_losses, token_losses
+from olmo.rl.policy_loss import LOSSES, group_advantages, reduce_losses, token_losses
 
 
 def test_advantages_are_centred_in_each_group_and_scaled_by_its_std():

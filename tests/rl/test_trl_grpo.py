@@ -13,7 +13,7 @@ import torch
 
 from olmo.cli.convert_from_hf import convert_from_hf
 from olmo.model import OLMo
-from olmo.rl.loss import LOSSES, group_advantages, reduce_losses, token_losses
+from olmo.rl.policy_loss import LOSSES, group_advantages, reduce_losses, token_losses
 from olmo.rl.rollout import Group
 from olmo.rl.step import completion_logps, group_batch
 

@@ -1,0 +1,158 @@
+"""The RL step in the trainer (issue 53): a run over prepared prompts samples, scores and trains, logs the RL
+metrics, resumes bitwise mid-run, and is refused before any work when its prompts or settings cannot work."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from olmo.exceptions import OLMoConfigurationError
+from olmo.rl import Completion, register_reward, registered_rewards
+from olmo.testing import BYTE_EOS, run_main, run_train, tiny_config_dict, write_byte_tokenizer, write_config
+
+SEQ = 32
+STEPS = 4
+
+
+def vowel_share(completion: Completion) -> float:
+    """A reward with signal even for an untrained model: the share of vowels in the completion."""
+    text = completion.text
+    return sum(c in "aeiou" for c in text) / max(len(text), 1)
+
+
+@pytest.fixture(autouse=True)
+def vowels():
+    register_reward("vowels", vowel_share)
+    yield
+    registered_rewards().pop("vowels", None)
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("rl")
+    tokenizer = write_byte_tokenizer(root / "tokenizer.json")
+    lines = [{"prompt": f"{a}+{b}=", "ground_truth": str(a + b)} for a in range(1, 5) for b in range(1, 5)]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    flags = ["-t", tokenizer, "--eos", BYTE_EOS, "--pad", BYTE_EOS, "--max-prompt-tokens", 8]
+    assert (
+        run_main("prepare_rl_prompts.py", root / "prompts.jsonl", "-o", root / "prompts", "--seq-len", SEQ, *flags)
+        == 0
+    )
+    return root / "prompts", tokenizer
+
+
+def _config(tmp_path: Path, prompts: tuple[Path, Path], name: str = "run", **overrides) -> Path:
+    folder, tokenizer = prompts
+    cfg = tiny_config_dict(
+        tmp_path / name,
+        ["unused.npy"],
+        **{
+            "model.max_sequence_length": SEQ,
+            "tokenizer.identifier": str(tokenizer),
+            "rl.enabled": True,
+            "rl.prompts": str(folder),
+            "rl.group_size": 4,
+            "rl.prompts_per_step": 4,
+            "rl.max_new_tokens": 8,
+            "rl.rewards": [{"name": "vowels", "weight": 1.0}, {"name": "exact_answer", "weight": 1.0}],
+            "max_duration": STEPS,
+            "save_interval_unsharded": 2 if overrides.get("max_duration", STEPS) != 3 else 3,
+            "console_log_interval": 1,
+            "device_train_microbatch_size": 4,
+            "optimizer.learning_rate": 1e-3,
+            **overrides,
+        },
+    )
+    return write_config(tmp_path / f"{name}.yaml", cfg)
+
+
+RL_METRICS = (
+    "train/rl/loss",
+    "train/rl/reward_mean",
+    "train/rl/reward_std",
+    "train/rl/rewards/vowels",
+    "train/rl/rewards/exact_answer",
+    "train/rl/entropy",
+    "train/rl/clip_fraction",
+    "train/rl/completion_length",
+    "train/rl/truncated_fraction",
+    "train/rl/logprob_drift",
+    "throughput/rollout_seconds",
+    "throughput/train_seconds",
+)
+
+
+def test_an_rl_run_trains_logs_its_metrics_and_resumes_bitwise(tmp_path, prompts):
+    record: list[dict] = []
+    assert run_train(_config(tmp_path, prompts), record=record) == 0
+    steps = [r for r in record if "train/rl/loss" in r]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    for metrics in steps:
+        assert all(name in metrics and math.isfinite(metrics[name]) for name in RL_METRICS), sorted(metrics)
+        assert metrics["train/rl/logprob_drift"] < 1e-5  # the same model code samples and trains
+        assert 1 <= metrics["train/rl/completion_length"] <= 8
+        assert metrics["train/rl/reward_std"] > 0  # the vowels reward varies: there is a signal
+    # Stopped after step 2 and resumed: the same completions (sampling depends on the step only) and weights.
+    assert run_train(_config(tmp_path, prompts, "resumed", max_duration=2)) == 0
+    args = ["--max_duration=4", "--try_load_latest_save"]
+    assert run_train(_config(tmp_path, prompts, "resumed"), *args) == 0
+    whole = torch.load(tmp_path / f"run/step{STEPS}-unsharded/model.pt", weights_only=True)
+    resumed = torch.load(tmp_path / f"resumed/step{STEPS}-unsharded/model.pt", weights_only=True)
+    assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
+    # The data order is over prompts: each step's batch is prompts_per_step of them.
+    order = tmp_path / "run" / "train_data" / "global_indices.npy"
+    assert order.exists()
+
+
+def test_prompts_that_do_not_fit_are_refused_before_any_work(tmp_path, prompts):
+    with pytest.raises(
+        OLMoConfigurationError, match=r"rl.max_new_tokens=30 do not fit model.max_sequence_length=32"
+    ):
+        run_train(_config(tmp_path, prompts, **{"rl.max_new_tokens": 30}))
+    with pytest.raises(
+        OLMoConfigurationError, match="holds instances of 32 tokens .* model.max_sequence_length=64"
+    ):
+        run_train(_config(tmp_path, prompts, **{"model.max_sequence_length": 64}))
+    with pytest.raises(OLMoConfigurationError, match=r"rl.rewards\[0\].name='nobody' is not a built-in reward"):
+        run_train(_config(tmp_path, prompts, **{"rl.rewards": [{"name": "nobody"}]}))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_kl_penalty_to_a_reference_checkpoint_is_logged(tmp_path, prompts):
+    assert run_train(_config(tmp_path, prompts, "base", max_duration=2)) == 0
+    record: list[dict] = []
+    overrides = {"rl.beta": 0.5, "rl.reference_path": str(tmp_path / "base/step2-unsharded"), "max_duration": 2}
+    assert run_train(_config(tmp_path, prompts, **overrides), record=record) == 0
+    kls = [r["train/rl/kl"] for r in record if "train/rl/kl" in r]
+    assert len(kls) == 2 and all(k > 0 for k in kls)  # a model trained apart from the reference differs from it
+    with pytest.raises(OLMoConfigurationError, match=r"rl.beta=0.5 pulls the policy toward a reference model"):
+        run_train(_config(tmp_path, prompts, "other", **{"rl.beta": 0.5}))
+
+
+def test_two_fsdp_ranks_train_as_one_process(tmp_path, prompts):
+    """Each prompt's completions depend on the seed, the step and its index only, groups stay on one rank, and the
+    loss is normalised over the whole step: two ranks sharing the model (FSDP) train as one process does."""
+    from olmo.testing import run_torchrun
+
+    digits = {"rl.rewards": [{"name": "format", "weight": 1.0, "pattern": ".*[a-z0-9].*"}], "max_duration": 3}
+    one, two = _config(tmp_path, prompts, "one", **digits), _config(tmp_path, prompts, "two", **digits)
+    assert run_train(one) == 0
+    result = run_torchrun(2, two)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {}
+    for name in ("one", "two"):
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        rows[name] = [json.loads(line) for line in lines if '"train/rl/loss"' in line]
+    assert len(rows["one"]) == len(rows["two"]) == 3
+    for a, b in zip(rows["one"], rows["two"]):
+        assert b["train/rl/reward_std"] > 0 and a["train/rl/reward_mean"] == b["train/rl/reward_mean"]
+        for key in ("train/CrossEntropyLoss", "train/rl/loss", "optim/total_grad_norm", "train/rl/entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+    whole = torch.load(tmp_path / "one/step3-unsharded/model.pt", weights_only=True)
+    shared = torch.load(tmp_path / "two/step3-unsharded/model.pt", weights_only=True)
+    for key in whole:
+        torch.testing.assert_close(shared[key], whole[key], rtol=1e-5, atol=1e-6)
