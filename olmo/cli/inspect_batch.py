@@ -24,6 +24,10 @@ else of the ranks that wrote ``data-indices/``), ``index``, ``source`` (the ``da
 ``data.datasets`` label), ``file``, ``token_offset``, ``documents`` (``{id, start, end}``: each document's token
 span within the instance, from the metadata ``dolma tokens`` writes beside a token file; empty without it, and
 ``document_metadata`` says which), ``filtered`` (dropped by ``data.instance_filter``) and ``label_tokens``.
+
+An RL run's instances are its prompts (``rl.prompts``); with the run folder, each prompt's completions that step,
+their rewards (the sum and each reward) and whether they were truncated are shown too (from
+``{save_folder}/rl_rollouts/``), and ``--json`` adds them to each instance as ``completions``.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from rich.text import Text
 from olmo.config import TrainConfig
 from olmo.data.inspect import BatchRow, launch_world_size
 from olmo.exceptions import OLMoCliError
+from olmo.rl.rollout_records import read_rollouts
 from olmo.tokenizer import Tokenizer
 from olmo.train.batch_lookup import batch_rows
 
@@ -72,6 +77,23 @@ def print_table(rows: list[BatchRow], title: str, show_rank_of: Optional[int]) -
         # Text, not a markup string: decoded data may hold "[...]" that rich would read as styles.
         table.add_row(*cells, *([Text(r.text)] if r.text is not None else []))
     # Off a terminal rich assumes 80 columns, too few for this table; logs and pipes get a wide one.
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+def print_rollouts(rows: list[BatchRow], rollouts: dict[int, dict], max_chars: int) -> None:
+    """The completions of the step's prompts and their rewards (an RL run), one row per completion."""
+    table = Table(title="Completions and rewards", show_lines=False)
+    for column in ("instance", "source", "ground truth", "reward", "rewards", "tokens", "completion"):
+        table.add_column(column, overflow="fold", ratio=1 if column == "completion" else None)
+    for r in rows:
+        found = rollouts.get(r.index)
+        if found is None:
+            continue
+        for c in found["completions"]:
+            each = " ".join(f"{name}={value:g}" for name, value in c["rewards"].items())
+            length = f"{c['tokens']}{' (cut)' if c['truncated'] else ''}"
+            cells = [str(r.index), found["source"], found["ground_truth"], f"{c['reward']:g}", each, length]
+            table.add_row(*cells, Text(c["text"][:max_chars]))
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
@@ -134,10 +156,17 @@ def main(argv: Optional[list[str]] = None) -> list[BatchRow]:
         args.max_chars,
         provenance=args.json,
     )
+    rollouts = read_rollouts(args.target, args.step) if cfg.rl.enabled and args.target.is_dir() else {}
     if args.json:
         launched = launch_world_size(args.target)  # ranks sharing instances (context_parallel) read the same ones
         world = args.world_size or (cfg.data_parallel_size(launched) if launched else None)
-        print(json.dumps([r.as_json(world) for r in rows], indent=1))
+        shown = []
+        for r in rows:
+            row = r.as_json(world)
+            if r.index in rollouts:
+                row["completions"] = rollouts[r.index]["completions"]
+            shown.append(row)
+        print(json.dumps(shown, indent=1))
         return rows
     who = "all ranks" if args.rank is None else f"rank {args.rank} of {args.world_size}"
     title = (
@@ -145,4 +174,6 @@ def main(argv: Optional[list[str]] = None) -> list[BatchRow]:
         f"({who}; global batch {cfg.global_train_batch_size})"
     )
     print_table(rows, title, args.world_size)
+    if rollouts:
+        print_rollouts(rows, rollouts, args.max_chars)
     return rows

@@ -35,6 +35,7 @@ from ..train.step_settings import StepSettings
 from ..train.train_module import TransformerTrainModule
 from .policy_loss import STD_FLOOR, reduce_losses, token_losses
 from .rollout import BuiltinRolloutEngine, Group, RolloutEngine
+from .rollout_records import rollout_record, write_rollouts
 from .step import ScoredGroup, build_rewards, completion_logps, group_batch, score_group
 
 __all__ = ["RLTrainModule"]
@@ -120,6 +121,30 @@ class RLTrainModule(TransformerTrainModule):
         train_seconds = time.perf_counter() - start
         if not dry_run:
             self._record(scored, sums, rollout_seconds, train_seconds)
+            self._keep(step, scored)
+
+    def _keep(self, step: int, scored: list[ScoredGroup]) -> None:
+        """Write what this rank sampled at ``step`` and its rewards into the run (for ``inspect_batch.py``)."""
+        records = []
+        for s in scored:
+            i = s.group.prompt_index
+            names = [reward.name for reward in self.rewards]
+            per_reward = [dict(zip(names, row)) for row in s.per_reward.tolist()]
+            records.append(
+                rollout_record(
+                    step,
+                    i,
+                    self.prompts.sources[i],
+                    self.prompts.ground_truths[i],
+                    s.group.tokens,
+                    s.group.truncated,
+                    s.rewards.tolist(),
+                    per_reward,
+                    self.tokenizer.decode,
+                    self.eos,
+                )
+            )
+        write_rollouts(self.settings.save_folder, step, self.env.rank, records)
 
     def _score(self, group: Group) -> ScoredGroup:
         i = group.prompt_index

@@ -49,6 +49,8 @@ class ConsoleSink:
         ("train/KL", "kl"),
         ("train/dpo/loss", "dpo_loss"),
         ("train/dpo/reward_accuracy", "dpo_acc"),
+        ("train/rl/reward_mean", "reward"),
+        ("train/rl/completion_length", "completion_len"),
         ("train/stage", "stage"),
         ("optim/total_grad_norm", "grad_norm"),
         ("optim/learning_rate_group0", "lr"),

@@ -86,7 +86,8 @@ RL_METRICS = (
 )
 
 
-def test_an_rl_run_trains_logs_its_metrics_and_resumes_bitwise(tmp_path, prompts):
+def test_an_rl_run_trains_logs_its_metrics_and_resumes_bitwise(tmp_path, prompts, capsys, caplog):
+    caplog.set_level("INFO")
     record: list[dict] = []
     assert run_train(_config(tmp_path, prompts), record=record) == 0
     steps = [r for r in record if "train/rl/loss" in r]
@@ -103,9 +104,26 @@ def test_an_rl_run_trains_logs_its_metrics_and_resumes_bitwise(tmp_path, prompts
     whole = torch.load(tmp_path / f"run/step{STEPS}-unsharded/model.pt", weights_only=True)
     resumed = torch.load(tmp_path / f"resumed/step{STEPS}-unsharded/model.pt", weights_only=True)
     assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
-    # The data order is over prompts: each step's batch is prompts_per_step of them.
-    order = tmp_path / "run" / "train_data" / "global_indices.npy"
-    assert order.exists()
+    # inspect_batch shows a step's prompts (the data order is over them) with their completions and rewards.
+    rows = json.loads(_inspect(tmp_path / "run", 3, capsys))
+    assert len(rows) == 4 and all(len(r["completions"]) == 4 for r in rows)
+    logged = [r for r in steps if r["step"] == 3][0]
+    rewards = [c["reward"] for r in rows for c in r["completions"]]
+    assert sum(rewards) / len(rewards) == pytest.approx(logged["train/rl/reward_mean"], abs=1e-6)
+    for r in rows:
+        for c in r["completions"]:
+            assert c["reward"] == pytest.approx(c["rewards"]["vowels"] + c["rewards"]["exact_answer"])
+            assert 1 <= c["tokens"] <= 8 and isinstance(c["text"], str)
+    assert "reward=" in caplog.text  # the console line shows the step's mean reward
+    run_main("inspect_batch.py", tmp_path / "run", "--step", 3)
+    table = capsys.readouterr().out
+    assert "Completions and rewards" in table and rows[0]["completions"][0]["text"][:5] in table
+
+
+def _inspect(run: Path, step: int, capsys) -> str:
+    capsys.readouterr()
+    run_main("inspect_batch.py", run, "--step", step, "--json")
+    return capsys.readouterr().out
 
 
 def test_prompts_that_do_not_fit_are_refused_before_any_work(tmp_path, prompts):
