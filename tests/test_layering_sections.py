@@ -50,6 +50,10 @@ TRAIN_CONFIG_ALLOWED = {
     "olmo/data/builders.py:DataContext.from_train_config": (
         "the run-wide data settings (top-level keys) the data builders take, read where the config is at hand"
     ),
+    "olmo/distributed/run_shape.py:RunShape.from_train_config": (
+        "the settings that size a run before its launch (memory check, estimates, plans), read where the config is "
+        "at hand"
+    ),
     "olmo/eval/__init__.py:evaluators_of_run": (
         "the commands' one assembly of a run's evaluators (build_evaluators with its sections; the tensor-parallel "
         "share from the layout)"
@@ -70,34 +74,10 @@ TRAIN_CONFIG_ALLOWED = {
         "the run's stage plan, from its stages, data, max_duration, batch size and model at once; the stage "
         "checks take the plan"
     ),
-    # TODO part 2: the lead's files (part 1 of issue 52 edits them now); each goes, or gets its reason.
-    "olmo/bench/common.py:SyntheticBatches.__init__": "TODO part 2: lead's files",
-    "olmo/bench/train_step.py:attention_info": "TODO part 2: lead's files",
-    "olmo/bench/train_step.py:float8_info": "TODO part 2: lead's files",
-    "olmo/bench/train_step.py:run": "TODO part 2: lead's files",
-    "olmo/bench/train_step.py:describe_setup": "TODO part 2: lead's files",
-    "olmo/distributed/launch_memory.py:launch_memory_problem": "TODO part 2: lead's files",
-    "olmo/distributed/launch_memory.py:check_launch_memory": "TODO part 2: lead's files",
     "olmo/distributed/parallelize.py:ParallelizeOptions.from_train_config": (
         "the options build_model applies (top-level keys), taken where the config is at hand"
     ),
     "olmo/distributed/layout.py:ParallelLayout.of_run": "the run's assembly: the layout of its parallel sections",
-    "olmo/distributed/layout.py:ParallelLayout.planned": "plans and estimates size a run's layout before its launch",
-    "olmo/ladder/estimates.py:model_facts": "TODO part 2: lead's files",
-    "olmo/ladder/estimates.py:shard_degree": "TODO part 2: lead's files",
-    "olmo/ladder/estimates.py:_block_activation_bytes": "TODO part 2: lead's files",
-    "olmo/ladder/estimates.py:estimate_memory": "TODO part 2: lead's files",
-    "olmo/ladder/mesh_plan.py:_meshes": "TODO part 2: lead's files",
-    "olmo/ladder/mesh_plan.py:check_layout": "TODO part 2: lead's files",
-    "olmo/ladder/mesh_plan.py:plan_meshes": "TODO part 2: lead's files",
-    "olmo/ladder/plan.py:Branch.cfg": "TODO part 2: lead's files",
-    "olmo/ladder/plan.py:Rung.cfg": "TODO part 2: lead's files",
-    "olmo/ladder/plan.py:_Base.cfg": "TODO part 2: lead's files",
-    "olmo/ladder/plan.py:_micro_and_devices": "TODO part 2: lead's files",
-    "olmo/ladder/run_planner.py:_distributed": "TODO part 2: lead's files",
-    "olmo/ladder/run_planner.py:_max_steps": "TODO part 2: lead's files",
-    "olmo/ladder/run_planner.py:_dpo_note": "TODO part 2: lead's files",
-    "olmo/ladder/run_planner.py:plan_run": "TODO part 2: lead's files",
     "olmo/train/train_module.py:TrainModule.from_config": (
         "the train module's hook (issue 37): a TrainModule subclass builds itself from whichever sections it needs"
     ),
@@ -110,6 +90,22 @@ TRAIN_CONFIG_ALLOWED = {
     "olmo/train/trainer.py:Trainer.__init__": (
         "the run's assembly, as OLMo's Trainer(cfg=...): builds the loop's parts (stage plan, data feed, "
         "checkpointer, monitors, sinks, callbacks) each from its own sections"
+    ),
+    # Whole-run commands and plans: their product or their input is a whole run's config.
+    "olmo/bench/train_step.py:run": (
+        "the benchmark command's body: builds and measures a whole run from its config, as the launch does"
+    ),
+    "olmo/ladder/mesh_plan.py:plan_meshes": (
+        "scripts/plan.py's body: each mesh is the config with other parallel sections, checked as a launch would"
+    ),
+    "olmo/ladder/plan.py:Branch.cfg": (
+        "the ladder's product: a decay branch's train config, written as its YAML and trained by scripts/train.py"
+    ),
+    "olmo/ladder/plan.py:Rung.cfg": (
+        "the ladder's product: a size's train config, written as its YAML and trained by scripts/train.py"
+    ),
+    "olmo/ladder/run_planner.py:plan_run": (
+        "the dry run's plan of a whole run: its stages, batch, schedule, precision and memory at once"
     ),
 }
 """``file:qualified name`` of each function, method or dataclass field outside ``olmo/config/`` and ``olmo/cli/``

@@ -10,9 +10,9 @@ from typing import Any, Optional
 
 import torch
 
-from ..config import TrainConfig
-from ..data import DataCollator, IterableDataset
-from ..distributed import DistEnv, ParallelLayout
+from ..config import DataConfig, ModelConfig
+from ..data import DataCollator, DataContext, IterableDataset
+from ..distributed import ParallelLayout
 
 __all__ = ["RandomTokens", "SyntheticBatches", "PhaseClock"]
 
@@ -35,26 +35,29 @@ class SyntheticBatches:
     """The first few device batches of random tokens, made up front (pinned on CUDA) and cycled, so getting a
     batch costs nothing. Its ``dataset`` is a real :class:`olmo.data.IterableDataset`, as ``Trainer`` expects,
     holding as many instances as the benchmark consumes.
+
+    :param context: the run's seed (of the tokens and their order), epoch and global batch size.
+    :param layout: the launch's layout: which instances this rank reads, and its device.
     """
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, n_steps: int):
-        layout = ParallelLayout.of_run(cfg, env)
-        tokens = RandomTokens(
-            n_steps * cfg.global_train_batch_size, cfg.model.max_sequence_length, cfg.model.vocab_size, cfg.seed
-        )
+    def __init__(
+        self, model: ModelConfig, data: DataConfig, context: DataContext, layout: ParallelLayout, n_steps: int
+    ):
+        batch, seed = context.global_train_batch_size, context.seed
+        tokens = RandomTokens(n_steps * batch, model.max_sequence_length, model.vocab_size, seed)
         self.dataset = IterableDataset(
             tokens,
-            cfg.global_train_batch_size,
-            seed=cfg.seed,
-            epoch=cfg.epoch or 0,
+            batch,
+            seed=seed,
+            epoch=context.epoch or 0,
             world_size=layout.data_parallel_size,
             rank=layout.data_parallel_rank,
         )
-        collate = DataCollator.from_train_config(cfg)
+        collate = DataCollator(pad_direction=data.pad_direction, pad_token_id=model.pad_token_id)
         instances = iter(self.dataset)
         size = self.dataset.device_batch_size
         self.batches = [collate(list(itertools.islice(instances, size))) for _ in range(min(n_steps, 4))]
-        if env.device.type == "cuda":
+        if layout.device_type == "cuda":
             self.batches = [{k: v.pin_memory() for k, v in b.items()} for b in self.batches]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

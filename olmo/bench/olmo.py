@@ -162,6 +162,7 @@ class OursSide(Side):
         from olmo.bench.common import SyntheticBatches
         from olmo.bench.train_step import git_state
         from olmo.config import TrainConfig
+        from olmo.data import DataContext
         from olmo.distributed import DistEnv, ParallelizeOptions, ParallelLayout, build_model
         from olmo.optim import build_optimizer, build_scheduler
         from olmo.train import Trainer
@@ -191,7 +192,8 @@ class OursSide(Side):
         layout = ParallelLayout.of_run(cfg, env)
         self.model = model = build_model(cfg.model, layout, ParallelizeOptions.from_train_config(cfg))
         optimizer = build_optimizer(cfg.optimizer, model)
-        loader: Any = SyntheticBatches(cfg, env, n_steps=4)  # 4 batches, cycled
+        context = DataContext.from_train_config(cfg)
+        loader: Any = SyntheticBatches(cfg.model, cfg.data, context, layout, n_steps=4)  # 4 batches, cycled
         train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
         self.trainer = Trainer(cfg, env, train_module, loader, layout=layout)
         self.train_batches = cycle(loader.batches)

@@ -65,18 +65,18 @@ import torch
 import torch.distributed as dist
 
 from olmo.bench.common import PhaseClock, SyntheticBatches
-from olmo.config import TrainConfig, clean_opt
-from olmo.data import build_train_dataloader
+from olmo.config import DataConfig, ModelConfig, TrainConfig, clean_opt
+from olmo.data import DataContext, build_train_dataloader
 from olmo.distributed import (
     DistEnv,
     ParallelizeOptions,
     ParallelLayout,
     all_reduce,
-    autocast_dtype,
     build_model,
     init_distributed,
     teardown_distributed,
 )
+from olmo.distributed.run_shape import RunShape
 from olmo.exceptions import OLMoCliError
 from olmo.model import OLMo, describe_attention
 from olmo.optim import build_optimizer, build_scheduler
@@ -173,11 +173,13 @@ def timed_step(
     }, metrics
 
 
-def attention_info(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
-    """Which attention kernel the model runs, and why."""
-    has_bias = cfg.model.alibi or cfg.data.generate_attention_mask
-    info = describe_attention(cfg.model, env.device, autocast_dtype(cfg, env.device), has_bias)
-    if env.device.type == "cuda":
+def attention_info(
+    model: ModelConfig, data: DataConfig, device: torch.device, autocast: Optional[torch.dtype]
+) -> dict[str, Any]:
+    """Which attention kernel the model runs on ``device`` under ``autocast`` (None: fp32), and why."""
+    has_bias = model.alibi or data.generate_attention_mask
+    info = describe_attention(model, device, autocast, has_bias)
+    if device.type == "cuda":
         info["sdp_enabled"] = {
             "flash": torch.backends.cuda.flash_sdp_enabled(),
             "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
@@ -250,11 +252,11 @@ def _flops(rate: float) -> str:
     return f"{rate / 1e12:,.1f} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:,.1f} GFLOP/s"
 
 
-def float8_info(cfg: TrainConfig, model: OLMo) -> Optional[dict[str, Any]]:
+def float8_info(model_cfg: ModelConfig, model: OLMo) -> Optional[dict[str, Any]]:
     """``model.float8`` as the benchmark ran it (recipe, emulation, layers converted), or None without float8."""
-    if not cfg.model.trains_float8:
+    if not model_cfg.trains_float8:
         return None
-    f8 = cfg.model.float8
+    f8 = model_cfg.float8
     assert f8 is not None
     converted = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
     return {"recipe": f8.recipe, "emulate": f8.emulate, "min_features": f8.min_features, "converted": converted}
@@ -343,11 +345,12 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
     seed_all(cfg.seed)
     machine = machine_info()  # its load average is taken now, before the benchmark loads the CPUs
     with tempfile.TemporaryDirectory(prefix="olmo-benchmark-") as work_dir:
+        layout = ParallelLayout.of_run(cfg, env)
         if args.data == "synthetic":
-            loader: Any = SyntheticBatches(cfg, env, args.warmup + args.steps)
+            context = DataContext.from_train_config(cfg)
+            loader: Any = SyntheticBatches(cfg.model, cfg.data, context, layout, args.warmup + args.steps)
         else:
             loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank, work_dir=work_dir)
-        layout = ParallelLayout.of_run(cfg, env)
         model: OLMo = build_model(cfg.model, layout, ParallelizeOptions.from_train_config(cfg, training=True))
         optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
         train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
@@ -382,7 +385,7 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
         "machine": {**machine, "load_average_1_5_15min_at_end": [round(x, 2) for x in os.getloadavg()]},
         "steps": args.steps,
         "warmup": args.warmup,
-        "setup": describe_setup(args, cfg, env, trainer, machine, peak),
+        "setup": describe_setup(args, RunShape.from_train_config(cfg), env, trainer, machine, peak, device_tokens),
         "results": results,
     }
     print_table(report)
@@ -436,33 +439,35 @@ def measure(trainer: Trainer, batches: Iterator[dict[str, Any]], warmup: int, st
 
 def describe_setup(
     args: argparse.Namespace,
-    cfg: TrainConfig,
+    run: RunShape,
     env: DistEnv,
     trainer: Trainer,
     machine: dict[str, Any],
     peak: Optional[PeakFlops],
+    device_tokens: int,
 ) -> dict[str, Any]:
-    """What was measured: device, precision, compile, attention kernel, batch shape, model size, peak."""
+    """What was measured: device, precision, compile, attention kernel, batch shape (``device_tokens`` per step on
+    each device), model size, peak."""
     model, device = cast(OLMo, trainer.model), device_info(env, machine)
     return {
         "world_size": env.world_size,
         "device": device,
         "data": args.data,
-        "precision": cfg.precision or "fp32",
+        "precision": run.precision or "fp32",
         "autocast_dtype": None if trainer.autocast_dtype is None else str(trainer.autocast_dtype),
-        "compile": None if cfg.compile is None else vars(cfg.compile),
-        "float8": float8_info(cfg, model),
-        "activation_checkpointing": cfg.activation_checkpointing,
-        "distributed_strategy": cfg.distributed_strategy if env.world_size > 1 else "single process",
-        "optimizer": cfg.optimizer.name,
-        "attention": attention_info(cfg, env),
+        "compile": None if run.compile is None else vars(run.compile),
+        "float8": float8_info(run.model, model),
+        "activation_checkpointing": run.activation_checkpointing,
+        "distributed_strategy": run.distributed_strategy if env.world_size > 1 else "single process",
+        "optimizer": run.optimizer.name,
+        "attention": attention_info(run.model, run.data, env.device, trainer.autocast_dtype),
         "batch": {
             "device_batch": trainer.device_batch_size,
-            "micro_batch": cfg.device_train_microbatch_size,
-            "grad_accum": cfg.grad_accum_steps(env.world_size),
-            "seq_len": cfg.model.max_sequence_length,
-            "global_batch": cfg.global_train_batch_size,
-            "device_tokens_per_step": cfg.device_tokens(env.world_size),
+            "micro_batch": run.device_train_microbatch_size,
+            "grad_accum": run.grad_accum_steps(env.world_size),
+            "seq_len": run.model.max_sequence_length,
+            "global_batch": run.global_train_batch_size,
+            "device_tokens_per_step": device_tokens,
         },
         "model": {
             "n_params": model.num_params(),

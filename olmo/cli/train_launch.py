@@ -37,6 +37,7 @@ from olmo.distributed import (
 from olmo.distributed.collectives import launch_device
 from olmo.distributed.float8 import float8_device_problem
 from olmo.distributed.launch_memory import check_launch_memory
+from olmo.distributed.run_shape import RunShape
 from olmo.eval import Evaluator, evaluators_of_run
 from olmo.exceptions import OLMoConfigurationError, OLMoDataError
 from olmo.hf.files import check_hf_export
@@ -105,7 +106,7 @@ def _launch(cfg: TrainConfig, callbacks: Sequence[Callback]) -> int:
         check_hf_export(cfg.model, cfg.tokenizer.identifier)  # the export at the end must not fail
     if not cfg.dry_run:  # a dry run's plan shows the memory instead
         launched = launch_env()
-        check_launch_memory(cfg, launched.world_size, launched.local_world_size)  # one that certainly cannot fit
+        check_launch_memory(RunShape.from_train_config(cfg), launched.world_size, launched.local_world_size)
     opened: dict[int, MemMapDataset] = {}  # each data config's dataset, opened once (keyed by the config's id)
     data_context = DataContext.from_train_config(cfg)
 

@@ -17,10 +17,10 @@ from typing import Optional
 
 import torch
 
-from ..config import ModelConfig, TrainConfig
+from ..config import ModelConfig
 from ..exceptions import OLMoConfigurationError
 from ..model import OLMo
-from .layout import ParallelLayout
+from .run_shape import RunShape
 
 __all__ = ["meta_model", "state_bytes_per_param", "launch_memory_problem", "check_launch_memory"]
 
@@ -41,27 +41,27 @@ def state_bytes_per_param(optimizer: str) -> tuple[int, int, int]:
 
 
 def launch_memory_problem(
-    cfg: TrainConfig, num_params: int, world_size: int, memory_bytes: float, where: str
+    run: RunShape, num_params: int, world_size: int, memory_bytes: float, where: str
 ) -> Optional[str]:
-    """The paragraph that refuses ``cfg`` when its model's state cannot fit ``memory_bytes`` per process even
+    """The paragraph that refuses ``run`` when its model's state cannot fit ``memory_bytes`` per process even
     spread over all ``world_size`` processes; None when it might fit.
 
     :param where: what ``memory_bytes`` is, for the message (``"of this GPU (NVIDIA H100)"``).
     """
-    sharded = cfg.distributed_strategy == "fsdp" and str(cfg.fsdp and cfg.fsdp.sharding_strategy) != "NO_SHARD"
+    sharded = run.distributed_strategy == "fsdp" and str(run.fsdp and run.fsdp.sharding_strategy) != "NO_SHARD"
     # Without FSDP, tensor and expert parallelism still split the weights: a lower bound divides the whole model by
     # both degrees (only the experts are split by the one, only the rest by the other), never refusing what could fit.
-    layout = ParallelLayout.planned(cfg, world_size)
+    layout = run.layout(world_size)
     split = layout.tensor * (layout.expert if layout.expert_sharded else 1)
     ranks = world_size if sharded else min(world_size, split)
-    per_param = sum(state_bytes_per_param(str(cfg.optimizer.name)))
+    per_param = sum(state_bytes_per_param(str(run.optimizer.name)))
     need = per_param * num_params / ranks
     if need <= memory_bytes:
         return None
     over = f"sharded over {ranks} processes" if ranks > 1 else "none of it sharded"
     return (
         f"The model does not fit: its {num_params:,} parameters alone need at least {need / GIB:,.1f} GiB per "
-        f"process ({per_param} bytes each: fp32 weights, gradients and {cfg.optimizer.name} state; {over}), more "
+        f"process ({per_param} bytes each: fp32 weights, gradients and {run.optimizer.name} state; {over}), more "
         f"than the {memory_bytes / GIB:,.1f} GiB {where}, before any activation. Nothing was written. "
         f"scripts/train.py CONFIG --dry_run estimates the whole run's memory; shrink the model (model.d_model, "
         f"model.n_layers, model.mlp_ratio, model.moe.hidden_size or model.moe.num_experts), shard it over more "
@@ -69,7 +69,7 @@ def launch_memory_problem(
     )
 
 
-def check_launch_memory(cfg: TrainConfig, world_size: int, local_world_size: int) -> None:
+def check_launch_memory(run: RunShape, world_size: int, local_world_size: int) -> None:
     """Refuse a launch whose model certainly cannot fit this process's device (:func:`launch_memory_problem`),
     before anything is written: on a GPU its own memory, on a CPU the physical memory over the
     ``local_world_size`` processes of this machine. Builds the model on the meta device only.
@@ -87,6 +87,6 @@ def check_launch_memory(cfg: TrainConfig, world_size: int, local_world_size: int
         memory = physical / max(1, local_world_size)
         share = f", shared by its {local_world_size} processes" if local_world_size > 1 else ""
         where = f"of this machine's physical memory{share}"
-    problem = launch_memory_problem(cfg, meta_model(cfg.model).num_params(), world_size, memory, where)
+    problem = launch_memory_problem(run, meta_model(run.model).num_params(), world_size, memory, where)
     if problem is not None:
         raise OLMoConfigurationError(problem)

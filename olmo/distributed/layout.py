@@ -144,15 +144,6 @@ class ParallelLayout:
         )
 
     @classmethod
-    def planned(cls, cfg: TrainConfig, world_size: int, local_world_size: Optional[int] = None) -> ParallelLayout:
-        """:meth:`of_run` for a launch not made yet (estimates, plans): a layout that validation refuses (a degree
-        that does not divide the ranks) is sized as ``world_size`` ranks sharding everything, never an error."""
-        try:
-            return cls.of_run(cfg, world_size=world_size, local_world_size=local_world_size)
-        except OLMoConfigurationError:
-            return cls(world_size=world_size)
-
-    @classmethod
     def single(cls, env: DistEnv) -> ParallelLayout:
         """One process (``env``'s), nothing shared."""
         assert env.world_size == 1, env

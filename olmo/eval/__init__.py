@@ -26,7 +26,7 @@ from typing import Union
 from ..config import EvaluatorConfig, EvaluatorType, ModelConfig, TokenizerConfig, TrainConfig
 from ..config.validation import evaluator_problems, task_labels
 from ..data import DataCollator, DataContext, build_dataset, data_order_seed
-from ..distributed.layout import ParallelLayout
+from ..distributed.run_shape import RunShape
 from ..model.generation import build_sampler
 from ..tokenizer import Tokenizer
 from .downstream import OLMO_06_CONTEXT, DownstreamEvaluator, build_task
@@ -142,7 +142,7 @@ def evaluators_of_run(cfg: TrainConfig, world_size: int = 1, rank: int = 0) -> l
     """:func:`build_evaluators` with the sections of a run's config, as ``train.py`` and ``eval.py`` build them. The
     ranks of a tensor-parallel group compute each forward pass together, so they score the same share (the group
     counts as one rank; their reduced sums count each instance ``degree`` times, which the metrics' ratios cancel)."""
-    tp = ParallelLayout.planned(cfg, world_size).tensor
+    tp = RunShape.from_train_config(cfg).layout(world_size).tensor
     world_size, rank = world_size // tp, rank // tp
     return build_evaluators(
         cfg.evaluators,

@@ -15,10 +15,10 @@ from typing import Optional
 
 import torch
 
-from ..config import LayerNormType, ShardingStrategy, TrainConfig
+from ..config import LayerNormType, ModelConfig, ShardingStrategy
 from ..distributed.launch_memory import meta_model, state_bytes_per_param
-from ..distributed.layout import ParallelLayout
 from ..distributed.parallelize import apply_activation_checkpointing
+from ..distributed.run_shape import RunShape
 from ..exceptions import OLMoConfigurationError
 from ..model.flops import _MIN_CPU_SHARE, PeakFlops, cpu_peak_flops, gpu_peak_flops
 from ..model.loss import FUSED_LOSS_CHUNK_TOKENS
@@ -155,14 +155,14 @@ class ModelFacts:
     """Blocks whose activations are recomputed in the backward pass (``activation_checkpointing``)."""
 
 
-def model_facts(cfg: TrainConfig) -> ModelFacts:
-    """Build ``OLMo(cfg.model)`` on the meta device, apply the config's activation checkpointing to it (as
-    training does), and count."""
-    model = meta_model(cfg.model)
+def model_facts(run: RunShape) -> ModelFacts:
+    """Build ``OLMo(run.model)`` on the meta device, apply the run's activation checkpointing to it (as training
+    does), and count."""
+    model = meta_model(run.model)
     blocks = model.transformer.typed_blocks()
     checkpointed = 0
-    if cfg.activation_checkpointing is not None:
-        apply_activation_checkpointing(model, cfg.activation_checkpointing)
+    if run.activation_checkpointing is not None:
+        apply_activation_checkpointing(model, run.activation_checkpointing)
         # A checkpointed block has its forward (or attention and MLP) replaced by an instance attribute.
         checkpointed = sum(1 for b in blocks if {"forward", "attention", "feed_forward"} & vars(b).keys())
     return ModelFacts(
@@ -171,7 +171,7 @@ def model_facts(cfg: TrainConfig) -> ModelFacts:
         num_active_params=model.num_active_params(),
         expert_params=model.num_expert_params(),
         block_params=sum(p.numel() for p in blocks[0].parameters()) if blocks else 0,
-        flops_per_token=model.num_flops_per_token(cfg.model.max_sequence_length),
+        flops_per_token=model.num_flops_per_token(run.model.max_sequence_length),
         checkpointed_blocks=checkpointed,
     )
 
@@ -212,17 +212,16 @@ class MemoryEstimate:
         return self.tensors + self.overhead
 
 
-def shard_degree(cfg: TrainConfig, world_size: int) -> int:
+def shard_degree(run: RunShape, world_size: int) -> int:
     """Over how many ranks FSDP splits parameters, gradients and optimizer state (a tensor-parallel group's ranks
     hold different parts of a block and the same copy of the rest: FSDP shards over the data-parallel ranks)."""
-    return ParallelLayout.planned(cfg, world_size, GPUS_PER_NODE).shard
+    return run.layout(world_size, GPUS_PER_NODE).shard
 
 
-def _block_activation_bytes(cfg: TrainConfig, compute: int, residual: int, tp: int = 1) -> tuple[float, float]:
+def _block_activation_bytes(m: ModelConfig, compute: int, residual: int, tp: int = 1) -> tuple[float, float]:
     """Bytes one block saves for backward per token: (attention part, MLP part), read off ``OLMoBlock``; with
     tensor parallelism of degree ``tp`` the heads' and hidden units' share of one rank (the residual stream and the
     norms' outputs are whole on every rank)."""
-    m = cfg.model
     d, head_dim = m.d_model // tp, m.d_model // m.n_heads  # d: the width of this rank's heads
     kv = m.effective_n_kv_heads * head_dim // tp
     hidden = m.effective_mlp_hidden_size // tp
@@ -250,9 +249,9 @@ def _block_activation_bytes(cfg: TrainConfig, compute: int, residual: int, tp: i
 
 
 def estimate_memory(
-    cfg: TrainConfig, facts: ModelFacts, world_size: int, device: DeviceSpec, micro_batch: Optional[int] = None
+    run: RunShape, facts: ModelFacts, world_size: int, device: DeviceSpec, micro_batch: Optional[int] = None
 ) -> MemoryEstimate:
-    """Peak memory of one device for ``cfg`` on ``world_size`` ranks of ``device``.
+    """Peak memory of one device for ``run`` on ``world_size`` ranks of ``device``.
 
     Counts fp32 parameters, gradients and optimizer state split over the ranks that shard them (FULL_SHARD and
     SHARD_GRAD_OP over all ranks, HYBRID_SHARD within a node of :data:`GPUS_PER_NODE`, NO_SHARD and DDP not at
@@ -263,30 +262,30 @@ def estimate_memory(
 
     :param micro_batch: instances per forward pass; ``device_train_microbatch_size`` by default.
     """
-    m = cfg.model
-    micro = micro_batch or cfg.device_train_microbatch_size
-    layout = ParallelLayout.planned(cfg, world_size, GPUS_PER_NODE)
+    m = run.model
+    micro = micro_batch or run.device_train_microbatch_size
+    layout = run.layout(world_size, GPUS_PER_NODE)
     cp = layout.context if world_size % layout.context == 0 else 1
     tokens = micro * m.max_sequence_length // cp  # this rank's tokens (context parallelism: a share of each)
-    autocast = device.is_gpu and cfg.autocast_precision is not None
+    autocast = device.is_gpu and run.autocast_precision is not None
     compute = 2 if autocast else 4
     shard, tp = layout.shard, layout.tensor
     # FSDP gathers each unit even over one data-parallel rank (tensor parallelism on every rank): copies all the same.
     fsdp_units = world_size > 1 and (shard > 1 or tp > 1)
-    mixed = fsdp_units and autocast and cfg.fsdp is not None and cfg.fsdp.precision is not None
+    mixed = fsdp_units and autocast and run.fsdp is not None and run.fsdp.precision is not None
     residual = compute if mixed else 4  # FSDP's bf16 parameters make the embedding output bf16
     # A rank's copy of the model: a tensor-parallel rank holds 1/tp of each block (biases and QK-norm included).
     P = facts.num_params - m.n_layers * facts.block_params * (1 - 1 / tp)
     params, grads = 4 * P / shard, 4 * P / shard
-    if device.is_gpu and cfg.grad_accum_steps(world_size) == 1:
+    if device.is_gpu and run.grad_accum_steps(world_size) == 1:
         grads = 0.0  # the peak is the first backward's start: no gradient exists yet (zero_grad frees them)
-    optimizer = state_bytes_per_param(str(cfg.optimizer.name))[2] * P / shard
+    optimizer = state_bytes_per_param(str(run.optimizer.name))[2] * P / shard
 
     gathered = 0.0
     if fsdp_units:
         unit = compute if mixed else 4
         root = facts.num_params - m.n_layers * facts.block_params
-        keep_all = cfg.fsdp is not None and cfg.fsdp.sharding_strategy in GATHERED_STRATEGIES
+        keep_all = run.fsdp is not None and run.fsdp.sharding_strategy in GATHERED_STRATEGIES
         blocks = m.n_layers if keep_all else min(2, m.n_layers)
         block = float(facts.block_params) / tp
         if layout.expert > 1:  # each rank gathers only its own share of the experts
@@ -296,13 +295,13 @@ def estimate_memory(
     elif autocast:
         gathered = compute * P  # autocast caches a low-precision copy of every weight during the forward pass
 
-    attention, mlp = _block_activation_bytes(cfg, compute, residual, tp)
+    attention, mlp = _block_activation_bytes(m, compute, residual, tp)
     full_block = attention + mlp
-    if cfg.activation_checkpointing == "fine_grained":
+    if run.activation_checkpointing == "fine_grained":
         # The norms stay outside the checkpoints; each checkpoint saves its (fp32 under autocast) input.
         norm_out = 4 if autocast and m.layer_norm_type != LayerNormType.low_precision else compute
         kept = 2 * (residual + norm_out) * m.d_model
-        if device.is_gpu and cfg.compile is not None:
+        if device.is_gpu and run.compile is not None:
             # Compiled, the partitioner recomputes the norms too: the block keeps its input alone, as with
             # whole_layer (OLMo-1B at micro-batch 32 on the H200: 54,148 MiB measured, 80,688 estimated before).
             kept = residual * m.d_model
@@ -310,7 +309,7 @@ def estimate_memory(
     else:
         kept, recompute = residual * m.d_model, full_block  # a checkpointed block saves only its input
     checkpointed = facts.checkpointed_blocks
-    if device.is_gpu and cfg.compile is not None:
+    if device.is_gpu and run.compile is not None:
         # Compiled blocks fuse the elementwise work (norms, RoPE, SwiGLU), whose intermediates eager mode saves.
         full_block *= COMPILED_ACTIVATIONS
     activations = tokens * ((m.n_layers - checkpointed) * full_block + checkpointed * kept)
@@ -327,14 +326,14 @@ def estimate_memory(
         gathered_kv = micro * 2 * heads * (m.d_model // m.n_heads) * compute * (seq - seq // cp)
         activations += (m.n_layers - checkpointed) * gathered_kv
         chunk = seq // (2 * cp)
-        documents = cfg.data.generate_doc_lengths
+        documents = run.data.generate_doc_lengths
         masks = len({w for w in m.layer_windows() if w is not None and w < seq})
         masks += 1 if documents or not device.is_gpu else 0
         activations += masks * (micro if documents else 1) * chunk * chunk * (2 * cp + 1) * compute
 
     vocab = m.effective_embedding_size
     kept_by_loss = 0  # what the loss keeps for the backward pass, beside a recomputed block
-    if cfg.fused_loss and not cfg.dpo.enabled:  # DPO needs each answer's log-probability: the logits exist
+    if run.fused_loss and not run.dpo:  # DPO needs each answer's log-probability: the logits exist
         chunk = min(tokens, FUSED_LOSS_CHUNK_TOKENS)
         # One chunk's fp32 logits, their softmax and its gradient; the hidden states' and the weight's gradients.
         kept_by_loss = 4 * tokens * m.d_model + 4 * vocab * m.d_model
@@ -345,7 +344,7 @@ def estimate_memory(
         loss = tokens * vocab * (compute + 2 * 4)
     recompute = tokens * recompute + kept_by_loss + gathered_kv if checkpointed else 0.0
 
-    reference = 4 * P / shard if cfg.dpo.enabled else 0.0
+    reference = 4 * P / shard if run.dpo else 0.0
     estimate = MemoryEstimate(params, grads, optimizer, gathered, activations, loss, recompute, 0.0, reference)
     overhead = FRAGMENTATION * estimate.tensors + CUDA_CONTEXT_BYTES if device.is_gpu else CPU_BASELINE_BYTES
     return dataclasses.replace(estimate, overhead=overhead)

@@ -17,7 +17,7 @@ fits. ``--json``: a list of meshes, each with ``degrees``, ``micro_batch``, ``me
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -28,12 +28,13 @@ from ..config.layout_checks import MAX_WORLD_SIZE, layout_problems
 from ..exceptions import OLMoConfigurationError
 
 if TYPE_CHECKING:
+    from ..distributed.run_shape import RunShape
     from .estimates import DeviceSpec
 
 # The estimates build the model on the meta device, so they import torch: loaded only once the config and its
 # layout are known to be good, so that usage errors, --help and refusals answer in a second.
 
-__all__ = ["MeshPlan", "check_layout", "plan_meshes", "format_plans", "main"]
+__all__ = ["MeshPlan", "mesh_variants", "check_layout", "plan_meshes", "format_plans", "main"]
 
 DEVICES = {"h100": "H100", "h200": "H200", "a100": "A100", "cpu": "cpu"}
 DEFAULT_MFU = 0.45
@@ -57,16 +58,27 @@ class MeshPlan:
     """The largest micro-batch (a power of two up to the configured one) that fits, when the configured one does not."""
 
 
-def _meshes(cfg: TrainConfig, world_size: int) -> list[tuple[str, TrainConfig]]:
+def mesh_variants(run: RunShape, world_size: int) -> list[tuple[str, RunShape]]:
     """The configured layout first, then the other FSDP layouts (and expert-parallel, context- and tensor-parallel
-    degrees) this world allows: each one that a launch would accept (:func:`olmo.config.validation.layout_problems`)."""
-    from ..distributed.layout import ParallelLayout
+    degrees) this world allows, each as ``run`` with its parallel sections changed (:func:`plan_meshes` keeps those
+    a launch would accept)."""
     from .estimates import GPUS_PER_NODE
 
-    out = [("configured", cfg)]
+    out = [("configured", run)]
     if world_size == 1:
         return out  # one rank: nothing to shard
-    configured = ParallelLayout.planned(cfg, world_size, GPUS_PER_NODE)
+    configured = run.layout(world_size, GPUS_PER_NODE)
+    fsdp = run.fsdp
+    assert fsdp is not None
+
+    def variant(strategy: ShardingStrategy, replicas: Optional[int] = None, **degrees: int) -> RunShape:
+        """``run`` with this sharding strategy and these degrees (by section name)."""
+        sharded = dataclasses.replace(
+            fsdp, sharding_strategy=strategy, hybrid_sharding_num_model_replicas=replicas
+        )
+        sections = {k: dataclasses.replace(getattr(run, k), degree=d) for k, d in degrees.items()}
+        return dataclasses.replace(run, fsdp=sharded, **sections)
+
     layouts: list[tuple[str, ShardingStrategy, Optional[int]]] = [
         ("FULL_SHARD", ShardingStrategy.FULL_SHARD, None),
         ("SHARD_GRAD_OP", ShardingStrategy.SHARD_GRAD_OP, None),
@@ -75,58 +87,38 @@ def _meshes(cfg: TrainConfig, world_size: int) -> list[tuple[str, TrainConfig]]:
         layouts.append(("HYBRID_SHARD", ShardingStrategy.HYBRID_SHARD, world_size // GPUS_PER_NODE))
     layouts.append(("NO_SHARD", ShardingStrategy.NO_SHARD, None))
     degrees = [1]
-    moe = cfg.model.moe
-    if cfg.model.is_moe and moe is not None:
+    m = run.model
+    if m.is_moe and m.moe is not None:
         degrees += [
             d
             for d in (2, 4, 8, 16, 32, 64)
-            if d <= world_size and world_size % d == 0 and moe.num_experts % d == 0
+            if d <= world_size and world_size % d == 0 and m.moe.num_experts % d == 0
         ]
     for label, strategy, replicas in layouts:
         for degree in degrees:
             if degree > 1 and strategy not in (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP):
                 continue
-            other = copy.deepcopy(cfg)
-            assert other.fsdp is not None
-            other.fsdp.sharding_strategy = strategy
-            other.fsdp.hybrid_sharding_num_model_replicas = replicas
-            other.expert_parallel.degree = degree
-            if not layout_problems(other, world_size):
-                out.append((label + (f" + EP {degree}" if degree > 1 else ""), other))
-    seq = cfg.model.max_sequence_length
-    if (seq >= 16384 or configured.context > 1) and not cfg.model.is_moe:
+            name = label + (f" + EP {degree}" if degree > 1 else "")
+            out.append((name, variant(strategy, replicas, expert_parallel=degree)))
+    if (m.max_sequence_length >= 16384 or configured.context > 1) and not m.is_moe:
         for cp in (2, 4, 8, 16):
             if cp <= world_size:
-                other = copy.deepcopy(cfg)
-                assert other.fsdp is not None
-                other.fsdp.sharding_strategy = ShardingStrategy.FULL_SHARD
-                other.fsdp.hybrid_sharding_num_model_replicas = None
-                other.context_parallel.degree = cp
-                if not layout_problems(other, world_size):
-                    out.append((f"FULL_SHARD + CP {cp}", other))
-    m = cfg.model
+                out.append((f"FULL_SHARD + CP {cp}", variant(ShardingStrategy.FULL_SHARD, context_parallel=cp)))
     if (m.d_model >= 4096 or configured.tensor > 1) and not m.is_moe and not m.alibi:
         cp = configured.context  # a long-context config keeps its context parallelism
-        for tp in (2, 4, 8):
-            other = copy.deepcopy(cfg)
-            assert other.fsdp is not None
-            other.fsdp.sharding_strategy = ShardingStrategy.FULL_SHARD
-            other.fsdp.hybrid_sharding_num_model_replicas = None
-            other.tensor_parallel.degree = tp
-            # Within a node (its all-reduces run in every layer), and dividing the heads and hidden units.
-            fits_node = tp <= min(world_size, GPUS_PER_NODE)
-            if fits_node and not layout_problems(other, world_size):
-                out.append((f"FULL_SHARD{f' + CP {cp}' if cp > 1 else ''} + TP {tp}", other))
+        # Within a node (its all-reduces run in every layer).
+        for tp in (tp for tp in (2, 4, 8) if tp <= min(world_size, GPUS_PER_NODE)):
+            name = f"FULL_SHARD{f' + CP {cp}' if cp > 1 else ''} + TP {tp}"
+            out.append((name, variant(ShardingStrategy.FULL_SHARD, tensor_parallel=tp)))
     return out
 
 
-def check_layout(cfg: TrainConfig, world_size: int, config: str = "the config") -> None:
-    """Refuse a configured layout that ``scripts/train.py`` would refuse on ``world_size`` processes, with the same
-    checks (the model's values and :func:`olmo.config.validation.layout_problems`).
+def check_layout(problems: list[str], world_size: int, config: str = "the config") -> None:
+    """Refuse a configured layout that ``scripts/train.py`` would refuse on ``world_size`` processes for
+    ``problems``: the model's values and :func:`olmo.config.validation.layout_problems`, the checks of a launch.
 
     :raises OLMoConfigurationError: listing every problem, each naming its key and fix.
     """
-    problems = cfg.model.problems() + layout_problems(cfg, world_size)
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)
         raise OLMoConfigurationError(
@@ -137,19 +129,26 @@ def check_layout(cfg: TrainConfig, world_size: int, config: str = "the config") 
 
 
 def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: float = DEFAULT_MFU) -> list[MeshPlan]:
-    """Every mesh of :func:`_meshes` for ``cfg`` on ``world_size`` ranks of ``device``.
+    """Every mesh of :func:`mesh_variants` for ``cfg`` on ``world_size`` ranks of ``device`` that a launch would
+    accept (the config with the mesh's parallel sections passes :func:`layout_problems`).
 
     :raises OLMoConfigurationError: when a launch would refuse the configured layout (:func:`check_layout`).
     """
-    from ..distributed.layout import ParallelLayout
+    check_layout(cfg.model.problems() + layout_problems(cfg, world_size), world_size)
+    from ..distributed.run_shape import RunShape
     from .estimates import GPUS_PER_NODE, estimate_memory, model_facts
 
-    check_layout(cfg, world_size)
-    facts = model_facts(cfg)
+    shape = RunShape.from_train_config(cfg)
+    facts = model_facts(shape)
     plans = []
-    for name, mesh_cfg in _meshes(cfg, world_size):
-        micro = mesh_cfg.device_train_microbatch_size
-        estimate = estimate_memory(mesh_cfg, facts, world_size, device, micro)
+    for name, mesh in mesh_variants(shape, world_size):
+        sections = {
+            k: getattr(mesh, k) for k in ("fsdp", "expert_parallel", "context_parallel", "tensor_parallel")
+        }
+        if name != "configured" and layout_problems(dataclasses.replace(cfg, **sections), world_size):
+            continue  # a launch would refuse it
+        micro = mesh.device_train_microbatch_size
+        estimate = estimate_memory(mesh, facts, world_size, device, micro)
         memory = {k: float(v) for k, v in asdict(estimate).items()}
         memory["total"] = float(estimate.total)
         fits = estimate.total <= device.memory_bytes
@@ -157,15 +156,13 @@ def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: floa
         if not fits:
             candidate = micro // 2
             while candidate >= 1 and largest is None:
-                if estimate_memory(mesh_cfg, facts, world_size, device, candidate).total <= device.memory_bytes:
+                if estimate_memory(mesh, facts, world_size, device, candidate).total <= device.memory_bytes:
                     largest = candidate
                 candidate //= 2
-        tokens = mesh_cfg.global_train_batch_size * mesh_cfg.model.max_sequence_length / world_size
+        tokens = mesh.global_train_batch_size * mesh.model.max_sequence_length / world_size
         rate = (device.peak_flops or 0.0) * mfu
         step = facts.flops_per_token * tokens / rate if rate else None
-        degrees = ParallelLayout.planned(
-            mesh_cfg, world_size, GPUS_PER_NODE
-        ).degrees()  # the sizes a launch's layout gives this mesh
+        degrees = mesh.layout(world_size, GPUS_PER_NODE).degrees()  # the sizes a launch's layout gives this mesh
         plans.append(MeshPlan(name, degrees, micro, memory, fits, step, mfu, name == "configured", largest))
     return plans
 
@@ -241,7 +238,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     """``scripts/plan.py``: see the module's docstring."""
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = TrainConfig.load(args.config, overrides)
-    check_layout(cfg, args.world_size, args.config)  # before torch is imported: a refusal answers at once
+    # Before torch is imported: a refusal answers at once.
+    check_layout(cfg.model.problems() + layout_problems(cfg, args.world_size), args.world_size, args.config)
     from .estimates import resolve_device
 
     device = resolve_device(DEVICES[args.device], cfg.speed_monitor.gpu_flops_available)

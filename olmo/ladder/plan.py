@@ -40,6 +40,7 @@ from omegaconf import OmegaConf as om
 from ..config import TrainConfig
 from ..config.cli import load_yaml, parse_override
 from ..config.stage_sections import MAX_STEPS, parse_duration_steps
+from ..distributed.run_shape import RunShape
 from ..exceptions import OLMoCliError, OLMoConfigurationError
 from ..util import write_result_file
 from .config import LadderConfig, SizeSpec, hybrid_size_problems
@@ -179,7 +180,7 @@ def plan_ladder(ladder: LadderConfig, names: Optional[list[str]] = None) -> list
     :raises OLMoConfigurationError: listing every size that cannot be planned, each with its fix.
     """
     base = _Base.load(ladder)
-    device = resolve_device(ladder.device_type, base.cfg.speed_monitor.gpu_flops_available)
+    device = resolve_device(ladder.device_type, base.gpu_flops_available)
     next_names = {s.name for s in ladder.next_sizes}
     rungs, problems = [], []
     for spec in select_sizes(ladder, names):
@@ -197,10 +198,12 @@ def plan_ladder(ladder: LadderConfig, names: Optional[list[str]] = None) -> list
 
 @dataclass(frozen=True)
 class _Base:
-    """The base config with ``train_overrides``: as YAML (interpolations kept) and loaded."""
+    """The base config with ``train_overrides``: as YAML (interpolations kept), and the shape of the loaded config."""
 
     raw: DictConfig
-    cfg: TrainConfig
+    shape: RunShape
+    gpu_flops_available: Optional[float]
+    """``speed_monitor.gpu_flops_available``: the device's peak, when given."""
 
     @classmethod
     def load(cls, ladder: LadderConfig) -> _Base:
@@ -212,12 +215,12 @@ class _Base:
         if ladder.train_overrides:
             dotlist = [parse_override(o, TrainConfig) for o in ladder.train_overrides]
             raw = cast(DictConfig, om.merge(raw, om.from_dotlist(dotlist)))
-        return cls(raw, cfg)
+        return cls(raw, RunShape.from_train_config(cfg), cfg.speed_monitor.gpu_flops_available)
 
-    def shaped(self, spec: SizeSpec, sequence_length: int) -> TrainConfig:
-        """The base config with the size's shape: enough to count parameters and estimate memory."""
-        model = dataclasses.replace(self.cfg.model, **_model_fields(spec, sequence_length))
-        return dataclasses.replace(self.cfg, model=model)
+    def shaped(self, spec: SizeSpec, sequence_length: int) -> RunShape:
+        """The base config's shape with the size's model: enough to count parameters and estimate memory."""
+        model = dataclasses.replace(self.shape.model, **_model_fields(spec, sequence_length))
+        return dataclasses.replace(self.shape, model=model)
 
     def with_settings(self, spec: SizeSpec, settings: dict[str, Any]) -> tuple[TrainConfig, str]:
         """The size's train config and its YAML: the base with ``settings`` (dotted key -> value) merged in
@@ -257,7 +260,7 @@ def _target_instances(ladder: LadderConfig, n_params: int) -> tuple[float, int]:
 
 
 def _micro_and_devices(
-    ladder: LadderConfig, spec: SizeSpec, cfg: TrainConfig, facts: ModelFacts, device: DeviceSpec, instances: int
+    ladder: LadderConfig, spec: SizeSpec, run: RunShape, facts: ModelFacts, device: DeviceSpec, instances: int
 ) -> tuple[int, int]:
     """The largest micro-batch (a power of two, or the size's own) that fits the device, and the devices it uses."""
     if spec.rank_microbatch_size is not None:
@@ -267,7 +270,7 @@ def _micro_and_devices(
         candidates = [2**k for k in range(int(math.log2(top)), -1, -1)]
     for micro in candidates:
         devices = min(ladder.max_devices, max(1, instances // micro))
-        memory = estimate_memory(cfg, facts, devices, device, micro)
+        memory = estimate_memory(run, facts, devices, device, micro)
         if memory.total <= device.memory_bytes:
             return micro, devices
     gb = 1e9

@@ -12,18 +12,15 @@ ladder (:mod:`olmo.ladder`) plans every rung with it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from ..config import (
-    DEFAULT_MAX_DURATION,
-    FSDPConfig,
-    SchedulerUnits,
-    TrainConfig,
-)
+from ..config import DEFAULT_MAX_DURATION, DPOConfig, FSDPConfig, ModelConfig, SchedulerUnits, TrainConfig
 from ..config.layout_checks import smallest_world_size
 from ..distributed.launch_memory import state_bytes_per_param
-from ..train.stages import plan_stages
+from ..distributed.run_shape import RunShape
+from ..train.stages import StagePlan, plan_stages
 from .estimates import (
     DeviceSpec,
     MemoryEstimate,
@@ -92,56 +89,86 @@ class RunPlan:
         return asdict(self)
 
 
-def _distributed(cfg: TrainConfig, world_size: int) -> str:
+def _distributed(run: RunShape, world_size: int, fewest: int) -> str:
     """How the run spreads over ``world_size`` processes; for one process, also the degrees it will need torchrun for
-    (a dry run started as one process plans them elsewhere)."""
+    (a dry run started as one process plans them elsewhere) and the ``fewest`` processes they launch on."""
     degrees = {
-        "expert_parallel": cfg.expert_parallel.degree,
-        "context_parallel": cfg.context_parallel.degree,
-        "tensor_parallel": cfg.tensor_parallel.degree,
+        "expert_parallel": run.expert_parallel.degree,
+        "context_parallel": run.context_parallel.degree,
+        "tensor_parallel": run.tensor_parallel.degree,
     }
     split = ", ".join(f"{key}.degree={d}" for key, d in degrees.items() if isinstance(d, int) and d > 1)
     if world_size == 1:
         if split:
-            need = smallest_world_size(cfg)
             return (
-                f"single process (no sharding); under torchrun: {split}, on a multiple of {need} processes "
+                f"single process (no sharding); under torchrun: {split}, on a multiple of {fewest} processes "
                 f"(scripts/plan.py --world_size N plans it)"
             )
         return "single process (no sharding)"
     suffix = f"; {split}" if split else ""
-    if cfg.distributed_strategy == "ddp":
+    if run.distributed_strategy == "ddp":
         return f"DDP over {world_size} ranks (replicated){suffix}"
-    strategy = (cfg.fsdp or FSDPConfig()).sharding_strategy
-    return f"FSDP {strategy} over {world_size} ranks (sharded {shard_degree(cfg, world_size)} ways){suffix}"
+    strategy = (run.fsdp or FSDPConfig()).sharding_strategy
+    return f"FSDP {strategy} over {world_size} ranks (sharded {shard_degree(run, world_size)} ways){suffix}"
 
 
-def _max_steps(
-    cfg: TrainConfig, instances_per_epoch: Optional[int], notes: list[str]
-) -> tuple[Optional[int], int]:
-    """The run's optimizer steps by the trainer's own rule (:func:`olmo.train.stages.plan_stages`: ``max_duration``, or
-    the sum of the ``stages``), None for a length in epochs when the dataset's size is not given; and how many of
-    them train with a KL penalty (each also runs the reference model forward)."""
-    durations = [cfg.max_duration, *(stage.max_duration for stage in cfg.stages or [])]
-    if instances_per_epoch is None and any(str(d).strip().endswith("ep") for d in durations if d is not None):
+def _in_epochs(durations: Sequence[object]) -> bool:
+    """Whether a length (``max_duration`` or a stage's) is given in epochs."""
+    return any(str(d).strip().endswith("ep") for d in durations if d is not None)
+
+
+def _max_steps(stages: Optional[StagePlan], stop_at: Optional[int], notes: list[str]) -> tuple[Optional[int], int]:
+    """The run's optimizer steps by the trainer's own rule (its :func:`olmo.train.stages.plan_stages`:
+    ``max_duration``, or the sum of the ``stages``), None for a length in epochs when the dataset's size is not given
+    (then ``stages`` is None); and how many of them train with a KL penalty (each also runs the reference model forward)."""
+    if stages is None:
         notes.append("The length is given in epochs: its steps need the dataset's size.")
         return None, 0
-    stages = plan_stages(cfg, lambda _data: instances_per_epoch or 0)
     if stages.staged:
         notes.append(stages.describe())
-    if cfg.stop_at is not None and cfg.stop_at < stages.total_steps:
-        notes.append(f"stop_at={cfg.stop_at} ends the run before its last step ({stages.total_steps:,}).")
+    if stop_at is not None and stop_at < stages.total_steps:
+        notes.append(f"stop_at={stop_at} ends the run before its last step ({stages.total_steps:,}).")
     return stages.total_steps, sum(s.num_steps for s in stages.stages if s.kl_beta)
 
 
-def _dpo_note(cfg: TrainConfig, instances: Optional[int], max_steps: Optional[int]) -> str:
-    """The plan's line about DPO: pairs per step and in the data, the loss, and what the reference costs."""
+def _dpo_note(dpo: DPOConfig, batch: int, instances: Optional[int], max_steps: Optional[int]) -> str:
+    """The plan's line about DPO: pairs per step (of ``batch`` instances) and in the data, the loss, and what the
+    reference costs."""
     data = f"{instances // 2:,} pairs in the data ({instances:,} instances), " if instances is not None else ""
-    seen = f"{max_steps * cfg.global_train_batch_size // 2:,} pairs trained; " if max_steps is not None else ""
+    seen = f"{max_steps * batch // 2:,} pairs trained; " if max_steps is not None else ""
     return (
-        f"DPO ({cfg.dpo.loss}, beta {cfg.dpo.beta:g}): {cfg.global_train_batch_size // 2:,} pairs per step, "
-        f"{data}{seen}the frozen reference ({cfg.dpo.reference_path or 'the model the run starts from'}) adds a "
+        f"DPO ({dpo.loss}, beta {dpo.beta:g}): {batch // 2:,} pairs per step, "
+        f"{data}{seen}the frozen reference ({dpo.reference_path or 'the model the run starts from'}) adds a "
         f"forward pass per micro-batch (in FLOPs) and its weights (in memory: reference)."
+    )
+
+
+def _float8_note(m: ModelConfig) -> Optional[str]:
+    """The plan's line about float8 training (None without it)."""
+    if not (m.trains_float8 and m.float8 is not None):
+        return None
+    return (
+        f"float8 ({m.float8.recipe}{', emulated' if m.float8.emulate else ''}) on the blocks' linear layers at "
+        f"least {m.float8.min_features:,} wide: the time above assumes the bf16 MFU (OLMo-core and torchtitan "
+        f"measure float8 1.2-1.3x faster on H100s: docs/throughput.md), the memory the same weights and optimizer "
+        f"state."
+    )
+
+
+def _experts_note(run: RunShape, facts: ModelFacts, world_size: int) -> str:
+    """The plan's line about the experts' share of the model and of each rank's memory."""
+    shard = shard_degree(run, world_size)
+    state = sum(state_bytes_per_param(str(run.optimizer.name)))
+    return (
+        f"Experts: {facts.expert_params:,} parameters ({facts.expert_params / facts.num_params:.0%} of the model); "
+        f"their weights, gradients and optimizer state take {state * facts.expert_params / shard / 1e9:.2f} GB "
+        + (
+            f"per rank, sharded by FSDP over {shard} ranks."
+            if shard > 1
+            else "in this one process (nothing is sharded)."
+            if world_size == 1
+            else "on every rank (not sharded)."
+        )
     )
 
 
@@ -161,10 +188,14 @@ def plan_run(
     :param mfu: model FLOPs utilization assumed for the wall-time estimate.
     :param facts: the model's counts, when the caller already has them (:func:`model_facts`).
     """
-    facts = facts or model_facts(cfg)
+    run = RunShape.from_train_config(cfg)
+    facts = facts or model_facts(run)
     device = resolve_device(device_type, cfg.speed_monitor.gpu_flops_available)
     m, notes = cfg.model, list[str]()
-    max_steps, kl_steps = _max_steps(cfg, instances_per_epoch, notes)
+    durations = [cfg.max_duration, *(stage.max_duration for stage in cfg.stages or [])]
+    in_epochs = instances_per_epoch is None and _in_epochs(durations)
+    stages = None if in_epochs else plan_stages(cfg, lambda _data: instances_per_epoch or 0)
+    max_steps, kl_steps = _max_steps(stages, cfg.stop_at, notes)
     total_tokens = None if max_steps is None else max_steps * cfg.tokens_per_batch
     train_flops = None if total_tokens is None else float(facts.flops_per_token) * total_tokens
     if train_flops is not None and kl_steps:
@@ -175,17 +206,12 @@ def plan_run(
             f"FLOPs include the KL reference's forward passes ({kl_steps:,} steps, {format_count(reference)})."
         )
     if cfg.dpo.enabled:
-        notes.append(_dpo_note(cfg, instances_per_epoch, max_steps))
+        notes.append(_dpo_note(cfg.dpo, cfg.global_train_batch_size, instances_per_epoch, max_steps))
         if train_flops is not None:  # the reference's forward pass: a third of a training step's 6N
             train_flops += facts.flops_per_token / 3 * (total_tokens or 0)
-    if m.trains_float8 and m.float8 is not None:
-        notes.append(
-            f"float8 ({m.float8.recipe}{', emulated' if m.float8.emulate else ''}) on the blocks' linear layers at "
-            f"least {m.float8.min_features:,} wide: the time above assumes the bf16 MFU (OLMo-core and torchtitan "
-            f"measure float8 1.2-1.3x faster on H100s: docs/throughput.md), the memory the same weights and optimizer "
-            f"state."
-        )
-    memory = estimate_memory(cfg, facts, world_size, device, cfg.device_train_microbatch_size)
+    if (float8 := _float8_note(m)) is not None:
+        notes.append(float8)
+    memory = estimate_memory(run, facts, world_size, device, cfg.device_train_microbatch_size)
     capacity, rate = device.memory_bytes, world_size * (device.peak_flops or 0.0) * mfu
     wall = train_flops / rate if train_flops is not None and rate else None
     in_tokens = cfg.scheduler.units == SchedulerUnits.tokens
@@ -196,19 +222,7 @@ def plan_run(
     overhead = "10% allocator headroom and 1 GiB CUDA context" if device.is_gpu else "a 0.35 GB process baseline"
     notes.append(f"Memory: weights, gradients, optimizer state, one micro-batch's activations, {overhead}.")
     if facts.expert_params:
-        shard = shard_degree(cfg, world_size)
-        state = sum(state_bytes_per_param(str(cfg.optimizer.name)))
-        notes.append(
-            f"Experts: {facts.expert_params:,} parameters ({facts.expert_params / facts.num_params:.0%} of the model); "
-            f"their weights, gradients and optimizer state take {state * facts.expert_params / shard / 1e9:.2f} GB "
-            + (
-                f"per rank, sharded by FSDP over {shard} ranks."
-                if shard > 1
-                else "in this one process (nothing is sharded)."
-                if world_size == 1
-                else "on every rank (not sharded)."
-            )
-        )
+        notes.append(_experts_note(run, facts, world_size))
     gb = 1e9
     return RunPlan(
         run_name=cfg.run_name,
@@ -234,7 +248,7 @@ def plan_run(
         warmup_steps=math.ceil(cfg.scheduler.t_warmup / (cfg.tokens_per_batch if in_tokens else 1)),
         flops_per_token=facts.flops_per_token,
         train_flops=train_flops,
-        distributed=_distributed(cfg, world_size),
+        distributed=_distributed(run, world_size, smallest_world_size(cfg)),
         precision=(cfg.precision or "fp32") + ("" if autocast or not cfg.autocast_precision else " (fp32 here)"),
         activation_checkpointing=cfg.activation_checkpointing and str(cfg.activation_checkpointing),
         fused_loss=bool(cfg.fused_loss),

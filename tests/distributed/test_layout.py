@@ -11,6 +11,7 @@ import pytest
 
 from olmo.config import ContextParallelConfig, ExpertParallelConfig, FSDPConfig, TensorParallelConfig, TrainConfig
 from olmo.distributed.layout import ParallelLayout
+from olmo.distributed.run_shape import RunShape
 from olmo.exceptions import OLMoConfigurationError
 from olmo.testing import free_port, tiny_config_dict
 
@@ -88,9 +89,9 @@ def test_a_planned_layout_never_fails(tmp_path):
     """Estimates size configs validation may still refuse: a bad degree is planned as plain sharding."""
     cfg = TrainConfig.from_dict(tiny_config_dict(tmp_path, [str(tmp_path / "a.npy")]))
     cfg.tensor_parallel.degree = 3
-    assert ParallelLayout.planned(cfg, 4).degrees() == ParallelLayout(world_size=4).degrees()
+    assert RunShape.from_train_config(cfg).layout(4).degrees() == ParallelLayout(world_size=4).degrees()
     cfg.tensor_parallel.degree = 2
-    assert ParallelLayout.planned(cfg, 4).tensor == 2
+    assert RunShape.from_train_config(cfg).layout(4).tensor == 2
 
 
 def test_a_layout_sized_for_a_cluster_has_no_meshes():

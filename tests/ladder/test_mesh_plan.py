@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from olmo.config import TrainConfig
+from olmo.distributed.run_shape import RunShape
 from olmo.ladder.estimates import estimate_memory, model_facts, resolve_device
 from olmo.testing import run_main, run_script
 
@@ -73,8 +74,9 @@ def test_a_cluster_lists_its_meshes_and_what_would_fit(capsys):
         OFFICIAL / "OLMo-1B.yaml", ["device_train_microbatch_size=64", "global_train_batch_size=512"]
     )
     device = resolve_device("H100")
+    run = RunShape.from_train_config(cfg)
     fits = (
-        estimate_memory(cfg, model_facts(cfg), 8, device, big["largest_micro_batch"]).total <= device.memory_bytes
+        estimate_memory(run, model_facts(run), 8, device, big["largest_micro_batch"]).total <= device.memory_bytes
     )
     assert fits
 

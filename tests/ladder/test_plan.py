@@ -14,6 +14,7 @@ import torch
 import torch.distributed
 
 from olmo.config import TrainConfig
+from olmo.distributed.run_shape import RunShape
 from olmo.exceptions import OLMoDataError
 from olmo.ladder.run_planner import DeviceSpec, estimate_memory, format_plan, model_facts, plan_run
 from olmo.model import OLMo
@@ -63,7 +64,12 @@ def _memory(corpus: str, world_size: int = 8, device: DeviceSpec = H100, **overr
     values = {"precision": "amp_bf16", "model.d_model": 256, "model.n_heads": 4, "model.n_layers": 4}
     values["model.max_sequence_length"] = 512
     cfg = _cfg(corpus, **{**values, **overrides})
-    return estimate_memory(cfg, model_facts(cfg), world_size, device)
+    return _estimate(cfg, world_size, device)
+
+
+def _estimate(cfg: TrainConfig, world_size: int, device: DeviceSpec, micro_batch=None):
+    run = RunShape.from_train_config(cfg)
+    return estimate_memory(run, model_facts(run), world_size, device, micro_batch)
 
 
 def test_memory_estimate_follows_sharding_checkpointing_and_the_fused_loss(corpus):
@@ -112,7 +118,7 @@ def test_activation_estimate_matches_what_the_model_saves_for_backward(corpus, s
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(torch.randint(0, BYTE_VOCAB, (4, 64)))  # logits only: the loss's memory is estimated apart
-    estimate = estimate_memory(cfg, model_facts(cfg), 1, CPU, micro_batch=4)
+    estimate = _estimate(cfg, 1, CPU, micro_batch=4)
     rope_tables = 2 * 4 * 64 * (cfg.model.d_model // cfg.model.n_heads) if cfg.model.rope else 0
     assert estimate.activations == pytest.approx(sum(saved.values()) - rope_tables, rel=0.02)
 
@@ -158,7 +164,7 @@ def test_memory_estimate_matches_the_measured_peak_on_cpu(corpus, tmp_path):
         peaks = dict(zip(configs, pool.map(_peak_rss_mb, configs.values())))
     for name in ("plain", "checkpointed"):
         cfg = TrainConfig.load(configs[name])
-        estimate = estimate_memory(cfg, model_facts(cfg), 1, CPU).tensors / 2**20
+        estimate = _estimate(cfg, 1, CPU).tensors / 2**20
         measured = peaks[name] - peaks["baseline"]
         assert 0.85 < measured / estimate < 1.15, (name, measured, estimate, peaks)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from olmo.config import TrainConfig
+from olmo.distributed.run_shape import RunShape
 from olmo.ladder.estimates import estimate_memory, resolve_device
 from olmo.ladder.run_planner import model_facts
 
@@ -69,8 +70,8 @@ def _estimate_mib(name, micro, batch, compiled, extra):
         "evaluators=[]",
         *extra,
     ]
-    cfg = TrainConfig.load(OFFICIAL / f"{name}.yaml", overrides)
-    return estimate_memory(cfg, model_facts(cfg), 1, resolve_device("H200")).tensors / 2**20
+    run = RunShape.from_train_config(TrainConfig.load(OFFICIAL / f"{name}.yaml", overrides))
+    return estimate_memory(run, model_facts(run), 1, resolve_device("H200")).tensors / 2**20
 
 
 @pytest.mark.parametrize("name, micro, batch, fused, compiled, measured", MEASURED)

@@ -4,6 +4,7 @@ the key; a dry run started as one process checks the layout for the launch it pl
 and no unrelated warning, and answers refusals without importing torch; the CPU peak's source says how it was
 measured."""
 
+import dataclasses
 import json
 import logging
 import subprocess
@@ -14,9 +15,10 @@ import pytest
 
 from olmo.config import TrainConfig
 from olmo.config.layout_checks import MAX_WORLD_SIZE, layout_problems
+from olmo.distributed.run_shape import RunShape
 from olmo.exceptions import OLMoConfigurationError
-from olmo.ladder.estimates import _cpu_peak_source
-from olmo.ladder.mesh_plan import _meshes
+from olmo.ladder.estimates import _cpu_peak_source, resolve_device
+from olmo.ladder.mesh_plan import mesh_variants, plan_meshes
 from olmo.model.flops import PeakFlops
 from olmo.testing import run_main, tiny_config_dict, write_byte_corpus, write_config
 
@@ -122,12 +124,18 @@ def test_absurd_world_sizes_are_usage_errors(world_size, tmp_path, corpus, capsy
     ],
 )
 def test_every_mesh_offered_is_one_a_launch_accepts(config, world_size, overrides):
-    """The other meshes a plan lists (FSDP layouts, EP, CP and TP degrees) are each checked as a launch would."""
+    """The other meshes a plan lists (FSDP layouts, EP, CP and TP degrees) are each checked as a launch would: the
+    config with the mesh's parallel sections has no layout problem."""
     cfg = TrainConfig.load(config, ["evaluators=[]", *overrides])
-    meshes = _meshes(cfg, world_size)
-    assert len(meshes) > 1
-    for name, mesh in meshes:
-        assert layout_problems(mesh, world_size) == [], name
+    variants = dict(mesh_variants(RunShape.from_train_config(cfg), world_size))
+    offered = [plan.name for plan in plan_meshes(cfg, world_size, resolve_device("H100"))]
+    assert len(offered) > 1
+    for name in offered:
+        mesh = variants[name]
+        sections = {
+            k: getattr(mesh, k) for k in ("fsdp", "expert_parallel", "context_parallel", "tensor_parallel")
+        }
+        assert layout_problems(dataclasses.replace(cfg, **sections), world_size) == [], name
 
 
 def test_the_table_shows_gib_and_no_flash_attn_warning(capsys, caplog):

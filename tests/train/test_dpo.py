@@ -236,6 +236,7 @@ def test_bad_dpo_input_is_refused_before_training(sft, tmp_path):
 
 
 def test_dry_run_counts_pairs_and_the_reference(sft, capsys):
+    from olmo.distributed.run_shape import RunShape
     from olmo.ladder.estimates import estimate_memory, model_facts, resolve_device
     from olmo.ladder.run_planner import plan_run
 
@@ -248,7 +249,8 @@ def test_dry_run_counts_pairs_and_the_reference(sft, capsys):
     dpo, sft_plan = plan_run(cfg, 1, 128), plan_run(plain, 1, 128)
     # The reference's fp32 weights beside the policy's, and its forward pass (2N FLOPs per token beside the training step's 6N).
     cpu = resolve_device("cpu")
-    with_reference, without = (estimate_memory(c, model_facts(c), 1, cpu, 4) for c in (cfg, plain))
+    runs = [RunShape.from_train_config(c) for c in (cfg, plain)]
+    with_reference, without = (estimate_memory(run, model_facts(run), 1, cpu, 4) for run in runs)
     assert with_reference.reference == with_reference.params > 0 and without.reference == 0
     assert with_reference.total > without.total
     assert dpo.train_flops == pytest.approx(sft_plan.train_flops * 4 / 3)  # 6N per token, plus 2N

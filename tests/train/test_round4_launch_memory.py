@@ -8,6 +8,7 @@ import pytest
 
 from olmo.config import TrainConfig
 from olmo.distributed.launch_memory import launch_memory_problem, meta_model
+from olmo.distributed.run_shape import RunShape
 from olmo.exceptions import OLMoConfigurationError
 from olmo.testing import run_main, tiny_config_dict, write_byte_corpus, write_config
 
@@ -54,7 +55,10 @@ def test_the_dry_run_of_that_model_shows_it_does_not_fit(tmp_path, corpus, capsy
 
 
 def test_the_bound_counts_only_what_every_step_keeps(tmp_path, corpus):
-    cfg = TrainConfig.load(_config(tmp_path, corpus))
+    def shape(*overrides: str) -> RunShape:
+        return RunShape.from_train_config(TrainConfig.load(_config(tmp_path, corpus), list(overrides)))
+
+    cfg = shape()
     params = meta_model(cfg.model).num_params()
     need = 16 * params  # AdamW: fp32 weights, gradients, two moments
     assert launch_memory_problem(cfg, params, 1, need, "of the test") is None
@@ -62,11 +66,11 @@ def test_the_bound_counts_only_what_every_step_keeps(tmp_path, corpus):
     assert refused is not None and f"{params:,} parameters" in refused and "none of it sharded" in refused
     # FSDP over 4 processes shares the state; NO_SHARD and DDP do not.
     assert launch_memory_problem(cfg, params, 4, need / 4, "of the test") is None
-    no_shard = TrainConfig.load(_config(tmp_path, corpus), ["fsdp.sharding_strategy=NO_SHARD"])
+    no_shard = shape("fsdp.sharding_strategy=NO_SHARD")
     assert launch_memory_problem(no_shard, params, 4, need / 4, "of the test") is not None
-    lion = TrainConfig.load(_config(tmp_path, corpus), ["optimizer.name=lionw"])
+    lion = shape("optimizer.name=lionw")
     assert launch_memory_problem(lion, params, 1, 12 * params, "of the test") is None
     # Tensor parallelism splits the weights without FSDP too: DDP with TP 2 over 2 processes needs half.
-    ddp_tp = TrainConfig.load(_config(tmp_path, corpus), ["distributed_strategy=ddp", "tensor_parallel.degree=2"])
+    ddp_tp = shape("distributed_strategy=ddp", "tensor_parallel.degree=2")
     assert launch_memory_problem(ddp_tp, params, 2, need / 2, "of the test") is None
     assert launch_memory_problem(ddp_tp, params, 2, need / 2 - 1, "of the test") is not None
