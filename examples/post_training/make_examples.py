@@ -1,6 +1,9 @@
-"""Write the post-training recipe's small data sets, made here from templates (no download): ``chat.jsonl`` (SFT
+"""Write the post-training recipes' small data sets, made here from templates (no download): ``chat.jsonl`` (SFT
 conversations), ``preferences.jsonl`` (DPO pairs) and ``preferences-heldout.jsonl`` (pairs on other questions, to
-measure preference accuracy). Deterministic: ``python examples/post_training/make_examples.py`` rewrites the same files.
+measure preference accuracy); for the RL recipe, sums of two-digit numbers with exact answers: ``rl-sft.jsonl`` (SFT
+conversations), ``rl-prompts.jsonl`` (RL prompts with their ground truths) and ``rl-heldout.jsonl`` (prompts on sums
+neither set holds, to measure exact-answer accuracy). Deterministic: ``python examples/post_training/make_examples.py``
+rewrites the same files.
 
 The tasks are small enough for the quickstart's 7.5M-parameter model: sums, reversing and upper-casing a word,
 counting its letters. A chosen answer is right and polite; a rejected one is wrong (another number, another word) or
@@ -80,6 +83,26 @@ def main() -> None:
     write("preferences.jsonl", pairs(800, train_words))
     write("preferences-heldout.jsonl", pairs(200, held_out_words + [w + "s" for w in held_out_words]))
     assert all(c in string.printable for c in (HERE / "chat.jsonl").read_text())
+    write_rl_sets(random.Random(53))
+
+
+def write_rl_sets(rng: random.Random) -> None:
+    """The RL recipe's sums: 200 held-out pairs (a, b) of two-digit numbers, and the SFT conversations and RL prompts
+    drawn from the other pairs (asked as the chat set asks sums; the answer ends with the number)."""
+    pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
+    rng.shuffle(pairs)
+    held_out, train = pairs[:200], pairs[200:]
+
+    def prompt(a: int, b: int) -> dict:
+        return {"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}], "ground_truth": str(a + b)}
+
+    sft = [rng.choice(train) for _ in range(1500)]
+    write(
+        "rl-sft.jsonl",
+        [{"messages": conversation(f"What is {a} plus {b}?", f"{a} plus {b} is {a + b}.")} for a, b in sft],
+    )
+    write("rl-prompts.jsonl", [prompt(*rng.choice(train)) for _ in range(2000)])
+    write("rl-heldout.jsonl", [prompt(a, b) for a, b in held_out])
 
 
 if __name__ == "__main__":

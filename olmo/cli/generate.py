@@ -99,7 +99,9 @@ def _check_utf8(prompt: str, flag: str) -> None:
         ) from None
 
 
-def _tokenizer(cfg: TrainConfig, identifier: Optional[str]) -> Tokenizer:
+def checkpoint_tokenizer(cfg: TrainConfig, identifier: Optional[str]) -> Tokenizer:
+    """The tokenizer of a checkpoint's config (or ``identifier``), checked against its model; an OLMoCliError naming
+    ``--tokenizer`` when it does not load or fit."""
     name = identifier or cfg.tokenizer.identifier
     flag = "--tokenizer" if identifier else "the checkpoint's tokenizer.identifier"
     try:
@@ -159,7 +161,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     device = _check_args(args)
     model, cfg, step = load_model(args.checkpoint, device, DTYPES[args.dtype])
-    tokenizer = _tokenizer(cfg, args.tokenizer)
+    tokenizer = checkpoint_tokenizer(cfg, args.tokenizer)
     eos = cfg.model.eos_token_id
     prompts = [tokenizer.encode(p, add_special_tokens=False) for p in args.prompt]
     longest = max(len(p) for p in prompts)

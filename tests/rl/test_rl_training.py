@@ -174,3 +174,33 @@ def test_two_fsdp_ranks_train_as_one_process(tmp_path, prompts):
     shared = torch.load(tmp_path / "two/step3-unsharded/model.pt", weights_only=True)
     for key in whole:
         torch.testing.assert_close(shared[key], whole[key], rtol=1e-5, atol=1e-6)
+
+
+def test_eval_rl_scores_greedy_answers_as_each_prompt_alone_would(tmp_path, prompts, capsys):
+    """scripts/eval_rl.py batches left-padded prompts; its exact-answer count equals scoring each prompt alone."""
+    from olmo.checkpoint import load_model
+    from olmo.data.rl_prompts import RLPrompts
+    from olmo.rl.rewards import exact_answer
+    from olmo.tokenizer import Tokenizer
+
+    assert run_train(_config(tmp_path, prompts, "base", max_duration=2)) == 0
+    checkpoint = tmp_path / "base/step2-unsharded"
+    capsys.readouterr()
+    run_main("eval_rl.py", checkpoint, prompts[0], "--max-new-tokens", 6, "--batch-size", 5, "--json")
+    result = json.loads(capsys.readouterr().out)
+    model, cfg, _ = load_model(str(checkpoint))
+    tokenizer = Tokenizer.from_file(str(prompts[1]), BYTE_EOS, BYTE_EOS)
+    folder = RLPrompts(prompts[0])
+    correct, lengths = 0, []
+    for i in range(len(folder)):
+        out = model.generate(torch.from_numpy(folder.prompt(i)).unsqueeze(0), max_steps=6).token_ids[0, 0].tolist()
+        kept = out[: out.index(BYTE_EOS)] if BYTE_EOS in out else out
+        lengths.append(len(kept) + (len(kept) < len(out)))
+        completion = Completion(
+            "", tokenizer.decode(kept), folder.ground_truths[i], len(kept), len(kept) == len(out)
+        )
+        correct += int(exact_answer(completion) == 1.0)
+    assert (result["prompts"], result["correct"]) == (16, correct)
+    assert result["accuracy"] == correct / 16 and result["mean_completion_tokens"] == pytest.approx(
+        sum(lengths) / 16
+    )
