@@ -58,14 +58,17 @@ def stream_seed(seed: int, step: int, prompt_index: int, completion: int) -> int
 def sample_token(logps: torch.Tensor, top_p: float, generator: torch.Generator) -> int:
     """One token drawn from the distribution ``logps`` (1-D log-probabilities) cut to its nucleus: the most likely
     tokens whose probabilities, before the last one, sum to less than ``top_p`` (the most likely token always). One
-    uniform number of ``generator`` picks it by inverse CDF over the kept tokens, most likely first (ties by index)."""
+    uniform number of ``generator`` picks it by inverse CDF over the kept tokens, most likely first (ties by index);
+    with ``top_p`` 1, over every token in id order (no sort)."""
     probs = logps.double().exp()
+    u = torch.rand((), generator=generator, dtype=torch.float64)
+    if top_p >= 1.0:  # the whole distribution, in token order: no sort
+        cumulative = torch.cumsum(probs, 0)
+        return int(torch.searchsorted(cumulative, u * cumulative[-1], right=True).clamp(max=len(probs) - 1))
     order = torch.sort(probs, descending=True, stable=True)
     before = torch.cumsum(order.values, 0) - order.values
-    kept = order.values[before < top_p] if top_p < 1.0 else order.values
-    cumulative = torch.cumsum(kept, 0)
-    u = torch.rand((), generator=generator, dtype=torch.float64) * cumulative[-1]
-    pick = int(torch.searchsorted(cumulative, u, right=True).clamp(max=len(kept) - 1))
+    cumulative = torch.cumsum(order.values[before < top_p], 0)
+    pick = int(torch.searchsorted(cumulative, u * cumulative[-1], right=True).clamp(max=len(cumulative) - 1))
     return int(order.indices[pick])
 
 
