@@ -37,7 +37,6 @@ __all__ = [
     "write_config",
     "shrunk_copy",
     "metric_by_step",
-    "train_twins",
     "assert_same_weights",
     "run_main",
     "run_train",
@@ -358,16 +357,6 @@ def run_torchrun(
     return subprocess.run(
         cmd, cwd=cwd, env={**base, **(env or {})}, capture_output=True, text=True, timeout=timeout
     )
-
-
-def train_twins(config: Any, twins: dict[str, tuple[int, dict[str, Any]]], timeout: float = 600) -> None:
-    """Train ``config("one")`` in one process, then each twin ``name: (world size, overrides)`` as
-    ``config(name, **overrides)`` under torchrun: the uninterrupted run and the layouts compared with it. ``config``
-    writes a run's config file and returns its path."""
-    assert run_train(config("one")) == 0
-    for name, (world, extra) in twins.items():
-        result = run_torchrun(world, config(name, **extra), timeout=timeout)
-        assert result.returncode == 0, result.stderr[-4000:]
 
 
 def assert_same_weights(first: Union[str, Path], second: Union[str, Path], tolerance: float = 1e-5) -> None:

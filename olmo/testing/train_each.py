@@ -7,11 +7,10 @@ trains several configs on the same ranks pays that once here. Each run is the co
 ``main`` of :mod:`olmo.cli.train`, as :func:`olmo.testing.run_train` calls it); what the runs share is only the
 interpreter. The first run that exits non-zero (or raises) ends the launch with its code, naming it on stderr.
 
-The runs of one launch must lay out their ranks alike (the same data, tensor, context and expert parallel degrees
-and sharding): DTensor caches its sharding decisions by mesh, and a mesh built by a later run compares equal to an
-earlier run's, whose process groups are gone; torch finds them again by name only when the later run creates its
-groups in the same order (a 4-rank launch of TP=2 x FSDP=2, then CP=2 x TP=2, fails with "Could not resolve the
-process group registered under the name 4").
+Runs of different layouts share a launch only where they are shown to work together: a later run's meshes can
+meet the process groups of an earlier run, which are gone (a 4-rank launch of HYBRID_SHARD x TP=2, then TP=2 x
+FSDP=2, fails with "Could not resolve the process group registered under the name 7"; TP=2 x FSDP=2 then CP=2 x
+TP=2, and CP=2 x FSDP=2 then CP=4, train as their separate launches do). Runs of one layout always can.
 
 May import what :mod:`olmo.testing` imports.
 """
@@ -38,8 +37,8 @@ def run_torchrun_each(
 ) -> subprocess.CompletedProcess[str]:
     """Launch torchrun once on CPU (gloo), as :func:`olmo.testing.run_torchrun` does, and train every
     ``scripts/train.py CONFIG ARGS...`` of ``runs`` (each ``[CONFIG, *ARGS]``) in turn on its ``nproc`` ranks; return
-    the finished launch (exit status 0 when every run returned 0); the runs must lay out the ranks alike (see the
-    module's doc). ``env``: variables added to the ranks' environment."""
+    the finished launch (exit status 0 when every run returned 0); runs of different layouts only where
+    they work together (see the module's doc). ``env``: variables added to the ranks' environment."""
     from . import torchrun_launch
 
     cmd, base = torchrun_launch(nproc, "-m", __name__, json.dumps([[str(a) for a in run] for run in runs]))

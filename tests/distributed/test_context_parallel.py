@@ -19,7 +19,6 @@ from olmo.testing import (
     metric_by_step,
     run_train,
     tiny_config_dict,
-    train_twins,
     write_byte_memmap,
     write_config,
 )
@@ -38,9 +37,9 @@ LONG = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The uninterrupted run in one process, its context-parallel twins (world size, degree), and the runs with CP=2
-    on 2 ranks of ``test_a_context_parallel_checkpoint_resumes_on_other_layouts`` and
-    ``test_a_kl_stage_shares_its_instances_as_one_process`` in one launch (each launch costs seconds of start-up)."""
+    """The uninterrupted run in one process, its context-parallel twins on 4 ranks (CP=2 x FSDP=2, CP=4) in one
+    launch, and the runs with CP=2 on 2 ranks of ``test_a_context_parallel_checkpoint_resumes_on_other_layouts`` and
+    ``test_a_kl_stage_shares_its_instances_as_one_process`` in another (each launch costs seconds of start-up)."""
     root = tmp_path_factory.mktemp("cp")
     write_byte_memmap(root / "corpus.npy", 8 * 8192)  # 8 instances of 8,192 tokens: 3 steps of 2
     corpus = [str(root / "corpus.npy")]
@@ -50,8 +49,10 @@ def runs(tmp_path_factory):
             root / name / "c.yaml", tiny_config_dict(root / name / "run", corpus, **{**LONG, **extra})
         )
 
-    twins = {f"cp4x{d}": (4, {"context_parallel.degree": d, "save_interval": 2}) for d in (2, 4)}
-    train_twins(config, twins)
+    assert run_train(config("one")) == 0
+    twins = [[config(f"cp4x{d}", **{"context_parallel.degree": d, "save_interval": 2})] for d in (2, 4)]
+    result = run_torchrun_each(4, twins)
+    assert result.returncode == 0, result.stderr[-4000:]
     (root / "kl").mkdir()
     write_byte_memmap(root / "kl/corpus.npy", 20_000)
     resumed2 = [config("resumed2", **{"context_parallel.degree": 2}), f"--load_path={root / 'cp4x2/run/step2'}"]

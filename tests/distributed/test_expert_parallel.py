@@ -17,10 +17,10 @@ from olmo.testing import (
     run_torchrun,
     run_train,
     tiny_config_dict,
-    train_twins,
     write_byte_corpus,
     write_config,
 )
+from olmo.testing.train_each import run_torchrun_each
 
 MOE = {
     "model.moe": {"num_experts": 4, "top_k": 2, "hidden_size": 16},
@@ -34,7 +34,8 @@ MOE = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The uninterrupted run in one process, and its expert-parallel twins (world size, degree)."""
+    """The uninterrupted run in one process, its expert-parallel twins on 2 and 4 ranks, and the 2 FSDP ranks that
+    resume the 2-rank twin's checkpoint."""
     root = tmp_path_factory.mktemp("ep")
     corpus = write_byte_corpus(root / "corpus")
 
@@ -44,8 +45,15 @@ def runs(tmp_path_factory):
         )
 
     ep = {"expert_parallel.degree": 2, "save_interval": 3}
+    assert run_train(config("one")) == 0
+    # 2 ranks with EP=2, then, in the same launch (each costs seconds of start-up), 2 FSDP ranks without EP resuming
+    # its step-3 checkpoint for test_a_checkpoint_saved_with_experts_in_parallel_resumes_on_other_layouts.
+    resumed = [config("resumed2"), f"--load_path={root / 'ep2x2/run/step3'}"]
+    result = run_torchrun_each(2, [[config("ep2x2", **ep)], resumed], timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
     # With 4 ranks the blocks recomputed in the backward pass exchange their tokens again.
-    train_twins(config, {"ep2x2": (2, ep), "ep4x2": (4, {**ep, "activation_checkpointing": "whole_layer"})}, 300)
+    result = run_torchrun(4, config("ep4x2", **ep, activation_checkpointing="whole_layer"), timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
     return root, config
 
 
@@ -66,9 +74,7 @@ def test_expert_parallel_ranks_train_as_one_process(runs, layout):
 def test_a_checkpoint_saved_with_experts_in_parallel_resumes_on_other_layouts(runs):
     root, config = runs
     checkpoint = root / "ep2x2/run/step3"
-    assert run_train(config("resumed1"), f"--load_path={checkpoint}") == 0
-    result = run_torchrun(2, config("resumed2"), f"--load_path={checkpoint}", timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert run_train(config("resumed1"), f"--load_path={checkpoint}") == 0  # the fixture resumed it on 2 ranks
     one = metric_by_step(root / "one/run")
     for name in ("resumed1", "resumed2"):
         resumed = metric_by_step(root / name / "run")
