@@ -45,6 +45,7 @@ from .layers import (
     rotary_cos_sin,
 )
 from .loss import LossSums
+from .meta_init import skip_meta_init
 from .recurrent_cache import LayerCache, cached_length, recurrent_resets
 
 __all__ = [
@@ -151,7 +152,7 @@ class OLMo(nn.Module):
         self._windows = sorted({w for w in config.layer_windows() if w is not None})
         device = torch.get_default_device()
         # Build on meta and initialize once, so a direct build draws exactly what meta + reset_parameters draws.
-        with torch.device("meta"):
+        with torch.device("meta"), skip_meta_init():  # no values, no random numbers: nothing to initialize yet
             self.transformer = OLMoTransformer(config)
         if device.type != "meta":
             self.to_empty(device=device)
