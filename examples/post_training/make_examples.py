@@ -1,6 +1,6 @@
 """Write the post-training recipes' small data sets, made here from templates (no download): ``chat.jsonl`` (SFT
 conversations), ``preferences.jsonl`` (DPO pairs) and ``preferences-heldout.jsonl`` (pairs on other questions, to
-measure preference accuracy); for the RL recipe, sums of two-digit numbers with exact answers: ``rl-sft.jsonl`` (SFT
+measure preference accuracy); for the RL recipe, sums of numbers below 20 with exact answers: ``rl-sft.jsonl`` (SFT
 conversations), ``rl-prompts.jsonl`` (RL prompts with their ground truths) and ``rl-heldout.jsonl`` (prompts on sums
 neither set holds, to measure exact-answer accuracy). Deterministic: ``python examples/post_training/make_examples.py``
 rewrites the same files.
@@ -87,20 +87,25 @@ def main() -> None:
 
 
 def write_rl_sets(rng: random.Random) -> None:
-    """The RL recipe's sums: 200 held-out pairs (a, b) of two-digit numbers, and the SFT conversations and RL prompts
-    drawn from the other pairs (asked as the chat set asks sums; the answer ends with the number)."""
-    pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
+    """The RL recipe's sums of numbers below 20: 100 held-out pairs (a, b), and the SFT conversations and RL prompts
+    drawn from the other 300 (asked as the chat set asks sums). Three SFT answers in five add a remark that ends with
+    another number ("Checked 2 times."), which the exact-answer reward (the last number) counts as a wrong answer: the
+    fine-tuned model mostly answers so, and RL has a habit to unlearn that carries over to questions it never saw."""
+    pairs = [(a, b) for a in range(20) for b in range(20)]
     rng.shuffle(pairs)
-    held_out, train = pairs[:200], pairs[200:]
+    held_out, train = pairs[:100], pairs[100:]
+
+    def answer(a: int, b: int) -> str:
+        plain = f"{a} plus {b} is {a + b}."
+        return plain if rng.random() < 0.4 else f"{plain} Checked {rng.randint(2, 3)} times."
 
     def prompt(a: int, b: int) -> dict:
         return {"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}], "ground_truth": str(a + b)}
 
-    sft = [rng.choice(train) for _ in range(1500)]
-    write(
-        "rl-sft.jsonl",
-        [{"messages": conversation(f"What is {a} plus {b}?", f"{a} plus {b} is {a + b}.")} for a, b in sft],
-    )
+    sft = [
+        conversation(f"What is {a} plus {b}?", answer(a, b)) for a, b in (rng.choice(train) for _ in range(1500))
+    ]
+    write("rl-sft.jsonl", [{"messages": messages} for messages in sft])
     write("rl-prompts.jsonl", [prompt(*rng.choice(train)) for _ in range(2000)])
     write("rl-heldout.jsonl", [prompt(a, b) for a, b in held_out])
 
