@@ -16,7 +16,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from ..config import DEFAULT_MAX_DURATION, DPOConfig, FSDPConfig, ModelConfig, SchedulerUnits, TrainConfig
+from ..config import (
+    DEFAULT_MAX_DURATION,
+    DPOConfig,
+    FSDPConfig,
+    ModelConfig,
+    RLConfig,
+    SchedulerUnits,
+    TrainConfig,
+)
 from ..config.layout_checks import smallest_world_size
 from ..distributed.launch_memory import state_bytes_per_param
 from ..distributed.run_shape import RunShape
@@ -143,6 +151,22 @@ def _dpo_note(dpo: DPOConfig, batch: int, instances: Optional[int], max_steps: O
     )
 
 
+def _rl_note(rl: RLConfig, prompts: int) -> str:
+    """The plan's line about an RL run (``prompts`` per step): what a step samples and trains, and what the plan's
+    numbers count of it."""
+    reference = (
+        f"; the frozen reference {rl.reference_path} (beta {rl.beta:g}) adds a forward pass per group"
+        if rl.beta > 0
+        else ""
+    )
+    return (
+        f"RL ({rl.loss}): {prompts:,} prompts per step x {rl.group_size} completions of up to {rl.max_new_tokens} new "
+        f"tokens ({prompts * rl.group_size:,}), one optimizer step; each forward and backward is one prompt's group, "
+        f"so the memory above is that of {rl.group_size} full-length instances (an upper bound). The FLOPs and time "
+        f"count the prompts' instances, not the sampling (about 2N FLOPs per sampled token more){reference}."
+    )
+
+
 def _float8_note(m: ModelConfig) -> Optional[str]:
     """The plan's line about float8 training (None without it)."""
     if not (m.trains_float8 and m.float8 is not None):
@@ -209,9 +233,12 @@ def plan_run(
         notes.append(_dpo_note(cfg.dpo, cfg.global_train_batch_size, instances_per_epoch, max_steps))
         if train_flops is not None:  # the reference's forward pass: a third of a training step's 6N
             train_flops += facts.flops_per_token / 3 * (total_tokens or 0)
+    if cfg.rl.enabled:
+        notes.append(_rl_note(cfg.rl, cfg.global_train_batch_size))
     if (float8 := _float8_note(m)) is not None:
         notes.append(float8)
-    memory = estimate_memory(run, facts, world_size, device, cfg.device_train_microbatch_size)
+    micro = cfg.rl.group_size if cfg.rl.enabled else cfg.device_train_microbatch_size  # RL: a group per forward
+    memory = estimate_memory(run, facts, world_size, device, micro)
     capacity, rate = device.memory_bytes, world_size * (device.peak_flops or 0.0) * mfu
     wall = train_flops / rate if train_flops is not None and rate else None
     in_tokens = cfg.scheduler.units == SchedulerUnits.tokens

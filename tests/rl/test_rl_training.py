@@ -204,3 +204,11 @@ def test_eval_rl_scores_greedy_answers_as_each_prompt_alone_would(tmp_path, prom
     assert result["accuracy"] == correct / 16 and result["mean_completion_tokens"] == pytest.approx(
         sum(lengths) / 16
     )
+
+
+def test_the_dry_run_plans_an_rl_step(tmp_path, prompts, capsys):
+    capsys.readouterr()
+    assert run_train(_config(tmp_path, prompts), "--dry_run") == 0
+    plan = capsys.readouterr().out
+    assert "RL (dapo): 4 prompts per step x 4 completions of up to 8 new tokens (16), one optimizer step" in plan
+    assert "batch: 4 instances" in plan and not (tmp_path / "run").exists()
