@@ -8,19 +8,7 @@
 # runs/OLMo-tiny-rl, data/rl_recipe.
 set -euo pipefail
 . "$(dirname "$0")/lib/help.sh"  # --help prints the comment block above
-cd "$(dirname "$0")/.."
-PY=.venv/bin/python
-export WANDB_MODE="${WANDB_MODE:-offline}"
-CONFIG=configs/tiny/OLMo-tiny.yaml
-SEQ=256
-
-BASE="${1:-}"
-if [ -z "$BASE" ]; then
-  bash scripts/quickstart.sh
-  BASE=$(ls -d runs/OLMo-tiny-2*/step150-unsharded | sort | tail -1)  # the run the quickstart just trained
-fi
-
-EX=examples/post_training
+. "$(dirname "$0")/lib/recipe.sh" "$@"  # PY, CONFIG, SEQ, EX and BASE (the quickstart's unless given)
 OUT=data/rl_recipe
 $PY scripts/prepare_sft_data.py $EX/rl-sft.jsonl -o $OUT/sft --seq-len $SEQ --overwrite
 $PY scripts/prepare_rl_prompts.py $EX/rl-prompts.jsonl -o $OUT/prompts --seq-len $SEQ --max-prompt-tokens 64 --overwrite
