@@ -101,7 +101,8 @@ class RLConfig:
     mask_truncated_completions: bool = False
     """Truncated completions do not count in the loss (DAPO's overlong filtering)."""
     reference_path: Optional[str] = None
-    """With ``beta > 0``: the checkpoint whose frozen model is the reference; null: the model the run starts from."""
+    """With ``beta > 0``: the checkpoint whose frozen model is the reference. Null: the model the run starts from
+    (``load_path``), recorded here in the run's ``config.yaml`` and in every checkpoint's, so a resume keeps it."""
     rewards: list[RLRewardConfig] = field(default_factory=lambda: [RLRewardConfig()])
     """The rewards whose weighted sum scores each completion (default: ``exact_answer`` alone)."""
 
@@ -149,10 +150,16 @@ class RLConfig:
                 f"on-policy token's gradient; set rl.epsilon_high (ScaleRL uses 5.0)."
             )
         out += self._reward_problems()
-        if self.beta > 0 and self.reference_path is None:
+        if (
+            self.beta > 0
+            and self.reference_path is None
+            and cfg.load_path is None
+            and not cfg.try_load_latest_save
+        ):
             out.append(
-                f"rl.beta={self.beta} pulls the policy toward a reference model: name it with rl.reference_path "
-                f"(e.g. the SFT checkpoint the run starts from), or set rl.beta=0 (TRL's default: no reference)."
+                f"rl.beta={self.beta} pulls the policy toward a reference model: start from the model to train "
+                f"(--load_path=CHECKPOINT --reset_trainer_state, e.g. the SFT checkpoint), whose frozen copy is then "
+                f"the reference, or name it with --rl.reference_path=CHECKPOINT; or set rl.beta=0 (TRL's default)."
             )
         refused = {  # key: (whether the run sets it, why the RL step cannot use it yet)
             "dpo.enabled": (cfg.dpo.enabled, "one objective per run"),

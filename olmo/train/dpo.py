@@ -16,6 +16,7 @@ over every label of the batch (chosen and rejected answers), for comparison with
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -47,6 +48,7 @@ __all__ = [
     "dpo_pair_losses",
     "identical_pairs",
     "resolve_dpo_reference",
+    "resolve_reference",
     "sequence_log_probs",
 ]
 
@@ -280,47 +282,66 @@ def resolve_dpo_reference(
     dpo: DPOConfig, model: ModelConfig, launch: LaunchPlan, restore_dataloader: bool
 ) -> None:
     """Fix ``dpo.reference_path`` before anything is written (the run's and every checkpoint's ``config.yaml``
-    then record it) and check that it opens with this run's model shape.
-
-    A launch that continues a DPO checkpoint's trainer state keeps the reference that checkpoint's config
-    recorded (a different ``dpo.reference_path`` is refused); any other launch uses ``dpo.reference_path``, or
-    else the checkpoint it starts from.
-
-    :param model: the run's model section (the reference must open with its shape).
-    :param restore_dataloader: the config's key (False: a launch restoring trainer state still starts a new run).
-    :raises OLMoConfigurationError: when there is no reference, or it differs from the one the run trained with.
-    :raises OLMoCheckpointError: naming ``dpo.reference_path`` when it cannot be this run's reference.
-    """
+    then record it) and check that it opens with this run's model shape (:func:`resolve_reference`)."""
     if not dpo.enabled:
         return
+    dpo.reference_path = resolve_reference(
+        "dpo.reference_path",
+        dpo.reference_path,
+        model,
+        launch,
+        restore_dataloader,
+        lambda saved: saved.dpo.reference_path if saved.dpo.enabled else None,
+        "dpo.enabled=true",
+    )
+
+
+def resolve_reference(
+    key: str,
+    given: Optional[str],
+    model: ModelConfig,
+    launch: LaunchPlan,
+    restore_dataloader: bool,
+    recorded_of: Callable[[TrainConfig], Optional[str]],
+    needs: str,
+) -> str:
+    """The frozen reference of a run (``key``, ``given`` by the config or None), checked to open with this run's
+    model shape: a launch that continues a checkpoint's trainer state keeps the reference that checkpoint's config
+    recorded (``recorded_of`` its config; a different ``given`` is refused); any other launch uses ``given``, or else
+    the checkpoint it starts from.
+
+    :param restore_dataloader: the config's key (False: a launch restoring trainer state still starts a new run).
+    :param needs: what needs the reference, for the error (``dpo.enabled=true``).
+    :raises OLMoConfigurationError: when there is no reference, or it differs from the one the run trained with.
+    :raises OLMoCheckpointError: naming ``key`` when it cannot be this run's reference.
+    """
     from ..checkpoint.restore import preflight_reference
     from ..checkpoint.safe_reads import fetch
 
     plan = launch.restore
-    given = dpo.reference_path
     if plan is not None and plan.load_trainer_state and restore_dataloader:
         try:
             saved = TrainConfig.load_saved(fetch(plan.info.path, "config.yaml"), ["compile=null"])
         except (OLMoConfigurationError, OLMoCheckpointError, OSError):
             saved = None  # not a checkpoint of ours (e.g. converted): the run starts here
-        recorded = saved.dpo.reference_path if saved is not None and saved.dpo.enabled else None
+        recorded = recorded_of(saved) if saved is not None else None
         if recorded is not None:
             if given is not None and given != recorded:
                 raise OLMoConfigurationError(
-                    f"dpo.reference_path={given!r}, but the checkpoint this launch continues "
-                    f"({plan.info.path}, step {plan.info.step}) trained against the reference {recorded!r}: a "
-                    f"different reference changes the objective mid-run. Drop --dpo.reference_path to keep the "
-                    f"recorded one, or start a new run (--reset_trainer_state, another save_folder)."
+                    f"{key}={given!r}, but the checkpoint this launch continues ({plan.info.path}, step "
+                    f"{plan.info.step}) trained against the reference {recorded!r}: a different reference changes "
+                    f"the objective mid-run. Drop --{key} to keep the recorded one, or start a new run "
+                    f"(--reset_trainer_state, another save_folder)."
                 )
             given = recorded
     if given is None and plan is not None:
         given = plan.info.path
     if given is None:
         raise OLMoConfigurationError(
-            "dpo.enabled=true needs a reference model, and this launch starts from no checkpoint (save_folder "
-            "holds none for --try_load_latest_save). Start from the model to align with --load_path=CHECKPOINT "
-            "--reset_trainer_state, or name the reference with --dpo.reference_path=CHECKPOINT."
+            f"{needs} needs a reference model, and this launch starts from no checkpoint (save_folder holds none for "
+            f"--try_load_latest_save). Start from the model to align with --load_path=CHECKPOINT "
+            f"--reset_trainer_state, or name the reference with --{key}=CHECKPOINT."
         )
-    preflight_reference(str(given), "dpo.reference_path", "the DPO reference", model)
-    dpo.reference_path = str(given)
-    log.info("DPO reference: %s.", given)
+    preflight_reference(str(given), key, "the reference", model)
+    log.info("Reference (%s): %s.", key, given)
+    return str(given)

@@ -41,7 +41,7 @@ def test_defaults_are_trls_and_the_names_match_the_code():
         ("rl.group_size=1", r"rl.group_size=1 must be a whole number >= 2"),
         ("rl.prompts_per_step=0", r"rl.prompts_per_step=0 must be a whole number >= 1"),
         ("rl.max_new_tokens=0", r"rl.max_new_tokens=0 must be a whole number >= 1"),
-        ("rl.beta=0.1", "rl.beta=0.1 pulls the policy toward a reference model: name it with rl.reference_path"),
+        ("rl.beta=0.1", "rl.beta=0.1 pulls the policy toward a reference model: start from the model to train"),
         ("dpo.enabled=true", r"rl.enabled=true cannot be combined with dpo.enabled \(one objective per run\)"),
         ("tensor_parallel.degree=2", "cannot be combined with tensor_parallel.degree"),
         ("scheduler.units=tokens", "cannot be combined with scheduler.units"),

@@ -149,6 +149,11 @@ def test_a_kl_penalty_to_a_reference_checkpoint_is_logged(tmp_path, prompts):
     assert len(kls) == 2 and all(k > 0 for k in kls)  # a model trained apart from the reference differs from it
     with pytest.raises(OLMoConfigurationError, match=r"rl.beta=0.5 pulls the policy toward a reference model"):
         run_train(_config(tmp_path, prompts, "other", **{"rl.beta": 0.5}))
+    # Without rl.reference_path, the model the run starts from is the reference, recorded in config.yaml.
+    start = {"rl.beta": 0.5, "max_duration": 1, "load_path": str(tmp_path / "base/step2-unsharded")}
+    assert run_train(_config(tmp_path, prompts, "from_base", **start), "--reset_trainer_state") == 0
+    written = (tmp_path / "from_base/config.yaml").read_text()
+    assert f"reference_path: {tmp_path / 'base/step2-unsharded'}" in written
 
 
 def test_two_fsdp_ranks_train_as_one_process(tmp_path, prompts):
