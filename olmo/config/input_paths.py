@@ -41,6 +41,8 @@ INPUT_KEYS = (
     "load_path",
     "dpo.reference_path",
     "kl_reference.load_path",
+    "rl.prompts",
+    "rl.reference_path",
     "tokenizer.identifier",
     "data.paths",
     "data.label_mask_paths",
@@ -70,7 +72,8 @@ PATH_LIKE_NAME = re.compile(r"(^|_)(paths?|folders?|files?|dirs?|identifier|temp
 
 def run_inputs(cfg: TrainConfig) -> list[RunInput]:
     """Every path ``cfg`` reads: ``load_path``, the references it uses (``dpo.reference_path`` with ``dpo.enabled``,
-    ``kl_reference.load_path`` with a stage whose ``kl_beta`` is above 0), the tokenizer file, and the files of the
+    ``kl_reference.load_path`` with a stage whose ``kl_beta`` is above 0, ``rl.reference_path`` with ``rl.beta`` above
+    0), RL's prompts (``rl.prompts``), the tokenizer file, and the files of the
     training data, of every stage's own data and of every evaluator. Each path once, under its first key (one that is read later, if any)."""
     found: list[RunInput] = []
     if cfg.load_path is not None:
@@ -79,6 +82,10 @@ def run_inputs(cfg: TrainConfig) -> list[RunInput]:
         found.append(RunInput("dpo.reference_path", str(cfg.dpo.reference_path), True))
     if cfg.kl_reference.load_path is not None and any(stage.kl_beta > 0 for stage in cfg.stages or []):
         found.append(RunInput("kl_reference.load_path", str(cfg.kl_reference.load_path), True))
+    if cfg.rl.enabled and cfg.rl.prompts is not None:
+        found.append(RunInput("rl.prompts", str(cfg.rl.prompts), True))
+    if cfg.rl.enabled and cfg.rl.beta > 0 and cfg.rl.reference_path is not None:
+        found.append(RunInput("rl.reference_path", str(cfg.rl.reference_path), True))
     tokenizer = Path(str(cfg.tokenizer.identifier)).expanduser()
     if tokenizer.is_file():  # otherwise the name of a shipped file or of a hub tokenizer
         found.append(RunInput("tokenizer.identifier", str(tokenizer), True))

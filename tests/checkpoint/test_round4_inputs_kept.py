@@ -327,6 +327,7 @@ def test_run_inputs_covers_every_input_key(tmp_path):
         load_path="lp",
         dpo={"enabled": True, "reference_path": "ref"},
         kl_reference={"load_path": "kl"},
+        rl={"enabled": True, "prompts": "prompts", "beta": 0.1, "reference_path": "rlref"},
         stages=[{"max_duration": 1, "kl_beta": 0.1}, {"max_duration": 1, "data": {"paths": ["st"]}}],
         tokenizer={"identifier": str(tokenizer)},
         data=data("run"),

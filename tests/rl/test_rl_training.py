@@ -217,3 +217,17 @@ def test_the_dry_run_plans_an_rl_step(tmp_path, prompts, capsys):
     plan = capsys.readouterr().out
     assert "RL (dapo): 4 prompts per step x 4 completions of up to 8 new tokens (16), one optimizer step" in plan
     assert "batch: 4 instances" in plan and not (tmp_path / "run").exists()
+
+
+def test_save_overwrite_never_deletes_the_prompts_inside_the_save_folder(tmp_path, prompts):
+    """The prompts are an input of the run (olmo.config.input_paths): a launch replacing the run refuses to delete
+    a folder that holds them."""
+    import shutil
+
+    inside = tmp_path / "run" / "train_data" / "my_prompts"  # in a folder --save_overwrite replaces
+    shutil.copytree(prompts[0], inside)
+    config = _config(tmp_path, (inside, prompts[1]), max_duration=1)
+    assert run_train(config) == 0
+    with pytest.raises(Exception, match="rl.prompts") as e:
+        run_train(config, "--save_overwrite")
+    assert "--save_overwrite" in str(e.value) and (inside / "prompt_ids.npy").exists()
