@@ -47,7 +47,7 @@ from olmo.optim import build_optimizer, build_scheduler
 from olmo.train import Trainer
 from olmo.train.build_module import build_train_module, train_module_class
 from olmo.train.callback import Callback
-from olmo.train.dpo import check_pairs_differ, resolve_dpo_reference, resolve_reference
+from olmo.train.dpo import check_pairs_differ, continued_config, resolve_dpo_reference, resolve_reference
 from olmo.train.resume_point import check_resume_point
 from olmo.train.stability import read_skip_ranges
 from olmo.train.stages import (
@@ -132,14 +132,12 @@ def _launch(cfg: TrainConfig, callbacks: Sequence[Callback]) -> int:
         cfg.dpo, cfg.model, launch, cfg.restore_dataloader
     )  # recorded in config.yaml, so a resume keeps the reference
     if cfg.rl.enabled and cfg.rl.beta > 0:  # as DPO's: recorded in config.yaml, kept by a resume
+        saved = continued_config(launch, cfg.restore_dataloader)
+        recorded = (
+            saved.rl.reference_path if saved is not None and saved.rl.enabled and saved.rl.beta > 0 else None
+        )
         cfg.rl.reference_path = resolve_reference(
-            "rl.reference_path",
-            cfg.rl.reference_path,
-            cfg.model,
-            launch,
-            cfg.restore_dataloader,
-            lambda saved: saved.rl.reference_path if saved.rl.enabled and saved.rl.beta > 0 else None,
-            "rl.beta > 0",
+            "rl.reference_path", cfg.rl.reference_path, recorded, cfg.model, launch, "rl.beta > 0"
         )
     check_resume(cfg, stages, launch)
     prepare_save_folder(LaunchOptions.from_train_config(cfg), launch)

@@ -16,7 +16,6 @@ over every label of the batch (chosen and rejected answers), for comparison with
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -47,6 +46,7 @@ __all__ = [
     "check_pairs_differ",
     "dpo_pair_losses",
     "identical_pairs",
+    "continued_config",
     "resolve_dpo_reference",
     "resolve_reference",
     "sequence_log_probs",
@@ -285,55 +285,51 @@ def resolve_dpo_reference(
     then record it) and check that it opens with this run's model shape (:func:`resolve_reference`)."""
     if not dpo.enabled:
         return
+    saved = continued_config(launch, restore_dataloader)
+    recorded = saved.dpo.reference_path if saved is not None and saved.dpo.enabled else None
     dpo.reference_path = resolve_reference(
-        "dpo.reference_path",
-        dpo.reference_path,
-        model,
-        launch,
-        restore_dataloader,
-        lambda saved: saved.dpo.reference_path if saved.dpo.enabled else None,
-        "dpo.enabled=true",
+        "dpo.reference_path", dpo.reference_path, recorded, model, launch, "dpo.enabled=true"
     )
 
 
+def continued_config(launch: LaunchPlan, restore_dataloader: bool) -> Optional[TrainConfig]:
+    """The config of the checkpoint a launch continues (its trainer state, ``restore_dataloader``: the config's key),
+    or None: a launch that starts a run, or a checkpoint not of ours (e.g. converted)."""
+    from ..checkpoint.safe_reads import fetch
+
+    plan = launch.restore
+    if plan is None or not plan.load_trainer_state or not restore_dataloader:
+        return None
+    try:
+        return TrainConfig.load_saved(fetch(plan.info.path, "config.yaml"), ["compile=null"])
+    except (OLMoConfigurationError, OLMoCheckpointError, OSError):
+        return None
+
+
 def resolve_reference(
-    key: str,
-    given: Optional[str],
-    model: ModelConfig,
-    launch: LaunchPlan,
-    restore_dataloader: bool,
-    recorded_of: Callable[[TrainConfig], Optional[str]],
-    needs: str,
+    key: str, given: Optional[str], recorded: Optional[str], model: ModelConfig, launch: LaunchPlan, needs: str
 ) -> str:
     """The frozen reference of a run (``key``, ``given`` by the config or None), checked to open with this run's
-    model shape: a launch that continues a checkpoint's trainer state keeps the reference that checkpoint's config
-    recorded (``recorded_of`` its config; a different ``given`` is refused); any other launch uses ``given``, or else
-    the checkpoint it starts from.
+    model shape: a launch that continues a checkpoint keeps the reference its config ``recorded``
+    (:func:`continued_config`; a different ``given`` is refused); any other launch uses ``given``, or else the
+    checkpoint it starts from.
 
-    :param restore_dataloader: the config's key (False: a launch restoring trainer state still starts a new run).
     :param needs: what needs the reference, for the error (``dpo.enabled=true``).
     :raises OLMoConfigurationError: when there is no reference, or it differs from the one the run trained with.
     :raises OLMoCheckpointError: naming ``key`` when it cannot be this run's reference.
     """
     from ..checkpoint.restore import preflight_reference
-    from ..checkpoint.safe_reads import fetch
 
     plan = launch.restore
-    if plan is not None and plan.load_trainer_state and restore_dataloader:
-        try:
-            saved = TrainConfig.load_saved(fetch(plan.info.path, "config.yaml"), ["compile=null"])
-        except (OLMoConfigurationError, OLMoCheckpointError, OSError):
-            saved = None  # not a checkpoint of ours (e.g. converted): the run starts here
-        recorded = recorded_of(saved) if saved is not None else None
-        if recorded is not None:
-            if given is not None and given != recorded:
-                raise OLMoConfigurationError(
-                    f"{key}={given!r}, but the checkpoint this launch continues ({plan.info.path}, step "
-                    f"{plan.info.step}) trained against the reference {recorded!r}: a different reference changes "
-                    f"the objective mid-run. Drop --{key} to keep the recorded one, or start a new run "
-                    f"(--reset_trainer_state, another save_folder)."
-                )
-            given = recorded
+    if recorded is not None and plan is not None:
+        if given is not None and given != recorded:
+            raise OLMoConfigurationError(
+                f"{key}={given!r}, but the checkpoint this launch continues ({plan.info.path}, step "
+                f"{plan.info.step}) trained against the reference {recorded!r}: a different reference changes the "
+                f"objective mid-run. Drop --{key} to keep the recorded one, or start a new run "
+                f"(--reset_trainer_state, another save_folder)."
+            )
+        given = recorded
     if given is None and plan is not None:
         given = plan.info.path
     if given is None:
