@@ -28,7 +28,15 @@ from typing import Optional
 
 import torch
 
-__all__ = ["LOSSES", "SCALES", "TokenLosses", "group_advantages", "reduce_losses", "token_losses"]
+__all__ = [
+    "LOSSES",
+    "SCALES",
+    "TokenLosses",
+    "group_advantages",
+    "loss_denominator",
+    "reduce_losses",
+    "token_losses",
+]
 
 LOSSES = ("grpo", "dr_grpo", "dapo", "cispo")
 """``rl.loss``'s values."""
@@ -44,11 +52,12 @@ def _std(x: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
 
 
 def group_advantages(
-    rewards: torch.Tensor, group_size: int, scale: str = "group"
+    rewards: torch.Tensor, group_size: int, scale: str = "group", batch_std: Optional[torch.Tensor] = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(advantages, std_zero)`` of ``rewards`` (N,), N a multiple of ``group_size``, the completions of one prompt
     next to each other. ``std_zero``: the completions whose standard deviation (the group's, or the batch's with
-    ``scale="batch"``) is 0, which carry no signal (for the metrics)."""
+    ``scale="batch"``) is 0, which carry no signal (for the metrics). ``batch_std``: the batch's standard deviation
+    when the batch spans more than ``rewards`` (other ranks' completions); None: that of ``rewards``."""
     if scale not in SCALES:
         raise ValueError(f"scale_rewards={scale!r} is not one of {', '.join(SCALES)}")
     if group_size < 2 or rewards.ndim != 1 or rewards.numel() % group_size:
@@ -56,7 +65,7 @@ def group_advantages(
     groups = rewards.float().view(-1, group_size)
     centred = (groups - groups.mean(dim=1, keepdim=True)).flatten()
     if scale == "batch":
-        std = _std(groups.flatten()).expand(rewards.numel())
+        std = (_std(groups.flatten()) if batch_std is None else batch_std.float()).expand(rewards.numel())
     else:
         std = _std(groups, dim=1).repeat_interleave(group_size)
     advantages = centred if scale == "none" else centred / (std + STD_FLOOR)
@@ -124,12 +133,18 @@ def reduce_losses(
     summed = per_token * mask
     if loss == "grpo":
         numerator = (summed.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).sum()
-        denominator = torch.tensor(float(per_token.size(0)), device=per_token.device)
-    elif loss == "dr_grpo":
-        numerator = summed.sum()
-        denominator = torch.tensor(float(per_token.size(0) * max_new_tokens), device=per_token.device)
-    elif loss in ("dapo", "cispo"):
-        numerator, denominator = summed.sum(), mask.sum()
     else:
-        raise ValueError(f"loss={loss!r} is not one of {', '.join(LOSSES)}")
-    return numerator, denominator
+        numerator = summed.sum()
+    return numerator, loss_denominator(mask, loss, max_new_tokens)
+
+
+def loss_denominator(mask: torch.Tensor, loss: str, max_new_tokens: int) -> torch.Tensor:
+    """What a batch of completions (``mask`` (B, T) of their tokens) adds to the loss's denominator: its completions
+    (``grpo``), completions x ``max_new_tokens`` (``dr_grpo``), its tokens (``dapo``, ``cispo``)."""
+    if loss == "grpo":
+        return torch.tensor(float(mask.size(0)), device=mask.device)
+    if loss == "dr_grpo":
+        return torch.tensor(float(mask.size(0) * max_new_tokens), device=mask.device)
+    if loss in ("dapo", "cispo"):
+        return mask.float().sum()
+    raise ValueError(f"loss={loss!r} is not one of {', '.join(LOSSES)}")

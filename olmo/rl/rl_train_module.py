@@ -33,7 +33,7 @@ from ..train.metrics import ReduceType
 from ..train.stages import Stage
 from ..train.step_settings import StepSettings
 from ..train.train_module import TransformerTrainModule
-from .policy_loss import STD_FLOOR, reduce_losses, token_losses
+from .policy_loss import group_advantages, loss_denominator, reduce_losses, token_losses
 from .rollout import BuiltinRolloutEngine, Group, RolloutEngine
 from .rollout_records import rollout_record, write_rollouts
 from .step import ScoredGroup, build_rewards, completion_logps, group_batch, score_group
@@ -115,12 +115,13 @@ class RLTrainModule(TransformerTrainModule):
         groups = [engine.sample(torch.from_numpy(self.prompts.prompt(i)), i, step) for i in indices]
         rollout_seconds = time.perf_counter() - start
         scored = [self._score(group) for group in groups]
-        advantages = self._advantages(scored)
+        reward_mean, reward_std = self._reward_stats(scored)
+        advantages = self._advantages(scored, reward_std)
         start = time.perf_counter()
         sums = self._train_groups(groups, advantages)
         train_seconds = time.perf_counter() - start
         if not dry_run:
-            self._record(scored, sums, rollout_seconds, train_seconds)
+            self._record(scored, sums, (reward_mean, reward_std), rollout_seconds, train_seconds)
             self._keep(step, scored)
 
     def _keep(self, step: int, scored: list[ScoredGroup]) -> None:
@@ -154,28 +155,21 @@ class RLTrainModule(TransformerTrainModule):
             group, prompt, self.prompts.ground_truths[i], decode, self.rewards, self.eos, self.prompts.sources[i]
         )
 
-    def _advantages(self, scored: list[ScoredGroup]) -> list[torch.Tensor]:
-        """Each group's advantages: its rewards minus the group's mean, divided as ``rl.scale_rewards`` says (the
-        ``batch`` standard deviation over every rank's completions)."""
-        centred, group_std = [], []
-        for s in scored:
-            rewards = s.rewards.double()
-            centred.append(rewards - rewards.mean())
-            group_std.append(rewards.std(correction=1).expand_as(rewards))
-        scale = self.rl.scale_rewards
-        if scale == "batch":
-            every = torch.cat([s.rewards.double() for s in scored])
-            totals = all_reduce(
-                torch.stack(
-                    [every.sum(), (every**2).sum(), torch.tensor(float(every.numel()), dtype=every.dtype)]
-                ).to(self.env.device)
-            ).cpu()
-            n = totals[2]
-            variance = (totals[1] - totals[0] ** 2 / n) / (n - 1).clamp(min=1)
-            group_std = [variance.clamp(min=0).sqrt().expand_as(c) for c in centred]
-        if scale == "none":
-            return [c.float() for c in centred]
-        return [(c / (std + STD_FLOOR)).float() for c, std in zip(centred, group_std)]
+    def _reward_stats(self, scored: list[ScoredGroup]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mean and (Bessel-corrected) standard deviation of the step's rewards over every rank: one reduction,
+        for ``scale_rewards: batch`` and the metrics."""
+        rewards = torch.cat([s.rewards for s in scored]).double()
+        n = torch.tensor(float(rewards.numel()), dtype=torch.float64)
+        totals = all_reduce(torch.stack([rewards.sum(), (rewards**2).sum(), n]).to(self.env.device)).cpu()
+        mean = totals[0] / totals[2]
+        std = ((totals[1] - totals[2] * mean**2) / (totals[2] - 1).clamp(min=1)).clamp(min=0).sqrt()
+        return mean, std
+
+    def _advantages(self, scored: list[ScoredGroup], batch_std: torch.Tensor) -> list[torch.Tensor]:
+        """Each group's advantages (:func:`group_advantages`; ``scale_rewards: batch`` divides by every rank's)."""
+        rewards = torch.cat([s.rewards for s in scored])
+        advantages, _ = group_advantages(rewards, self.rl.group_size, self.rl.scale_rewards, batch_std)
+        return list(advantages.split(self.rl.group_size))
 
     def _train_groups(self, groups: list[Group], advantages: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Forward and backward of each group, the loss normalised over the whole step; this rank's metric sums."""
@@ -188,8 +182,7 @@ class RLTrainModule(TransformerTrainModule):
         ]
         denominator = torch.zeros((), dtype=torch.float32, device=device)
         for b in batches:
-            zeros = torch.zeros(b.completion_mask.shape, device=device)
-            denominator += reduce_losses(zeros, b.completion_mask.to(device), rl.loss, rl.max_new_tokens)[1]
+            denominator += loss_denominator(b.completion_mask.to(device), rl.loss, rl.max_new_tokens)
         scale = W / all_reduce(denominator.clone()).clamp(
             min=1.0
         )  # FSDP averages gradients over ranks: W undoes it
@@ -237,17 +230,15 @@ class RLTrainModule(TransformerTrainModule):
         self,
         scored: list[ScoredGroup],
         sums: dict[str, torch.Tensor],
+        reward_stats: tuple[torch.Tensor, torch.Tensor],
         rollout_seconds: float,
         train_seconds: float,
     ) -> None:
         device = self.env.device
         tokens = sums["tokens"]
         self.record_ce_loss(sums["nll"], all_reduce(tokens.clone()))
-        rewards = torch.cat([s.rewards for s in scored]).double()
-        n = torch.tensor(float(rewards.numel()), dtype=torch.float64)
-        totals = all_reduce(torch.stack([rewards.sum(), (rewards**2).sum(), n]).to(device)).cpu()
-        mean = totals[0] / totals[2]
-        std = ((totals[1] - totals[2] * mean**2) / (totals[2] - 1).clamp(min=1)).clamp(min=0).sqrt()
+        mean, std = reward_stats
+        n = torch.tensor(float(sum(len(s.group.tokens) for s in scored)), dtype=torch.float64)
         self.record_metric(
             "train/rl/loss", torch.stack([sums["loss"], sums["loss_denominator"]]), ReduceType.ratio
         )
