@@ -3,7 +3,8 @@ of its values (``problems``). Defaults are TRL's ``GRPOConfig``'s where it has t
 
 Each step samples ``group_size`` completions for each of ``prompts_per_step`` prompts of ``rl.prompts`` (a folder
 of ``scripts/prepare_rl_prompts.py``, whose instances are the run's data: :func:`apply_rl_run_settings`), scores them
-with ``rewards``, and trains on them in one optimizer step with the policy loss ``loss`` (:mod:`olmo.rl.policy_loss`).
+with ``rewards``, and trains on them in ``num_iterations`` optimizer steps with the policy loss ``loss``
+(:mod:`olmo.rl.policy_loss`).
 """
 
 from __future__ import annotations
@@ -82,7 +83,11 @@ class RLConfig:
     """Completions sampled per prompt (TRL's ``num_generations``); at least 2."""
     prompts_per_step: int = 8
     """Prompts sampled each step (an RL run's ``global_train_batch_size``, which counts instances: prompts); their
-    ``prompts_per_step x group_size`` completions are trained in one optimizer step."""
+    ``prompts_per_step x group_size`` completions are trained in ``num_iterations`` optimizer steps."""
+    num_iterations: int = 1
+    """Optimizer steps on each step's completions (TRL's ``num_iterations``, GRPO's mu): 1 is on-policy; from the
+    second on, the ratio to the sampling log-probabilities moves away from 1 and the clip acts. The learning rate
+    is the step's for each of them; the step's metrics average over them (``logprob_drift``: the first only)."""
     max_new_tokens: int = 512
     """The longest completion (TRL's ``max_completion_length``); longer ones are cut and marked truncated."""
     temperature: float = 1.0
@@ -128,6 +133,7 @@ class RLConfig:
         for key, value, low in (
             ("group_size", self.group_size, 2),
             ("prompts_per_step", self.prompts_per_step, 1),
+            ("num_iterations", self.num_iterations, 1),
             ("max_new_tokens", self.max_new_tokens, 1),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -159,9 +159,11 @@ def _rl_note(rl: RLConfig, prompts: int) -> str:
         if rl.beta > 0
         else ""
     )
+    n = rl.num_iterations
+    updates = "one optimizer step" if n == 1 else f"{n} optimizer steps on them (rl.num_iterations)"
     return (
         f"RL ({rl.loss}): {prompts:,} prompts per step x {rl.group_size} completions of up to {rl.max_new_tokens} new "
-        f"tokens ({prompts * rl.group_size:,}), one optimizer step; each forward and backward is one prompt's group, "
+        f"tokens ({prompts * rl.group_size:,}), {updates}; each forward and backward is one prompt's group, "
         f"so the memory above is that of {rl.group_size} full-length instances (an upper bound). The FLOPs and time "
         f"count the prompts' instances, not the sampling (about 2N FLOPs per sampled token more){reference}."
     )

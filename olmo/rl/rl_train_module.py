@@ -6,7 +6,7 @@ step's start (:mod:`olmo.rl.rollout`: what a completion holds depends on the see
 only); the rewards score them (:mod:`olmo.rl.step`); each group's advantages are its rewards against the group's
 (:mod:`olmo.rl.policy_loss`); then, one group per forward and backward (every rank the same number), the policy loss with
 the ratio to the sampling log-probabilities, normalised over the whole step (every rank's completions) as the loss
-type says, and one optimizer step.
+type says, and one optimizer step (``rl.num_iterations``: that many, each after a pass over the same completions).
 
 With several ranks sharding the model (FSDP), sampling runs on a full copy of the weights gathered once per step (no
 collective while ranks sample completions of different lengths); ``train/rl/logprob_drift`` (the mean absolute
@@ -26,8 +26,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from ..checkpoint import inspect_checkpoint, load_checkpoint
 from ..data.rl_prompts import RLPrompts
 from ..distributed.collectives import DistEnv, all_reduce
+from ..distributed.float8 import refresh_float8_scales
 from ..distributed.parallelize import build_model
 from ..model import OLMo
+from ..optim import clip_grads, set_learning_rate
 from ..tokenizer import Tokenizer
 from ..train.metrics import ReduceType
 from ..train.stages import Stage
@@ -118,11 +120,26 @@ class RLTrainModule(TransformerTrainModule):
         reward_mean, reward_std = self._reward_stats(scored)
         advantages = self._advantages(scored, reward_std)
         start = time.perf_counter()
-        sums = self._train_groups(groups, advantages)
+        sums = self._train_groups(groups, advantages, first=True)
+        for _ in range(self.rl.num_iterations - 1):  # mu > 1: step on this pass, train on the same completions
+            self._update()
+            for name, value in self._train_groups(groups, advantages, first=False).items():
+                sums[name] = sums[name] + value
         train_seconds = time.perf_counter() - start
         if not dry_run:
             self._record(scored, sums, (reward_mean, reward_std), rollout_seconds, train_seconds)
             self._keep(step, scored)
+
+    def _update(self) -> None:
+        """One optimizer step inside the RL step (``num_iterations > 1``): clipped as the trainer's, at the step's
+        learning rate; the last pass's step is the trainer's own (:meth:`optim_step`, with the step's metrics)."""
+        step = self.trainer.global_step
+        max_norm = self.scheduler.get_max_grad_norm(self.settings.max_grad_norm, step)
+        clip_grads(self.optimizer, max_norm, self.settings.max_grad_norm_ratio, step)
+        set_learning_rate(self.optimizer, self._learning_rate())
+        self.optimizer.step()
+        self.zero_grads()
+        refresh_float8_scales(self.model)
 
     def _keep(self, step: int, scored: list[ScoredGroup]) -> None:
         """Write what this rank sampled at ``step`` and its rewards into the run (for ``inspect_batch.py``)."""
@@ -171,8 +188,11 @@ class RLTrainModule(TransformerTrainModule):
         advantages, _ = group_advantages(rewards, self.rl.group_size, self.rl.scale_rewards, batch_std)
         return list(advantages.split(self.rl.group_size))
 
-    def _train_groups(self, groups: list[Group], advantages: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Forward and backward of each group, the loss normalised over the whole step; this rank's metric sums."""
+    def _train_groups(
+        self, groups: list[Group], advantages: list[torch.Tensor], first: bool
+    ) -> dict[str, torch.Tensor]:
+        """Forward and backward of each group, the loss normalised over the whole step; this rank's metric sums
+        (the drift only on the ``first`` pass over the completions, before any update)."""
         rl, device, W = self.rl, self.env.device, self.env.world_size
         batches = [
             group_batch(
@@ -186,7 +206,7 @@ class RLTrainModule(TransformerTrainModule):
         scale = W / all_reduce(denominator.clone()).clamp(
             min=1.0
         )  # FSDP averages gradients over ranks: W undoes it
-        names = ("loss", "nll", "kl", "entropy", "clipped", "drift", "tokens")
+        names = ("loss", "nll", "kl", "entropy", "clipped", "drift", "tokens", "drift_tokens")
         sums = {name: torch.zeros((), dtype=torch.float32, device=device) for name in names}
         for b, adv in zip(batches, advantages):
             b.input_ids, b.completion_ids = b.input_ids.to(device), b.completion_ids.to(device)
@@ -219,7 +239,9 @@ class RLTrainModule(TransformerTrainModule):
             sums["nll"] += -(logps.detach() * m).sum()
             sums["entropy"] += (entropy * m).sum()
             sums["clipped"] += (out.clipped.float() * m).sum()
-            sums["drift"] += ((logps.detach() - old).abs() * m).sum()
+            if first:
+                sums["drift"] += ((logps.detach() - old).abs() * m).sum()
+                sums["drift_tokens"] += m.sum()
             sums["tokens"] += m.sum()
             if out.kl is not None:
                 sums["kl"] += (out.kl.detach() * m).sum()
@@ -256,7 +278,8 @@ class RLTrainModule(TransformerTrainModule):
             else ("entropy", "clipped", "drift")
         ):
             metric = {"clipped": "clip_fraction", "drift": "logprob_drift"}.get(name, name)
-            self.record_metric(f"train/rl/{metric}", torch.stack([sums[name], tokens]), ReduceType.ratio)
+            count = sums["drift_tokens"] if name == "drift" else tokens
+            self.record_metric(f"train/rl/{metric}", torch.stack([sums[name], count]), ReduceType.ratio)
         lengths = torch.tensor([float(len(t)) for s in scored for t in s.group.tokens], dtype=torch.float64)
         truncated = torch.tensor([float(x) for s in scored for x in s.group.truncated], dtype=torch.float64)
         for metric, values in (("completion_length", lengths), ("truncated_fraction", truncated)):

@@ -28,6 +28,7 @@ def test_defaults_are_trls_and_the_names_match_the_code():
     assert not rl.enabled and rl.loss == RLLoss.dapo and rl.scale_rewards == RLScaleRewards.group
     assert (rl.group_size, rl.max_new_tokens, rl.temperature, rl.top_p, rl.beta) == (8, 512, 1.0, 1.0, 0.0)
     assert (rl.epsilon_low, rl.upper_clip, rl.mask_truncated_completions) == (0.2, 0.2, False)
+    assert rl.num_iterations == 1
     assert [(r.name, r.weight) for r in rl.rewards] == [("exact_answer", 1.0)]
     assert set(RLLoss.__members__) == set(LOSSES) and set(RLScaleRewards.__members__) == set(SCALES)
     assert BUILTIN_REWARDS == REWARDS_OF_OLMO_RL
@@ -40,6 +41,7 @@ def test_defaults_are_trls_and_the_names_match_the_code():
         ("rl.prompts=null", "rl.enabled=true needs rl.prompts"),
         ("rl.group_size=1", r"rl.group_size=1 must be a whole number >= 2"),
         ("rl.prompts_per_step=0", r"rl.prompts_per_step=0 must be a whole number >= 1"),
+        ("rl.num_iterations=0", r"rl.num_iterations=0 must be a whole number >= 1"),
         ("rl.max_new_tokens=0", r"rl.max_new_tokens=0 must be a whole number >= 1"),
         ("rl.beta=0.1", "rl.beta=0.1 pulls the policy toward a reference model: start from the model to train"),
         ("dpo.enabled=true", r"rl.enabled=true cannot be combined with dpo.enabled \(one objective per run\)"),
