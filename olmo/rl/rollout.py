@@ -89,6 +89,7 @@ class BuiltinRolloutEngine:
         eos: int,
         seed: int,
         vocab_size: int,
+        use_cache: bool = True,
     ):
         if not (temperature > 0 and 0 < top_p <= 1 and group_size >= 1 and max_new_tokens >= 1):
             raise ValueError("temperature > 0, 0 < top_p <= 1, group_size >= 1 and max_new_tokens >= 1")
@@ -100,6 +101,9 @@ class BuiltinRolloutEngine:
             seed,
             vocab_size,
         )
+        self.use_cache = use_cache
+        """False: each token from a forward over the whole sequence so far (``scripts/benchmark_rl.py`` measures
+        what the KV cache buys)."""
 
     def _logps(self, logits: torch.Tensor) -> torch.Tensor:
         """(B, V) float32 log-probabilities of the tempered distribution over the real tokens."""
@@ -139,9 +143,13 @@ class BuiltinRolloutEngine:
                     if all(done):
                         break
                     next_ids = torch.tensor(chosen, device=device).unsqueeze(1)
-                    out = model(
-                        next_ids, past_key_values=out.attn_key_values, use_cache=True, last_logits_only=True
-                    )
+                    if self.use_cache:
+                        out = model(
+                            next_ids, past_key_values=out.attn_key_values, use_cache=True, last_logits_only=True
+                        )
+                    else:
+                        ids = torch.cat([ids, next_ids], dim=1)
+                        out = model(ids, last_logits_only=True)
         finally:
             model.train(was_training)
         truncated = [not d for d in done]

@@ -144,3 +144,24 @@ def test_out_never_replaces_a_file_that_is_not_a_benchmark_result(tmp_path):
     earlier = tmp_path / "r.json"
     earlier.write_text(json.dumps({"setup": {}, "results": {}}))
     assert parse_args([str(config), "--out", str(earlier)]).out == str(earlier)
+
+
+def test_rl_benchmark_times_sampling_with_and_without_the_cache_and_training(tmp_path):
+    """scripts/benchmark_rl.py on a tiny config's random model: both ways of sampling draw (nearly) the same tokens
+    from the same streams, every part is timed, and the reference's weights are the model's."""
+    from olmo.testing import tiny_config_dict, write_config
+
+    config = write_config(tmp_path / "tiny.yaml", tiny_config_dict(tmp_path / "run", ["unused.npy"]))
+    out = tmp_path / "rl.json"
+    args = ["--groups=1", "--group-size=2", "--prompt-tokens=4", "--new-tokens=3", f"--out={out}"]
+    result = run_script("benchmark_rl.py", config, *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["sampled_alike_fraction"] > 0.5 and r["kv_cache_speedup"] > 0
+    assert all(r[k] > 0 for k in ("rollout_seconds_per_group", "train_seconds_per_group"))
+    assert r["reference_weight_bytes"] == 4 * r["params"]  # fp32
+    assert "sampling, KV cache" in result.stdout and "training + reference" in result.stdout
+    (tmp_path / "notes.json").write_text('{"mine": 1}')
+    refused = run_script("benchmark_rl.py", config, f"--out={tmp_path / 'notes.json'}")
+    assert refused.returncode != 0 and "--out=" in refused.stderr
+    assert (tmp_path / "notes.json").read_text() == '{"mine": 1}'
