@@ -1,6 +1,7 @@
 """Tokenize preference pairs for DPO into the SFT format: pair i at instances 2i (chosen) and 2i + 1 (rejected).
 
-    python scripts/prepare_preference_data.py INPUT.jsonl[.gz] -o DIR --seq-len N [--chat-template NAME|PATH]
+    python scripts/prepare_preference_data.py INPUT.{jsonl[.gz],parquet} -o DIR --seq-len N
+        [--chat-template NAME|PATH]
 
 Every line of INPUT is ``{"chosen": messages, "rejected": messages}``, each a conversation that ends with the
 assistant's answer (messages as ``prepare_sft_data.py`` takes them). Each side is formatted as

@@ -1,7 +1,7 @@
 """Tokenize the prompts of reinforcement learning with verifiable rewards, with their ground truths.
 
-    python scripts/prepare_rl_prompts.py INPUT.jsonl[.gz] -o DIR --seq-len N [--max-prompt-tokens M] [-t TOKENIZER]
-        [--chat-template NAME|PATH]
+    python scripts/prepare_rl_prompts.py INPUT.{jsonl[.gz],parquet} -o DIR --seq-len N [--max-prompt-tokens M]
+        [-t TOKENIZER] [--chat-template NAME|PATH]
 
 Every line of INPUT is ``{"prompt": "...", "ground_truth": "..."}`` (the prompt's text, tokenized as it is) or
 ``{"messages": [...], "ground_truth": "..."}`` (a conversation ending with the user's turn, as
@@ -44,7 +44,11 @@ log = logging.getLogger("prepare_rl_prompts")
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("input", type=Path, help="JSON lines of prompts with ground truths (.jsonl or .jsonl.gz)")
+    parser.add_argument(
+        "input",
+        type=Path,
+        help="JSON lines of prompts with ground truths (.jsonl, .jsonl.gz, or .parquet: row N is line N)",
+    )
     parser.add_argument("-o", "--output", type=Path, required=True, help="output directory")
     parser.add_argument(
         "-t", "--tokenizer", default=DEFAULT_TOKENIZER, help="tokenizer.json path or packaged name (%(default)s)"
@@ -90,7 +94,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     if not args.input.is_file():
-        raise OLMoCliError(f"INPUT '{args.input}' is not a file. Pass a .jsonl or .jsonl.gz file of prompts.")
+        raise OLMoCliError(
+            f"INPUT '{args.input}' is not a file. Pass a .jsonl, .jsonl.gz or .parquet file of prompts."
+        )
     anchor = check_sft_output(args.output, args.overwrite, PROMPT_FILES)
     tokenizer = Tokenizer.from_file(args.tokenizer, eos_token_id=args.eos, pad_token_id=args.pad)
     check_sft_tokenizer(tokenizer, args.tokenizer, args.eos, args.pad, args.dtype)

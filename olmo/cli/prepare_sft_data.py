@@ -1,6 +1,7 @@
 """Tokenize chat conversations into fixed-length SFT instances with a label mask (OLMo's Tulu format).
 
-    python scripts/prepare_sft_data.py INPUT.jsonl[.gz] -o OUTPUT_DIR [--seq-len 2048] [--chat-template NAME|PATH]
+    python scripts/prepare_sft_data.py INPUT.{jsonl[.gz],parquet} -o OUTPUT_DIR [--seq-len 2048]
+        [--chat-template NAME|PATH]
 
 Every line of INPUT is ``{"messages": [{"role": "user", "content": "..."}, ...]}``. An example is
 ``[eos]`` followed, for every message, by the tokens of ``"<|{role}|>\\n"`` and then of the content:
@@ -62,7 +63,9 @@ def parse_args(
     """The arguments of this command, and of ``prepare_preference_data.py`` (``what``: the input's lines; ``packs``:
     offer ``--pack``)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("input", type=Path, help=f"JSON lines of {what} (.jsonl or .jsonl.gz)")
+    parser.add_argument(
+        "input", type=Path, help=f"JSON lines of {what} (.jsonl, .jsonl.gz, or .parquet: row N is line N)"
+    )
     parser.add_argument("-o", "--output", type=Path, required=True, help="output directory")
     parser.add_argument(
         "-t", "--tokenizer", default=DEFAULT_TOKENIZER, help="tokenizer.json path or packaged name (%(default)s)"
@@ -107,7 +110,9 @@ def prepare(args: argparse.Namespace, what: str) -> tuple[Path, Union[Formatter,
     """Check the input, the output and the tokenizer before any work; return the output's anchor (its nearest
     existing folder) and the formatter of ``--chat-template`` (OLMo's Tulu format without it)."""
     if not args.input.is_file():
-        raise OLMoCliError(f"INPUT '{args.input}' is not a file. Pass a .jsonl or .jsonl.gz file of {what}.")
+        raise OLMoCliError(
+            f"INPUT '{args.input}' is not a file. Pass a .jsonl, .jsonl.gz or .parquet file of {what}."
+        )
     anchor = check_sft_output(args.output, args.overwrite)
     tokenizer = Tokenizer.from_file(args.tokenizer, eos_token_id=args.eos, pad_token_id=args.pad)
     check_sft_tokenizer(tokenizer, args.tokenizer, args.eos, args.pad, args.dtype)

@@ -6,6 +6,10 @@ read with at most :data:`MAX_LINE_BYTES` bytes (after ``.gz`` decompression; cal
 refused as soon as it is longer, before it is decoded or parsed, so one endless line cannot fill the memory; and a
 line whose arrays and objects nest deeper than :data:`MAX_JSON_DEPTH` is refused before :mod:`json` recurses into it.
 The whole file may be of any size: lines are read one at a time.
+
+A ``.parquet`` file (a dataset as Hugging Face publishes it) is read as its rows, row *n* (from 1) standing for line
+*n*: each row group is read in batches, refused when its uncompressed size passes :data:`MAX_ROW_GROUP_BYTES`, and
+a schema nested deeper than :data:`MAX_JSON_DEPTH` is refused before any row is read.
 """
 
 from __future__ import annotations
@@ -26,7 +30,15 @@ from .bounded_files import open_regular, size_text
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_LINE_BYTES", "MAX_JSON_DEPTH", "json_depth", "json_type", "read_json_lines", "read_metrics_jsonl"]
+__all__ = [
+    "MAX_LINE_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_ROW_GROUP_BYTES",
+    "json_depth",
+    "json_type",
+    "read_json_lines",
+    "read_metrics_jsonl",
+]
 
 
 def json_type(value: object) -> str:
@@ -41,6 +53,10 @@ past any sequence length trained on, while tokenizing a line takes about a hundr
 MAX_JSON_DEPTH = 64
 """The deepest nesting of arrays and objects a line may hold (a conversation needs 3: the line, a list of messages, a
 message); well below the depth at which Python's parser, or any code walking the value, runs out of stack."""
+
+MAX_ROW_GROUP_BYTES = 2 << 30
+"""The largest uncompressed row group of a parquet input (2 GiB; Hugging Face's files hold ~100 MiB ones): a row
+group is the unit a reader decodes, so this bounds the memory one takes."""
 
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*+\\?(?:"|\Z)', re.DOTALL)
 """A JSON string, or an unterminated one up to the end (possessive, so matching it is linear in the line)."""
@@ -84,6 +100,9 @@ def read_json_lines(
     limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
     depth_limit = MAX_JSON_DEPTH if max_depth is None else max_depth
     where, line_no = f"'{path}'", 0
+    if path.name.endswith(".parquet"):
+        yield from _parquet_rows(path, where, depth_limit)
+        return
     try:
         with open_regular(path, 1 << 62, where) as raw:
             f: Any = gzip.GzipFile(fileobj=raw, mode="rb") if path.name.endswith(".gz") else raw
@@ -99,6 +118,63 @@ def read_json_lines(
     except OSError as e:
         raise OLMoDataError(
             f"Cannot read {where} ({e.strerror or e}). Check that it is a readable file."
+        ) from None
+
+
+def _arrow_depth(arrow_type: Any) -> int:
+    """How deep a value of ``arrow_type`` nests lists and structs (a scalar: 0), as JSON would nest them."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(arrow_type):
+        return 1 + max((_arrow_depth(arrow_type.field(i).type) for i in range(arrow_type.num_fields)), default=0)
+    if (
+        pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+        or pa.types.is_fixed_size_list(arrow_type)
+    ):
+        return 1 + _arrow_depth(arrow_type.value_type)
+    if pa.types.is_map(arrow_type):
+        return 2 + _arrow_depth(arrow_type.item_type)
+    return 0
+
+
+def _parquet_rows(path: Path, where: str, depth_limit: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(row number from 1, row as a dict) for every row of the parquet file ``path`` (see the module's docstring)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise OLMoDataError(
+            f"{where} is a parquet file, which needs pyarrow to be read (pip install pyarrow); or convert it to JSON "
+            f"lines (one object per line)."
+        ) from None
+    row = 0
+    try:
+        with open_regular(path, 1 << 62, where) as raw:
+            table = pq.ParquetFile(raw)
+            depth = 1 + max((_arrow_depth(f.type) for f in table.schema_arrow), default=0)
+            if depth > depth_limit:
+                raise OLMoDataError(
+                    f"{where}'s columns nest lists and structs {depth} deep, past the limit of {depth_limit} (a "
+                    f"conversation needs 3: the row, a list of messages, a message). Drop the deeply nested columns."
+                )
+            for group in range(table.num_row_groups):
+                size = table.metadata.row_group(group).total_byte_size
+                if size > MAX_ROW_GROUP_BYTES:
+                    raise OLMoDataError(
+                        f"{where}'s row group {group} is {size_text(size)} uncompressed, past the limit of "
+                        f"{size_text(MAX_ROW_GROUP_BYTES)} one read may take. Rewrite it with smaller row groups "
+                        f"(pyarrow.parquet.write_table(..., row_group_size=10_000)) or as JSON lines."
+                    )
+                for batch in table.iter_batches(batch_size=256, row_groups=[group]):
+                    for record in batch.to_pylist():
+                        row += 1
+                        yield row, record
+    except (pa.ArrowException, OSError) as e:
+        after = f" after row {row}" if row else ""
+        raise OLMoDataError(
+            f"Cannot read {where} as a parquet file ({e}){after}. Check that it is a complete parquet file (as "
+            f"downloaded), or give JSON lines."
         ) from None
 
 
