@@ -3,8 +3,8 @@ of its values (``problems``). Defaults are TRL's ``GRPOConfig``'s where it has t
 
 Each step samples ``group_size`` completions for each of ``prompts_per_step`` prompts of ``rl.prompts`` (a folder
 of ``scripts/prepare_rl_prompts.py``, whose instances are the run's data: :func:`apply_rl_run_settings`), scores them
-with ``rewards``, and trains on them in ``num_iterations`` optimizer steps with the policy loss ``loss``
-(:mod:`olmo.rl.policy_loss`).
+with ``rewards``, and trains on them in ``num_iterations x num_mini_batches`` optimizer steps with the policy loss
+``loss`` (:mod:`olmo.rl.policy_loss`).
 """
 
 from __future__ import annotations
@@ -83,11 +83,18 @@ class RLConfig:
     """Completions sampled per prompt (TRL's ``num_generations``); at least 2."""
     prompts_per_step: int = 8
     """Prompts sampled each step (an RL run's ``global_train_batch_size``, which counts instances: prompts); their
-    ``prompts_per_step x group_size`` completions are trained in ``num_iterations`` optimizer steps."""
+    ``prompts_per_step x group_size`` completions are trained in ``num_iterations x num_mini_batches`` optimizer
+    steps."""
+    num_mini_batches: int = 1
+    """Optimizer steps each pass over the step's completions takes (open-instruct's ``num_mini_batches``; OLMo 3
+    Instruct's RL: 4): the prompts are split into this many equal parts, in data order, each trained and stepped on
+    alone (its loss normalised over its own completions); the later parts' ratios leave 1 as the policy moves.
+    ``prompts_per_step`` must divide evenly by ranks x ``num_mini_batches``."""
     num_iterations: int = 1
-    """Optimizer steps on each step's completions (TRL's ``num_iterations``, GRPO's mu): 1 is on-policy; from the
-    second on, the ratio to the sampling log-probabilities moves away from 1 and the clip acts. The learning rate
-    is the step's for each of them; the step's metrics average over them (``logprob_drift``: the first only)."""
+    """Passes over each step's completions (TRL's ``num_iterations``, GRPO's mu), each of ``num_mini_batches``
+    optimizer steps: 1 x 1 is on-policy; after the first optimizer step the ratio to the sampling log-probabilities
+    leaves 1 and the clip acts. The learning rate is the step's for each of them; the step's metrics average over
+    them (``logprob_drift``: the first optimizer step's completions, before any update)."""
     max_new_tokens: int = 512
     """The longest completion (TRL's ``max_completion_length``); longer ones are cut and marked truncated."""
     temperature: float = 1.0
@@ -116,8 +123,8 @@ class RLConfig:
         """``epsilon_high``, or ``epsilon_low`` when it is not set."""
         return self.epsilon_low if self.epsilon_high is None else self.epsilon_high
 
-    def problems(self, cfg: TrainConfig) -> list[str]:
-        """One sentence per reason ``rl`` cannot train ``cfg`` (none when disabled)."""
+    def problems(self, cfg: TrainConfig, world_size: int = 1) -> list[str]:
+        """One sentence per reason ``rl`` cannot train ``cfg`` on ``world_size`` ranks (none when disabled)."""
         if not self.enabled:
             return []
         out: list[str] = []
@@ -134,10 +141,17 @@ class RLConfig:
             ("group_size", self.group_size, 2),
             ("prompts_per_step", self.prompts_per_step, 1),
             ("num_iterations", self.num_iterations, 1),
+            ("num_mini_batches", self.num_mini_batches, 1),
             ("max_new_tokens", self.max_new_tokens, 1),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 out.append(f"rl.{key}={value!r} must be a whole number >= {low}.")
+        P, M = self.prompts_per_step, self.num_mini_batches
+        if all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (P, M)) and P % (world_size * M):
+            out.append(
+                f"rl.prompts_per_step={P} does not split into rl.num_mini_batches={M} equal parts on each of "
+                f"{world_size} rank(s) (it must be a multiple of {world_size * M}); change one of them."
+            )
         if not (_finite(self.temperature) and self.temperature > 0):
             out.append(
                 f"rl.temperature={self.temperature} must be a positive number (1.0 samples the model as it is)."

@@ -105,7 +105,7 @@ def _value_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     )
     problems += cfg.stability.problems(cfg.optimizer.name, has_checkpoints)
     problems += cfg.dpo.problems(cfg, world_size)
-    problems += cfg.rl.problems(cfg)
+    problems += cfg.rl.problems(cfg, world_size)
     return problems
 
 

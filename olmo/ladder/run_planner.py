@@ -159,8 +159,13 @@ def _rl_note(rl: RLConfig, prompts: int) -> str:
         if rl.beta > 0
         else ""
     )
-    n = rl.num_iterations
-    updates = "one optimizer step" if n == 1 else f"{n} optimizer steps on them (rl.num_iterations)"
+    n = rl.num_iterations * rl.num_mini_batches
+    updates = (
+        "one optimizer step"
+        if n == 1
+        else f"{n} optimizer steps on them (rl.num_iterations {rl.num_iterations} x rl.num_mini_batches "
+        f"{rl.num_mini_batches})"
+    )
     return (
         f"RL ({rl.loss}): {prompts:,} prompts per step x {rl.group_size} completions of up to {rl.max_new_tokens} new "
         f"tokens ({prompts * rl.group_size:,}), {updates}; each forward and backward is one prompt's group, "

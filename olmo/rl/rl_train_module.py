@@ -6,7 +6,8 @@ step's start (:mod:`olmo.rl.rollout`: what a completion holds depends on the see
 only); the rewards score them (:mod:`olmo.rl.step`); each group's advantages are its rewards against the group's
 (:mod:`olmo.rl.policy_loss`); then, one group per forward and backward (every rank the same number), the policy loss with
 the ratio to the sampling log-probabilities, normalised over the whole step (every rank's completions) as the loss
-type says, and one optimizer step (``rl.num_iterations``: that many, each after a pass over the same completions).
+type says, and one optimizer step. With ``rl.num_mini_batches`` M the groups are cut into M parts, each normalised
+alone and followed by its own optimizer step; ``rl.num_iterations`` passes over them all.
 
 With several ranks sharding the model (FSDP), sampling runs on a full copy of the weights gathered once per step (no
 collective while ranks sample completions of different lengths); ``train/rl/logprob_drift`` (the mean absolute
@@ -120,19 +121,28 @@ class RLTrainModule(TransformerTrainModule):
         reward_mean, reward_std = self._reward_stats(scored)
         advantages = self._advantages(scored, reward_std)
         start = time.perf_counter()
-        sums = self._train_groups(groups, advantages, first=True)
-        for _ in range(self.rl.num_iterations - 1):  # mu > 1: step on this pass, train on the same completions
-            self._update()
-            for name, value in self._train_groups(groups, advantages, first=False).items():
-                sums[name] = sums[name] + value
+        sums: dict[str, torch.Tensor] = {}
+        for n, part in enumerate(self._parts(len(groups))):
+            if n:  # the optimizer step after each part but the last (the trainer's own)
+                self._update()
+            for name, value in self._train_groups(groups[part], advantages[part], first=n == 0).items():
+                sums[name] = sums[name] + value if name in sums else value
         train_seconds = time.perf_counter() - start
         if not dry_run:
             self._record(scored, sums, (reward_mean, reward_std), rollout_seconds, train_seconds)
             self._keep(step, scored)
 
+    def _parts(self, groups: int) -> list[slice]:
+        """The groups each optimizer step trains on: ``rl.num_iterations`` passes over this rank's groups, each cut
+        into ``rl.num_mini_batches`` runs of consecutive groups. Ranks hold every W-th prompt of the step, so the k-th
+        run of every rank together is the k-th run of the step's prompts in data order: the same on any W."""
+        M = self.rl.num_mini_batches
+        size = groups // M  # the config checks that prompts_per_step splits evenly
+        return [slice(k * size, (k + 1) * size) for _ in range(self.rl.num_iterations) for k in range(M)]
+
     def _update(self) -> None:
-        """One optimizer step inside the RL step (``num_iterations > 1``): clipped as the trainer's, at the step's
-        learning rate; the last pass's step is the trainer's own (:meth:`optim_step`, with the step's metrics)."""
+        """One optimizer step inside the RL step (more than one part): clipped as the trainer's, at the step's
+        learning rate; the last part's step is the trainer's own (:meth:`optim_step`, with the step's metrics)."""
         step = self.trainer.global_step
         max_norm = self.scheduler.get_max_grad_norm(self.settings.max_grad_norm, step)
         clip_grads(self.optimizer, max_norm, self.settings.max_grad_norm_ratio, step)
@@ -191,8 +201,8 @@ class RLTrainModule(TransformerTrainModule):
     def _train_groups(
         self, groups: list[Group], advantages: list[torch.Tensor], first: bool
     ) -> dict[str, torch.Tensor]:
-        """Forward and backward of each group, the loss normalised over the whole step; this rank's metric sums
-        (the drift only on the ``first`` pass over the completions, before any update)."""
+        """Forward and backward of each group, the loss normalised over these groups of every rank; this rank's
+        metric sums (the drift only on the ``first`` part, before any update)."""
         rl, device, W = self.rl, self.env.device, self.env.world_size
         batches = [
             group_batch(

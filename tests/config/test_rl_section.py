@@ -42,6 +42,8 @@ def test_defaults_are_trls_and_the_names_match_the_code():
         ("rl.group_size=1", r"rl.group_size=1 must be a whole number >= 2"),
         ("rl.prompts_per_step=0", r"rl.prompts_per_step=0 must be a whole number >= 1"),
         ("rl.num_iterations=0", r"rl.num_iterations=0 must be a whole number >= 1"),
+        ("rl.num_mini_batches=0", r"rl.num_mini_batches=0 must be a whole number >= 1"),
+        ("rl.num_mini_batches=3", r"rl.prompts_per_step=8 does not split into rl.num_mini_batches=3 equal parts"),
         ("rl.max_new_tokens=0", r"rl.max_new_tokens=0 must be a whole number >= 1"),
         ("rl.beta=0.1", "rl.beta=0.1 pulls the policy toward a reference model: start from the model to train"),
         ("dpo.enabled=true", r"rl.enabled=true cannot be combined with dpo.enabled \(one objective per run\)"),

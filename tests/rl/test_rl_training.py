@@ -157,37 +157,44 @@ def test_a_kl_penalty_to_a_reference_checkpoint_is_logged(tmp_path, prompts):
 
 
 def test_several_optimizer_steps_on_each_rollout_clip_the_moved_ratio(tmp_path, prompts):
-    """rl.num_iterations=2 (GRPO's mu): each step samples once and takes two optimizer steps on its completions. The
-    first pass is on-policy (nothing clipped at a tight epsilon, no drift); the second sees the updated policy."""
+    """rl.num_iterations=2 (GRPO's mu) and rl.num_mini_batches=2 (open-instruct's): each step samples once and
+    takes two optimizer steps on its completions, two passes over all of them or one over each half. The first
+    optimizer step is on-policy (nothing clipped at a tight epsilon, no drift); the second sees the moved policy."""
     tight = {"rl.epsilon_low": 1e-4, "max_duration": 2}
-    records: dict[int, list[dict]] = {1: [], 2: []}
-    for mu in (1, 2):
-        config = _config(tmp_path, prompts, f"mu{mu}", **tight, **{"rl.num_iterations": mu})
-        assert run_train(config, record=records[mu]) == 0
-    rows = {mu: [r for r in records[mu] if "train/rl/loss" in r] for mu in (1, 2)}
-    assert rows[1][0]["train/rl/reward_mean"] == rows[2][0]["train/rl/reward_mean"]  # the same first rollout
-    assert all(r["train/rl/clip_fraction"] == 0 for r in rows[1])
-    assert all(r["train/rl/clip_fraction"] > 0.05 for r in rows[2])
-    assert all(r["train/rl/logprob_drift"] < 1e-5 for mu in (1, 2) for r in rows[mu])
-    for mu in (1, 2):  # the optimizer stepped mu times a step
-        optim = torch.load(tmp_path / f"mu{mu}/step2-unsharded/optim.pt", weights_only=True)
-        steps = {float(s["step"]) for s in optim["state"].values()}
-        assert steps == {2.0 * mu}, steps
-    one = torch.load(tmp_path / "mu1/step2-unsharded/model.pt", weights_only=True)
-    two = torch.load(tmp_path / "mu2/step2-unsharded/model.pt", weights_only=True)
-    assert any(not torch.equal(one[k], two[k]) for k in one)
+    runs = {"one": {}, "mu2": {"rl.num_iterations": 2}, "halves": {"rl.num_mini_batches": 2}}
+    rows = {}
+    for name, settings in runs.items():
+        record: list[dict] = []
+        assert run_train(_config(tmp_path, prompts, name, **tight, **settings), record=record) == 0
+        rows[name] = [r for r in record if "train/rl/loss" in r]
+    assert rows["one"][0]["train/rl/reward_mean"] == rows["mu2"][0]["train/rl/reward_mean"]  # the same rollout
+    assert rows["one"][0]["train/rl/reward_mean"] == rows["halves"][0]["train/rl/reward_mean"]
+    assert all(r["train/rl/clip_fraction"] == 0 for r in rows["one"])
+    # A second pass over the same completions finds them pushed the way their advantages asked: clipped each step.
+    # The other half's prompts moved only through shared weights, the way their own advantages want or not.
+    assert all(r["train/rl/clip_fraction"] > 0.02 for r in rows["mu2"])
+    assert max(r["train/rl/clip_fraction"] for r in rows["halves"]) > 0.02
+    assert all(r["train/rl/logprob_drift"] < 1e-5 for name in runs for r in rows[name])
+    weights = {}
+    for name, steps in (("one", 2), ("mu2", 4), ("halves", 4)):  # the optimizer's own count of its steps
+        optim = torch.load(tmp_path / f"{name}/step2-unsharded/optim.pt", weights_only=True)
+        assert {float(s["step"]) for s in optim["state"].values()} == {float(steps)}, name
+        weights[name] = torch.load(tmp_path / f"{name}/step2-unsharded/model.pt", weights_only=True)
+    for a, b in (("one", "mu2"), ("one", "halves"), ("mu2", "halves")):
+        assert any(not torch.equal(weights[a][k], weights[b][k]) for k in weights[a]), (a, b)
 
 
 def test_two_fsdp_ranks_train_as_one_process(tmp_path, prompts):
     """Each prompt's completions depend on the seed, the step and its index only, groups stay on one rank, and the
-    loss is normalised over the whole step: two ranks sharing the model (FSDP) train as one process does (with two
-    optimizer steps on each rollout)."""
+    loss is normalised over the whole step (over each half: two mini-batches): two ranks sharing the model (FSDP)
+    train as one process does, with four optimizer steps on each rollout."""
     from olmo.testing import run_torchrun
 
     digits = {
         "rl.rewards": [{"name": "format", "weight": 1.0, "pattern": ".*[a-z0-9].*"}],
         "max_duration": 3,
-        "rl.num_iterations": 2,  # the inner optimizer step on FSDP's sharded gradients too
+        "rl.num_iterations": 2,  # inner optimizer steps on FSDP's sharded gradients too,
+        "rl.num_mini_batches": 2,  # each on the same half of the step's prompts on any number of ranks
     }
     one, two = _config(tmp_path, prompts, "one", **digits), _config(tmp_path, prompts, "two", **digits)
     assert run_train(one) == 0
