@@ -7,7 +7,10 @@ Every line of INPUT is ``{"prompt": "...", "ground_truth": "..."}`` (the prompt'
 ``{"messages": [...], "ground_truth": "..."}`` (a conversation ending with the user's turn, as
 ``prepare_sft_data.py`` takes messages: OLMo's Tulu layout up to ``<|assistant|>\\n``, or ``--chat-template``'s
 rendering with its generation prompt, so that a model fine-tuned on ``prepare_sft_data.py``'s output with the same
-format answers it). A ground truth is a string or a number; the rewards (``exact_answer``: the completion's last
+format answers it). A published dataset that holds both keys is read with ``--prompt-field messages`` (or
+``prompt``), and ``--keep KEY=VALUE`` keeps only its lines whose KEY is VALUE or a list holding it (Ai2's RL sets
+name each row's verifier in ``dataset``: ``--keep dataset=math``). A ground truth is a string or a number (or a list
+of exactly one); the rewards (``exact_answer``: the completion's last
 ``\\boxed{}`` or number) score completions against it. ``--seq-len`` is the model's ``max_sequence_length``;
 prompts longer than ``--max-prompt-tokens`` (by default ``--seq-len``) are dropped and counted. A run checks that its
 longest prompt and ``rl.max_new_tokens`` fit in ``model.max_sequence_length``.
@@ -77,7 +80,26 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
         ".jinja file, a tokenizer_config.json with a chat_template, or a folder holding one; default: OLMo's Tulu "
         "layout, as prepare_sft_data.py writes it",
     )
+    parser.add_argument(
+        "--prompt-field",
+        choices=["prompt", "messages"],
+        default=None,
+        help="read each prompt from this key alone, the other ignored (a published dataset may hold both; "
+        "default: each line holds exactly one)",
+    )
+    parser.add_argument(
+        "--keep",
+        default=None,
+        metavar="KEY=VALUE",
+        help="only the lines whose KEY is VALUE, or a list holding it (e.g. --keep dataset=math: the rows of Ai2's "
+        "RL sets that an exact answer scores); the others are counted and skipped",
+    )
     args = parser.parse_args(argv)
+    if args.keep is not None:
+        key, sep, value = args.keep.partition("=")
+        if not (sep and key and value):
+            parser.error(f"--keep {args.keep!r} must be KEY=VALUE, e.g. --keep dataset=math")
+        args.keep = (key, value)
     if args.seq_len < 1:
         parser.error(f"--seq-len {args.seq_len} is not a length; pass the model's max_sequence_length (e.g. 2048)")
     if args.max_prompt_tokens is not None and not 1 <= args.max_prompt_tokens <= args.seq_len:
@@ -118,6 +140,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         record,
         args.pad,
         args.max_prompt_tokens,
+        args.prompt_field,
+        args.keep,
     )
     log.info(
         "Wrote %s prompts (%s tokens, the longest %d) to %s in %.1f s.",
@@ -127,6 +151,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.output,
         time.monotonic() - start,
     )
+    if args.keep is not None:
+        log.info("Skipped %s lines without %s=%s (--keep).", f"{len(summary.skipped):,}", *args.keep)
     if summary.too_long:
         log.warning(
             "Dropped %s prompts longer than %d tokens (input lines %s%s).",

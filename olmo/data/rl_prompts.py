@@ -74,22 +74,55 @@ class PromptLine:
     ground_truth: str
 
 
-def read_prompt_lines(path: Path) -> Iterator[PromptLine]:
+def _kept(line: dict[str, Any], keep: tuple[str, str]) -> bool:
+    """Whether ``line[key]`` is ``value``, or a list holding it (compared as text)."""
+    key, value = keep
+    found = line.get(key)
+    values = found if isinstance(found, list) else [found]
+    return any(v is not None and not isinstance(v, (dict, list)) and str(v) == value for v in values)
+
+
+def read_prompt_lines(
+    path: Path,
+    prompt_field: Optional[str] = None,
+    keep: Optional[tuple[str, str]] = None,
+    skipped: Optional[list[int]] = None,
+) -> Iterator[PromptLine]:
     """Every non-blank line of ``path`` as a :class:`PromptLine`.
 
+    :param prompt_field: read the prompt from this key alone (``prompt`` or ``messages``), the other ignored, as in
+        a published dataset that holds both; None: a line holds exactly one of them.
+    :param keep: ``(key, value)``: only lines whose ``key`` is ``value`` (or a list holding it); the others' numbers
+        go to ``skipped``.
     :raises OLMoDataError: naming the file and line of the first line that is not a prompt with its ground truth.
     """
     for line_no, line in read_json_lines(path, what="prompt"):
         where = f"'{path}' line {line_no}"
+        if keep is not None and not _kept(line, keep):
+            if skipped is not None:
+                skipped.append(line_no)
+            continue
+        if prompt_field is not None:
+            if prompt_field not in line:
+                raise OLMoDataError(
+                    f"{where} has no '{prompt_field}' (--prompt-field {prompt_field}); its keys: "
+                    f"{', '.join(repr(k) for k in line) or 'none'}."
+                )
+            line = {k: v for k, v in line.items() if k not in ("prompt", "messages") or k == prompt_field}
         kinds = [key for key in ("prompt", "messages") if key in line]
         if len(kinds) != 1:
             has = "both 'prompt' and 'messages'" if kinds else "neither 'prompt' nor 'messages'"
-            raise OLMoDataError(f"{where} has {has}. Every line must look like {EXAMPLE}.")
-        truth = line.get("ground_truth")
+            fix = " (pass --prompt-field to choose one)" if kinds else ""
+            raise OLMoDataError(f"{where} has {has}{fix}. Every line must look like {EXAMPLE}.")
+        truth = given = line.get("ground_truth")
+        if isinstance(truth, list) and len(truth) == 1:  # a dataset's list of one answer (Ai2's RL sets)
+            truth = truth[0]
         if isinstance(truth, bool) or not isinstance(truth, (str, int, float)):
             what = (
                 "no 'ground_truth'"
                 if "ground_truth" not in line
+                else f"a 'ground_truth' list of {len(given)} values (a reward scores against one)"
+                if isinstance(given, list) and len(given) != 1
                 else f"a 'ground_truth' that is {json_type(truth)}"
             )
             raise OLMoDataError(
@@ -156,6 +189,8 @@ class PromptSummary:
     longest: int = 0
     too_long_lines: list[int] = field(default_factory=list)
     """The first few input lines dropped for length (for the log)."""
+    skipped: list[int] = field(default_factory=list)
+    """The input lines ``keep`` left out."""
 
 
 def write_rl_prompts(
@@ -168,12 +203,14 @@ def write_rl_prompts(
     record: dict[str, Any],
     pad: int,
     max_prompt_tokens: Optional[int] = None,
+    prompt_field: Optional[str] = None,
+    keep: Optional[tuple[str, str]] = None,
 ) -> PromptSummary:
     """Write the prompts of ``source`` (each of at most ``max_prompt_tokens``, by default ``seq_len``, tokens: longer
     ones are dropped and counted) and
     their ground truths into ``out``, through a hidden folder in ``anchor``, with ``record`` (the settings) added to
     ``prompts.json`` and each prompt also as an instance padded on the left with ``pad``: a failed run leaves
-    ``out`` as it was.
+    ``out`` as it was. ``prompt_field`` and ``keep``: as :func:`read_prompt_lines` takes them.
 
     :raises OLMoDataError: naming the file and line of a bad line or one the chat template fails on, and for an
         input without a prompt that fits.
@@ -189,7 +226,7 @@ def write_rl_prompts(
             open(staging / GROUND_TRUTHS, "w") as truths,
             open(staging / INSTANCES, "wb") as instances,
         ):
-            for line in read_prompt_lines(source):
+            for line in read_prompt_lines(source, prompt_field, keep, summary.skipped):
                 try:
                     ids = formatter.ids(line)
                 except ValueError as e:
@@ -211,15 +248,20 @@ def write_rl_prompts(
                 summary.longest = max(summary.longest, len(ids))
         summary.tokens = offsets[-1]
         if summary.kept == 0:
+            kept = "" if keep is None else f" with {keep[0]}={keep[1]} ({len(summary.skipped)} lines without)"
             raise OLMoDataError(
-                f"'{source}' holds no prompt of at most {flag} {limit} tokens ({summary.too_long} longer ones "
+                f"'{source}' holds no prompt{kept} of at most {flag} {limit} tokens ({summary.too_long} longer ones "
                 f"dropped), so nothing was written to '{out}'. Write one prompt per line ({EXAMPLE}), or raise "
-                f"{flag}."
+                f"{flag}{'' if keep is None else ', or check --keep'}."
             )
         np.asarray(offsets, dtype=np.int64).tofile(staging / PROMPT_OFFSETS)
         written = {"format": FORMAT, "version": VERSION, **record, "dtype": dtype, "seq_len": seq_len, "pad": pad}
         written.update(prompts=summary.kept, tokens=summary.tokens, max_prompt_tokens=summary.longest)
         written.update(dropped_too_long=summary.too_long, source=str(source))
+        if keep is not None:
+            written.update(keep=f"{keep[0]}={keep[1]}", dropped_by_keep=len(summary.skipped))
+        if prompt_field is not None:
+            written.update(prompt_field=prompt_field)
         (staging / RECORD).write_text(json.dumps(written, indent=2) + "\n")
         return summary
 

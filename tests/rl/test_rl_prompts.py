@@ -101,9 +101,13 @@ def test_plain_prompts_are_their_text_and_long_ones_are_dropped_and_counted(tmp_
     [
         ('{"prompt": "x", ', "is not valid JSON"),
         ({"ground_truth": "1"}, "has neither 'prompt' nor 'messages'"),
-        ({"prompt": "x", "messages": QUESTION, "ground_truth": "1"}, "has both 'prompt' and 'messages'"),
+        (
+            {"prompt": "x", "messages": QUESTION, "ground_truth": "1"},
+            r"has both 'prompt' and 'messages' \(pass --prompt-field to choose one\)",
+        ),
         ({"prompt": "x"}, "has no 'ground_truth'"),
-        ({"prompt": "x", "ground_truth": ["1"]}, "a 'ground_truth' that is an array"),
+        ({"prompt": "x", "ground_truth": ["1", "2"]}, "a 'ground_truth' list of 2 values"),
+        ({"prompt": "x", "ground_truth": [["1"]]}, "a 'ground_truth' that is an array"),
         ({"prompt": "x", "ground_truth": True}, "a 'ground_truth' that is a boolean"),
         ({"prompt": "  ", "ground_truth": "1"}, "'prompt' is empty"),
         ({"prompt": 3, "ground_truth": "1"}, "'prompt' is a number, not a string"),
@@ -197,3 +201,31 @@ def test_absurd_flags_are_refused_before_any_work(tmp_path, capsys):
     assert "--max-prompt-tokens 49 must be in [1, --seq-len 48]" in capsys.readouterr().err
     with pytest.raises(OLMoCliError, match="INPUT .* is not a file"):
         prepare_rl_prompts.main([str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "out"), "--seq-len", "8"])
+
+
+def test_a_published_rl_set_is_read_by_its_prompt_field_and_verifier(tmp_path, tokenizer, caplog):
+    """Ai2's RL sets hold both a prompt text and its messages, a list of one ground truth, and the verifier of each
+    row in ``dataset``: --prompt-field messages and --keep dataset=math take the rows an exact answer scores."""
+    rows = [
+        {"prompt": "What is 12 + 30?", "messages": QUESTION, "ground_truth": ["42"], "dataset": ["math"]},
+        {"prompt": "Write a haiku.", "messages": [QUESTION[1]], "ground_truth": ["{...}"], "dataset": ["ifeval"]},
+        {"prompt": "What is 1 + 1?", "messages": QUESTION, "ground_truth": ["2"], "dataset": "math"},
+    ]
+    caplog.set_level(logging.INFO)
+    flags = ["--prompt-field", "messages", "--keep", "dataset=math"]
+    _prepare(_lines(tmp_path / "in.jsonl", rows), tmp_path / "out", *flags)
+    prompts = RLPrompts(tmp_path / "out")
+    assert prompts.sources == ["in.jsonl:1", "in.jsonl:3"] and prompts.ground_truths == ["42", "2"]
+    question = _prepare(
+        _lines(tmp_path / "q.jsonl", [{"messages": QUESTION, "ground_truth": "42"}]), tmp_path / "q"
+    )
+    assert question == 0 and prompts.prompt(0).tolist() == RLPrompts(tmp_path / "q").prompt(0).tolist()
+    assert "Skipped 1 lines without dataset=math (--keep)" in caplog.text
+    record = json.loads((tmp_path / "out/prompts.json").read_text())
+    assert (record["keep"], record["dropped_by_keep"], record["prompt_field"]) == ("dataset=math", 1, "messages")
+    with pytest.raises(OLMoDataError, match=r"with dataset=code \(3 lines without\).*or check --keep"):
+        _prepare(tmp_path / "in.jsonl", tmp_path / "none", "--prompt-field", "messages", "--keep", "dataset=code")
+    with pytest.raises(OLMoDataError, match=r"in.jsonl' line 1 has no 'messages' \(--prompt-field messages\)"):
+        _prepare(_lines(tmp_path / "in.jsonl", [{"prompt": "x", "ground_truth": "1"}]), tmp_path / "o", *flags[:2])
+    with pytest.raises(SystemExit):
+        _prepare(tmp_path / "in.jsonl", tmp_path / "o", "--keep", "dataset")
