@@ -101,7 +101,12 @@ def _launch(cfg: TrainConfig, callbacks: Sequence[Callback]) -> int:
     if cfg.rl.enabled:
         from olmo.rl.run_checks import check_rl_run
 
-        check_rl_run(cfg.rl, cfg.model)
+        try:
+            check_rl_run(cfg.rl, cfg.model)
+        except (OLMoDataError, OLMoConfigurationError):
+            if cfg.dry_run and env_rank() == 0:  # the plan needs no prompts: show it, then what is wrong with them
+                print(format_plan(plan_run(cfg, env_world_size(), None)))
+            raise
     if cfg.hf_export.enabled:
         check_hf_export(cfg.model, cfg.tokenizer.identifier)  # the export at the end must not fail
     if not cfg.dry_run:  # a dry run's plan shows the memory instead
