@@ -64,6 +64,7 @@ class RLTrainModule(TransformerTrainModule):
         self.rewards = build_rewards(rl.rewards)
         self.eos, self.pad = settings.model.eos_token_id, settings.model.pad_token_id
         self._sampler: Optional[OLMo] = None  # the full copy several ranks sample with
+        self._step_tokens = 0  # the tokens of the rows the last step trained on (all passes): its throughput
         self.reference: Optional[nn.Module] = None
         """With ``rl.beta > 0``: the frozen model of ``rl.reference_path`` (loaded when the first stage starts)."""
 
@@ -121,6 +122,7 @@ class RLTrainModule(TransformerTrainModule):
         reward_mean, reward_std = self._reward_stats(scored)
         advantages = self._advantages(scored, reward_std)
         start = time.perf_counter()
+        self._step_tokens = 0
         sums: dict[str, torch.Tensor] = {}
         for n, part in enumerate(self._parts(len(groups))):
             if n:  # the optimizer step after each part but the last (the trainer's own)
@@ -139,6 +141,11 @@ class RLTrainModule(TransformerTrainModule):
         M = self.rl.num_mini_batches
         size = groups // M  # the config checks that prompts_per_step splits evenly
         return [slice(k * size, (k + 1) * size) for _ in range(self.rl.num_iterations) for k in range(M)]
+
+    def step_device_tokens(self) -> Optional[int]:
+        """The tokens of the rows this rank trained on in the last step (a group's prompt and completions, padded
+        to its longest, every pass): the step's tok/s and MFU count these, not the sampling."""
+        return self._step_tokens
 
     def _update(self) -> None:
         """One optimizer step inside the RL step (more than one part): clipped as the trainer's, at the step's
@@ -219,6 +226,7 @@ class RLTrainModule(TransformerTrainModule):
         names = ("loss", "nll", "kl", "entropy", "clipped", "drift", "tokens", "drift_tokens")
         sums = {name: torch.zeros((), dtype=torch.float32, device=device) for name in names}
         for b, adv in zip(batches, advantages):
+            self._step_tokens += b.input_ids.numel()
             b.input_ids, b.completion_ids = b.input_ids.to(device), b.completion_ids.to(device)
             mask, old = b.completion_mask.to(device), b.old_logps.to(device)
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional, TypeVar
+from typing import Optional, TypeVar, Union
 
 import torch
 import torch.distributed as dist
@@ -115,11 +115,12 @@ class ThroughputMonitor:
     launch, the tokens seen, and the peak memory.
 
     :param speed: the window of step times.
-    :param device_tokens: tokens one step processes on this device.
+    :param device_tokens: tokens one step processes on this device, or what gives the step's count after it ran
+        (an RL step's: the tokens it trained on).
     :param device: where the peak memory is measured.
     """
 
-    def __init__(self, speed: SpeedMonitor, device_tokens: int, device: torch.device):
+    def __init__(self, speed: SpeedMonitor, device_tokens: Union[int, Callable[[], int]], device: torch.device):
         self.speed, self.device_tokens, self.device = speed, device_tokens, device
         self.data_wait = 0.0
 
@@ -139,7 +140,8 @@ class ThroughputMonitor:
     ) -> dict[str, float]:
         """The metrics of the step that just finished (call once per step); ``read_back``: its metrics were read
         back from the device, so a GPU had finished its work (see :meth:`SpeedMonitor.step`)."""
-        metrics = self.speed.step(self.device_tokens, settled=read_back or self.device.type != "cuda")
+        tokens = self.device_tokens() if callable(self.device_tokens) else self.device_tokens
+        metrics = self.speed.step(tokens, settled=read_back or self.device.type != "cuda")
         metrics["throughput/data_wait_seconds"] = self.data_wait
         metrics.update(fetch_metrics(fetch_stats))
         metrics["throughput/total_tokens"] = tokens_seen

@@ -174,6 +174,10 @@ class TrainModule(ABC):
         data_parallel = self.trainer.layout.data_parallel_size
         return self.num_flops_per_token(seq_len) * rows * seq_len * data_parallel
 
+    def step_device_tokens(self) -> Optional[int]:
+        """This device's tokens of the last step when not its batch's (RL's groups); None: the batch's count."""
+        return None
+
     def record_ce_loss(
         self, ce_sum: torch.Tensor, n_labels: torch.Tensor, z_sum: Optional[torch.Tensor] = None
     ) -> None:
@@ -208,13 +212,8 @@ class TransformerTrainModule(TrainModule):
         self, settings: StepSettings, env: DistEnv, model: OLMo, optimizer: torch.optim.Optimizer, scheduler: Any
     ):
         super().__init__()
-        self.settings, self.env, self.model, self.optimizer, self.scheduler = (
-            settings,
-            env,
-            model,
-            optimizer,
-            scheduler,
-        )
+        self.settings, self.env, self.model = settings, env, model
+        self.optimizer, self.scheduler = optimizer, scheduler
         self.autocast_dtype = autocast_dtype(settings, env.device)
         self._eval = ModelEval(model, env.device, self.autocast_dtype)  # forward under no_grad and autocast
         self.z_loss_multiplier = settings.z_loss_multiplier  # None: no z-loss

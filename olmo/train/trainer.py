@@ -329,7 +329,8 @@ class Trainer(LoopControl):
             device_peak_flops(self.env.device, cfg.speed_monitor.gpu_flops_available),
         )
         device_tokens = cfg.device_tokens(self.env.world_size)
-        return ThroughputMonitor(speed, device_tokens, self.env.device)
+        module = self.train_module
+        return ThroughputMonitor(speed, lambda: module.step_device_tokens() or device_tokens, self.env.device)
 
     def _next_batch(self, stop: StopConditions) -> tuple[dict[str, Any], float]:
         """Enter the next stage when the last one ended, then wait for the step's batch; also the seconds waited."""

@@ -128,3 +128,19 @@ def test_cpu_peak_memory_is_this_process_not_the_parent_that_started_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert float(out) < 500, out  # torch alone is ~250 MB; the 600 MB parent must not show
     del parent
+
+
+def test_a_step_that_counts_its_own_tokens_sets_the_throughput(monkeypatch):
+    """An RL step trains on its groups, not its batch's padded prompt instances: the throughput counts what the
+    train module says it trained on (``step_device_tokens``), step by step."""
+    from olmo.train import metrics as metrics_module
+
+    clock = iter([0.0, 2.0, 4.0])
+    monkeypatch.setattr(metrics_module.time, "perf_counter", lambda: next(clock))
+    counts = iter([100, 300, 500])
+    monitor = metrics_module.ThroughputMonitor(
+        metrics_module.SpeedMonitor(5, 1, None), lambda: next(counts), torch.device("cpu")
+    )
+    assert "throughput/device/tokens_per_second" not in monitor.step_metrics(0, None)
+    assert monitor.step_metrics(0, None)["throughput/device/tokens_per_second"] == 150.0  # 300 tokens in 2 s
+    assert monitor.step_metrics(0, None)["throughput/device/tokens_per_second"] == 200.0  # 800 in 4 s
