@@ -36,6 +36,7 @@ __all__ = [
     "tiny_model_config",
     "write_config",
     "shrunk_copy",
+    "SHRUNK_OLMO3_7B",
     "metric_by_step",
     "assert_same_weights",
     "run_main",
@@ -221,6 +222,25 @@ def write_config(path: Union[str, Path], cfg: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+SHRUNK_OLMO3_7B: dict[str, Any] = {
+    "model.d_model": 32,
+    "model.n_heads": 4,
+    "model.n_layers": 5,
+    "model.mlp_hidden_size": 128,
+    "model.sliding_window.pattern": [8, 8, 8, -1],
+    "model.vocab_size": BYTE_VOCAB,
+    "model.embedding_size": 320,
+    "model.eos_token_id": BYTE_EOS,
+    "model.pad_token_id": BYTE_EOS,
+    "model.flash_attention": False,
+    "data.num_workers": 0,
+    "wandb": None,
+    "compile": None,
+}
+"""The keys that shrink an OLMo 3 recipe (configs/official/OLMo-3-*.yaml) for :func:`shrunk_copy`: a few thousand
+parameters on the byte vocabulary, windows shorter than the sequence on 3 of every 4 layers, the last layer full."""
 
 
 def shrunk_copy(

@@ -22,7 +22,9 @@ def test_every_shipped_config_loads_and_validates(path, tmp_path, monkeypatch):
             (tmp_path / "data/quickstart" / split / "part-00000.npy").write_bytes(b"\0" * 1024)
         monkeypatch.chdir(tmp_path)
     cfg = TrainConfig.load(path)
-    if cfg.dpo.enabled or cfg.rl.enabled:  # post-training stages: started from the stage before, as their headers say
+    if (
+        cfg.dpo.enabled or cfg.rl.enabled
+    ):  # post-training stages: started from the stage before, as their headers say
         cfg.load_path = "runs/the-stage-before/step100"
     apply_rl_run_settings(cfg)  # an RL run's data are its prompts
     world_size = 1 if "tiny" in path.parts else 8

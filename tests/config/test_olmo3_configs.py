@@ -12,7 +12,7 @@ from omegaconf import OmegaConf as om
 
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoDataError
-from olmo.testing import run_main, run_torchrun, run_train, shrunk_copy, write_byte_memmap
+from olmo.testing import SHRUNK_OLMO3_7B, run_main, run_torchrun, run_train, shrunk_copy, write_byte_memmap
 
 OFFICIAL = Path(__file__).resolve().parents[2] / "configs" / "official"
 STAGES = ("", "-midtrain", "-long-context")
@@ -66,21 +66,9 @@ def test_dry_run_prints_each_recipe_s_plan_before_its_data_exists(name, tmp_path
 
 
 SHRUNK = {
-    "model.d_model": 32,
-    "model.n_heads": 4,
-    "model.n_layers": 5,
-    "model.mlp_hidden_size": 128,
-    "model.sliding_window.pattern": [8, 8, 8, -1],
-    "model.vocab_size": 257,
-    "model.embedding_size": 320,
-    "model.eos_token_id": 256,
-    "model.pad_token_id": 256,
-    "model.flash_attention": False,
+    **SHRUNK_OLMO3_7B,
     "model.float8.enabled": False,  # the 7B long-context recipe's float8 needs a Hopper GPU (tests/train/test_float8.py)
-    "data.num_workers": 0,
     "evaluators": [],
-    "wandb": None,
-    "compile": None,
     "save_interval_ephemeral": None,
     "no_pre_train_checkpoint": True,
 }

@@ -16,7 +16,7 @@ import torch
 
 from olmo.config import TrainConfig
 from olmo.exceptions import OLMoDataError
-from olmo.testing import BYTE_EOS, run_main, run_train, shrunk_copy, write_byte_tokenizer
+from olmo.testing import BYTE_EOS, SHRUNK_OLMO3_7B, run_main, run_train, shrunk_copy, write_byte_tokenizer
 
 OFFICIAL = Path(__file__).resolve().parents[2] / "configs" / "official"
 STAGES = ("SFT", "DPO", "RL")
@@ -93,20 +93,8 @@ def test_help_and_dry_run_before_the_data_exists(stage, tmp_path, capsys):
 
 
 SHRUNK = {
-    "model.d_model": 32,
-    "model.n_heads": 4,
-    "model.n_layers": 5,
-    "model.mlp_hidden_size": 128,
-    "model.sliding_window.pattern": [8, 8, 8, -1],
-    "model.vocab_size": 257,
-    "model.embedding_size": 320,
-    "model.eos_token_id": BYTE_EOS,
-    "model.pad_token_id": BYTE_EOS,
-    "model.flash_attention": False,
-    "data.num_workers": 0,
+    **SHRUNK_OLMO3_7B,
     "data.memmap_dtype": "uint16",
-    "wandb": None,
-    "compile": None,
     "context_parallel.degree": 1,
     "optimizer.learning_rate": 1e-2,
     "scheduler.t_warmup": 1,
