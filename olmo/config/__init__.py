@@ -21,6 +21,7 @@ from .float8_sections import Float8Config
 from .linear_attention_sections import LinearAttentionConfig
 from .moe_sections import ExpertParallelConfig, MoEConfig
 from .parallel_sections import ContextParallelConfig, TensorParallelConfig
+from .pipeline_sections import PipelineParallelConfig, PipelineSchedule
 from .rl_sections import RLConfig, RLLoss, RLRewardConfig, RLScaleRewards
 from .stability_sections import RollbackConfig, SkipSpikesConfig, StragglersConfig, WatchdogConfig
 from .train_config import (
@@ -106,6 +107,8 @@ __all__ = [
     "Float8Config",
     "ExpertParallelConfig",
     "ContextParallelConfig",
+    "PipelineParallelConfig",
+    "PipelineSchedule",
     "TensorParallelConfig",
     "OptimizerConfig",
     "SchedulerConfig",

@@ -41,8 +41,10 @@ def _whole_degree(d: object) -> int:
 
 def smallest_world_size(cfg: TrainConfig) -> int:
     """The fewest processes the configured degrees can launch on: the least common multiple of
-    ``expert_parallel.degree`` and ``context_parallel.degree`` x ``tensor_parallel.degree`` (1 without them)."""
+    ``expert_parallel.degree`` and ``context_parallel.degree`` x ``tensor_parallel.degree`` x
+    ``pipeline_parallel.degree`` (1 without them)."""
     shared = _whole_degree(cfg.context_parallel.degree) * _whole_degree(cfg.tensor_parallel.degree)
+    shared *= _whole_degree(cfg.pipeline_parallel.degree)
     return math.lcm(_whole_degree(cfg.expert_parallel.degree), shared)
 
 
@@ -96,6 +98,7 @@ def strategy_problems(cfg: TrainConfig, world_size: Optional[int]) -> list[str]:
     ep += cfg.tensor_parallel.problems(
         cfg.model, strategy, world_size, cfg.expert_parallel.degree, cfg.context_parallel.degree
     )
+    ep += cfg.pipeline_parallel.problems(cfg, world_size)
     ep += _hybrid_problems(cfg, world_size)
     if cfg.model.trains_float8 and cfg.tensor_parallel.degree > 1:
         ep.append(
@@ -130,7 +133,9 @@ def _hybrid_problems(cfg: TrainConfig, world_size: Optional[int]) -> list[str]:
         ]
     if world_size is None:
         return []
-    spanned = world_size // _whole_degree(cfg.tensor_parallel.degree)
+    spanned = world_size // (
+        _whole_degree(cfg.tensor_parallel.degree) * _whole_degree(cfg.pipeline_parallel.degree)
+    )
     if spanned % replicas:
         return [
             f"fsdp.hybrid_sharding_num_model_replicas={replicas} must divide the ranks FSDP spans ({spanned}: "

@@ -41,6 +41,7 @@ from .model_sections import ModelConfig
 from .moe_sections import ExpertParallelConfig
 from .optim_sections import OptimizerConfig, SchedulerConfig
 from .parallel_sections import ContextParallelConfig, TensorParallelConfig
+from .pipeline_sections import PipelineParallelConfig
 from .resolvers import register_resolvers
 from .rl_sections import RLConfig
 from .sections import (
@@ -300,6 +301,9 @@ class TrainConfig(BaseConfig):
     """Context parallelism: ``{degree: N}`` splits each instance's tokens over N ranks (long sequences)."""
     tensor_parallel: TensorParallelConfig = field(default_factory=TensorParallelConfig)
     """Tensor parallelism: ``{degree: N}`` splits each layer's matrices over N ranks (only 1 so far)."""
+    pipeline_parallel: PipelineParallelConfig = field(default_factory=PipelineParallelConfig)
+    """Pipeline parallelism: ``{degree: N, schedule, microbatches, stages_per_rank}`` splits the layers into stages
+    over N groups of ranks (planned by ``scripts/plan.py``; the training step lands with issue 54's next part)."""
     distributed_timeout_minutes: float = 30.0
     """How long a collective may wait for a peer before the job fails instead of hanging (a rank that
     dies is normally detected by torchrun within seconds; this bounds hangs it cannot see). Above 0 and at most
@@ -404,15 +408,15 @@ class TrainConfig(BaseConfig):
         return 1 if device.type == "cpu" else 10
 
     def data_parallel_size(self, world_size: int) -> int:
-        """Ranks that read different instances: ``world_size`` over the context- and tensor-parallel degrees (the
-        ranks of one such group share their instances), for the batch sizes' checks; which share each rank reads is
+        """Ranks that read different instances: ``world_size`` over the context-, tensor- and pipeline-parallel degrees
+        (the ranks of one such group share their instances), for the batch sizes' checks; which share each rank reads is
         the layout's (:class:`olmo.distributed.layout.ParallelLayout`)."""
         return max(1, world_size // self._shared_instance_ranks())
 
     def _shared_instance_ranks(self) -> int:
-        """Ranks that read the same instances (context x tensor parallel degrees; a bad degree, which validation
-        reports, counts as 1)."""
-        degrees = (self.context_parallel.degree, self.tensor_parallel.degree)
+        """Ranks that read the same instances (context x tensor x pipeline parallel degrees; a bad degree, which
+        validation reports, counts as 1)."""
+        degrees = (self.context_parallel.degree, self.tensor_parallel.degree, self.pipeline_parallel.degree)
         return math.prod(d if isinstance(d, int) and not isinstance(d, bool) and d >= 1 else 1 for d in degrees)
 
     def device_batch_size(self, world_size: int) -> int:

@@ -2,10 +2,12 @@
 it is the one place that knows how the ranks are arranged. Every other module asks it: which instances a rank reads,
 which ranks share a sequence or a layer's matrices, and the device meshes of every parallelism.
 
-The ranks, outermost first (rank ``r``, ``C`` = ``context_parallel.degree``, ``T`` = ``tensor_parallel.degree``):
+The ranks, outermost first (rank ``r``, ``P`` = ``pipeline_parallel.degree``, ``C`` = ``context_parallel.degree``,
+``T`` = ``tensor_parallel.degree``, ``S = W / P`` the ranks of one pipeline stage):
 
-- **data parallel**: ``r // (C * T)``, of ``W / (C * T)``: which share of each batch's instances the rank reads (the
-  data order, ``global_indices.npy`` and each step's batch are those of a run on that many ranks);
+- **pipeline parallel**: ``r // S``, of ``P``: which stage of the model's layers the rank holds (1: every layer);
+- **data parallel**: ``(r % S) // (C * T)``, of ``S / (C * T)``: which share of each batch's instances the rank reads
+  (the data order, ``global_indices.npy`` and each step's batch are those of a run on that many ranks);
 - **context parallel**: ``(r // T) % C``: the rank's place among the ``C`` ranks that share each instance's tokens;
 - **tensor parallel**: ``r % T``: the rank's share of each block's heads and hidden units.
 
@@ -36,7 +38,13 @@ from ..exceptions import OLMoConfigurationError
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from ..config import ContextParallelConfig, ExpertParallelConfig, TensorParallelConfig, TrainConfig
+    from ..config import (
+        ContextParallelConfig,
+        ExpertParallelConfig,
+        PipelineParallelConfig,
+        TensorParallelConfig,
+        TrainConfig,
+    )
     from .collectives import DistEnv
     from .context_parallel import ContextParallel
 
@@ -68,6 +76,8 @@ class ParallelLayout:
     """``tensor_parallel.degree``: ranks sharing each block's matrices."""
     expert: int = 1
     """``expert_parallel.degree``: ranks sharing each mixture-of-experts layer's experts."""
+    pipeline: int = 1
+    """``pipeline_parallel.degree``: groups of ranks each holding a stage of the layers (the outermost dimension)."""
     device_type: str = "cpu"
     env: Optional[DistEnv] = field(default=None, compare=False, repr=False)
     """The launch this layout is of (None: sized for a cluster, without a process group)."""
@@ -85,6 +95,7 @@ class ParallelLayout:
         context_parallel: Optional[ContextParallelConfig] = None,
         tensor_parallel: Optional[TensorParallelConfig] = None,
         expert_parallel: Optional[ExpertParallelConfig] = None,
+        pipeline_parallel: Optional[PipelineParallelConfig] = None,
         env: Optional[DistEnv] = None,
     ) -> ParallelLayout:
         """The layout of ``world_size`` ranks (``local_world_size`` per node; None: one node) under these sections;
@@ -96,14 +107,15 @@ class ParallelLayout:
         if env is not None:
             world_size, rank, device_type = env.world_size, env.rank, env.device.type
             local_world_size = env.local_world_size
-        tp, cp = _degree(tensor_parallel), _degree(context_parallel)
+        tp, cp, pp = _degree(tensor_parallel), _degree(context_parallel), _degree(pipeline_parallel)
         if world_size == 1:  # one process shares nothing (a checkpoint evaluated or converted alone)
-            tp = cp = 1
-        if world_size % tp:
+            tp = cp = pp = 1
+        if world_size % (tp * pp):
+            both = f" x pipeline_parallel.degree={pp}" if pp > 1 else ""
             raise OLMoConfigurationError(
-                f"tensor_parallel.degree={tp} must divide the number of processes ({world_size})."
+                f"tensor_parallel.degree={tp}{both} must divide the number of processes ({world_size})."
             )
-        data_parallel = world_size // tp  # FSDP's ranks: every one but the tensor-parallel ones
+        data_parallel = world_size // (tp * pp)  # FSDP's ranks: a stage's, but the tensor-parallel ones
         fsdp = fsdp or FSDPConfig()
         replicate = 0
         if world_size == 1:
@@ -112,13 +124,13 @@ class ParallelLayout:
             replicate = data_parallel
         elif fsdp.sharding_strategy in _HYBRID:
             local = local_world_size or world_size
-            replicate = fsdp.hybrid_sharding_num_model_replicas or max(1, world_size // local)
+            replicate = fsdp.hybrid_sharding_num_model_replicas or max(1, world_size // pp // local)
             if data_parallel % replicate != 0:
                 raise OLMoConfigurationError(
                     f"fsdp.hybrid_sharding_num_model_replicas={replicate} must divide the data-parallel ranks "
                     f"({data_parallel}: the world size {world_size} over tensor_parallel.degree={tp})."
                 )
-        return cls(world_size, rank, replicate, cp, tp, _degree(expert_parallel), device_type, env)
+        return cls(world_size, rank, replicate, cp, tp, _degree(expert_parallel), pp, device_type, env)
 
     @classmethod
     def of_run(
@@ -141,6 +153,7 @@ class ParallelLayout:
             context_parallel=cfg.context_parallel,
             tensor_parallel=cfg.tensor_parallel,
             expert_parallel=cfg.expert_parallel,
+            pipeline_parallel=cfg.pipeline_parallel,
         )
 
     @classmethod
@@ -161,13 +174,23 @@ class ParallelLayout:
     # The arithmetic: what each rank reads and where it sits.
 
     @property
+    def stage_size(self) -> int:
+        """Ranks of one pipeline stage (every rank without pipeline parallelism)."""
+        return max(1, self.world_size // self.pipeline)
+
+    @property
+    def pipeline_rank(self) -> int:
+        """The pipeline stage this rank holds (0 without pipeline parallelism)."""
+        return self.rank // self.stage_size
+
+    @property
     def data_parallel_size(self) -> int:
         """Ranks that read different instances."""
-        return max(1, self.world_size // (self.context * self.tensor))
+        return max(1, self.stage_size // (self.context * self.tensor))
 
     def data_parallel_rank_of(self, rank: int) -> int:
         """Which share of each batch's instances the process of ``rank`` reads."""
-        return rank // (self.context * self.tensor)
+        return (rank % self.stage_size) // (self.context * self.tensor)
 
     @property
     def data_parallel_rank(self) -> int:
@@ -189,7 +212,7 @@ class ParallelLayout:
         """Ranks FSDP splits parameters, gradients and optimizer state over (1: replicated)."""
         if self.world_size == 1:
             return 1
-        return self.world_size // self.tensor // (self.replicate or 1)
+        return self.stage_size // self.tensor // (self.replicate or 1)
 
     @property
     def expert_sharded(self) -> bool:
@@ -205,6 +228,7 @@ class ParallelLayout:
             "expert_parallel": self.expert,
             "tensor_parallel": self.tensor,
             "context_parallel": self.context,
+            "pipeline_parallel": self.pipeline,
         }
 
     # The meshes and groups: made on first use (every rank at the same point) and kept.
@@ -214,6 +238,7 @@ class ParallelLayout:
         """FSDP2's mesh, then ``"tp"`` (None for one process)."""
         if self.world_size == 1:
             return None
+        self._single_stage("model")
         replicate = [("replicate", self.replicate)] if self.replicate else []
         return self._init_mesh([*replicate, ("shard", self.shard), *self._tensor_dim])
 
@@ -234,6 +259,7 @@ class ParallelLayout:
     @cached_property
     def data_mesh(self) -> DeviceMesh:
         """``("dp", "cp")``, then ``"tp"``: the ranks by the instances they read."""
+        self._single_stage("data")
         return self._init_mesh([("dp", self.data_parallel_size), ("cp", self.context), *self._tensor_dim])
 
     @cached_property
@@ -252,6 +278,10 @@ class ParallelLayout:
         if not self.expert_sharded:
             return None
         return self._init_mesh([("ep", self.expert), ("ep_dp", self.world_size // self.expert)])
+
+    def _single_stage(self, mesh: str) -> None:
+        if self.pipeline > 1:  # the launch refuses pipeline parallelism until its training step exists
+            raise NotImplementedError(f"the {mesh} mesh of a pipeline-parallel layout is not built yet (issue 54)")
 
     @property
     def _tensor_dim(self) -> list[tuple[str, int]]:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         FSDPConfig,
         ModelConfig,
         OptimizerConfig,
+        PipelineParallelConfig,
         TensorParallelConfig,
         TrainConfig,
     )
@@ -46,6 +47,7 @@ class RunShape:
     expert_parallel: ExpertParallelConfig
     context_parallel: ContextParallelConfig
     tensor_parallel: TensorParallelConfig
+    pipeline_parallel: PipelineParallelConfig
     activation_checkpointing: Optional[ActivationCheckpointingStrategy]
     compile: Optional[CompilerConfig]
     """``compile``: the blocks are compiled when set."""
@@ -72,6 +74,7 @@ class RunShape:
             expert_parallel=cfg.expert_parallel,
             context_parallel=cfg.context_parallel,
             tensor_parallel=cfg.tensor_parallel,
+            pipeline_parallel=cfg.pipeline_parallel,
             activation_checkpointing=cfg.activation_checkpointing,
             compile=cfg.compile,
             precision=cfg.precision,
@@ -93,13 +96,14 @@ class RunShape:
                 context_parallel=self.context_parallel,
                 tensor_parallel=self.tensor_parallel,
                 expert_parallel=self.expert_parallel,
+                pipeline_parallel=self.pipeline_parallel,
             )
         except OLMoConfigurationError:
             return ParallelLayout(world_size=world_size)
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step on each rank, by :meth:`TrainConfig.grad_accum_steps`'s rule (the ranks
-        of a context- or tensor-parallel group read the same instances)."""
-        shared = _degree(self.context_parallel) * _degree(self.tensor_parallel)
+        of a context-, tensor- or pipeline-parallel group read the same instances)."""
+        shared = _degree(self.context_parallel) * _degree(self.tensor_parallel) * _degree(self.pipeline_parallel)
         device_batch = self.global_train_batch_size // max(1, world_size // shared)
         return math.ceil(device_batch / self.device_train_microbatch_size)

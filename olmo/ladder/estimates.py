@@ -248,8 +248,51 @@ def _block_activation_bytes(m: ModelConfig, compute: int, residual: int, tp: int
     return attention, mlp
 
 
+@dataclass(frozen=True)
+class StageShare:
+    """What one pipeline rank holds of the model (:func:`estimate_memory` with pipeline parallelism)."""
+
+    blocks: int
+    """Blocks over the rank's stages."""
+    root_params: int
+    """Parameters outside the blocks: the embedding on the first stage's rank, the final norm and output layer on
+    the last's."""
+    last: bool
+    """Whether the rank computes the loss (it holds the last stage)."""
+    held: int
+    """Micro-batches whose activations the rank holds at once (:func:`olmo.distributed.pipeline_plan.held_microbatches`)."""
+
+
+def pipeline_shares(run: RunShape, facts: ModelFacts, world_size: int) -> list[StageShare]:
+    """Each pipeline rank's share of the model and of the in-flight micro-batches (see :class:`StageShare`)."""
+    from ..distributed.pipeline_plan import block_flops, held_microbatches, split_layers, stage_ranks
+
+    m, pp = run.model, run.pipeline_parallel
+    stages = pp.degree * pp.stages_per_rank
+    costs, head = block_flops(m, m.max_sequence_length)
+    split = split_layers(costs, head, stages)
+    ranks = stage_ranks(stages, pp.degree, str(pp.schedule))
+    root = facts.num_params - m.n_layers * facts.block_params
+    embedding = m.effective_embedding_size * m.d_model + (
+        0 if (m.rope or m.alibi or m.nope) else m.max_sequence_length * m.d_model
+    )
+    microbatches = pp.microbatches or run.grad_accum_steps(world_size)
+    shares = []
+    for r in range(pp.degree):
+        mine = [s for s in range(stages) if ranks[s] == r]
+        root_here = (embedding if 0 in mine else 0) + ((root - embedding) if stages - 1 in mine else 0)
+        held = held_microbatches(str(pp.schedule), pp.degree, microbatches, r)
+        shares.append(StageShare(sum(len(split[s]) for s in mine), root_here, stages - 1 in mine, held))
+    return shares
+
+
 def estimate_memory(
-    run: RunShape, facts: ModelFacts, world_size: int, device: DeviceSpec, micro_batch: Optional[int] = None
+    run: RunShape,
+    facts: ModelFacts,
+    world_size: int,
+    device: DeviceSpec,
+    micro_batch: Optional[int] = None,
+    stage: Optional[StageShare] = None,
 ) -> MemoryEstimate:
     """Peak memory of one device for ``run`` on ``world_size`` ranks of ``device``.
 
@@ -260,9 +303,25 @@ def estimate_memory(
     block inputs under activation checkpointing); and the larger of the logits' peak (or, with ``fused_loss``,
     one chunk's) and a checkpointed block rebuilt in the backward pass. Dropout masks and the attention bias of ``generate_doc_lengths`` / ALiBi are not counted.
 
+    With pipeline parallelism, the largest of the pipeline ranks' estimates, each for its share of the model
+    (:func:`pipeline_shares`): its blocks and its part of the embedding and output layer, the activations of the
+    micro-batches it holds at once, and the loss on the last stage's rank alone.
+
     :param micro_batch: instances per forward pass; ``device_train_microbatch_size`` by default.
+    :param stage: one pipeline rank's share (None: the whole model, or every rank's with pipeline parallelism).
     """
     m = run.model
+    if stage is None and run.pipeline_parallel.degree > 1 and world_size > 1:
+        pp = run.pipeline_parallel
+        if micro_batch is None and pp.microbatches:  # the device batch over the pipeline's micro-batches
+            device_batch = run.global_train_batch_size // max(1, run.layout(world_size).data_parallel_size)
+            micro_batch = max(1, device_batch // pp.microbatches)
+        estimates = [
+            estimate_memory(run, facts, world_size, device, micro_batch, share)
+            for share in pipeline_shares(run, facts, world_size)
+        ]
+        return max(estimates, key=lambda e: e.total)
+    n_layers = m.n_layers if stage is None else stage.blocks
     micro = micro_batch or run.device_train_microbatch_size
     layout = run.layout(world_size, GPUS_PER_NODE)
     cp = layout.context if world_size % layout.context == 0 else 1
@@ -276,6 +335,8 @@ def estimate_memory(
     residual = compute if mixed else 4  # FSDP's bf16 parameters make the embedding output bf16
     # A rank's copy of the model: a tensor-parallel rank holds 1/tp of each block (biases and QK-norm included).
     P = facts.num_params - m.n_layers * facts.block_params * (1 - 1 / tp)
+    if stage is not None:
+        P = stage.root_params + n_layers * facts.block_params / tp
     params, grads = 4 * P / shard, 4 * P / shard
     if device.is_gpu and run.grad_accum_steps(world_size) == 1:
         grads = 0.0  # the peak is the first backward's start: no gradient exists yet (zero_grad frees them)
@@ -284,9 +345,9 @@ def estimate_memory(
     gathered = 0.0
     if fsdp_units:
         unit = compute if mixed else 4
-        root = facts.num_params - m.n_layers * facts.block_params
+        root = facts.num_params - m.n_layers * facts.block_params if stage is None else stage.root_params
         keep_all = run.fsdp is not None and run.fsdp.sharding_strategy in GATHERED_STRATEGIES
-        blocks = m.n_layers if keep_all else min(2, m.n_layers)
+        blocks = n_layers if keep_all else min(2, n_layers)
         block = float(facts.block_params) / tp
         if layout.expert > 1:  # each rank gathers only its own share of the experts
             block -= facts.expert_params / m.n_layers * (1 - 1 / layout.expert)
@@ -309,11 +370,14 @@ def estimate_memory(
     else:
         kept, recompute = residual * m.d_model, full_block  # a checkpointed block saves only its input
     checkpointed = facts.checkpointed_blocks
+    if stage is not None:  # the stage's share of the checkpointed blocks
+        checkpointed = round(checkpointed * n_layers / m.n_layers)
     if device.is_gpu and run.compile is not None:
         # Compiled blocks fuse the elementwise work (norms, RoPE, SwiGLU), whose intermediates eager mode saves.
         full_block *= COMPILED_ACTIVATIONS
-    activations = tokens * ((m.n_layers - checkpointed) * full_block + checkpointed * kept)
-    activations += tokens * m.d_model * (residual + compute)  # ln_f's input and the output layer's
+    activations = tokens * ((n_layers - checkpointed) * full_block + checkpointed * kept)
+    if stage is None or stage.last:
+        activations += tokens * m.d_model * (residual + compute)  # ln_f's input and the output layer's
     gathered_kv = 0.0
     if cp > 1:
         # Each attention layer keeps the gathered keys and values of the whole sequence (its own share is counted
@@ -343,6 +407,10 @@ def estimate_memory(
         # same compiled: measured on the H200).
         loss = tokens * vocab * (compute + 2 * 4)
     recompute = tokens * recompute + kept_by_loss + gathered_kv if checkpointed else 0.0
+    if stage is not None:  # the micro-batches in flight each keep their activations; the loss is the last's
+        activations *= stage.held
+        if not stage.last:
+            loss, recompute = 0.0, recompute - kept_by_loss if checkpointed else 0.0
 
     reference = 4 * P / shard if run.dpo else 0.0
     estimate = MemoryEstimate(params, grads, optimizer, gathered, activations, loss, recompute, 0.0, reference)

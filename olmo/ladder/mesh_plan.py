@@ -56,6 +56,9 @@ class MeshPlan:
     configured: bool
     largest_micro_batch: Optional[int]
     """The largest micro-batch (a power of two up to the configured one) that fits, when the configured one does not."""
+    bubble: float = 0.0
+    """The share of a step a pipeline's ranks idle (:func:`olmo.distributed.pipeline_plan.bubble_fraction`; 0 without
+    pipeline parallelism); the step time includes it."""
 
 
 def mesh_variants(run: RunShape, world_size: int) -> list[tuple[str, RunShape]]:
@@ -110,6 +113,10 @@ def mesh_variants(run: RunShape, world_size: int) -> list[tuple[str, RunShape]]:
         for tp in (tp for tp in (2, 4, 8) if tp <= min(world_size, GPUS_PER_NODE)):
             name = f"FULL_SHARD{f' + CP {cp}' if cp > 1 else ''} + TP {tp}"
             out.append((name, variant(ShardingStrategy.FULL_SHARD, tensor_parallel=tp)))
+    if (world_size > GPUS_PER_NODE or configured.pipeline > 1) and not m.is_moe and not m.weight_tying:
+        # Across nodes: only a stage's activations cross the slower links between them.
+        for pp in (p for p in (2, 4, 8) if p <= m.n_layers and world_size % p == 0):
+            out.append((f"FULL_SHARD + PP {pp}", variant(ShardingStrategy.FULL_SHARD, pipeline_parallel=pp)))
     return out
 
 
@@ -135,6 +142,7 @@ def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: floa
     :raises OLMoConfigurationError: when a launch would refuse the configured layout (:func:`check_layout`).
     """
     check_layout(cfg.model.problems() + layout_problems(cfg, world_size), world_size)
+    from ..distributed.pipeline_plan import bubble_fraction
     from ..distributed.run_shape import RunShape
     from .estimates import GPUS_PER_NODE, estimate_memory, model_facts
 
@@ -143,7 +151,8 @@ def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: floa
     plans = []
     for name, mesh in mesh_variants(shape, world_size):
         sections = {
-            k: getattr(mesh, k) for k in ("fsdp", "expert_parallel", "context_parallel", "tensor_parallel")
+            k: getattr(mesh, k)
+            for k in ("fsdp", "expert_parallel", "context_parallel", "tensor_parallel", "pipeline_parallel")
         }
         if name != "configured" and layout_problems(dataclasses.replace(cfg, **sections), world_size):
             continue  # a launch would refuse it
@@ -161,9 +170,13 @@ def plan_meshes(cfg: TrainConfig, world_size: int, device: DeviceSpec, mfu: floa
                 candidate //= 2
         tokens = mesh.global_train_batch_size * mesh.model.max_sequence_length / world_size
         rate = (device.peak_flops or 0.0) * mfu
-        step = facts.flops_per_token * tokens / rate if rate else None
+        pp = mesh.pipeline_parallel
+        microbatches = pp.microbatches or mesh.grad_accum_steps(world_size)
+        bubble = bubble_fraction(str(pp.schedule), pp.degree, microbatches, pp.stages_per_rank)
+        step = facts.flops_per_token * tokens / rate / (1 - bubble) if rate else None
         degrees = mesh.layout(world_size, GPUS_PER_NODE).degrees()  # the sizes a launch's layout gives this mesh
-        plans.append(MeshPlan(name, degrees, micro, memory, fits, step, mfu, name == "configured", largest))
+        configured = name == "configured"
+        plans.append(MeshPlan(name, degrees, micro, memory, fits, step, mfu, configured, largest, bubble))
     return plans
 
 
@@ -175,12 +188,14 @@ def format_plans(plans: list[MeshPlan], device: DeviceSpec, world_size: int) -> 
         f"{world_size:,} x {device.name} ({device.memory_bytes / GIB:.0f} GiB each, peak "
         f"{(device.peak_flops or 0) / 1e12:.0f} TFLOP/s); memory per rank in GiB, with {FRAGMENTATION:.0%} "
         f"allocator headroom:",
-        f"{'mesh':28s} {'repl x shard':>12s} {'EP':>3s} {'CP':>3s} {'TP':>3s} {'micro':>5s} {'params':>7s} {'grads':>6s} {'optim':>6s} "
-        f"{'gather':>6s} {'activ':>7s} {'loss':>6s} {'total':>7s}  fits  step",
+        f"{'mesh':28s} {'repl x shard':>12s} {'EP':>3s} {'CP':>3s} {'TP':>3s} {'PP':>3s} {'micro':>5s} {'params':>7s} {'grads':>6s} {'optim':>6s} "
+        f"{'gather':>6s} {'activ':>7s} {'loss':>6s} {'total':>7s}  fits  step (bubble)",
     ]
     for p in plans:
         m = {k: v / GIB for k, v in p.memory.items()}
         step = f"{p.step_seconds:.3g} s" if p.step_seconds is not None else "?"
+        if p.bubble:
+            step += f" ({p.bubble:.0%})"
         fits = (
             "yes"
             if p.fits
@@ -190,7 +205,8 @@ def format_plans(plans: list[MeshPlan], device: DeviceSpec, world_size: int) -> 
         )
         lines.append(
             f"{p.name:28s} {p.degrees['replicate']:>5d} x {p.degrees['shard']:<4d} {p.degrees['expert_parallel']:>3d} "
-            f"{p.degrees['context_parallel']:>3d} {p.degrees['tensor_parallel']:>3d} {p.micro_batch:>5d} {m['params']:>7.2f} {m['grads']:>6.2f} {m['optimizer']:>6.2f} {m['gathered_params']:>6.2f} "
+            f"{p.degrees['context_parallel']:>3d} {p.degrees['tensor_parallel']:>3d} "
+            f"{p.degrees['pipeline_parallel']:>3d} {p.micro_batch:>5d} {m['params']:>7.2f} {m['grads']:>6.2f} {m['optimizer']:>6.2f} {m['gathered_params']:>6.2f} "
             f"{m['activations'] + m['recompute']:>7.2f} {m['loss']:>6.2f} {m['total']:>7.2f}  {fits}  {step}"
         )
     configured = plans[0]
@@ -206,6 +222,16 @@ def format_plans(plans: list[MeshPlan], device: DeviceSpec, world_size: int) -> 
                 f"ranks do not divide: activation_checkpointing, fused_loss, context_parallel, tensor_parallel or a shorter sequence "
                 f"would."
             )
+        )
+    fastest = min(
+        (p for p in plans if p.fits and p.step_seconds is not None),
+        key=lambda p: p.step_seconds or 0,
+        default=None,
+    )
+    if fastest is not None and any(p.bubble for p in plans):
+        lines.append(
+            f"Fastest that fits: {fastest.name} ({fastest.step_seconds:.3g} s a step); a pipeline's step includes its "
+            f"bubble, not the time its activations take to cross the links between stages."
         )
     lines.append(f"Step times assume {configured.mfu:.0%} MFU of the dense peak.")
     return "\n".join(lines)

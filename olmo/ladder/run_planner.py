@@ -104,6 +104,7 @@ def _distributed(run: RunShape, world_size: int, fewest: int) -> str:
         "expert_parallel": run.expert_parallel.degree,
         "context_parallel": run.context_parallel.degree,
         "tensor_parallel": run.tensor_parallel.degree,
+        "pipeline_parallel": run.pipeline_parallel.degree,
     }
     split = ", ".join(f"{key}.degree={d}" for key, d in degrees.items() if isinstance(d, int) and d > 1)
     if world_size == 1:
@@ -171,6 +172,25 @@ def _rl_note(rl: RLConfig, prompts: int) -> str:
         f"tokens ({prompts * rl.group_size:,}), {updates}; each forward and backward is one prompt's group, "
         f"so the memory above is that of {rl.group_size} full-length instances (an upper bound). The FLOPs and time "
         f"count the prompts' instances, not the sampling (about 2N FLOPs per sampled token more){reference}."
+    )
+
+
+def pipeline_note(run: RunShape, accumulation: int) -> str:
+    """The plan's line about a pipeline (``accumulation``: the micro-batches gradient accumulation would cut each
+    rank's batch into): its stages' blocks, schedule, micro-batches and bubble."""
+    from ..distributed.pipeline_plan import block_flops, bubble_fraction, split_layers
+
+    pp = run.pipeline_parallel
+    stages = pp.degree * pp.stages_per_rank
+    costs, head = block_flops(run.model, run.model.max_sequence_length)
+    split = split_layers(costs, head, stages)
+    blocks = ", ".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else f"{r.start}" for r in split)
+    microbatches = pp.microbatches or accumulation
+    bubble = bubble_fraction(str(pp.schedule), pp.degree, microbatches, pp.stages_per_rank)
+    return (
+        f"Pipeline ({pp.schedule}, {pp.degree} ranks x {pp.stages_per_rank} stage(s)): blocks {blocks} (balanced by "
+        f"FLOPs; the embedding on the first stage, the output layer on the last), {microbatches} micro-batches a "
+        f"step, an ideal bubble of {bubble:.0%} of the step; the training step is not built yet (issue 54)."
     )
 
 
@@ -242,6 +262,8 @@ def plan_run(
             train_flops += facts.flops_per_token / 3 * (total_tokens or 0)
     if cfg.rl.enabled:
         notes.append(_rl_note(cfg.rl, cfg.global_train_batch_size))
+    if cfg.pipeline_parallel.degree > 1:
+        notes.append(pipeline_note(run, cfg.grad_accum_steps(max(world_size, smallest_world_size(cfg)))))
     if (float8 := _float8_note(m)) is not None:
         notes.append(float8)
     micro = cfg.rl.group_size if cfg.rl.enabled else cfg.device_train_microbatch_size  # RL: a group per forward

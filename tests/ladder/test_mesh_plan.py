@@ -34,7 +34,9 @@ def test_one_h200_plans_olmo_1b_as_measured(capsys):
         "expert_parallel": 1,
         "tensor_parallel": 1,
         "context_parallel": 1,
+        "pipeline_parallel": 1,
     }
+    assert mesh["bubble"] == 0.0
     parts = {k: v for k, v in mesh["memory"].items() if k != "total"}
     assert sum(parts.values()) == pytest.approx(mesh["memory"]["total"])
     tensors = mesh["memory"]["total"] - mesh["memory"]["overhead"]
