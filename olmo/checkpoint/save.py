@@ -55,6 +55,8 @@ __all__ = [
 FORMAT_VERSION = 1
 FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 """The options of an unsharded save and load: full state dicts, gathered on the CPU."""
+STAGE_FULL_STATE = StateDictOptions(full_state_dict=True)
+"""A pipeline stage's unsharded save: full tensors on every rank of the stage (moved to the CPU to be gathered)."""
 
 
 def rank() -> int:
@@ -158,19 +160,27 @@ def model_and_optim_state(
     with ``full``, whole tensors gathered on the CPU (``stepN-unsharded/model.pt`` and ``optim.pt``; complete on
     rank 0); otherwise this rank's shards (DTensors under FSDP), what ``stepN/model_and_optim`` is written from."""
     if optimizer is None:
-        model_only: dict[str, Any] = {"model": get_model_state_dict(model, options=FULL_STATE if full else None)}
+        options = STAGE_FULL_STATE if getattr(model, "holds_part", False) else FULL_STATE
+        model_only: dict[str, Any] = {"model": get_model_state_dict(model, options=options if full else None)}
         canonical_rows(model, model_only)
+        if getattr(model, "holds_part", False):
+            model.complete_state(model_only, full, model.pipeline_group)  # type: ignore[operator]
         return plain_tensors(model_only)
     fresh = not optimizer.state  # no step taken yet (a step-0 checkpoint)
     if full:
-        state: dict[str, Any] = {"model": get_model_state_dict(model, options=FULL_STATE)}
-        state["optim"] = get_optimizer_state_dict(model, optimizer, options=FULL_STATE)
+        # A pipeline stage's part is gathered on each stage's ranks (torch's CPU offload keeps global rank 0's
+        # alone), then sent to rank 0 by complete_state.
+        options = STAGE_FULL_STATE if getattr(model, "holds_part", False) else FULL_STATE
+        state: dict[str, Any] = {"model": get_model_state_dict(model, options=options)}
+        state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
     else:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
     if fresh:
         _as_fresh_optimizer_state(optimizer, state["optim"])
     canonical_rows(model, state)  # tensor parallelism's rank-major fused rows, stored canonical
+    if getattr(model, "holds_part", False):  # a pipeline stage's: the whole model's groups (and tensors, full)
+        model.complete_state(state, full, model.pipeline_group)  # type: ignore[operator]
     return plain_tensors(state)
 
 

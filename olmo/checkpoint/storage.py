@@ -32,6 +32,7 @@ import torch.nn as nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
+    get_optimizer_state_dict,
     get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
@@ -254,12 +255,19 @@ def load_checkpoint(
     model_sd = load_state_file(info.path, "model")
     if original:
         model_sd = clean_model_state(model_sd)
+    model_sd = _held(model, model_sd)
     check_shapes(info.path, model_sd, get_model_state_dict(model))
     set_model_state_dict(model, model_sd, options=FULL_STATE)
     if optimizer is not None:
         optim_sd = load_state_file(info.path, "optim")
         if original:
             optim_sd = convert_optim_state(optim_sd, model, optimizer, info.path)
+        if getattr(model, "holds_part", False) and isinstance(optim_sd.get("state"), dict):
+            # This stage's parameters' state, under this run's groups (as a sharded load keeps them).
+            current = get_optimizer_state_dict(model, optimizer, options=FULL_STATE)
+            names = set(model_sd)
+            held = {k: v for k, v in optim_sd["state"].items() if k in names}
+            optim_sd = {"state": held, "param_groups": current["param_groups"]}
         try:
             set_optimizer_state_dict(model, optimizer, optim_sd, options=FULL_STATE)
         except (KeyError, ValueError, RuntimeError) as e:
@@ -272,6 +280,15 @@ def load_checkpoint(
     if not load_trainer_state:
         return None
     return trainer_state(info)
+
+
+def _held(model: nn.Module, saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` (a checkpoint's model entries) restricted to the parameters ``model`` holds when it is a pipeline
+    stage's part of the model (the others are the other stages'; the launch checked them against the whole model)."""
+    if not getattr(model, "holds_part", False):
+        return saved
+    names = set(get_model_state_dict(model))
+    return {k: v for k, v in saved.items() if k in names}
 
 
 def _unmap_optimizer_state(optimizer: torch.optim.Optimizer, loaded: Any) -> None:
@@ -336,7 +353,7 @@ def _load_sharded(
     else:
         state = {"model": get_model_state_dict(model)}
     plain_tensors(state)  # float8 weights read into their plain memory, as they were written (save.plain_tensors)
-    check_shapes(info.path, sharded_model_shapes(folder), state["model"])
+    check_shapes(info.path, _held(model, sharded_model_shapes(folder)), state["model"])
     try:
         dcp.load(state, storage_reader=DirectFileSystemReader(folder), planner=SafeLoadPlanner())
     except CheckpointException as e:

@@ -91,20 +91,15 @@ def launch(cfg: TrainConfig, callbacks: Sequence[Callback] = ()) -> int:
 
 
 def _launch(cfg: TrainConfig, callbacks: Sequence[Callback]) -> int:
-    pp = cfg.pipeline_parallel.degree
-    if pp > 1 and not cfg.dry_run:
-        raise OLMoConfigurationError(
-            f"pipeline_parallel.degree={pp}: pipeline parallelism is planned (scripts/plan.py, --dry_run) but its "
-            f"training step is not built yet (issue 54's next part); train with pipeline_parallel.degree=1 "
-            f"(FSDP, tensor and context parallelism cover the same models meanwhile)."
-        )
     float8_problem = float8_device_problem(cfg.model.float8, launch_device()) if cfg.model.trains_float8 else None
     if float8_problem is not None and not cfg.dry_run:
         raise OLMoConfigurationError(float8_problem)
     if float8_problem is not None:  # a dry run on a login node plans a GPU run
         log.warning("%s", float8_problem)
     # A bad name, or a module that cannot train a stage's KL penalty, fails before anything is built.
-    train_module_class(cfg.train_module, cfg.stages, cfg.dpo.enabled, cfg.rl.enabled)
+    train_module_class(
+        cfg.train_module, cfg.stages, cfg.dpo.enabled, cfg.rl.enabled, cfg.pipeline_parallel.degree > 1
+    )
     if cfg.rl.enabled:
         from olmo.rl.run_checks import check_rl_run
 
@@ -279,14 +274,21 @@ def train(
         layout.data_parallel_rank,
         dataset,
     )
-    model = build_model(cfg.model, layout, ParallelizeOptions.from_train_config(cfg, training=True))
-    active = model.num_active_params()
+    options = ParallelizeOptions.from_train_config(cfg, training=True)
+    if layout.pipeline > 1:  # this rank's stages of the model (olmo.distributed.pipeline)
+        from olmo.distributed.pipeline import build_pipeline_model
+
+        model = build_pipeline_model(cfg.model, layout, options, cfg.pipeline_parallel)
+        whole = model.shell
+    else:
+        model = whole = build_model(cfg.model, layout, options)
+    active = whole.num_active_params()
     log.info(
         "Model: %s parameters (%s without embeddings%s), %.2f GFLOPs/token.",
-        f"{model.num_params():,}",
-        f"{model.num_params(include_embedding=False):,}",
-        f"; {active:,} active per token" if active != model.num_params() else "",
-        model.num_flops_per_token() / 1e9,
+        f"{whole.num_params():,}",
+        f"{whole.num_params(include_embedding=False):,}",
+        f"; {active:,} active per token" if active != whole.num_params() else "",
+        whole.num_flops_per_token() / 1e9,
     )
     optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
     train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler), cfg.train_module)

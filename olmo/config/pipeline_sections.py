@@ -108,10 +108,26 @@ class PipelineParallelConfig(BaseConfig):
             ),
             "dpo.enabled": (cfg.dpo.enabled, "a pair's answers and the reference would span stages", "set false"),
             "rl.enabled": (cfg.rl.enabled, "sampling needs the whole model on each rank", "set false"),
-            "stages[].kl_beta": (
-                any(s.kl_beta for s in cfg.stages or ()),
-                "a KL reference would span stages",
-                "set 0",
+            "stages": (
+                bool(cfg.stages),
+                "a staged run's step (and its KL reference) is not a pipeline's",
+                "remove it",
+            ),
+            "evaluators[].type=generate": (
+                any(str(e.type) == "generate" for e in cfg.evaluators or ()),
+                "generating needs the whole model on each rank",
+                "remove those evaluators",
+            ),
+            "model.float8.enabled": (
+                cfg.model.trains_float8,
+                "a pipeline's stages are not converted",
+                "set false",
+            ),
+            "hf_export.enabled": (cfg.hf_export.enabled, "the export reads the whole model", "set false"),
+            "data.mixture": (
+                cfg.data.mixture is not None,
+                "its per-source losses are not a pipeline's",
+                "remove it",
             ),
             "distributed_strategy": (
                 cfg.distributed_strategy != "fsdp",
@@ -125,7 +141,41 @@ class PipelineParallelConfig(BaseConfig):
             ),
             "train_module": (cfg.train_module is not None, "its step is not a pipeline's", "remove it"),
         }
+        if self.schedule in (PipelineSchedule.zero_bubble, PipelineSchedule.zbv) and cfg.compile is not None:
+            refused["compile"] = (True, "torch's zero-bubble schedules refuse compiled stages", "set null")
         for key, (on, why, fix) in refused.items():
             if on:
                 out.append(f"pipeline_parallel.degree={d} cannot be combined with {key} ({why}); {fix}.")
+        out += self._microbatch_problems(cfg, world_size, stages)
+        return out
+
+    def _microbatch_problems(self, cfg: TrainConfig, world_size: Optional[int], stages: int) -> list[str]:
+        """The micro-batches against each rank's batch and the schedule (with a known world size)."""
+        if world_size is None or world_size % self.degree or not cfg.global_train_batch_size > 0:
+            return []
+        rows = cfg.device_batch_size(world_size)
+        m = self.microbatches
+        if m is None:
+            micro = cfg.device_train_microbatch_size
+            m = -(-rows // micro) if isinstance(micro, int) and micro > 0 else 1
+        elif isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            return []
+        out = []
+        if rows % m:
+            out.append(
+                f"pipeline_parallel.microbatches={m} must divide each rank's batch ({rows} instances: "
+                f"global_train_batch_size over {cfg.data_parallel_size(world_size)} data-parallel ranks); every "
+                f"micro-batch crosses the stages with the same shape."
+            )
+        if self.schedule == PipelineSchedule.one_f_one_b and m < stages:
+            out.append(
+                f"pipeline_parallel.schedule=1f1b needs at least as many micro-batches as stages ({m} < {stages}); "
+                f"raise pipeline_parallel.microbatches or lower device_train_microbatch_size."
+            )
+        rounds = max(1, m // self.degree)
+        if self.schedule != PipelineSchedule.one_f_one_b and m % rounds:
+            out.append(
+                f"pipeline_parallel.schedule={self.schedule} needs micro-batches ({m}) divisible by their rounds over "
+                f"the {self.degree} ranks ({rounds}); use a multiple of {self.degree}."
+            )
         return out

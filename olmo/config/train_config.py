@@ -303,7 +303,7 @@ class TrainConfig(BaseConfig):
     """Tensor parallelism: ``{degree: N}`` splits each layer's matrices over N ranks (only 1 so far)."""
     pipeline_parallel: PipelineParallelConfig = field(default_factory=PipelineParallelConfig)
     """Pipeline parallelism: ``{degree: N, schedule, microbatches, stages_per_rank}`` splits the layers into stages
-    over N groups of ranks (planned by ``scripts/plan.py``; the training step lands with issue 54's next part)."""
+    over N groups of ranks (:mod:`olmo.distributed.pipeline`, planned by ``scripts/plan.py``)."""
     distributed_timeout_minutes: float = 30.0
     """How long a collective may wait for a peer before the job fails instead of hanging (a rank that
     dies is normally detected by torchrun within seconds; this bounds hangs it cannot see). Above 0 and at most

@@ -238,17 +238,23 @@ class ParallelLayout:
         """FSDP2's mesh, then ``"tp"`` (None for one process)."""
         if self.world_size == 1:
             return None
-        self._single_stage("model")
         replicate = [("replicate", self.replicate)] if self.replicate else []
-        return self._init_mesh([*replicate, ("shard", self.shard), *self._tensor_dim])
+        return self._init_mesh([*self._pipeline_dim, *replicate, ("shard", self.shard), *self._tensor_dim])
 
     @property
     def fsdp_mesh(self) -> Optional[DeviceMesh]:
-        """The model mesh without its ``"tp"`` dimension: what FSDP shards and replicates over."""
+        """The model mesh without its ``"tp"`` and ``"pp"`` dimensions: what FSDP shards and replicates over (with a
+        pipeline, the ranks of this rank's stage)."""
         mesh = self.model_mesh
-        if mesh is None or self.tensor == 1:
+        if mesh is None or (self.tensor == 1 and self.pipeline == 1):
             return mesh
-        return mesh[tuple(n for n in mesh.mesh_dim_names or () if n != "tp")]
+        return mesh[tuple(n for n in mesh.mesh_dim_names or () if n not in ("tp", "pp"))]
+
+    @property
+    def pipeline_group(self) -> Any:
+        """The process group of this rank's pipeline (one rank of each stage; None without pipeline parallelism)."""
+        mesh = self.model_mesh
+        return mesh.get_group("pp") if mesh is not None and self.pipeline > 1 else None
 
     @property
     def tensor_mesh(self) -> Optional[DeviceMesh]:
@@ -258,9 +264,9 @@ class ParallelLayout:
 
     @cached_property
     def data_mesh(self) -> DeviceMesh:
-        """``("dp", "cp")``, then ``"tp"``: the ranks by the instances they read."""
-        self._single_stage("data")
-        return self._init_mesh([("dp", self.data_parallel_size), ("cp", self.context), *self._tensor_dim])
+        """``("dp", "cp")``, then ``"tp"`` (after ``"pp"`` with a pipeline): the ranks by the instances they read."""
+        dims = [("dp", self.data_parallel_size), ("cp", self.context), *self._tensor_dim]
+        return self._init_mesh([*self._pipeline_dim, *dims])
 
     @cached_property
     def context_parallel(self) -> Optional[ContextParallel]:
@@ -279,9 +285,9 @@ class ParallelLayout:
             return None
         return self._init_mesh([("ep", self.expert), ("ep_dp", self.world_size // self.expert)])
 
-    def _single_stage(self, mesh: str) -> None:
-        if self.pipeline > 1:  # the launch refuses pipeline parallelism until its training step exists
-            raise NotImplementedError(f"the {mesh} mesh of a pipeline-parallel layout is not built yet (issue 54)")
+    @property
+    def _pipeline_dim(self) -> list[tuple[str, int]]:
+        return [("pp", self.pipeline)] if self.pipeline > 1 else []
 
     @property
     def _tensor_dim(self) -> list[tuple[str, int]]:

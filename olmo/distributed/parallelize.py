@@ -128,7 +128,7 @@ def build_model(
     if options.activation_checkpointing is not None:
         apply_activation_checkpointing(model, options.activation_checkpointing)
     if options.compile is not None:
-        _compile_blocks(model, _moe_compile_options(cfg, options, layout))
+        compile_blocks(model, _moe_compile_options(cfg, options, layout))
     experts: set[torch.nn.Parameter] = set()
     expert_mesh = layout.expert_mesh if cfg.is_moe else None
     if expert_mesh is not None:
@@ -228,18 +228,12 @@ def _shard(
     * ``experts``: expert-parallel weights, which FSDP leaves to their own mesh.
     * ``mesh``: the layout's FSDP mesh (:attr:`~olmo.distributed.layout.ParallelLayout.fsdp_mesh`).
     """
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
     fsdp = cfg.fsdp or FSDPConfig()
-    reshard = fsdp.sharding_strategy not in (ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy._HYBRID_SHARD_ZERO2)
-    dtype = autocast_dtype(cfg, env.device)
-    policy = MixedPrecisionPolicy()
-    if dtype is not None and fsdp.precision is not None:
-        reduce_dtype = torch.float32 if fsdp.precision == FSDPPrecision.mixed else dtype
-        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
     wrap = str(fsdp.wrapping_strategy or "by_block")
     every = {"one_in_two": 2, "one_in_three": 3, "one_in_four": 4, "one_in_five": 5}.get(wrap, 1)
-    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard, "mp_policy": policy}
+    kwargs = fsdp_unit_options(cfg, env, mesh)
     if experts:  # expert-parallel weights are sharded over their own mesh (olmo.distributed.expert_parallel)
         kwargs["ignored_params"] = experts
     for block in model.transformer.typed_blocks():
@@ -252,6 +246,21 @@ def _shard(
             fully_shard(model.transformer.wte, **kwargs)
     # The root unit holds what is left; it is needed right away in backward, so never reshard it.
     fully_shard(model, **{**kwargs, "reshard_after_forward": False})
+
+
+def fsdp_unit_options(cfg: ParallelizeOptions, env: DistEnv, mesh: DeviceMesh) -> dict[str, Any]:
+    """The ``fully_shard`` options of a unit under the OLMo options (see :func:`_shard`): the mesh, whether to reshard
+    after the forward pass (not for SHARD_GRAD_OP and _HYBRID_SHARD_ZERO2) and the mixed-precision policy."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    fsdp = cfg.fsdp or FSDPConfig()
+    reshard = fsdp.sharding_strategy not in (ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy._HYBRID_SHARD_ZERO2)
+    dtype = autocast_dtype(cfg, env.device)
+    policy = MixedPrecisionPolicy()
+    if dtype is not None and fsdp.precision is not None:
+        reduce_dtype = torch.float32 if fsdp.precision == FSDPPrecision.mixed else dtype
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
+    return {"mesh": mesh, "reshard_after_forward": reshard, "mp_policy": policy}
 
 
 def _moe_compile_options(cfg: ModelConfig, options: ParallelizeOptions, layout: ParallelLayout) -> CompilerConfig:
@@ -287,7 +296,7 @@ def _moe_compile_options(cfg: ModelConfig, options: ParallelizeOptions, layout: 
     return replace(compile_cfg, fullgraph=False)
 
 
-def _compile_blocks(model: OLMo, cfg: CompilerConfig) -> None:
+def compile_blocks(model: OLMo, cfg: CompilerConfig) -> None:
     """Compile each block separately: one small graph reused by every layer compiles fast."""
     install_compile_guards()  # the functions compiled blocks leave to eager mode
     for block in model.transformer.typed_blocks():

@@ -140,10 +140,13 @@ def build_evaluators(
 
 def evaluators_of_run(cfg: TrainConfig, world_size: int = 1, rank: int = 0) -> list[Evaluator]:
     """:func:`build_evaluators` with the sections of a run's config, as ``train.py`` and ``eval.py`` build them. The
-    ranks of a tensor-parallel group compute each forward pass together, so they score the same share (the group
-    counts as one rank; their reduced sums count each instance ``degree`` times, which the metrics' ratios cancel)."""
-    tp = RunShape.from_train_config(cfg).layout(world_size).tensor
-    world_size, rank = world_size // tp, rank // tp
+    ranks of a tensor-parallel group (and of a pipeline) compute each forward pass together, so they score the same
+    share (the group counts as one rank; their reduced sums count each instance ``degree`` times, which the metrics'
+    ratios cancel)."""
+    layout = RunShape.from_train_config(cfg).layout(world_size)
+    # A pipeline's ranks (each holding a stage) compute each forward pass together too.
+    tp, stage = layout.tensor, layout.stage_size
+    world_size, rank = stage // tp, (rank % stage) // tp
     return build_evaluators(
         cfg.evaluators,
         cfg.model,

@@ -190,7 +190,7 @@ def pipeline_note(run: RunShape, accumulation: int) -> str:
     return (
         f"Pipeline ({pp.schedule}, {pp.degree} ranks x {pp.stages_per_rank} stage(s)): blocks {blocks} (balanced by "
         f"FLOPs; the embedding on the first stage, the output layer on the last), {microbatches} micro-batches a "
-        f"step, an ideal bubble of {bubble:.0%} of the step; the training step is not built yet (issue 54)."
+        f"step, an ideal bubble of {bubble:.0%} of the step."
     )
 
 

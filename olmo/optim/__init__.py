@@ -237,6 +237,7 @@ def clip_grads(
     max_grad_norm: float | None,
     max_grad_norm_ratio: float | None = None,
     step: int = 0,
+    group: Any = None,
 ) -> torch.Tensor:
     """Clip the gradients of ``optimizer``'s parameters in place, without syncing with the host.
 
@@ -250,6 +251,8 @@ def clip_grads(
     :param max_grad_norm: Global L2 norm limit, or None.
     :param max_grad_norm_ratio: Per-parameter limit relative to the average norm, or None.
     :param step: The global step (the first optimizer step is 1); needed for adaptive clipping.
+    :param group: The process group of the ranks holding the model's other parts (a pipeline's stages): the total
+        norm sums their squares too.
     :returns: The total L2 norm of all gradients before clipping, a 0-dim fp32 tensor.
     """
     with_grad = [(p, group) for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
@@ -259,6 +262,12 @@ def clip_grads(
     device = params[0].grad.device
     norms = _grad_norms(params, device)
     total_norm = torch.linalg.vector_norm(norms, 2.0)
+    if group is not None:  # the other stages' gradients count in the norm
+        import torch.distributed as dist
+
+        squared = total_norm.square()
+        dist.all_reduce(squared, group=group)
+        total_norm = squared.sqrt()
 
     if max_grad_norm_ratio is not None:
         for (p, group), norm in zip(with_grad, norms.unbind()):

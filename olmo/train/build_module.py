@@ -23,6 +23,7 @@ __all__ = [
     "STAGED_TRAIN_MODULE",
     "DPO_TRAIN_MODULE",
     "RL_TRAIN_MODULE",
+    "PIPELINE_TRAIN_MODULE",
 ]
 
 
@@ -30,6 +31,8 @@ DPO_TRAIN_MODULE = "olmo.train.dpo.DPOTrainModule"
 """The train module of a run with ``dpo.enabled`` when ``train_module`` is unset."""
 
 RL_TRAIN_MODULE = "olmo.rl.rl_train_module.RLTrainModule"
+PIPELINE_TRAIN_MODULE = "olmo.train.pipeline_module.PipelineTrainModule"
+"""The train module of a run with ``pipeline_parallel.degree > 1``."""
 """The train module of a run with ``rl.enabled`` (named, not imported: ``olmo.rl`` sits above ``olmo.train``)."""
 
 STAGED_TRAIN_MODULE = "olmo.train.kl.KLTrainModule"
@@ -48,7 +51,8 @@ def build_train_module(
     """The run's train module: :class:`TransformerTrainModule` (:class:`olmo.train.kl.KLTrainModule` for a run with
     ``stages``), or ``train_module`` (a class, or its dotted path ``package.module.ClassName``, or a class name of
     :mod:`olmo.train.train_module`) built by its :meth:`TrainModule.from_config`."""
-    cls = train_module_class(train_module, cfg.stages, cfg.dpo.enabled, cfg.rl.enabled)
+    pipeline = cfg.pipeline_parallel.degree > 1
+    cls = train_module_class(train_module, cfg.stages, cfg.dpo.enabled, cfg.rl.enabled, pipeline)
     return cls.from_config(cfg, env, model, optimizer, scheduler)
 
 
@@ -57,6 +61,7 @@ def train_module_class(
     stages: Optional[Sequence[StageConfig]],
     dpo: bool,
     rl: bool = False,
+    pipeline: bool = False,
 ) -> type[TrainModule]:
     """The class :func:`build_train_module` builds for the run's ``stages`` (``dpo``: ``dpo.enabled``); an
     :class:`OLMoConfigurationError` when it cannot be imported, or when a stage has ``kl_beta > 0`` and the class
@@ -67,6 +72,8 @@ def train_module_class(
             train_module = DPO_TRAIN_MODULE
         if rl:
             train_module = RL_TRAIN_MODULE
+        if pipeline:
+            train_module = PIPELINE_TRAIN_MODULE
     cls = resolve_train_module_class(train_module)
     if rl and not getattr(cls, "trains_rl", False):
         raise OLMoConfigurationError(

@@ -14,6 +14,7 @@ from ..config import (
     KLReferenceConfig,
     ModelConfig,
     OptimizerConfig,
+    PipelineParallelConfig,
     RLConfig,
     SchedulerConfig,
     SkipSpikesConfig,
@@ -46,6 +47,7 @@ class StepSettings:
         "rl",
         "tokenizer",
         "seed",
+        "pipeline_parallel",
     )
     """The fields that are the config's keys (or properties) of the same name."""
 
@@ -83,3 +85,5 @@ class StepSettings:
     """``tokenizer``: what decodes the RL step's completions for its rewards."""
     seed: int
     """``seed``: it seeds the RL step's sampling."""
+    pipeline_parallel: PipelineParallelConfig
+    """``pipeline_parallel``: the schedule and micro-batches of a pipeline's step."""

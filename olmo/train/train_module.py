@@ -214,6 +214,7 @@ class TransformerTrainModule(TrainModule):
         super().__init__()
         self.settings, self.env, self.model = settings, env, model
         self.optimizer, self.scheduler = optimizer, scheduler
+        self.norm_group: Any = None  # a pipeline's: the other stages' ranks, whose gradients the norm counts
         self.autocast_dtype = autocast_dtype(settings, env.device)
         self._eval = ModelEval(model, env.device, self.autocast_dtype)  # forward under no_grad and autocast
         self.z_loss_multiplier = settings.z_loss_multiplier  # None: no z-loss
@@ -396,7 +397,7 @@ class TransformerTrainModule(TrainModule):
     def optim_step(self) -> None:
         step = self.trainer.global_step
         max_norm = self.scheduler.get_max_grad_norm(self.settings.max_grad_norm, step)
-        grad_norm = clip_grads(self.optimizer, max_norm, self.settings.max_grad_norm_ratio, step)
+        grad_norm = clip_grads(self.optimizer, max_norm, self.settings.max_grad_norm_ratio, step, self.norm_group)
         lr = self._learning_rate()
         if self.spike_detector is not None and self._global_ce is not None:
             factor, z = self.spike_detector.step_factor(self._global_ce, grad_norm, step)

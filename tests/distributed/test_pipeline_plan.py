@@ -132,18 +132,11 @@ def test_plan_lists_pipeline_layouts_across_nodes_with_their_memory_and_bubble(c
     assert configured["degrees"]["pipeline_parallel"] == 2 and configured["bubble"] > 0
 
 
-def test_dry_run_describes_the_pipeline_and_a_launch_is_refused_until_its_step_exists(tmp_path, capsys):
-    from olmo.testing import run_torchrun, tiny_config_dict, write_config
-
+def test_dry_run_describes_the_pipeline(tmp_path, capsys):
     capsys.readouterr()
-    args = ["--pipeline_parallel.degree=2", "--model.weight_tying=false", "--dry_run"]
+    args = ["--pipeline_parallel.degree=2", "--model.weight_tying=false", "--evaluators=[]", "--dry_run"]
     assert run_main("train.py", TINY, *args, f"--save_folder={tmp_path / 'dry'}") == 0
     plan = capsys.readouterr().out
     assert "under torchrun: pipeline_parallel.degree=2" in plan
     assert "Pipeline (1f1b, 2 ranks x 1 stage(s)): blocks 0-2, 3" in plan and "ideal bubble of 33%" in plan
-    cfg = tiny_config_dict(
-        tmp_path / "run", ["unused.npy"], **{"pipeline_parallel.degree": 2, "model.weight_tying": False}
-    )
-    result = run_torchrun(2, write_config(tmp_path / "pp.yaml", cfg), timeout=120)
-    assert result.returncode != 0 and "training step is not built yet" in result.stderr
-    assert not (tmp_path / "run").exists()
+    assert not (tmp_path / "dry").exists()
