@@ -73,10 +73,13 @@ class PhaseClock:
 
     def __init__(self, device: torch.device, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.device = device
+        # A pipeline's forward is each of its stages' (every micro-batch's); the rest of its schedule counts as
+        # backward (the backward passes, the sends and waits between stages, the bubble).
+        modules = getattr(model, "stages", None) or [model]
         self.handles = [
             # prepend: FSDP's own pre-forward hook (the root all-gather) then counts as forward
-            model.register_forward_pre_hook(self._forward_start, prepend=True),
-            model.register_forward_hook(self._forward_end),
+            *(m.register_forward_pre_hook(self._forward_start, prepend=True) for m in modules),
+            *(m.register_forward_hook(self._forward_end) for m in modules),
             optimizer.register_step_pre_hook(self._optimizer_start),
             optimizer.register_step_post_hook(self._optimizer_end),
         ]

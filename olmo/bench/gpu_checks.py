@@ -133,6 +133,19 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
         60,
         report=str(work / "fsdp.json"),
     )
+    pipeline = Part(
+        "pipeline-2-processes",
+        "torchrun --nproc_per_node=2: OLMo-300M as a 2-stage 1F1B pipeline over NCCL (issue 54), 8 micro-batches",
+        [
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "scripts/benchmark.py"]
+            + ["configs/official/OLMo-300M.yaml", "--data", "synthetic", "--steps", "5", "--warmup", "2"]
+            + ["--precision", "amp_bf16", "--batch", "8", "--micro-batch", "1", "--out", str(work / "pipeline.json")]
+            + ["--override", "pipeline_parallel.degree=2", "--override", "model.weight_tying=false"]
+            + ["--override", "evaluators=[]"]
+        ],
+        60,
+        report=str(work / "pipeline.json"),
+    )
     rowwise = [
         _bench("1b-float8-rowwise", "1b", "rowwise", work),
         _bench("300m-float8-rowwise", "300m", "rowwise", work),
@@ -169,7 +182,7 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
         30,
         False,
     )
-    return [probe, tests, *ladder, linear, original, fsdp, *rowwise, flash, curves]
+    return [probe, tests, *ladder, linear, original, fsdp, *rowwise, flash, curves, pipeline]
 
 
 def install(wheels: Path, site: Path, original_site: Path) -> str:

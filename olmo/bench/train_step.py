@@ -72,10 +72,10 @@ from olmo.distributed import (
     ParallelizeOptions,
     ParallelLayout,
     all_reduce,
-    build_model,
     init_distributed,
     teardown_distributed,
 )
+from olmo.distributed.pipeline import build_training_model
 from olmo.distributed.run_shape import RunShape
 from olmo.exceptions import OLMoCliError
 from olmo.model import OLMo, describe_attention
@@ -351,7 +351,8 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
             loader: Any = SyntheticBatches(cfg.model, cfg.data, context, layout, args.warmup + args.steps)
         else:
             loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank, work_dir=work_dir)
-        model: OLMo = build_model(cfg.model, layout, ParallelizeOptions.from_train_config(cfg, training=True))
+        options = ParallelizeOptions.from_train_config(cfg, training=True)
+        model, whole = build_training_model(cfg.model, layout, options, cfg.pipeline_parallel)
         optimizer = build_optimizer(cfg.optimizer, model, skip_steps=cfg.stability.skip_spikes.enabled)
         train_module = build_train_module(cfg, env, model, optimizer, build_scheduler(cfg.scheduler))
         trainer = Trainer(cfg, env, train_module, loader, layout=layout)
@@ -361,13 +362,13 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
         device_tokens = cfg.device_tokens(env.world_size)
         log.info(
             "Model: %s parameters, %.4f GFLOP/token; %d tokens per device per step; peak %.3g FLOP/s.",
-            f"{model.num_params():,}",
-            model.num_flops_per_token() / 1e9,
+            f"{whole.num_params():,}",
+            whole.num_flops_per_token() / 1e9,
             device_tokens,
             peak.flops if peak else float("nan"),
         )
         measured = measure(trainer, forever(loader), args.warmup, args.steps)
-    results = summarize(measured, device_tokens, model.num_flops_per_token(), peak)
+    results = summarize(measured, device_tokens, whole.num_flops_per_token(), peak)
     results["warmup_step_times_s"] = measured["warmup_seconds"]
     results["peak_memory_mb"] = peak_memory_mb(env.device)
     if env.device.type == "cuda":
@@ -448,7 +449,8 @@ def describe_setup(
 ) -> dict[str, Any]:
     """What was measured: device, precision, compile, attention kernel, batch shape (``device_tokens`` per step on
     each device), model size, peak."""
-    model, device = cast(OLMo, trainer.model), device_info(env, machine)
+    trained, device = trainer.model, device_info(env, machine)
+    model = cast(OLMo, getattr(trained, "shell", trained))  # a pipeline's stages are part of the whole model
     return {
         "world_size": env.world_size,
         "device": device,
@@ -456,7 +458,8 @@ def describe_setup(
         "precision": run.precision or "fp32",
         "autocast_dtype": None if trainer.autocast_dtype is None else str(trainer.autocast_dtype),
         "compile": None if run.compile is None else vars(run.compile),
-        "float8": float8_info(run.model, model),
+        "float8": float8_info(run.model, cast(OLMo, trained)) if trained is model else None,
+        "pipeline_parallel": run.pipeline_parallel.degree,
         "activation_checkpointing": run.activation_checkpointing,
         "distributed_strategy": run.distributed_strategy if env.world_size > 1 else "single process",
         "optimizer": run.optimizer.name,

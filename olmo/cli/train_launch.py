@@ -30,13 +30,13 @@ from olmo.distributed import (
     ParallelizeOptions,
     ParallelLayout,
     barrier,
-    build_model,
     init_distributed,
     teardown_distributed,
 )
 from olmo.distributed.collectives import launch_device
 from olmo.distributed.float8 import float8_device_problem
 from olmo.distributed.launch_memory import check_launch_memory
+from olmo.distributed.pipeline import build_training_model
 from olmo.distributed.run_shape import RunShape
 from olmo.eval import Evaluator, evaluators_of_run
 from olmo.exceptions import OLMoConfigurationError, OLMoDataError
@@ -275,13 +275,9 @@ def train(
         dataset,
     )
     options = ParallelizeOptions.from_train_config(cfg, training=True)
-    if layout.pipeline > 1:  # this rank's stages of the model (olmo.distributed.pipeline)
-        from olmo.distributed.pipeline import build_pipeline_model
-
-        model = build_pipeline_model(cfg.model, layout, options, cfg.pipeline_parallel)
-        whole = model.shell
-    else:
-        model = whole = build_model(cfg.model, layout, options)
+    model, whole = build_training_model(
+        cfg.model, layout, options, cfg.pipeline_parallel
+    )  # a pipeline: its stages
     active = whole.num_active_params()
     log.info(
         "Model: %s parameters (%s without embeddings%s), %.2f GFLOPs/token.",

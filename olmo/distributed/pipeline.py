@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .layout import ParallelLayout
     from .parallelize import ParallelizeOptions
 
-__all__ = ["PipelineModel", "PipelineStageModule", "build_pipeline_model"]
+__all__ = ["PipelineModel", "PipelineStageModule", "build_pipeline_model", "build_training_model"]
 
 
 class PipelineStageModule(nn.Module):
@@ -78,7 +78,7 @@ class PipelineStageModule(nn.Module):
             if getattr(t, "wpe", None) is not None:
                 x = x + t.wpe(torch.arange(x.shape[1], device=x.device))
             x = t.emb_drop(x)
-        inputs, doc_spans = shell._attention_inputs(x, attention_mask, doc_lens, None, 0, None)
+        inputs, doc_spans = shell.attention_inputs(x, attention_mask, doc_lens, None, 0, None)
         resets = recurrent_resets(cfg, attention_mask, doc_lens, None, 0, x.shape[1])
         for block in t.blocks.values():
             if block.is_recurrent:
@@ -200,6 +200,20 @@ def _on_cpu(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _on_cpu(v) for k, v in value.items()}
     return value.cpu() if isinstance(value, torch.Tensor) else value
+
+
+def build_training_model(
+    cfg: ModelConfig, layout: ParallelLayout, options: ParallelizeOptions, pipeline: PipelineParallelConfig
+) -> tuple[nn.Module, OLMo]:
+    """The model a launch trains on ``layout`` (``build_model``'s, or this rank's stages of a pipeline) and the
+    whole model it is part of (for its counts: parameters, FLOPs per token; on the meta device under a pipeline)."""
+    if layout.pipeline > 1:
+        model = build_pipeline_model(cfg, layout, options, pipeline)
+        return model, model.shell
+    from .parallelize import build_model
+
+    whole = build_model(cfg, layout, options)
+    return whole, whole
 
 
 def _group_key(group: dict[str, Any]) -> tuple[tuple[Any, ...], list[str]]:

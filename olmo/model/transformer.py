@@ -254,7 +254,7 @@ class OLMo(nn.Module):
                 cfg, cp, shape, x.device, attention_mask, doc_lens, max_doc_lens, self._windows, rope_fn, dtype
             )
         else:
-            inputs, doc_spans = self._attention_inputs(
+            inputs, doc_spans = self.attention_inputs(
                 x, attention_mask, doc_lens, max_doc_lens, past, attention_bias
             )
         resets = recurrent_resets(cfg, attention_mask, doc_lens, attention_bias, past, T)
@@ -358,7 +358,7 @@ class OLMo(nn.Module):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype  # q's dtype
         return _flash_usable(self._flash_attn, x.device, dtype, attention_mask is not None or self.config.alibi)
 
-    def _attention_inputs(
+    def attention_inputs(
         self,
         x: torch.Tensor,
         attention_mask: torch.Tensor | None,
