@@ -139,7 +139,16 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
         [
             [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "scripts/benchmark.py"]
             + ["configs/official/OLMo-300M.yaml", "--data", "synthetic", "--steps", "5", "--warmup", "2"]
-            + ["--precision", "amp_bf16", "--batch", "8", "--micro-batch", "1", "--out", str(work / "pipeline.json")]
+            + [
+                "--precision",
+                "amp_bf16",
+                "--batch",
+                "8",
+                "--micro-batch",
+                "1",
+                "--out",
+                str(work / "pipeline.json"),
+            ]
             + ["--override", "pipeline_parallel.degree=2", "--override", "model.weight_tying=false"]
             + ["--override", "evaluators=[]"]
         ],
