@@ -101,12 +101,33 @@ def test_the_pipeline_is_the_layout_s_outermost_dimension():
         (["dpo.enabled=true"], r"cannot be combined with dpo.enabled"),
         (["model.weight_tying=true"], r"cannot be combined with model.weight_tying .*; set false"),
         (["distributed_strategy=ddp"], r"cannot be combined with distributed_strategy .*; set fsdp"),
+        (["pipeline_parallel.microbatches=5"], r"microbatches=5 must divide each rank's batch \(6 instances"),
+        (["pipeline_parallel.microbatches=1"], r"1f1b needs at least as many micro-batches as stages \(1 < 2\)"),
+        (
+            [
+                "pipeline_parallel.schedule=interleaved_1f1b",
+                "pipeline_parallel.stages_per_rank=2",
+                "pipeline_parallel.microbatches=5",
+                "global_train_batch_size=20",
+            ],
+            r"needs micro-batches \(5\) divisible by their rounds over the 2 ranks \(2\)",
+        ),
+        (["evaluators=[{label: x, type: generate}]"], r"cannot be combined with evaluators\[\].type=generate"),
+        (
+            ["pipeline_parallel.schedule=zbv", "pipeline_parallel.stages_per_rank=2", "compile={}"],
+            r"cannot be combined with compile \(torch's zero-bubble schedules refuse compiled stages\)",
+        ),
     ],
 )
 def test_each_bad_value_or_combination_is_named(overrides, message):
-    base = ["pipeline_parallel.degree=2", "model.weight_tying=false", "global_train_batch_size=12"]
+    base = [
+        "pipeline_parallel.degree=2",
+        "model.weight_tying=false",
+        "global_train_batch_size=12",
+        "evaluators=[]",
+    ]
     cfg = TrainConfig.load(TINY, [*base, *overrides])
-    world = 3 if "must divide" in message else 4
+    world = 3 if "number of processes" in message else 4
     problems = [p for p in config_problems(cfg, world) if "pipeline_parallel" in p]
     assert any(re.search(message, p) for p in problems), problems
 
