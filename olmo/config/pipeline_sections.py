@@ -99,7 +99,6 @@ class PipelineParallelConfig(BaseConfig):
             )
         refused = {  # key: (whether the run sets it, why the pipeline cannot honour it yet, the fix)
             "context_parallel.degree": (cfg.context_parallel.degree > 1, "not built with pipelining yet", "set 1"),
-            "tensor_parallel.degree": (cfg.tensor_parallel.degree > 1, "not built with pipelining yet", "set 1"),
             "expert_parallel.degree": (cfg.expert_parallel.degree > 1, "not built with pipelining yet", "set 1"),
             "model.moe": (
                 cfg.model.moe is not None,

@@ -238,6 +238,13 @@ def build_pipeline_model(
         torch.set_float32_matmul_precision(options.float32_matmul_precision)
     with torch.device("meta"):
         shell = OLMo(cfg)
+    tp_mesh = layout.tensor_mesh
+    if (
+        tp_mesh is not None
+    ):  # each block's matrices split over the stage's tensor-parallel group, as build_model does
+        from .tensor_parallel import apply_tensor_parallel
+
+        apply_tensor_parallel(shell, tp_mesh)
     if options.activation_checkpointing is not None:
         apply_activation_checkpointing(shell, options.activation_checkpointing)
     if options.compile is not None:
@@ -264,33 +271,39 @@ def build_pipeline_model(
     object.__setattr__(model, "pipeline_group", layout.pipeline_group)
     if init_params:
         _initialize(shell, model, env.device)
+        if tp_mesh is not None:  # drawn in the canonical order, as one process draws them
+            from .tensor_parallel import order_fused_rows
+
+            order_fused_rows(model)
     return model
 
 
 @torch.no_grad()
 def _initialize(shell: OLMo, model: PipelineModel, device: torch.device) -> None:
     """Initialise the held parameters with the numbers one process draws for them: the parts of the model in
-    :meth:`OLMo.reset_parameters`'s order, those not held drawn into a scratch copy on ``device`` and dropped."""
+    :meth:`OLMo.reset_parameters`'s order, those not held drawn into a scratch copy on ``device`` (of a plain build:
+    no tensor-parallel groups or compiled code to copy) and dropped."""
     cfg = shell.config
     cutoff, std, emb_std = init_scales(cfg)
     held = set(model.transformer.children()) | set(model.transformer.blocks.values())
+    with torch.device("meta"):
+        plain = OLMo(cfg).transformer
 
-    def draw(module: Optional[nn.Module], init: Any) -> None:
-        if module is None:
+    def draw(module: Optional[nn.Module], twin: Optional[nn.Module], init: Any) -> None:
+        if module is None or twin is None:
             return
         if module in held:
             init(module)
         else:  # not this rank's: the same draws into a copy, so the stream stays where one process's is
-            scratch = copy.deepcopy(module).to_empty(device=device)
-            init(scratch)
+            init(copy.deepcopy(twin).to_empty(device=device))
 
     t = shell.transformer
-    draw(t.wte, lambda m: init_normal(m, emb_std, cutoff))
-    draw(t.wpe, lambda m: init_normal(m, std, cutoff))
+    draw(t.wte, plain.wte, lambda m: init_normal(m, emb_std, cutoff))
+    draw(t.wpe, plain.wpe, lambda m: init_normal(m, std, cutoff))
     out_std = std if str(cfg.init_fn) == "normal" else 1 / math.sqrt(cfg.d_model)
-    draw(t.ff_out, lambda m: init_normal(m, out_std, cutoff))
+    draw(t.ff_out, plain.ff_out, lambda m: init_normal(m, out_std, cutoff))
     for module in model.modules():  # the norms draw nothing
         if isinstance(module, LayerNorm):
             module.reset_parameters()
-    for block in t.typed_blocks():
-        draw(block, lambda m: m.reset_parameters())
+    for block, twin in zip(t.typed_blocks(), plain.typed_blocks()):
+        draw(block, twin, lambda m: m.reset_parameters())

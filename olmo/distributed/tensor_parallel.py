@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -182,13 +182,25 @@ def sharded_layer_norm(norm: LayerNorm, x: torch.Tensor, tp: TensorParallelGroup
     return y
 
 
+def _blocks(model: nn.Module) -> Optional[tuple[Any, list[Any]]]:
+    """``model``'s config and blocks: an OLMo's, or a pipeline stage's part of one (its ``transformer.blocks`` keyed
+    by layer); None for another module."""
+    if isinstance(model, OLMo):
+        return model.config, model.transformer.typed_blocks()
+    blocks = getattr(getattr(model, "transformer", None), "blocks", None)
+    if isinstance(blocks, nn.ModuleDict) and hasattr(model, "config"):
+        return model.config, list(blocks.values())
+    return None
+
+
 def tensor_parallel_degree(model: nn.Module) -> int:
     """How many ranks share each block of ``model`` (1 for a model :func:`apply_tensor_parallel` did not split):
     the model's heads over the heads its first attention computes (linear-attention layers are never split)."""
-    if not isinstance(model, OLMo):
+    found = _blocks(model)
+    if found is None:
         return 1
-    attention = [block for block in model.transformer.typed_blocks() if not block.is_recurrent]
-    return model.config.n_heads // attention[0].n_heads if attention else 1
+    attention = [block for block in found[1] if not block.is_recurrent]
+    return found[0].n_heads // attention[0].n_heads if attention else 1
 
 
 def _rank_major(parts: list[int], degree: int) -> torch.Tensor:
@@ -209,8 +221,9 @@ def fused_row_orders(model: nn.Module) -> dict[str, torch.Tensor]:
     degree = tensor_parallel_degree(model)
     if degree == 1:
         return {}
-    assert isinstance(model, OLMo)
-    cfg, blocks = model.config, model.transformer.typed_blocks()
+    found = _blocks(model)
+    assert found is not None
+    cfg, blocks = found
     kv = cfg.effective_n_kv_heads * (cfg.d_model // cfg.n_heads)
     orders = {"att_proj": _rank_major([cfg.d_model, kv, kv], degree)}
     if blocks[0].ff_proj is not None and cfg.activation_type == ActivationType.swiglu:

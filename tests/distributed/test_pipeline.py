@@ -105,14 +105,24 @@ def test_each_schedule_on_two_ranks_and_checkpoints_across_layouts(tmp_path, cor
     assert sorted(names) == sorted(whole) and len(optim["state"]) == len(whole)
 
 
-def test_a_pipeline_of_fsdp_stages_trains_as_one_process(tmp_path, corpus):
+def test_a_pipeline_of_fsdp_or_tensor_parallel_stages_trains_as_one_process(tmp_path, corpus):
     """4 ranks: 2 stages, each sharded by FSDP over 2 ranks reading different halves of the batch (an evaluation's
-    subset would be two ranks' shares here, one's in one process: not compared)."""
+    subset would be two ranks' shares here, one's in one process: not compared), or each split over 2 ranks by
+    tensor parallelism (OLMo 2's QK-norm on); the latter's checkpoint resumes in one process."""
     quiet = {"save_interval_unsharded": None, "evaluators": []}
     assert run_train(_config(tmp_path, "one", corpus, **quiet)) == 0
     pp = {"pipeline_parallel.degree": 2, **quiet}
     runs = [[_config(tmp_path, name, corpus, **pp, **SCHEDULES[name])] for name in ("1f1b", "zbv")]
+    qk = {"model.attention_layer_norm": True, "model.layer_norm_type": "rms"}
+    assert run_train(_config(tmp_path, "one_qk", corpus, **quiet, **qk)) == 0
+    runs.append([_config(tmp_path, "tp", corpus, **pp, **qk, **{"tensor_parallel.degree": 2})])
     result = run_torchrun_each(4, runs, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     for name in ("1f1b", "zbv"):
         _same(_rows(tmp_path / "one"), _rows(tmp_path / name), evaluated=False)
+    _same(_rows(tmp_path / "one_qk"), _rows(tmp_path / "tp"), evaluated=False)
+    longer = {"max_duration": LONGER, "save_interval": LONGER, **quiet, **qk}
+    for name in ("one_qk", "tp"):
+        config = _config(tmp_path, f"{name}_resumed", corpus, load_path=str(tmp_path / name / "step3"), **longer)
+        assert run_train(config) == 0
+    _same(_rows(tmp_path / "one_qk_resumed"), _rows(tmp_path / "tp_resumed"), evaluated=False)

@@ -97,7 +97,6 @@ def test_the_pipeline_is_the_layout_s_outermost_dimension():
         (["pipeline_parallel.schedule=zero_bubble"], "interleaves several stages per rank; set stages_per_rank=2"),
         (["pipeline_parallel.microbatches=0"], "pipeline_parallel.microbatches=0 must be a whole number >= 1"),
         (["context_parallel.degree=2"], r"cannot be combined with context_parallel.degree \(not built"),
-        (["tensor_parallel.degree=2"], r"cannot be combined with tensor_parallel.degree"),
         (["dpo.enabled=true"], r"cannot be combined with dpo.enabled"),
         (["model.weight_tying=true"], r"cannot be combined with model.weight_tying .*; set false"),
         (["distributed_strategy=ddp"], r"cannot be combined with distributed_strategy .*; set fsdp"),
