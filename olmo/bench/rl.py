@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _model(source: str, device: torch.device) -> torch.nn.Module:
+def _model(source: str, device: torch.device) -> Any:
     from ..checkpoint import load_model
     from ..config import TrainConfig
     from ..model import OLMo

@@ -44,6 +44,9 @@ class PipelineStageModule(nn.Module):
     """One stage of the model (see the module's docstring). The last stage's forward returns the micro-batch's loss
     times :attr:`loss_scale` (what the schedule runs backward on) and keeps its detached sums in :attr:`sums`."""
 
+    shell: OLMo
+    transformer: Any
+
     def __init__(self, shell: OLMo, index: int, blocks: range, first: bool, last: bool):
         super().__init__()
         object.__setattr__(self, "shell", shell)  # the attention inputs' helpers, not a submodule
@@ -104,6 +107,11 @@ class PipelineStageModule(nn.Module):
 
 class PipelineModel(nn.Module):
     """This rank's stages under the whole model's parameter names (see the module's docstring)."""
+
+    shell: OLMo
+    stages: list[PipelineStageModule]
+    transformer: Any
+    pipeline_group: Any
 
     def __init__(self, shell: OLMo, stages: list[PipelineStageModule], stage_indices: list[int], num_stages: int):
         super().__init__()

@@ -410,7 +410,7 @@ def estimate_memory(
     if stage is not None:  # the micro-batches in flight each keep their activations; the loss is the last's
         activations *= stage.held
         if not stage.last:
-            loss, recompute = 0.0, recompute - kept_by_loss if checkpointed else 0.0
+            loss, recompute = 0, recompute - kept_by_loss if checkpointed else 0.0
 
     reference = 4 * P / shard if run.dpo else 0.0
     estimate = MemoryEstimate(params, grads, optimizer, gathered, activations, loss, recompute, 0.0, reference)

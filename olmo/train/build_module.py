@@ -11,7 +11,6 @@ import torch
 from ..config import StageConfig, TrainConfig
 from ..distributed.collectives import DistEnv
 from ..exceptions import OLMoConfigurationError
-from ..model import OLMo
 from . import train_module as _train_module
 from .stages import no_kl_penalty_error
 from .train_module import TrainModule, TransformerTrainModule
@@ -43,7 +42,7 @@ STAGED_TRAIN_MODULE = "olmo.train.kl.KLTrainModule"
 def build_train_module(
     cfg: TrainConfig,
     env: DistEnv,
-    model: OLMo,
+    model: Any,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     train_module: Optional[Union[str, type[TrainModule]]] = None,

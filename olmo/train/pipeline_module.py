@@ -161,13 +161,9 @@ class PipelineTrainModule(TransformerTrainModule):
         sums = torch.zeros(3, device=device)
         if last:
             kept = last[0].sums[-microbatches:]
-            sums = torch.stack(
-                [
-                    sum(s.total for s in kept),
-                    sum(s.ce for s in kept),
-                    sum(s.z for s in kept) if kept[0].z is not None else torch.zeros((), device=device),
-                ]
-            ).to(device, torch.float32)
+            zero = torch.zeros((), device=device)
+            parts = [[s.total, s.ce, zero if s.z is None else s.z] for s in kept]  # (micro-batches, 3)
+            sums = torch.stack([torch.stack(p) for p in parts]).sum(dim=0).to(device, torch.float32)
         group = self.trainer.layout.pipeline_group
         torch.distributed.all_reduce(sums, group=group)
         total, ce, z = sums.unbind()
