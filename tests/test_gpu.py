@@ -269,8 +269,8 @@ def test_the_whole_loop_syncs_only_to_collect_metrics(tmp_path, corpus):
 
 
 def test_windows_without_flash_attn_warn_once_on_a_gpu(caplog):
-    """Without flash-attn a window is an SDPA mask on the GPU too, 30-44 % slower than full attention (RESEARCH_LOG):
-    building such a model says so, once, with the fix."""
+    """Without flash-attn, and with model.attention_backend=sdpa, a window is an SDPA mask on the GPU, 30-44 % slower
+    than full attention (RESEARCH_LOG): building such a model says so, once, with the fix (null: FlexAttention)."""
     import importlib.util
     import logging
 
@@ -284,9 +284,41 @@ def test_windows_without_flash_attn_warn_once_on_a_gpu(caplog):
     mixer._warn_once.cache_clear()
     windows = SlidingWindowConfig(pattern=[16, 16, 16, -1])
     with caplog.at_level(logging.WARNING):
-        OLMo(tiny_model_config(n_layers=4, max_sequence_length=128, sliding_window=windows))
+        OLMo(
+            tiny_model_config(
+                n_layers=4, max_sequence_length=128, sliding_window=windows, attention_backend="sdpa"
+            )
+        )
         OLMo(tiny_model_config(n_layers=4, max_sequence_length=128))  # no windows: nothing to say
+        OLMo(tiny_model_config(n_layers=4, max_sequence_length=128, sliding_window=windows))  # FlexAttention
     warnings = [
         r.getMessage() for r in caplog.records if "model.sliding_window without flash-attn" in r.getMessage()
     ]
     assert len(warnings) == 1 and "pip install -e '.[flash]'" in warnings[0]
+
+
+@pytest.mark.parametrize("documents", [False, True], ids=["rows", "documents"])
+def test_flex_attention_trains_as_the_sdpa_mask(documents):
+    """FlexAttention (compiled, block-sparse) against SDPA with the window and documents folded into the mask, bf16:
+    the same logits and the same gradients (issue 55: its backward exists on a GPU only)."""
+    from olmo.config import SlidingWindowConfig
+    from olmo.model import OLMo
+    from olmo.testing import tiny_model_config
+
+    torch.manual_seed(0)
+    windows = SlidingWindowConfig(pattern=[128, 128, 128, -1])
+    base = dict(d_model=256, n_heads=4, n_kv_heads=2, n_layers=4, max_sequence_length=1024, sliding_window=windows)
+    sdpa = OLMo(tiny_model_config(**base, attention_backend="sdpa")).cuda()
+    flex = OLMo(tiny_model_config(**base, attention_backend="flex")).cuda()
+    flex.load_state_dict(sdpa.state_dict())
+    ids = torch.randint(1, 100, (2, 1024), device="cuda")
+    doc_lens = torch.tensor([[300, 724], [1024, 0]], device="cuda") if documents else None
+    results = []
+    for model in (sdpa, flex):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(ids, doc_lens=doc_lens).logits.float()
+        logits.square().mean().backward()
+        results.append((logits.detach(), {n: p.grad.float() for n, p in model.named_parameters()}))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=2e-2, atol=2e-2)
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, rtol=5e-2, atol=5e-3, msg=name)

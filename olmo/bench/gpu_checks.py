@@ -133,6 +133,31 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
         60,
         report=str(work / "fsdp.json"),
     )
+    windows = []
+    for name, extra in (
+        ("windows-8192-full", []),
+        ("windows-8192-flex", ["--override", "model.sliding_window.pattern=[4096,4096,4096,-1]"]),
+        (
+            "windows-8192-sdpa",
+            ["--override", "model.sliding_window.pattern=[4096,4096,4096,-1]"]
+            + ["--override", "model.attention_backend=sdpa"],
+        ),
+    ):
+        out = work / f"{name}.json"
+        windows.append(
+            Part(
+                name,
+                "OLMo-300M at 8,192 tokens, bf16 compiled, micro-batch 2: "
+                + ("full attention" if not extra else "OLMo 3's windows (4,096) on " + name.rsplit("-", 1)[1]),
+                [
+                    [*BENCH, "configs/official/OLMo-300M.yaml", "--data", "synthetic", "--steps", "10"]
+                    + ["--warmup", "3", "--precision", "amp_bf16", "--compile", "--seq-len", "8192"]
+                    + ["--batch", "2", "--micro-batch", "2", *extra, "--out", str(out)]
+                ],
+                90,
+                report=str(out),
+            )
+        )
     pipeline = Part(
         "pipeline-2-processes",
         "torchrun --nproc_per_node=2: OLMo-300M as a 2-stage 1F1B pipeline over NCCL (issue 54), 8 micro-batches",
@@ -191,7 +216,7 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
         30,
         False,
     )
-    return [probe, tests, *ladder, linear, original, fsdp, *rowwise, flash, curves, pipeline]
+    return [probe, tests, *ladder, *windows, linear, original, fsdp, *rowwise, flash, curves, pipeline]
 
 
 def install(wheels: Path, site: Path, original_site: Path) -> str:

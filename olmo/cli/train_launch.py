@@ -91,6 +91,12 @@ def launch(cfg: TrainConfig, callbacks: Sequence[Callback] = ()) -> int:
 
 
 def _launch(cfg: TrainConfig, callbacks: Sequence[Callback]) -> int:
+    if cfg.model.attention_backend == "flex" and launch_device().type == "cpu" and not cfg.dry_run:
+        raise OLMoConfigurationError(
+            "model.attention_backend=flex cannot train on a CPU: torch's FlexAttention has no CPU backward. Train on a "
+            "GPU, or set model.attention_backend=sdpa (or null, which uses SDPA on a CPU); evaluation and generation "
+            "on a CPU may use flex."
+        )
     float8_problem = float8_device_problem(cfg.model.float8, launch_device()) if cfg.model.trains_float8 else None
     if float8_problem is not None and not cfg.dry_run:
         raise OLMoConfigurationError(float8_problem)

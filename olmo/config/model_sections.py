@@ -70,6 +70,10 @@ class ModelConfig(BaseConfig):
     """RoPE base frequency."""
     flash_attention: bool = False
     """Use the flash-attn package when installed; otherwise warn once and use SDPA."""
+    attention_backend: Optional[str] = None
+    """Where flash-attn does not run: ``flex`` (PyTorch FlexAttention, block-sparse windows, documents and padding;
+    forward only on a CPU), ``sdpa`` (a dense mask), or null: FlexAttention on a GPU, SDPA on a CPU
+    (:mod:`olmo.model.flex_attention`)."""
     attention_dropout: float = 0.1
     """Dropout on attention probabilities (training only)."""
     multi_query_attention: Optional[bool] = None
@@ -223,6 +227,16 @@ class ModelConfig(BaseConfig):
             )
         if self.alibi and self.flash_attention:
             out.append("model.alibi does not work with model.flash_attention; disable one of them.")
+        if self.attention_backend not in (None, "flex", "sdpa"):
+            out.append(
+                f"model.attention_backend={self.attention_backend!r} must be flex, sdpa or null (automatic)."
+            )
+        elif self.attention_backend == "flex" and (self.alibi or self.attention_dropout):
+            why = "ALiBi's per-head bias" if self.alibi else f"attention_dropout={self.attention_dropout}"
+            out.append(
+                f"model.attention_backend=flex cannot apply {why} (FlexAttention computes neither); set "
+                f"model.attention_backend=sdpa, or {'alibi: false' if self.alibi else 'attention_dropout: 0'}."
+            )
         if self.effective_embedding_size < self.vocab_size:
             out.append(
                 f"model.embedding_size={self.embedding_size} must be at least model.vocab_size={self.vocab_size}."

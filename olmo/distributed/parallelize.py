@@ -312,6 +312,7 @@ def model_config_fingerprint(cfg: ModelConfig) -> str:
     is always left out: it changes how training computes, not the model, and a checkpoint resumes with or without it."""
     fields = asdict(cfg)
     del fields["float8"]
+    del fields["attention_backend"]  # how attention computes, as float8: not the model
     for name in _NEWER_MODEL_OPTIONS:
         if fields[name] in (None, False) or (name == "moe" and not cfg.is_moe):
             del fields[name]

@@ -142,10 +142,12 @@ def attention_bias(
     past_length: int = 0,
     bias: torch.Tensor | None = None,
     window: int | None = None,
-) -> torch.Tensor | None:
+    masks: dict[int | None, Any] | None = None,
+) -> Any:
     """Additive fp32 bias with the causal mask folded in, broadcastable to (B, H, T, past_length + T); None when
     plain causal attention is all that is needed (SDPA then runs with ``is_causal=True`` and no mask at all, or,
-    for one query after cached keys, with no mask and no causality).
+    for one query after cached keys, with no mask and no causality). With FlexAttention's block ``masks``
+    (:func:`olmo.model.flex_attention.flex_inputs`), the full-attention layers' mask among them (None: causal).
 
     :param attention_mask: (B, past_length + T), 1 for real tokens and 0 for padding keys, which are hidden from
         every query.
@@ -157,6 +159,8 @@ def attention_bias(
     :param window: A sliding window: the query at position ``i`` sees only the keys at ``i - window + 1 .. i``
         (``window`` keys, itself included; :mod:`olmo.config.attention_sections`).
     """
+    if masks is not None:
+        return masks.get(None)
     total = past_length + seq_len
     plain = attention_mask is None and doc_ids is None and bias is None and not config.alibi and window is None
     if plain and (past_length == 0 or seq_len == 1):
@@ -250,9 +254,17 @@ def describe_attention(
         "sdpa_kernel": sdpa,
         "head_dim": head_dim,
     }
+    from .flex_attention import flex_runs
+
     windows = [w for w in config.layer_windows() if w is not None and w < config.max_sequence_length]
+    flex = flex_runs(config.attention_backend, device, flash_runs) and not config.alibi
+    if flex and (windows or has_bias or doc_masking):
+        out["masked_kernel"] = "FlexAttention (block-sparse)"
     if windows:
-        # Windowed layers: flash-attn's window_size, or SDPA with the window in its mask (all keys computed).
+        # Windowed layers: flash-attn's window_size, FlexAttention skipping the blocks outside the window, or SDPA
+        # with the window in its mask (all keys computed).
         out["windowed_layers"] = len(windows)
-        out["window_kernel"] = "flash-attn window_size" if flash_runs else "SDPA with a window mask"
+        out["window_kernel"] = (
+            "flash-attn window_size" if flash_runs else "FlexAttention" if flex else "SDPA with a window mask"
+        )
     return out

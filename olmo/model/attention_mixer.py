@@ -20,6 +20,7 @@ from torch import nn
 from ..config import ModelConfig
 from .attention import DocumentSpans, flash_varlen_attention
 from .context_attention import ContextAttention
+from .flex_attention import flex_attend, is_block_mask
 from .init import init_normal
 from .layers import LayerNorm, RotaryTables, apply_rotary
 
@@ -97,12 +98,14 @@ class AttentionMixer(nn.Module):
         self.window: int | None = config.layer_windows()[layer_id]
         """Keys each query sees (itself included) on this layer, None for full attention (``model.sliding_window``):
         flash-attn applies it itself; on SDPA the model's ``attn_bias`` for this layer holds it."""
-        if self.window is not None and self._flash_attn is None and torch.cuda.is_available():
+        sdpa = config.attention_backend == "sdpa"  # null: FlexAttention on a GPU (olmo.model.flex_attention)
+        if self.window is not None and self._flash_attn is None and torch.cuda.is_available() and sdpa:
             _warn_once(
                 "model.sliding_window without flash-attn on a GPU: the window is folded into the SDPA mask, which "
                 "still computes every key and rules out cuDNN's fused kernel (on an H200 OLMo-300M with OLMo 3's "
                 "windows trained 30-44 % slower than with full attention at 4,096-8,192 tokens). For OLMo 3 on GPUs "
-                "install flash-attn (pip install -e '.[flash]') and set --model.flash_attention=true."
+                "install flash-attn (pip install -e '.[flash]') and set --model.flash_attention=true, or set "
+                "model.attention_backend=null (FlexAttention)."
             )
 
     def _reset_mixer_inputs(self, std: float, cutoff: float | None) -> None:
@@ -197,6 +200,8 @@ class AttentionMixer(nn.Module):
             return self._flash_attn.func(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, causal=True, **extra
             )
+        if is_block_mask(attn_bias):  # FlexAttention's (olmo.model.flex_attention): the masked blocks skipped
+            return flex_attend(q, k, v, attn_bias).transpose(1, 2)
         if self.n_kv_heads != self.n_heads:
             # Query head h reads kv head h // (H / KV), as in OLMo and flash-attn.
             k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, T, hd)

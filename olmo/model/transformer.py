@@ -33,6 +33,7 @@ from .attention_mixer import _flash_usable, _load_flash_attn
 from .beams import Constraint, FinalSequenceScorer, Sampler
 from .block import BufferCache, OLMoBlock, OLMoLlamaBlock, OLMoSequentialBlock
 from .context_attention import ContextAttention, ContextParallel, context_parallel_inputs
+from .flex_attention import flex_inputs
 from .generation import OLMoGenerateOutput, generate
 from .init import init_normal, init_scales
 from .layers import (
@@ -149,7 +150,7 @@ class OLMo(nn.Module):
         # out of the state dict, and a meta build or ``to_empty`` cannot leave stale values behind.
         self._rope_cache: dict[tuple[torch.device, bool], RotaryTables] = {}
         # The windows of the windowed layers (model.sliding_window), each once.
-        self._windows = sorted({w for w in config.layer_windows() if w is not None})
+        self.windows = sorted({w for w in config.layer_windows() if w is not None})
         device = torch.get_default_device()
         # Build on meta and initialize once, so a direct build draws exactly what meta + reset_parameters draws.
         with torch.device("meta"), skip_meta_init():  # no values, no random numbers: nothing to initialize yet
@@ -251,7 +252,7 @@ class OLMo(nn.Module):
             dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype  # q's dtype
             shape = (x.shape[0], T)
             cp_inputs = context_parallel_inputs(
-                cfg, cp, shape, x.device, attention_mask, doc_lens, max_doc_lens, self._windows, rope_fn, dtype
+                cfg, cp, shape, x.device, attention_mask, doc_lens, max_doc_lens, self.windows, rope_fn, dtype
             )
         else:
             inputs, doc_spans = self.attention_inputs(
@@ -352,7 +353,7 @@ class OLMo(nn.Module):
             constraints,
         )
 
-    def _flash_runs_documents(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
+    def flash_runs_documents(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
         """Whether the blocks' attention for the embeddings ``x`` can run on flash-attn's varlen kernel."""
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype  # q's dtype
@@ -375,20 +376,23 @@ class OLMo(nn.Module):
         if doc_lens is not None:
             doc_lens = doc_lens.to(x.device)
             check_doc_lens(doc_lens, x.shape[:2], max_doc_lens)
-            if self._flash_runs_documents(x, attention_mask):
+            if self.flash_runs_documents(x, attention_mask):
                 doc_spans = document_spans(doc_lens, max_doc_lens)
             else:
                 doc_ids = document_ids(doc_lens, T)  # (B, T)
+        masks = flex_inputs(self, x, attention_mask, doc_ids, past, attention_bias)  # FlexAttention's, or None
         # (B or 1, H or 1, T, past + T) or None
-        attn_bias = build_attention_bias(cfg, T, x.device, attention_mask, doc_ids, past, attention_bias)
+        attn_bias = build_attention_bias(
+            cfg, T, x.device, attention_mask, doc_ids, past, attention_bias, masks=masks
+        )
         rope = (
             self._rope_tables(past + T, x.device, past, scaled=cfg.rope_scaling is not None) if cfg.rope else None
         )
         # Each block's attention inputs by its window (model.sliding_window): one entry, None, in most models.
         inputs: dict[int | None, tuple[torch.Tensor | None, RotaryTables | None]] = {None: (attn_bias, rope)}
-        for window in self._windows:
+        for window in self.windows:
             inputs[window] = (
-                self._window_bias(window, attn_bias, x, attention_mask, doc_ids, past, attention_bias),
+                self._window_bias(window, attn_bias, x, attention_mask, doc_ids, past, attention_bias, masks),
                 self._rope_tables(past + T, x.device, past, scaled=False) if cfg.rope else None,
             )
         return inputs, doc_spans
@@ -402,12 +406,15 @@ class OLMo(nn.Module):
         doc_ids: torch.Tensor | None,
         past: int,
         attention_bias: torch.Tensor | None,
+        masks: dict[int | None, Any] | None = None,
     ) -> torch.Tensor | None:
-        """The attention bias of a layer with this window: the full layers' ``attn_bias`` where the window hides
-        nothing (no query is ``window`` or more positions after a key) or flash-attn applies it (no bias, or the
-        varlen kernel), else that bias with the window folded in."""
+        """The attention bias of a layer with this window: FlexAttention's block mask where it runs (``masks``), the
+        full layers' ``attn_bias`` where the window hides nothing (no query is ``window`` or more positions after a
+        key) or flash-attn applies it (no bias, or the varlen kernel), else that bias with the window folded in."""
         T = x.shape[1]
-        if past + T <= window or (attn_bias is None and self._flash_runs_documents(x, attention_mask)):
+        if masks is not None:
+            return masks.get(window, attn_bias)
+        if past + T <= window or (attn_bias is None and self.flash_runs_documents(x, attention_mask)):
             return attn_bias
         return build_attention_bias(
             self.config, T, x.device, attention_mask, doc_ids, past, attention_bias, window
