@@ -153,8 +153,13 @@ def test_plan_lists_pipeline_layouts_across_nodes_with_their_memory_and_bubble(c
 
 
 def test_dry_run_describes_the_pipeline(tmp_path, capsys):
+    from olmo.testing import write_byte_memmap
+
+    corpus = tmp_path / "corpus.npy"  # the tiny config's quickstart data may not exist (a clean clone)
+    write_byte_memmap(corpus, 10_000)
     capsys.readouterr()
     args = ["--pipeline_parallel.degree=2", "--model.weight_tying=false", "--evaluators=[]", "--dry_run"]
+    args.append(f"--data.paths=[{corpus}]")
     assert run_main("train.py", TINY, *args, f"--save_folder={tmp_path / 'dry'}") == 0
     plan = capsys.readouterr().out
     assert "under torchrun: pipeline_parallel.degree=2" in plan
