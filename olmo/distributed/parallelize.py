@@ -107,14 +107,8 @@ def build_model(
             )
         layout = ParallelLayout.single(layout)
     env = layout.launch
-    if env.device.type == "cuda":
-        # Process-wide, so set before the first matmul; "high" lets fp32 matmuls use TF32.
-        torch.set_float32_matmul_precision(options.float32_matmul_precision)
-    with torch.device("meta"):
-        model = OLMo(cfg)
+    model = meta_build(cfg, layout, options)
     tp_mesh = layout.tensor_mesh
-    if tp_mesh is not None:
-        apply_tensor_parallel(model, tp_mesh)
     fsdp_mesh = layout.fsdp_mesh
     if options.float8 is not None and options.float8.enabled:  # before compile and FSDP, as torchao asks
         check_float8_device(options.float8, env.device)
@@ -153,6 +147,20 @@ def build_model(
         model.reset_parameters()
         if tp_mesh is not None:  # drawn in the canonical order, as one process draws them
             order_fused_rows(model)
+    return model
+
+
+def meta_build(cfg: ModelConfig, layout: ParallelLayout, options: ParallelizeOptions) -> OLMo:
+    """``OLMo(cfg)`` on the meta device for the launch of ``layout``, each block split over its tensor-parallel group
+    when the layout has one (on CUDA the fp32 matmul precision is set first)."""
+    if layout.launch.device.type == "cuda":
+        # Process-wide, so set before the first matmul; "high" lets fp32 matmuls use TF32.
+        torch.set_float32_matmul_precision(options.float32_matmul_precision)
+    with torch.device("meta"):
+        model = OLMo(cfg)
+    tp_mesh = layout.tensor_mesh
+    if tp_mesh is not None:
+        apply_tensor_parallel(model, tp_mesh)
     return model
 
 

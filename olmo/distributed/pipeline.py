@@ -239,20 +239,11 @@ def build_pipeline_model(
     """This rank's stages of ``OLMo(cfg)`` for ``pipeline`` on ``layout``: split by FLOPs and placed by the schedule
     (:mod:`olmo.distributed.pipeline_plan`), activation-checkpointed and compiled as the options say, sharded by
     FSDP over the stage's ranks, materialised on the device and (``init_params``) initialised as one process would."""
-    from .parallelize import apply_activation_checkpointing, compile_blocks, fsdp_unit_options
+    from .parallelize import apply_activation_checkpointing, compile_blocks, fsdp_unit_options, meta_build
 
     env = layout.launch
-    if env.device.type == "cuda":
-        torch.set_float32_matmul_precision(options.float32_matmul_precision)
-    with torch.device("meta"):
-        shell = OLMo(cfg)
+    shell = meta_build(cfg, layout, options)  # tensor parallelism within the stage, as build_model does
     tp_mesh = layout.tensor_mesh
-    if (
-        tp_mesh is not None
-    ):  # each block's matrices split over the stage's tensor-parallel group, as build_model does
-        from .tensor_parallel import apply_tensor_parallel
-
-        apply_tensor_parallel(shell, tp_mesh)
     if options.activation_checkpointing is not None:
         apply_activation_checkpointing(shell, options.activation_checkpointing)
     if options.compile is not None:
