@@ -15,7 +15,14 @@ import torch
 
 from ..util import machine_info, write_result_file
 
-__all__ = ["PeakFlops", "device_peak_flops", "gpu_peak_flops", "cpu_peak_flops", "model_flops_utilization"]
+__all__ = [
+    "PeakFlops",
+    "device_peak_flops",
+    "gpu_peak_flops",
+    "cpu_peak_flops",
+    "model_flops_utilization",
+    "training_flops_per_token",
+]
 
 log = logging.getLogger(__name__)
 
@@ -232,3 +239,20 @@ def _matmul_rate(a: torch.Tensor, b: torch.Tensor, seconds: float) -> tuple[floa
         calls += 1
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     return 2 * n**3 * calls / wall, min(1.0, cpu / (wall * torch.get_num_threads()))
+
+
+def training_flops_per_token(cfg: Any, n_matmul: int, seq_len: Optional[int] = None) -> int:
+    """:meth:`olmo.model.OLMo.num_flops_per_token` (its docstring has the convention) of the model ``cfg`` whose
+    blocks' active matmul parameters are ``n_matmul``."""
+    from ..config.linear_attention_sections import LINEAR_ATTENTION
+
+    if cfg.weight_tying:
+        n_matmul += cfg.effective_embedding_size * cfg.d_model
+    seq_len = cfg.max_sequence_length if seq_len is None else seq_len
+    head_dim = cfg.d_model // cfg.n_heads
+    kinds, windows = cfg.layer_kinds(), cfg.layer_windows()
+    keys = sum(min(w or seq_len, seq_len) for k, w in zip(kinds, windows) if k != LINEAR_ATTENTION)
+    flops = 6 * n_matmul + 12 * cfg.n_heads * head_dim * keys
+    if (la := cfg.linear_attention) is not None:
+        flops += 18 * la.value_heads(cfg) * la.key_dim(cfg) * la.value_dim(cfg) * kinds.count(LINEAR_ATTENTION)
+    return flops

@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from ..config import InitFnType, ModelConfig
-from ..config.linear_attention_sections import LINEAR_ATTENTION
 from ..exceptions import OLMoConfigurationError
 from .attention import (
     DocumentSpans,
@@ -34,6 +33,7 @@ from .beams import Constraint, FinalSequenceScorer, Sampler
 from .block import BufferCache, OLMoBlock, OLMoLlamaBlock, OLMoSequentialBlock
 from .context_attention import ContextAttention, ContextParallel, context_parallel_inputs
 from .flex_attention import flex_inputs
+from .flops import training_flops_per_token
 from .generation import OLMoGenerateOutput, generate
 from .init import init_normal, init_scales
 from .layers import (
@@ -493,15 +493,4 @@ class OLMo(nn.Module):
 
         :param seq_len: Context length; defaults to ``max_sequence_length``.
         """
-        cfg = self.config
-        n_matmul = self.num_active_params(include_embedding=False)
-        if cfg.weight_tying:
-            n_matmul += cfg.effective_embedding_size * cfg.d_model
-        seq_len = cfg.max_sequence_length if seq_len is None else seq_len
-        head_dim = cfg.d_model // cfg.n_heads
-        kinds, windows = cfg.layer_kinds(), cfg.layer_windows()
-        keys = sum(min(w or seq_len, seq_len) for k, w in zip(kinds, windows) if k != LINEAR_ATTENTION)
-        flops = 6 * n_matmul + 12 * cfg.n_heads * head_dim * keys
-        if (la := cfg.linear_attention) is not None:
-            flops += 18 * la.value_heads(cfg) * la.key_dim(cfg) * la.value_dim(cfg) * kinds.count(LINEAR_ATTENTION)
-        return flops
+        return training_flops_per_token(self.config, self.num_active_params(include_embedding=False), seq_len)
