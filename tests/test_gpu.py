@@ -322,3 +322,35 @@ def test_flex_attention_trains_as_the_sdpa_mask(documents):
     torch.testing.assert_close(results[1][0], results[0][0], rtol=2e-2, atol=2e-2)
     for name, grad in results[0][1].items():
         torch.testing.assert_close(results[1][1][name], grad, rtol=5e-2, atol=5e-3, msg=name)
+
+
+def test_the_expert_layer_never_waits_for_the_gpu_and_compiles_to_its_eager_values():
+    """OLMoE's layer in bf16 (issue 55): routing, the permutation both ways (gathers), the grouped multiplies and
+    the auxiliary losses, forward and backward, with CUDA's sync debug mode raising on any host synchronization;
+    then compiled (fullgraph), the same values and gradients as eager within bf16 rounding."""
+    from olmo.model.compile_guards import install_compile_guards
+    from olmo.model.moe import MoEFeedForward
+
+    torch.manual_seed(0)
+    layer = MoEFeedForward(256, 16, 4, 128, device="cuda", lb_weight=0.01, z_weight=0.001).to(torch.bfloat16)
+    x = torch.randn(2, 512, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    layer(x).float().square().mean().backward()  # warm-up: lazy CUDA initialisation may synchronize once
+    eager_grads = [p.grad.clone() for p in (x, *layer.parameters())]
+    for p in (x, *layer.parameters()):
+        p.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = layer(x)
+        eager.float().square().mean().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for p, expected in zip((x, *layer.parameters()), eager_grads):
+        torch.testing.assert_close(p.grad, expected)  # the same pass again (bitwise, unless cuBLAS splits sums)
+        p.grad = None
+    install_compile_guards()
+    compiled = torch.compile(layer, fullgraph=True)(x)
+    compiled.float().square().mean().backward()
+    torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=2e-3)
+    for p, expected in zip((x, *layer.parameters()), eager_grads):
+        torch.testing.assert_close(p.grad, expected, rtol=5e-2, atol=5e-3)

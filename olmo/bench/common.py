@@ -18,17 +18,39 @@ __all__ = ["RandomTokens", "SyntheticBatches", "PhaseClock"]
 
 
 class RandomTokens(torch.utils.data.Dataset):
-    """``n`` instances of ``seq_len`` uniformly random token ids; instance ``i`` is the same on every call."""
+    """``n`` instances of ``seq_len`` uniformly random token ids; instance ``i`` is the same on every call. With
+    ``doc_length``, each instance is documents of ``doc_length / 2`` to ``3 * doc_length / 2`` tokens (uniform), each
+    ending with ``eos_token_id`` (the instance's end closes its last), and carries their ``doc_lens``, as the memmap
+    dataset gives them with ``data.generate_doc_lengths``."""
 
-    def __init__(self, n: int, seq_len: int, vocab_size: int, seed: int):
+    def __init__(
+        self,
+        n: int,
+        seq_len: int,
+        vocab_size: int,
+        seed: int,
+        doc_length: Optional[int] = None,
+        eos_token_id: int = 0,
+    ):
         self.n, self.seq_len, self.vocab_size, self.seed = n, seq_len, vocab_size, seed
+        self.doc_length, self.eos_token_id = doc_length, eos_token_id
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         gen = torch.Generator().manual_seed(self.seed + int(index))
-        return {"input_ids": torch.randint(0, self.vocab_size, (self.seq_len,), generator=gen)}  # (T,)
+        input_ids = torch.randint(0, self.vocab_size, (self.seq_len,), generator=gen)  # (T,)
+        if self.doc_length is None:
+            return {"input_ids": input_ids}
+        input_ids[input_ids == self.eos_token_id] = (self.eos_token_id + 1) % self.vocab_size  # EOS only at ends
+        low, high = max(1, self.doc_length // 2), max(1, 3 * self.doc_length // 2)
+        lengths: list[int] = []
+        while sum(lengths) < self.seq_len:
+            lengths.append(int(torch.randint(low, high + 1, (), generator=gen)))
+        lengths[-1] -= sum(lengths) - self.seq_len
+        input_ids[torch.tensor(lengths).cumsum(0) - 1] = self.eos_token_id
+        return {"input_ids": input_ids, "doc_lens": torch.tensor(lengths)}
 
 
 class SyntheticBatches:
@@ -38,13 +60,23 @@ class SyntheticBatches:
 
     :param context: the run's seed (of the tokens and their order), epoch and global batch size.
     :param layout: the launch's layout: which instances this rank reads, and its device.
+    :param doc_length: documents of about this many tokens with their ``doc_lens`` (:class:`RandomTokens`), else
+        one random run of tokens per instance.
     """
 
     def __init__(
-        self, model: ModelConfig, data: DataConfig, context: DataContext, layout: ParallelLayout, n_steps: int
+        self,
+        model: ModelConfig,
+        data: DataConfig,
+        context: DataContext,
+        layout: ParallelLayout,
+        n_steps: int,
+        doc_length: Optional[int] = None,
     ):
         batch, seed = context.global_train_batch_size, context.seed
-        tokens = RandomTokens(n_steps * batch, model.max_sequence_length, model.vocab_size, seed)
+        tokens = RandomTokens(
+            n_steps * batch, model.max_sequence_length, model.vocab_size, seed, doc_length, model.eos_token_id
+        )
         self.dataset = IterableDataset(
             tokens,
             batch,

@@ -1,14 +1,17 @@
 """Time of a mixture-of-experts layer alone (``olmo.model.moe.MoEFeedForward``), forward and backward: its experts
 as one grouped multiply (``torch._grouped_mm``) and as a loop over the experts, against the dense SwiGLU MLP with the
-same active parameters (width ``top_k * hidden``), at a model's real shapes.
+same active parameters (width ``top_k * hidden``), at a model's real shapes; and the grouped multiplies alone on rows
+already in expert order (``experts``), which is what routing and the permutation add to.
 
     python scripts/benchmark_experts.py [--tokens 8192] [--d-model 2048] [--experts 64] [--top-k 8]
-        [--hidden 1024] [--precision fp32|bf16] [--repeats 5] [--out result.json]
+        [--hidden 1024] [--precision fp32|bf16] [--compile] [--repeats 5] [--out result.json]
 
 The defaults are one OLMoE-1B-7B layer with a micro-batch of 2 x 4096 tokens. Time is the median of ``--repeats``
-forward+backward passes after one warm-up (the device synchronized around each); ``--precision bf16`` autocasts on
-CUDA (the grouped kernel runs there in bf16 only) and runs fp32 on a CPU. Before timing, the grouped and the loop
-variants are checked to compute the same output.
+forward+backward passes after one warm-up (the device synchronized around each, the gradients cleared before each).
+``--precision bf16`` on CUDA holds the weights in bf16, as FSDP's mixed precision hands them to a layer, and
+autocasts (the grouped kernel runs there in bf16 only; the router still computes in fp32); on a CPU it runs fp32.
+``--compile`` compiles each variant (``torch.compile``, the model's own guards installed first). Before timing, the
+grouped and the loop variants are checked to compute the same output.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("dense", "grouped", "loop")
+VARIANTS = ("dense", "grouped", "loop", "experts")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -32,6 +35,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=1024, help="each expert's hidden width")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--compile", action="store_true", help="compile each variant (torch.compile)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
@@ -48,16 +52,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from olmo.model.moe import MoEFeedForward, grouped_mm_runs
+    from olmo.model.compile_guards import install_compile_guards
+    from olmo.model.moe import MoEFeedForward, grouped_mm_runs, permutation
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if args.precision == "bf16" and device.type == "cuda" else None
+    held = dtype or torch.float32
     torch.manual_seed(0)
-    layer = MoEFeedForward(args.d_model, args.experts, args.top_k, args.hidden, device=device)
+    layer = MoEFeedForward(args.d_model, args.experts, args.top_k, args.hidden, device=device).to(held)
     width = args.top_k * args.hidden
-    up = torch.nn.Parameter(torch.randn(2 * width, args.d_model, device=device) * 0.02)
-    down = torch.nn.Parameter(torch.randn(args.d_model, width, device=device) * 0.02)
-    x = torch.randn(args.tokens, args.d_model, device=device, requires_grad=True)
+    up = torch.nn.Parameter((torch.randn(2 * width, args.d_model, device=device) * 0.02).to(held))
+    down = torch.nn.Parameter((torch.randn(args.d_model, width, device=device) * 0.02).to(held))
+    x = torch.randn(args.tokens, args.d_model, device=device, dtype=held, requires_grad=True)
+    with torch.no_grad():  # the rows in expert order and the group ends of this input's routing, for `experts`
+        layer(x)
+        assert layer.routing is not None
+        perm = permutation(layer.routing.experts, args.experts)
+        ends = torch.cumsum(perm.counts, dim=0).to(torch.int32)
+    sorted_rows = x.detach()[perm.token_of].requires_grad_()
 
     def dense() -> torch.Tensor:
         a, b = F.linear(x, up).chunk(2, dim=-1)
@@ -70,15 +82,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         return fn
 
-    variants = {"dense": dense, "grouped": experts(True), "loop": experts(False)}
+    def experts_alone() -> torch.Tensor:
+        hidden = F.silu(torch._grouped_mm(sorted_rows, layer.w1, offs=ends))
+        hidden = hidden * torch._grouped_mm(sorted_rows, layer.w3, offs=ends)
+        return torch._grouped_mm(hidden, layer.w2, offs=ends)
+
+    kernel = grouped_mm_runs(x, layer.w1)
+    variants: dict[str, Callable[[], torch.Tensor]] = {"dense": dense, "grouped": experts(True)}
+    variants["loop"] = experts(False)
+    if kernel and (held == torch.bfloat16 or not args.compile):  # compiled, the kernel traces in bf16 only
+        variants["experts"] = experts_alone
+    if args.compile:
+        install_compile_guards()
+        variants = {name: torch.compile(fn) for name, fn in variants.items()}
+    params = [x, sorted_rows, up, down, *layer.parameters()]
     with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
         with torch.no_grad():
             torch.testing.assert_close(variants["grouped"](), variants["loop"](), rtol=2e-2, atol=2e-3)
-        kernel = grouped_mm_runs(x.to(dtype or x.dtype), layer.w1.to(dtype or x.dtype))
-        times = {name: _median_seconds(fn, args.repeats, device) for name, fn in variants.items()}
+        times = {name: _median_seconds(fn, args.repeats, device, params) for name, fn in variants.items()}
     return {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "precision": "bf16" if dtype is not None else "fp32",
+        "compiled": args.compile,
         "tokens": args.tokens,
         "d_model": args.d_model,
         "experts": args.experts,
@@ -87,13 +112,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "grouped_kernel": kernel,
         "seconds": times,
         "tokens_per_second": {name: args.tokens / s for name, s in times.items()},
+        "grouped_over_dense": times["dense"] / times["grouped"],
     }
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int, device: Any) -> float:
+def _median_seconds(fn: Callable[[], Any], repeats: int, device: Any, params: list[Any]) -> float:
     import torch
 
     def once() -> float:
+        for p in params:
+            p.grad = None
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -102,7 +130,7 @@ def _median_seconds(fn: Callable[[], Any], repeats: int, device: Any) -> float:
             torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    once()  # warm-up
+    once()  # warm-up (and the compile, with --compile)
     return statistics.median(once() for _ in range(repeats))
 
 
@@ -114,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{result['tokens']:,} tokens, d_model {result['d_model']}, {result['experts']} experts of width "
         f"{result['hidden']}, top {result['top_k']}, {result['precision']} on {result['device']} (grouped kernel "
-        f"{'runs' if result['grouped_kernel'] else 'cannot run: loop'}):"
+        f"{'runs' if result['grouped_kernel'] else 'cannot run: loop'}){', compiled' if result['compiled'] else ''}:"
     )
-    for name in VARIANTS:
+    for name in [v for v in VARIANTS if v in result["seconds"]]:
         seconds = result["seconds"][name]
         ratio = result["seconds"]["dense"] / seconds
         print(

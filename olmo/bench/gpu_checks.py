@@ -6,14 +6,15 @@ Installs the wheels ``make gpu-wheels`` gathered (:mod:`olmo.bench.gpu_wheels`),
 importance, each under its own time limit, so a part that fails or hangs costs only its own minutes (a hung one is
 stopped with every process it started, torchrun's workers included); a part whose limit no longer fits in what is
 left of ``--budget`` is reported as not run. After every part one markdown table (``DIR/gpu_checks.md``, printed at
-the end) and the details (``DIR/gpu_checks.json``: each part's command, status, time, numbers and the tail of its
-output) are written, ready for RESEARCH_LOG. ``--dry-run`` lists the parts with
+the end), the benchmark rows of docs/throughput.md (``DIR/benchmarks.md``: model, GPU, precision, shape, tokens/s,
+MFU, memory, the exact command, date and commit) and the details (``DIR/gpu_checks.json``: each part's command,
+status, time, numbers and the tail of its output) are written, ready for RESEARCH_LOG. ``--dry-run`` lists the parts with
 their commands and limits and checks the wheel folder, and runs nothing.
 
 What it reads is bounded (:mod:`olmo.util.bounded_files`): a wheel must be a regular file (or a symlink to one) of
 at most 64 MiB with safe member names (:func:`olmo.bench.gpu_wheels.check_wheels` lists its limits), a part's report
 one of at most 16 MiB, and of a part's output only the last 64 KiB are kept. ``--budget`` is 0 to 86400 seconds,
-``--python-version`` is ``3.N``; ``gpu_checks.md``/``.json`` are written (by a rename) only over earlier ones.
+``--python-version`` is ``3.N``; ``gpu_checks.md``/``.json`` and ``benchmarks.md`` are written (by a rename) only over earlier ones.
 
 Standard library only until the wheels are installed: this file is the first thing to run on a bare machine, from
 the checkout's root (``PYTHONPATH=. python3 scripts/gpu_checks.py`` where the package is not installed).
@@ -134,25 +135,34 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
         report=str(work / "fsdp.json"),
     )
     windows = []
-    for name, extra in (
-        ("windows-8192-full", []),
-        ("windows-8192-flex", ["--override", "model.sliding_window.pattern=[4096,4096,4096,-1]"]),
+    for name, extra, what in (
+        ("windows-8192-full", [], "full attention"),
+        (
+            "windows-8192-flex",
+            ["--override", "model.sliding_window.pattern=[4096,4096,4096,-1]"],
+            "OLMo 3's windows (4,096) on FlexAttention",
+        ),
+        (
+            "documents-8192-flex",
+            ["--doc-length", "2048"],
+            "documents of 1,024-3,072 tokens masked, on FlexAttention",
+        ),
         (
             "windows-8192-sdpa",
             ["--override", "model.sliding_window.pattern=[4096,4096,4096,-1]"]
             + ["--override", "model.attention_backend=sdpa"],
+            "OLMo 3's windows (4,096) in an SDPA mask",
         ),
     ):
         out = work / f"{name}.json"
         windows.append(
             Part(
                 name,
-                "OLMo-300M at 8,192 tokens, bf16 compiled, micro-batch 2: "
-                + ("full attention" if not extra else "OLMo 3's windows (4,096) on " + name.rsplit("-", 1)[1]),
+                "OLMo-300M at 8,192 tokens, bf16 compiled, micro-batch 4: " + what,
                 [
                     [*BENCH, "configs/official/OLMo-300M.yaml", "--data", "synthetic", "--steps", "10"]
                     + ["--warmup", "3", "--precision", "amp_bf16", "--compile", "--seq-len", "8192"]
-                    + ["--batch", "2", "--micro-batch", "2", *extra, "--out", str(out)]
+                    + ["--batch", "4", "--micro-batch", "4", *extra, "--out", str(out)]
                 ],
                 90,
                 report=str(out),
@@ -184,6 +194,35 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
         _bench("1b-float8-rowwise", "1b", "rowwise", work),
         _bench("300m-float8-rowwise", "300m", "rowwise", work),
     ]
+    experts = []
+    for name, extra in (("experts-layer", []), ("experts-layer-compiled", ["--compile"])):
+        out = work / f"{name}.json"
+        shape = "--tokens 16384 --d-model 2048 --experts 64 --top-k 8 --hidden 1024 --precision bf16 --repeats 5"
+        experts.append(
+            Part(
+                name,
+                "OLMoE-1B-7B's expert layer, 2 x 8,192 tokens, bf16 weights held (as FSDP hands them)"
+                + (", compiled" if extra else ", eager")
+                + ": the grouped layer, the loop and the grouped multiplies alone, each over the dense MLP of "
+                "equal active width",
+                [[sys.executable, "scripts/benchmark_experts.py", *shape.split(), *extra, "--out", str(out)]],
+                90 if extra else 60,
+                report=str(out),
+            )
+        )
+    olmoe_out = work / "olmoe-4-layers.json"
+    olmoe = Part(
+        "olmoe-4-layers",
+        "OLMoE-1B-7B with 4 layers, 4 x 4,096 tokens, bf16 compiled: MFU on active parameters",
+        [
+            [*BENCH, "configs/official/OLMoE-1B-7B.yaml", "--data", "synthetic", "--steps", "10", "--warmup", "3"]
+            + ["--precision", "amp_bf16", "--compile", "--batch", "4", "--micro-batch", "4"]
+            + ["--override", "model.n_layers=4", "--override", "metrics_collect_interval=10"]
+            + ["--out", str(olmoe_out)]
+        ],
+        90,
+        report=str(olmoe_out),
+    )
     flash = _bench("1b-bf16-flash-attn", "1b", None, work, ("--override", "model.flash_attention=true"))
     if not flash_attn:
         flash.skip_reason = "no flash-attn wheel (PyPI has none; put flash_attn-*.whl into the wheel folder)"
@@ -216,7 +255,9 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
         30,
         False,
     )
-    return [probe, tests, *ladder, *windows, linear, original, fsdp, *rowwise, flash, curves, pipeline]
+    # Issue 55's parts first (windows, the expert layer, float8 on OLMo-1B), then the rest of the checks.
+    first = [probe, *windows[:3], *experts, olmoe, ladder[0], ladder[1], rowwise[0], tests, ladder[2], ladder[3]]
+    return [*first, rowwise[1], curves, windows[3], fsdp, original, linear, pipeline, flash]
 
 
 def install(wheels: Path, site: Path, original_site: Path) -> str:

@@ -1,5 +1,5 @@
 """The GPU checks' results (:mod:`olmo.bench.gpu_checks`): each part's :class:`Result`, the numbers read from its
-report, and the table and details written into ``--out`` (only over an earlier result of the command, never through
+report, and the tables (the checks', and the benchmark rows of docs/throughput.md) and details written into ``--out`` (only over an earlier result of the command, never through
 a link). Standard library only, as the command is."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ..util.bounded_files import read_bounded
 __all__ = [
     "Result",
     "markdown_table",
+    "benchmark_table",
     "report_numbers",
     "environment_numbers",
     "read_report",
@@ -57,8 +58,52 @@ def report_numbers(report: dict[str, Any]) -> dict[str, Any]:
         return out
     if isinstance(report.get("summary"), dict):  # float8_curves
         return plain(report["summary"])
+    if "grouped_over_dense" in report:  # benchmark_experts.py: each variant's speed over the dense MLP's
+        seconds = _object(report.get("seconds", {}))
+        dense = seconds.get("dense")
+        return {
+            f"{name}/dense": round(dense / s, 3)
+            for name, s in seconds.items()
+            if name != "dense" and _is_number(s) and s > 0 and _is_number(dense)
+        }
     r = _object(report.get("results", {}))  # benchmark.py
-    return {k: r[k] for k in ("tokens_per_second", "mfu", "peak_memory_mb", "step_time_s") if _is_number(r.get(k))}
+    out = {k: r[k] for k in ("tokens_per_second", "mfu", "peak_memory_mb", "step_time_s") if _is_number(r.get(k))}
+    return {**out, **plain(_benchmark_facts(report))} if isinstance(report.get("setup"), dict) else out
+
+
+FACTS = ("model", "gpu", "precision", "sequence", "micro_batch", "date", "commit")
+"""What a row of the benchmark table says besides its numbers (from ``scripts/benchmark.py``'s report)."""
+
+
+def _section(report: dict[str, Any], key: str) -> dict[str, Any]:
+    value = report.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _benchmark_facts(report: dict[str, Any]) -> dict[str, Any]:
+    setup = _section(report, "setup")
+    batch, device, git = _section(setup, "batch"), _section(setup, "device"), _section(report, "git")
+    overrides = [o for o in report.get("overrides") or [] if isinstance(o, str)]
+    # The model's own changes (its float8 goes into the precision, its sequence length into its own column).
+    shown = ("model.float8", "model.max_sequence_length")
+    changed = [o for o in overrides if o.startswith("model.") and not o.startswith(shown)]
+    model = Path(str(report.get("config", "?"))).stem + "".join(f", {o}" for o in changed)
+    precision = {"amp_bf16": "bf16", "fp32": "fp32"}.get(str(setup.get("precision")), str(setup.get("precision")))
+    float8 = setup.get("float8")
+    if isinstance(float8, dict):
+        precision += f", float8 {float8.get('recipe')}"
+    if setup.get("compile") is not None:
+        precision += ", compiled"
+    commit = str(git.get("commit", ""))[:8] + ("+" if git.get("dirty") else "")
+    return {
+        "model": model[:200],
+        "gpu": device.get("name"),
+        "precision": precision,
+        "sequence": batch.get("seq_len"),
+        "micro_batch": batch.get("micro_batch"),
+        "date": str(report.get("date", ""))[:10],
+        "commit": commit,
+    }
 
 
 def read_report(path: str) -> dict[str, Any]:
@@ -109,7 +154,7 @@ def markdown_table(results: list[Result]) -> str:
         extra = ", ".join(
             f"{k} {v}"
             for k, v in n.items()
-            if k not in ("tokens_per_second", "mfu", "peak_memory_mb", "step_time_s")
+            if k not in ("tokens_per_second", "mfu", "peak_memory_mb", "step_time_s", *FACTS)
         )
         note = " ".join("; ".join(x for x in (r.note, extra) if x).replace("|", "/").split())  # one row each
         rows.append(f"| {r.name} | {r.what} | {r.status} | {r.seconds:.0f} s | {tps} | {mfu} | {mem} | {note} |")
@@ -117,6 +162,43 @@ def markdown_table(results: list[Result]) -> str:
 
 
 TABLE_HEAD = "| part | what | status |"
+BENCHMARK_HEAD = "| model | GPU | precision | sequence | micro-batch | tokens/s per GPU | MFU | peak memory | command | date, commit |"
+
+
+def benchmark_table(results: list[Result]) -> str:
+    """docs/throughput.md's "Benchmarks" rows: each part that ran ``scripts/benchmark.py`` to its end, with the
+    exact command, the date and the commit (``+``: uncommitted changes)."""
+    rows = [BENCHMARK_HEAD, "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        n = r.numbers
+        if r.status != "ok" or not _is_number(n.get("tokens_per_second")) or "model" not in n:
+            continue
+        mfu = f"{100 * n['mfu']:.1f} %" if _is_number(n.get("mfu")) else ""
+        mem = f"{n['peak_memory_mb'] / 1024:,.1f} GiB" if _is_number(n.get("peak_memory_mb")) else ""
+        command = _shown_command(r.command)
+        cells = [n["model"], n.get("gpu"), n.get("precision"), _count(n.get("sequence")), n.get("micro_batch")]
+        cells += [
+            f"{n['tokens_per_second']:,.0f}",
+            mfu,
+            mem,
+            f"`{command}`",
+            f"{n.get('date')}, {n.get('commit')}",
+        ]
+        rows.append("| " + " | ".join("" if c is None else str(c) for c in cells) + " |")
+    return "\n".join(rows)
+
+
+def _shown_command(command: str) -> str:
+    """The command as a user types it: ``python`` for the interpreter's path, without the report's ``--out``."""
+    words = command.replace("|", "/").split()
+    if words and Path(words[0]).name.startswith("python"):
+        words[0] = "python"
+    kept = [w for i, w in enumerate(words) if w != "--out" and (i == 0 or words[i - 1] != "--out")]
+    return " ".join(kept)
+
+
+def _count(value: Any) -> str:
+    return f"{value:,}" if _is_number(value) else ""
 
 
 def out_problem(out: Path) -> Optional[str]:
@@ -127,7 +209,7 @@ def out_problem(out: Path) -> Optional[str]:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         return f"cannot be created ({e.strerror or e})"
-    for name in ("gpu_checks.md", "gpu_checks.json"):
+    for name in ("gpu_checks.md", "gpu_checks.json", "benchmarks.md"):
         path = out / name
         if os.path.islink(path):
             return f"holds {name} as a symlink (to '{os.readlink(path)}'), which a write would follow; remove it"
@@ -135,8 +217,9 @@ def out_problem(out: Path) -> Optional[str]:
             continue
         try:
             text = read_bounded(path, REPORT_LIMIT, f"Its {name}", OLMoCliError).decode(errors="replace")
+            head = TABLE_HEAD if name == "gpu_checks.md" else BENCHMARK_HEAD
             earlier = not text.strip() or (
-                text.startswith(TABLE_HEAD) if name.endswith(".md") else _is_result_list(json.loads(text))
+                text.startswith(head) if name.endswith(".md") else _is_result_list(json.loads(text))
             )
         except (OLMoError, ValueError, RecursionError) as e:
             return str(e).rstrip(".") if isinstance(e, OLMoError) else f"holds a {name} that is not JSON ({e})"
@@ -152,8 +235,9 @@ def _is_result_list(value: Any) -> bool:
 
 
 def write_tables(out: Path, results: list[Result]) -> str:
-    """Write the table and the details of ``results`` into ``out``; return the table."""
+    """Write the table, the benchmark rows and the details of ``results`` into ``out``; return the table."""
     table = markdown_table(results)
+    atomic_write(out / "benchmarks.md", benchmark_table(results) + "\n")
     atomic_write(out / "gpu_checks.md", table + "\n")  # a rename: never through a link put there since the check
     atomic_write(out / "gpu_checks.json", json.dumps([asdict(r) for r in results], indent=2) + "\n")
     return table

@@ -1,7 +1,7 @@
 """Measure training throughput (tokens/s, step time and its phases, MFU, peak memory) for a config.
 
     python scripts/benchmark.py CONFIG [--steps 20] [--warmup 5] [--batch B] [--micro-batch M] [--seq-len T]
-        [--compile | --no-compile] [--precision amp_bf16|fp32] [--data synthetic|config]
+        [--compile | --no-compile] [--precision amp_bf16|fp32] [--data synthetic|config] [--doc-length N]
         [--override key=value ...] [--out result.json] [--smoke]
     torchrun --nproc_per_node=N scripts/benchmark.py CONFIG ...
 
@@ -15,6 +15,8 @@ GC). Nothing is saved and no metrics are logged, so the numbers are those of the
 * ``--data synthetic`` (default) feeds random token batches made up front (pinned on CUDA), so data time is
   ~0 and no data files are needed: it sets ``data.paths=null``, so a ``${path.glob:...}`` in the config is
   never resolved. ``--data config`` reads the config's memmaps through ``build_train_dataloader``.
+  ``--doc-length N`` makes the synthetic instances documents of N/2 to 3N/2 tokens, each ending with EOS, with
+  their ``doc_lens`` (it sets ``data.generate_doc_lengths=true``): the cost of masking attention to documents.
 * ``evaluators=[]`` is always applied: no evaluation runs, so the evaluators' data files are never needed.
 * The config's first stage is set up as training does it: ``--override 'stages=[{max_duration: 100, kl_beta:
   0.1, kl_estimator: full}]' --override max_duration=null`` measures the step of a KL stage (reference included).
@@ -106,6 +108,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--precision", choices=["amp_bf16", "amp_fp16", "fp32"], help="default: config")
     parser.add_argument("--data", choices=["synthetic", "config"], default="synthetic")
+    parser.add_argument(
+        "--doc-length",
+        type=int,
+        help="synthetic documents of about this many tokens, attention masked to each (data.generate_doc_lengths)",
+    )
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--out", help="write the result as JSON to this file")
     parser.add_argument("--smoke", action="store_true", help="tiny model and few steps, for CI")
@@ -116,6 +123,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             setattr(args, name, value)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
+    if args.doc_length is not None and (args.doc_length < 1 or args.data != "synthetic"):
+        parser.error(
+            "--doc-length must be at least 1, and makes the synthetic data's documents (--data synthetic)"
+        )
     problem = result_file_problem(Path(args.out), ("setup", "results")) if args.out else None
     if problem is not None:
         raise OLMoCliError(
@@ -129,6 +140,8 @@ def config_overrides(args: argparse.Namespace, world_size: int) -> list[str]:
     out = ["evaluators=[]"]  # only training steps are measured; the evaluators' data is never needed
     if args.data == "synthetic":
         out += ["data.paths=null", "data.datasets=null"]
+    if args.doc_length is not None:
+        out.append("data.generate_doc_lengths=true")
     if args.smoke:
         out += SMOKE_MODEL_OVERRIDES
     out += [clean_opt(o) for o in args.override]
@@ -178,7 +191,7 @@ def attention_info(
 ) -> dict[str, Any]:
     """Which attention kernel the model runs on ``device`` under ``autocast`` (None: fp32), and why."""
     has_bias = model.alibi or data.generate_attention_mask
-    info = describe_attention(model, device, autocast, has_bias)
+    info = describe_attention(model, device, autocast, has_bias, doc_masking=data.generate_doc_lengths)
     if device.type == "cuda":
         info["sdp_enabled"] = {
             "flash": torch.backends.cuda.flash_sdp_enabled(),
@@ -348,7 +361,9 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
         layout = ParallelLayout.of_run(cfg, env)
         if args.data == "synthetic":
             context = DataContext.from_train_config(cfg)
-            loader: Any = SyntheticBatches(cfg.model, cfg.data, context, layout, args.warmup + args.steps)
+            loader: Any = SyntheticBatches(
+                cfg.model, cfg.data, context, layout, args.warmup + args.steps, args.doc_length
+            )
         else:
             loader = build_train_dataloader(cfg, world_size=env.world_size, rank=env.rank, work_dir=work_dir)
         options = ParallelizeOptions.from_train_config(cfg, training=True)

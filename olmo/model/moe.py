@@ -10,6 +10,13 @@ Built into every block by ``model.moe`` (:class:`~olmo.config.MoEConfig`).
   weights in one grouped matrix multiply (``torch._grouped_mm``: no host synchronization, since the group sizes stay
   on the device); where that kernel cannot run (fp32 on CUDA, or rows that are not 16-byte multiples), a loop over
   the experts touches each expert's tokens once, reading the group sizes on the host.
+- **The permutation both ways is gathers** (:func:`permutation`, :func:`dispatch`, :func:`combine`): into expert
+  order, row ``i`` copies token ``token_of[i]``; back, each token gathers its ``k`` weighted rows and adds them in
+  its experts' order. Each one's backward is the other's forward, so neither direction scatter-adds (atomics on a
+  GPU, a sort in the backward of indexing), the sum has one fixed order (deterministic on a GPU too), and compiled,
+  the gather, the combine weights and the sum fuse into one kernel. On a CPU the forward adds exactly as
+  ``index_add_`` did, so fp32 values are bitwise unchanged; so is the input's gradient at ``top_k`` 1 and 2, while
+  from 3 on (OLMoE's 8) the indexing backward it replaces added in another order (a difference of rounding).
 - **Auxiliary losses** (per layer, from the same router output): the load-balancing loss of Switch/OLMoE as
   transformers computes it, ``E * sum_e f_e * P_e`` with ``f_e`` the assignments to expert ``e`` per token and
   ``P_e`` its mean router probability (1 for a perfectly balanced router with ``top_k = 1``, ``top_k`` in general),
@@ -36,6 +43,10 @@ __all__ = [
     "MoELayerStats",
     "RouterOutput",
     "route",
+    "Permutation",
+    "permutation",
+    "dispatch",
+    "combine",
     "load_balancing_loss",
     "router_z_loss",
     "grouped_mm_runs",
@@ -122,6 +133,84 @@ def _loop_matmul(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> t
     ends_list = ends.tolist()
     sizes = [end - start for start, end in zip([0, *ends_list[:-1]], ends_list)]
     return torch.cat([rows @ w for rows, w in zip(x.split(sizes), weight.unbind(0))])
+
+
+class Permutation(NamedTuple):
+    """Where the N * k (token, expert) assignments of N tokens go when sorted by expert (stably: within an expert,
+    by token). ``order`` (N * k,): the assignment (``n * k + j``, token ``n``'s ``j``-th choice) of each sorted row;
+    ``token_of`` (N * k,): the token of each sorted row; ``rows_of`` (N, k): each token's sorted rows, ascending
+    (so in the order of its experts); ``counts`` (E,): rows per expert. All on the device: no host synchronization."""
+
+    order: torch.Tensor
+    token_of: torch.Tensor
+    rows_of: torch.Tensor
+    counts: torch.Tensor
+
+
+def permutation(experts: torch.Tensor, num_experts: int) -> Permutation:
+    """The sort by expert of (N, k) expert indices (:class:`Permutation`)."""
+    n_tokens, top_k = experts.shape
+    assignments = experts.flatten()
+    order = torch.argsort(assignments, stable=True)
+    token_of = order // top_k
+    rows_of = torch.argsort(token_of, stable=True).view(n_tokens, top_k)
+    return Permutation(order, token_of, rows_of, _count(assignments, num_experts))
+
+
+def _gather_rows(x: torch.Tensor, token_of: torch.Tensor) -> torch.Tensor:
+    """Row ``i`` of the result is ``x[token_of[i]]``."""
+    return x.index_select(0, token_of)
+
+
+def _sum_rows(rows: torch.Tensor, rows_of: torch.Tensor) -> torch.Tensor:
+    """Row ``n`` of the result is the sum of ``rows[rows_of[n, j]]`` over ``j``, added in that order (one after the
+    other, as a scatter-add over the sorted rows adds them on a CPU)."""
+    n_tokens, top_k = rows_of.shape
+    picked = rows.index_select(0, rows_of.flatten()).view(n_tokens, top_k, rows.shape[-1])
+    total = picked[:, 0]
+    for j in range(1, top_k):
+        total = total + picked[:, j]
+    return total.contiguous()
+
+
+class _Dispatch(torch.autograd.Function):
+    """Tokens (N, C) -> their k copies sorted by expert (N * k, C). Its backward is :class:`_Combine`'s forward: a
+    gather and k - 1 additions, where differentiating the indexing would scatter-add (atomics on a GPU, or a sort)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, token_of: torch.Tensor, rows_of: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(rows_of)
+        return _gather_rows(x, token_of)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (rows_of,) = ctx.saved_tensors
+        return _sum_rows(grad, rows_of), None, None
+
+
+class _Combine(torch.autograd.Function):
+    """Rows sorted by expert (N * k, C) -> each token's sum of its k rows (N, C); the transpose of
+    :class:`_Dispatch`, whose forward is its backward."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: torch.Tensor, rows_of: torch.Tensor, token_of: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(token_of)
+        return _sum_rows(rows, rows_of)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (token_of,) = ctx.saved_tensors
+        return _gather_rows(grad, token_of), None, None
+
+
+def dispatch(x: torch.Tensor, perm: Permutation) -> torch.Tensor:
+    """Tokens (N, C) -> their k copies sorted by expert (N * k, C)."""
+    return _Dispatch.apply(x, perm.token_of, perm.rows_of)
+
+
+def combine(rows: torch.Tensor, perm: Permutation) -> torch.Tensor:
+    """Rows sorted by expert (N * k, C) -> each token's sum of its k rows, added in its experts' order (N, C)."""
+    return _Combine.apply(rows, perm.rows_of, perm.token_of)
 
 
 class ExpertParallelGroup(Protocol):
@@ -225,24 +314,22 @@ class MoEFeedForward(nn.Module):
             logits = F.linear(flat.float(), self.router.weight.float())  # (N, E)
         routing = route(logits, self.top_k, self.norm_topk_prob)
         self.routing = RouterOutput(*(t.detach() for t in routing))  # detached: the module stays copyable
-        assignments = routing.experts.flatten()  # (N * k,), token n's k experts at n*k .. n*k+k-1
-        order = torch.argsort(assignments, stable=True)
-        token_of = order // self.top_k
-        counts = _count(assignments, self.num_experts)  # (E,)
+        perm = permutation(routing.experts, self.num_experts)
+        order, counts = perm.order, perm.counts
         ends = torch.cumsum(counts, dim=0).to(torch.int32)
         # The experts compute in the autocast dtype (autocast leaves 3-D weights and these ops alone, and the norm
         # before this layer returns float32 under autocast), so that bf16 training reaches the bf16 grouped kernel.
         device = flat.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else flat.dtype
         flat = flat.to(dtype)
-        rows = flat[token_of]  # (N * k, C), sorted by expert
+        rows = dispatch(flat, perm)  # (N * k, C), sorted by expert
         if self.expert_group is None:
             weights = tuple(w.to(dtype) for w in (self.w1, self.w3, self.w2))
             out = _experts(rows, weights, ends, self._grouped(rows, weights))  # (N * k, C)
         else:
             out = self._experts_in_parallel(rows, counts, dtype)
         out = out * routing.weights.flatten()[order].unsqueeze(-1).to(out.dtype)
-        y = torch.zeros_like(flat).index_add_(0, token_of, out).reshape(shape)
+        y = combine(out, perm).reshape(shape)
         if not (self.training and torch.is_grad_enabled()):
             return y
         groups = shape[0] if self.lb_per_instance and len(shape) == 3 else 1

@@ -165,3 +165,46 @@ def test_rl_benchmark_times_sampling_with_and_without_the_cache_and_training(tmp
     refused = run_script("benchmark_rl.py", config, f"--out={tmp_path / 'notes.json'}")
     assert refused.returncode != 0 and "--out=" in refused.stderr
     assert (tmp_path / "notes.json").read_text() == '{"mine": 1}'
+
+
+def test_synthetic_documents_are_masked_and_the_report_becomes_a_benchmark_row(tmp_path):
+    """``--doc-length``: instances cut into documents ending with EOS and carrying their ``doc_lens`` (the cost of
+    document masking, issue 55); the report read back as the GPU checks read it gives docs/throughput.md's row."""
+    import sys
+
+    import torch
+
+    from olmo.bench.common import RandomTokens
+    from olmo.bench.gpu_checks_table import Result, benchmark_table, read_report
+    from olmo.data import DataCollator
+
+    tokens = RandomTokens(3, 512, 100, seed=1, doc_length=64, eos_token_id=7)
+    for i in range(3):
+        item = tokens[i]
+        lens, ids = item["doc_lens"], item["input_ids"]
+        assert int(lens.sum()) == 512 and bool((lens >= 1).all()) and bool((lens[:-1] >= 32).all())
+        ends = lens.cumsum(0) - 1
+        assert bool((ids[ends] == 7).all()) and int((ids == 7).sum()) == len(lens)  # EOS at the ends only
+        assert torch.equal(tokens[i]["input_ids"], ids)  # instance i is the same on every call
+    assert "doc_lens" in DataCollator(pad_token_id=1)([tokens[0], tokens[1]])
+    assert "doc_lens" not in RandomTokens(1, 64, 100, seed=1)[0]
+
+    out = tmp_path / "docs.json"
+    args = ["--smoke", "--doc-length=32", f"--out={out}"]
+    result = run_script("benchmark.py", REPO / "configs/tiny/OLMo-tiny.yaml", *args, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert "data.generate_doc_lengths=true" in report["overrides"]
+    command = f"{sys.executable} scripts/benchmark.py configs/tiny/OLMo-tiny.yaml --doc-length 32 --out {out}"
+    row = benchmark_table([Result("docs", "documents", "ok", 5.0, read_report(str(out)), command=command)])
+    cells = row.splitlines()[2].split(" | ")
+    assert (
+        cells[0] == "| OLMo-tiny, model.n_layers=2, model.d_model=64"
+        and cells[2] == "fp32"
+        and cells[3:5] == ["128", "2"]
+    )
+    assert cells[5] == f"{report['results']['tokens_per_second']:,.0f}" and cells[7].endswith(" GiB")
+    assert cells[8] == "`python scripts/benchmark.py configs/tiny/OLMo-tiny.yaml --doc-length 32`"
+    assert cells[9].startswith(report["date"][:10] + ", ")
+    bad = run_script("benchmark.py", REPO / "configs/tiny/OLMo-tiny.yaml", "--doc-length=0", cwd=tmp_path)
+    assert bad.returncode == 2 and "--doc-length must be at least 1" in bad.stderr

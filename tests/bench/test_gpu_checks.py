@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from pathlib import Path
 
 from olmo.bench import gpu_checks
 from olmo.bench.gpu_checks import Part, markdown_table, run_part
@@ -62,8 +63,21 @@ def test_the_dry_run_lists_every_part_with_its_command_and_limit(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "for Python 3.12: ready" in result.stdout
     parts = ("gpu-tests", "1b-bf16", "1b-float8-tensorwise", "300m-float8-rowwise", "original-olmo")
-    for name in (*parts, "linear-attention-kernels"):
+    for name in (*parts, "linear-attention-kernels", "experts-layer", "olmoe-4-layers", "documents-8192-flex"):
         assert f"  {name} (" in result.stdout
+    # Issue 55's parts run first: the windows, documents and the expert layer before float8 and the rest.
+    listed = [line for line in result.stdout.splitlines() if line.startswith("  ") and not line.startswith("   ")]
+    order = [line.split(" (")[0].strip() for line in listed if " (" in line]
+    assert order[:7] == [
+        "environment",
+        "windows-8192-full",
+        "windows-8192-flex",
+        "documents-8192-flex",
+        "experts-layer",
+        "experts-layer-compiled",
+        "olmoe-4-layers",
+    ]
+    assert "scripts/benchmark_experts.py --tokens 16384 --d-model 2048 --experts 64 --top-k 8" in result.stdout
     assert "model.float8.recipe=rowwise" in result.stdout
     assert "scripts/benchmark_linear_attention.py --seq 2048 8192" in result.stdout
     assert "skipped: no flash-attn wheel" in result.stdout
@@ -128,6 +142,10 @@ def test_a_run_without_a_gpu_installs_skips_the_gpu_parts_and_writes_the_table(t
     assert rows["gpu-tests"]["status"] == rows["1b-bf16"]["status"] == "skipped"
     assert rows["1b-bf16"]["note"] == "no CUDA device"
     assert (out / "gpu_checks.md").read_text().startswith("| part | what | status |")
+    assert (out / "benchmarks.md").read_text().startswith("| model | GPU | precision |")  # no row ran: the head
+    # Its rows paste under docs/throughput.md's "Benchmarks" head, which is the same line.
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "throughput.md").read_text()
+    assert (out / "benchmarks.md").read_text().splitlines()[0] in docs.split("## Benchmarks")[1]
     # No budget left: the parts are reported as not run, and the run still ends with its table.
     assert gpu_checks.main([*args[:4], "--only", "environment", "--budget", "0"]) == 0
     rows = {r["name"]: r for r in json.loads((out / "gpu_checks.json").read_text())}
@@ -135,3 +153,18 @@ def test_a_run_without_a_gpu_installs_skips_the_gpu_parts_and_writes_the_table(t
     # An --out that cannot be written stops the command before it installs or runs anything.
     (tmp_path / "file").write_text("")
     assert gpu_checks.main([*args[:3], str(tmp_path / "file" / "out")]) == 2
+
+
+def test_the_benchmark_rows_are_written_only_over_an_earlier_table(tmp_path):
+    """``benchmarks.md`` joins the files ``--out`` may hold: an earlier table is written over; a link (the write
+    would follow it) or a file of other content stops the command before it starts, naming the file."""
+    from olmo.bench.gpu_checks_table import Result, out_problem, write_tables
+
+    out = tmp_path / "out"
+    write_tables(out, [Result("environment", "probe", "ok")])
+    assert out_problem(out) is None
+    (out / "benchmarks.md").write_text("my notes\n")
+    assert "holds a benchmarks.md that is not an earlier result" in (out_problem(out) or "")
+    (out / "benchmarks.md").unlink()
+    (out / "benchmarks.md").symlink_to(tmp_path / "elsewhere.md")
+    assert "holds benchmarks.md as a symlink" in (out_problem(out) or "")
