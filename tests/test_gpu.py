@@ -344,7 +344,7 @@ def test_the_expert_layer_never_waits_for_the_gpu_and_compiles_to_its_eager_valu
         eager = layer(x)
         eager.float().square().mean().backward()
     finally:
-        torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.set_sync_debug_mode("default")
     for p, expected in zip((x, *layer.parameters()), eager_grads):
         torch.testing.assert_close(p.grad, expected)  # the same pass again (bitwise, unless cuBLAS splits sums)
         p.grad = None

@@ -87,9 +87,11 @@ def _bench(name: str, model: str, float8: Optional[str], work: Path, extra: tupl
     )
 
 
-def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True) -> list[Part]:
+def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True, gpus: int = 2) -> list[Part]:
     """The checks in the order they run (most important first), with the limit of each. Without ``cuda`` the
-    comparison with the original runs a small model on the CPU (the other parts need the GPU)."""
+    comparison with the original runs a small model on the CPU (the other parts need the GPU). With one GPU the
+    two-process parts are skipped before they start: NCCL refuses two ranks on one GPU ("Duplicate GPU detected",
+    since NCCL 2.5), so they would spend a minute of a lease to fail."""
     env_probe = (
         "import json, platform, torch; d = torch.cuda.is_available(); "
         "info = {'python': platform.python_version(), 'torch': torch.__version__, 'cuda': torch.version.cuda, "
@@ -124,7 +126,7 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
     )
     fsdp = Part(
         "fsdp-2-processes",
-        "torchrun --nproc_per_node=2 on the one GPU: FSDP over NCCL, float8 weights all-gathered in float8",
+        "torchrun --nproc_per_node=2 on two GPUs: FSDP over NCCL, float8 weights all-gathered in float8",
         [
             [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "scripts/benchmark.py"]
             + ["configs/official/OLMo-300M.yaml", "--data", "synthetic", "--steps", "5", "--warmup", "2"]
@@ -255,6 +257,9 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True)
         30,
         False,
     )
+    if gpus < 2:
+        for part in (fsdp, pipeline):
+            part.skip_reason = "one GPU: NCCL refuses two ranks on one GPU (Duplicate GPU detected); needs two"
     # Issue 55's parts first (windows, the expert layer, float8 on OLMo-1B), then the rest of the checks.
     first = [probe, *windows[:3], *experts, olmoe, ladder[0], ladder[1], rowwise[0], tests, ladder[2], ladder[3]]
     return [*first, rowwise[1], curves, windows[3], fsdp, original, linear, pipeline, flash]
@@ -434,8 +439,9 @@ def main(argv: Optional[list[str]] = None, clock: Callable[[], float] = time.mon
     problems = check_wheels(wheels, python_version)
     work = Path(tempfile.mkdtemp(prefix="gpu-checks-"))
     flash = any(w.name.startswith("flash_attn-") for w in list_wheels(wheels)[0])
-    cuda = not args.dry_run and _has_cuda(dict(os.environ))
-    todo = parts(work, str(work / "olmo-python"), flash, cuda or args.dry_run)
+    gpus = 0 if args.dry_run else _cuda_devices(dict(os.environ))
+    cuda = gpus > 0
+    todo = parts(work, str(work / "olmo-python"), flash, cuda or args.dry_run, gpus if cuda else 2)
     if args.only:
         todo = [p for p in todo if p.name in args.only.split(",")]
     if args.dry_run:
@@ -501,10 +507,15 @@ def _run(
     return 0 if all(r.status in ("ok", "skipped", "not run") for r in results) else 1
 
 
-def _has_cuda(env: dict[str, str]) -> bool:
-    """Whether torch (the machine's own; no wheel is needed) sees a GPU, asked in a child process."""
-    probe = [sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"]
+def _cuda_devices(env: dict[str, str]) -> int:
+    """How many GPUs torch (the machine's own; no wheel is needed) sees, asked in a child process (0: none)."""
+    probe = [
+        sys.executable,
+        "-c",
+        "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)",
+    ]
     try:
-        return subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+        done = subprocess.run(probe, env=env, capture_output=True, timeout=120, text=True)
+        return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else 0
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return 0

@@ -78,6 +78,11 @@ def test_the_dry_run_lists_every_part_with_its_command_and_limit(tmp_path):
         "olmoe-4-layers",
     ]
     assert "scripts/benchmark_experts.py --tokens 16384 --d-model 2048 --experts 64 --top-k 8" in result.stdout
+    # On a one-GPU machine the two-process parts are skipped before they start (NCCL refuses two ranks on one GPU).
+    one_gpu = {p.name: p for p in gpu_checks.parts(tmp_path, "python", False, cuda=True, gpus=1)}
+    for name in ("fsdp-2-processes", "pipeline-2-processes"):
+        assert "Duplicate GPU detected" in (one_gpu[name].skip_reason or "")
+    assert one_gpu["windows-8192-flex"].skip_reason is None
     assert "model.float8.recipe=rowwise" in result.stdout
     assert "scripts/benchmark_linear_attention.py --seq 2048 8192" in result.stdout
     assert "skipped: no flash-attn wheel" in result.stdout
