@@ -12,14 +12,14 @@ SDPA path must fold them into a dense (T x T) mask that rules out its fast kerne
 - ``sdpa``: PyTorch SDPA with a dense mask, as before FlexAttention.
 
 A layer's mask is built once per forward pass (:func:`flex_masks`) from each window, the documents' ids
-(``data.generate_doc_lengths``) and the padding (``attention_mask``), and the kernel is compiled on a GPU (eager on a
-CPU). Its numbers equal the SDPA path's within float rounding (``tests/model/test_flex_attention.py``).
+(``data.generate_doc_lengths``) and the padding (``attention_mask``); a window's alone, the same for every batch, is
+built once per sequence length and device and kept. The kernel is compiled on a GPU (eager on a CPU). Its numbers equal the SDPA path's within float rounding (``tests/model/test_flex_attention.py``).
 """
 
 from __future__ import annotations
 
 import warnings
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, Optional
 
 import torch
@@ -74,6 +74,9 @@ def flex_masks(
         batch = (doc_ids if doc_ids is not None else key_mask).shape[0]  # type: ignore[union-attr]
 
     def mask_for(window: Optional[int]) -> Any:
+        if doc_ids is None and key_mask is None and window is not None:
+            return _window_mask(window, seq_len, device)  # the same for every batch: built once
+
         def mask_mod(b: Any, h: Any, q: Any, kv: Any) -> Any:
             keep = q >= kv
             if window is not None:
@@ -90,6 +93,18 @@ def flex_masks(
     if doc_ids is not None or key_mask is not None:
         masks[None] = mask_for(None)
     return masks
+
+
+@lru_cache(maxsize=32)
+def _window_mask(window: int, seq_len: int, device: torch.device) -> Any:
+    """The block mask of a causal window over ``seq_len`` positions, for every row of every batch: built on the first
+    forward pass that needs it (evaluating the mask over all (T, T) positions) and reused by later ones."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def mask_mod(b: Any, h: Any, q: Any, kv: Any) -> Any:
+        return (q >= kv) & (q - kv < window)
+
+    return create_block_mask(mask_mod, None, None, seq_len, seq_len, device=device)
 
 
 def is_block_mask(value: object) -> bool:

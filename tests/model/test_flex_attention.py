@@ -68,6 +68,13 @@ def test_a_window_s_mask_skips_the_blocks_it_hides():
     assert set(flex_masks([128, 2048], 1024, torch.device("cpu"), None, None)) == {
         128
     }  # a window past T hides nothing
+    # A window's mask alone is the same for every batch: built once and kept; one with documents is each batch's.
+    assert flex_masks([128], 1024, torch.device("cpu"), None, None)[128] is masks[128]
+    doc_ids = torch.zeros(2, 1024, dtype=torch.long)
+    doc_ids[:, 500:] = 1
+    with_docs = flex_masks([128], 1024, torch.device("cpu"), doc_ids, None)
+    assert with_docs[128] is not masks[128] and set(with_docs) == {128, None}
+    assert int(with_docs[None].to_dense()[0].sum()) < 36  # causal 36 of 64 blocks; the documents hide more
 
 
 @pytest.mark.parametrize(
