@@ -330,27 +330,22 @@ def test_the_expert_layer_never_waits_for_the_gpu_and_compiles_to_its_eager_valu
     then compiled (fullgraph), the same values and gradients as eager within bf16 rounding."""
     from olmo.model.compile_guards import install_compile_guards
     from olmo.model.moe import MoEFeedForward
+    from olmo.testing import forward_backward
 
     torch.manual_seed(0)
     layer = MoEFeedForward(256, 16, 4, 128, device="cuda", lb_weight=0.01, z_weight=0.001).to(torch.bfloat16)
     x = torch.randn(2, 512, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    layer(x).float().square().mean().backward()  # warm-up: lazy CUDA initialisation may synchronize once
-    eager_grads = [p.grad.clone() for p in (x, *layer.parameters())]
-    for p in (x, *layer.parameters()):
-        p.grad = None
+    eager, expected = forward_backward(layer, x)  # also the warm-up: lazy CUDA initialisation may synchronize once
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        eager = layer(x)
-        eager.float().square().mean().backward()
+        _, again = forward_backward(layer, x)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    for p, expected in zip((x, *layer.parameters()), eager_grads):
-        torch.testing.assert_close(p.grad, expected)  # the same pass again (bitwise, unless cuBLAS splits sums)
-        p.grad = None
+    for grad, first in zip(again, expected):
+        torch.testing.assert_close(grad, first)  # the same pass again
     install_compile_guards()
-    compiled = torch.compile(layer, fullgraph=True)(x)
-    compiled.float().square().mean().backward()
+    compiled, grads = forward_backward(torch.compile(layer, fullgraph=True), x, list(layer.parameters()))
     torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=2e-3)
-    for p, expected in zip((x, *layer.parameters()), eager_grads):
-        torch.testing.assert_close(p.grad, expected, rtol=5e-2, atol=5e-3)
+    for grad, eager_grad in zip(grads, expected):
+        torch.testing.assert_close(grad, eager_grad, rtol=5e-2, atol=5e-3)

@@ -39,6 +39,7 @@ __all__ = [
     "SHRUNK_OLMO3_7B",
     "metric_by_step",
     "assert_same_weights",
+    "forward_backward",
     "run_main",
     "run_train",
     "run_torchrun",
@@ -387,3 +388,17 @@ def assert_same_weights(first: Union[str, Path], second: Union[str, Path], toler
     assert a.keys() == b.keys()
     for key, value in a.items():
         torch.testing.assert_close(b[key], value, rtol=tolerance, atol=tolerance, msg=key)
+
+
+def forward_backward(module: Any, x: Any, params: Optional[list[Any]] = None) -> tuple[Any, list[Any]]:
+    """``module(x)`` and the gradients of the mean of its square with respect to ``x`` and ``params`` (default: the
+    module's parameters), each ``.grad`` cleared first and after: a pass to compare (eager against compiled)."""
+    tensors = [x, *(module.parameters() if params is None else params)]
+    for t in tensors:
+        t.grad = None
+    out = module(x)
+    out.float().square().mean().backward()
+    grads = [t.grad for t in tensors]
+    for t in tensors:
+        t.grad = None
+    return out.detach(), grads
