@@ -14,7 +14,7 @@ from ..config import DataConfig, ModelConfig
 from ..data import DataCollator, DataContext, IterableDataset
 from ..distributed import ParallelLayout
 
-__all__ = ["RandomTokens", "SyntheticBatches", "PhaseClock"]
+__all__ = ["RandomTokens", "SyntheticBatches", "PhaseClock", "forever", "timed_step"]
 
 
 class RandomTokens(torch.utils.data.Dataset):
@@ -145,3 +145,29 @@ class PhaseClock:
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
+
+
+def forever(loader: Any) -> Iterator[dict[str, Any]]:
+    while True:
+        yield from loader
+
+
+def timed_step(trainer: Any, batches: Iterator[dict[str, Any]], clock: PhaseClock) -> tuple[dict[str, float], Any]:
+    """One training step as ``Trainer.fit`` runs it, split into its phases (seconds), and its metrics
+    (read back from the device every ``metrics_collect_interval`` steps, as in training)."""
+    clock.reset()
+    start = clock.now()
+    batch = next(batches)
+    got_batch = clock.now()
+    metrics = trainer.step(batch)
+    end = clock.now()
+    assert clock.first_forward is not None, "the model's forward hooks did not fire"
+    return {
+        "data": got_batch - start,
+        "prepare": clock.first_forward - got_batch,
+        "forward": clock.forward_seconds,
+        "backward": clock.optimizer_start - clock.first_forward - clock.forward_seconds,
+        "optimizer": clock.optimizer_end - clock.optimizer_start,
+        "other": end - clock.optimizer_end,
+        "step": end - start,
+    }, metrics

@@ -71,6 +71,7 @@ class Part:
 
 
 def _bench(name: str, model: str, float8: Optional[str], work: Path, extra: tuple[str, ...] = ()) -> Part:
+    """``benchmark.py`` on a ladder model (``--profile`` in ``extra``: where its time goes, too)."""
     config, micro = LADDER[model]
     out = work / f"{name}.json"
     cmd = [*BENCH, config, "--data", "synthetic", "--steps", "10", "--warmup", "3", "--precision", "amp_bf16"]
@@ -78,9 +79,10 @@ def _bench(name: str, model: str, float8: Optional[str], work: Path, extra: tupl
     if float8:
         cmd += ["--override", "model.float8.enabled=true", "--override", f"model.float8.recipe={float8}"]
     what = f"OLMo-{model.upper()} bf16 compiled, micro-batch {micro}" + (f", float8 {float8}" if float8 else "")
+    shown = [e for e in extra if e.startswith("model.")] + (["profiled"] if "--profile" in extra else [])
     return Part(
         name,
-        what + "".join(f", {e}" for e in extra[1::2]),
+        what + "".join(f", {e}" for e in shown),
         [cmd + list(extra) + ["--out", str(out)]],
         75,
         report=str(out),
@@ -103,8 +105,8 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True,
         "print(json.dumps(info))"
     )
     ladder = [
-        _bench("1b-bf16", "1b", None, work),
-        _bench("1b-float8-tensorwise", "1b", "tensorwise", work),
+        _bench("1b-bf16", "1b", None, work, ("--profile",)),
+        _bench("1b-float8-tensorwise", "1b", "tensorwise", work, ("--profile",)),
         _bench("300m-bf16", "300m", None, work),
         _bench("300m-float8-tensorwise", "300m", "tensorwise", work),
     ]
@@ -141,13 +143,13 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True,
         ("windows-8192-full", [], "full attention"),
         (
             "windows-8192-flex",
-            ["--override", "model.sliding_window.pattern=[4096,4096,4096,-1]"],
-            "OLMo 3's windows (4,096) on FlexAttention",
+            ["--override", "model.sliding_window.pattern=[4096,4096,4096,-1]", "--profile"],
+            "OLMo 3's windows (4,096) on FlexAttention, profiled",
         ),
         (
             "documents-8192-flex",
-            ["--doc-length", "2048"],
-            "documents of 1,024-3,072 tokens masked, on FlexAttention",
+            ["--doc-length", "2048", "--profile"],
+            "documents of 1,024-3,072 tokens masked, on FlexAttention, profiled",
         ),
         (
             "windows-8192-sdpa",
@@ -215,12 +217,12 @@ def parts(work: Path, original_python: str, flash_attn: bool, cuda: bool = True,
     olmoe_out = work / "olmoe-4-layers.json"
     olmoe = Part(
         "olmoe-4-layers",
-        "OLMoE-1B-7B with 4 layers, 4 x 4,096 tokens, bf16 compiled: MFU on active parameters",
+        "OLMoE-1B-7B with 4 layers, 4 x 4,096 tokens, bf16 compiled: MFU on active parameters, profiled",
         [
             [*BENCH, "configs/official/OLMoE-1B-7B.yaml", "--data", "synthetic", "--steps", "10", "--warmup", "3"]
             + ["--precision", "amp_bf16", "--compile", "--batch", "4", "--micro-batch", "4"]
             + ["--override", "model.n_layers=4", "--override", "metrics_collect_interval=10"]
-            + ["--out", str(olmoe_out)]
+            + ["--profile", "--out", str(olmoe_out)]
         ],
         90,
         report=str(olmoe_out),

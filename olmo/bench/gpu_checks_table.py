@@ -68,6 +68,13 @@ def report_numbers(report: dict[str, Any]) -> dict[str, Any]:
         }
     r = _object(report.get("results", {}))  # benchmark.py
     out = {k: r[k] for k in ("tokens_per_second", "mfu", "peak_memory_mb", "step_time_s") if _is_number(r.get(k))}
+    profile = report.get("profile")
+    if isinstance(profile, dict) and isinstance(profile.get("categories_ms_per_step"), dict):  # --profile
+        busy, shares = profile.get("busy_ms_per_step"), profile["categories_ms_per_step"]
+        if _is_number(busy) and busy > 0:
+            for name, ms in list(shares.items())[:4]:
+                if _is_number(ms):
+                    out[f"{str(name)[:40]} %"] = round(100 * ms / busy, 1)
     return {**out, **plain(_benchmark_facts(report))} if isinstance(report.get("setup"), dict) else out
 
 

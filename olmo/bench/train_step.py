@@ -2,7 +2,7 @@
 
     python scripts/benchmark.py CONFIG [--steps 20] [--warmup 5] [--batch B] [--micro-batch M] [--seq-len T]
         [--compile | --no-compile] [--precision amp_bf16|fp32] [--data synthetic|config] [--doc-length N]
-        [--override key=value ...] [--out result.json] [--smoke]
+        [--override key=value ...] [--out result.json] [--smoke] [--profile]
     torchrun --nproc_per_node=N scripts/benchmark.py CONFIG ...
 
 It runs real training steps through the code path of ``scripts/train.py``: ``build_model`` (meta init,
@@ -17,6 +17,9 @@ GC). Nothing is saved and no metrics are logged, so the numbers are those of the
   never resolved. ``--data config`` reads the config's memmaps through ``build_train_dataloader``.
   ``--doc-length N`` makes the synthetic instances documents of N/2 to 3N/2 tokens, each ending with EOS, with
   their ``doc_lens`` (it sets ``data.generate_doc_lengths=true``): the cost of masking attention to documents.
+* ``--profile`` profiles 2 more steps after the measured ones (``olmo.bench.profile``): the report's ``profile``
+  gives per step the busy time, each kind of work's (matmul, attention, communication, float8 casts, ...) and the
+  heaviest kernels (a GPU's device time) or operators (a CPU's).
 * ``evaluators=[]`` is always applied: no evaluation runs, so the evaluators' data files are never needed.
 * The config's first stage is set up as training does it: ``--override 'stages=[{max_duration: 100, kl_beta:
   0.1, kl_estimator: full}]' --override max_duration=null`` measures the step of a KL stage (reference included).
@@ -66,7 +69,8 @@ from typing import Any, Optional, cast
 import torch
 import torch.distributed as dist
 
-from olmo.bench.common import PhaseClock, SyntheticBatches
+from olmo.bench.common import PhaseClock, SyntheticBatches, forever, timed_step
+from olmo.bench.profile import profile_steps
 from olmo.config import DataConfig, ModelConfig, TrainConfig, clean_opt
 from olmo.data import DataContext, build_train_dataloader
 from olmo.distributed import (
@@ -84,7 +88,7 @@ from olmo.model import OLMo, describe_attention
 from olmo.optim import build_optimizer, build_scheduler
 from olmo.train import Trainer
 from olmo.train.build_module import build_train_module
-from olmo.train.metrics import PeakFlops, StepMetrics, device_peak_flops, model_flops_utilization, peak_memory_mb
+from olmo.train.metrics import PeakFlops, device_peak_flops, model_flops_utilization, peak_memory_mb
 from olmo.util import env_world_size, machine_info, result_file_problem, write_result_file
 from olmo.util.rng import seed_all
 
@@ -116,6 +120,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--out", help="write the result as JSON to this file")
     parser.add_argument("--smoke", action="store_true", help="tiny model and few steps, for CI")
+    parser.add_argument("--profile", action="store_true", help="then profile 2 steps: where the time goes")
     args = parser.parse_args(argv)
     defaults = {"steps": 20, "warmup": 5, **(SMOKE_DEFAULTS if args.smoke else {})}
     for name, value in defaults.items():
@@ -156,34 +161,6 @@ def config_overrides(args: argparse.Namespace, world_size: int) -> list[str]:
     if args.precision is not None:
         out.append(f"precision={args.precision}")
     return out
-
-
-def forever(loader: Any) -> Iterator[dict[str, Any]]:
-    while True:
-        yield from loader
-
-
-def timed_step(
-    trainer: Trainer, batches: Iterator[dict[str, Any]], clock: PhaseClock
-) -> tuple[dict[str, float], StepMetrics]:
-    """One training step as ``Trainer.fit`` runs it, split into :data:`PHASES` (seconds), and its metrics
-    (read back from the device every ``metrics_collect_interval`` steps, as in training)."""
-    clock.reset()
-    start = clock.now()
-    batch = next(batches)
-    got_batch = clock.now()
-    metrics = trainer.step(batch)
-    end = clock.now()
-    assert clock.first_forward is not None, "the model's forward hooks did not fire"
-    return {
-        "data": got_batch - start,
-        "prepare": clock.first_forward - got_batch,
-        "forward": clock.forward_seconds,
-        "backward": clock.optimizer_start - clock.first_forward - clock.forward_seconds,
-        "optimizer": clock.optimizer_end - clock.optimizer_start,
-        "other": end - clock.optimizer_end,
-        "step": end - start,
-    }, metrics
 
 
 def attention_info(
@@ -382,7 +359,11 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
             device_tokens,
             peak.flops if peak else float("nan"),
         )
-        measured = measure(trainer, forever(loader), args.warmup, args.steps)
+        batches = forever(loader)
+        measured = measure(trainer, batches, args.warmup, args.steps)
+        profile = profile_steps(lambda: trainer.step(next(batches)), 2, env.device) if args.profile else None
+        if profile:
+            log.info("Profile, ms per step (%s): %s", profile["time"], profile["categories_ms_per_step"])
     results = summarize(measured, device_tokens, whole.num_flops_per_token(), peak)
     results["warmup_step_times_s"] = measured["warmup_seconds"]
     results["peak_memory_mb"] = peak_memory_mb(env.device)
@@ -403,6 +384,7 @@ def run(args: argparse.Namespace, cfg: TrainConfig, overrides: list[str], env: D
         "warmup": args.warmup,
         "setup": describe_setup(args, RunShape.from_train_config(cfg), env, trainer, machine, peak, device_tokens),
         "results": results,
+        **({"profile": profile} if profile else {}),
     }
     print_table(report)
     if args.out:

@@ -190,13 +190,22 @@ def test_synthetic_documents_are_masked_and_the_report_becomes_a_benchmark_row(t
     assert "doc_lens" not in RandomTokens(1, 64, 100, seed=1)[0]
 
     out = tmp_path / "docs.json"
-    args = ["--smoke", "--doc-length=32", f"--out={out}"]
+    args = ["--smoke", "--doc-length=32", "--profile", f"--out={out}"]
     result = run_script("benchmark.py", REPO / "configs/tiny/OLMo-tiny.yaml", *args, cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert "data.generate_doc_lengths=true" in report["overrides"]
+    # --profile: 2 more steps under the profiler, their busy time split by kind of work (each op counted once).
+    profile = report["profile"]
+    assert profile["steps"] == 2 and profile["time"] == "operators' own CPU time"
+    assert sum(profile["categories_ms_per_step"].values()) == pytest.approx(profile["busy_ms_per_step"], rel=1e-3)
+    assert {"matmul", "attention"} <= set(profile["categories_ms_per_step"])
+    assert (
+        any(top["name"] == "aten::mm" for top in profile["top"]) and len(report["results"]["synced"]["steps"]) == 3
+    )
     command = f"{sys.executable} scripts/benchmark.py configs/tiny/OLMo-tiny.yaml --doc-length 32 --out {out}"
     row = benchmark_table([Result("docs", "documents", "ok", 5.0, read_report(str(out)), command=command)])
+    assert "matmul %" in read_report(str(out))  # the GPU checks' table shows the largest shares
     cells = row.splitlines()[2].split(" | ")
     assert (
         cells[0] == "| OLMo-tiny, model.n_layers=2, model.d_model=64"
@@ -208,3 +217,26 @@ def test_synthetic_documents_are_masked_and_the_report_becomes_a_benchmark_row(t
     assert cells[9].startswith(report["date"][:10] + ", ")
     bad = run_script("benchmark.py", REPO / "configs/tiny/OLMo-tiny.yaml", "--doc-length=0", cwd=tmp_path)
     assert bad.returncode == 2 and "--doc-length must be at least 1" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
+        ("nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NTT", "matmul"),
+        ("aten::addmm_", "matmul"),
+        ("flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>", "attention"),
+        ("triton_tem_fused_flex_attention_backward_0", "attention"),
+        ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", "communication"),
+        ("triton_red_fused_abs_amax_clamp_0", "float8 casts"),
+        ("void multi_tensor_apply_kernel<FusedAdam>", "optimizer"),
+        ("Memcpy HtoD (Pinned -> Device)", "copies and indexing"),
+        ("triton_poi_fused_add_mul_silu_0", "elementwise, norms and reductions"),
+        ("aten::native_layer_norm_backward", "elementwise, norms and reductions"),
+        ("_FusedOutputLoss", "other"),
+    ],
+)
+def test_a_profiled_kernel_or_operator_falls_in_its_kind_of_work(name, kind):
+    from olmo.bench.profile import category
+
+    assert category(name) == kind
