@@ -191,7 +191,8 @@ class EndContext:
     step: int
     how: str
     """``finished`` (the last step), ``stopped`` (a signal, ``time_limit`` or a callback's ``stop``) or
-    ``interrupted`` (a signal while waiting for data or an evaluation: other ranks may be inside a collective)."""
+    ``interrupted`` (a signal while one process waited for data or an evaluation, or while a callback's own
+    interruptible ``waiting()`` ran: with several processes, other ranks may then be inside a collective)."""
     reason: Optional[str]
     world_size: int
     loop: Loop

@@ -339,7 +339,9 @@ class Trainer(LoopControl):
             self._stage = self.stage_plan.at(s.global_step + 1)
             self._batch_iter = self._enter_stage(self._stage, self._batch_iter)
             self.restart_clock()
-        with self.phase("data_wait", s.global_step + 1), stop.waiting():
+        # A signal ends the wait at once only in one process: with several, the others may be inside the step's
+        # collectives, so a rank interrupted here could not save; it finishes the step and all save together.
+        with self.phase("data_wait", s.global_step + 1), stop.waiting(self.env.world_size == 1):
             start = time.perf_counter()
             batch = next(self._batch_iter)
         return batch, time.perf_counter() - start

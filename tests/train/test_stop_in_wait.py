@@ -64,3 +64,42 @@ def test_a_signal_during_a_stuck_data_read_saves_and_exits_at_once(tmp_path, wor
     assert "Traceback" not in stderr
     latest = find_latest_checkpoint(run)
     assert latest is not None and latest.name == "step2-unsharded", stderr[-2000:]
+
+
+def test_with_two_ranks_a_signal_during_a_slow_read_waits_for_the_step_and_all_save_it(tmp_path):
+    """Two ranks, one of which waits seconds for a batch (the server holds one instance of step 3) when SIGTERM
+    reaches both (as a scheduler's does): the wait is not cut short, since the other rank is inside the step's
+    collectives; the step ends, both ranks save it together and exit 75, and the relaunch goes on from it. Cutting
+    the wait (as one process does) left no checkpoint of the step: the failure CI once saw as a race."""
+    from olmo.testing import processes, torchrun_launch
+
+    served = tmp_path / "served"
+    write_byte_memmap(served / "a.npy", 100 * 8 * SEQ)
+    run = tmp_path / "run"
+    settings = {
+        "max_duration": 50,
+        "save_interval_unsharded": None,
+        "data.remote": {"timeout_seconds": 600.0, "max_attempts": 10, "prefetch_bytes": 1},
+    }
+    with FileServer(served, stall_seconds=4) as server:
+        cfg_dict = tiny_config_dict(run, [server.url("a.npy")], **settings)
+        config = write_config(tmp_path / "c.yaml", cfg_dict)
+        cfg = TrainConfig.from_dict(cfg_dict)
+        order = IterableDataset(build_memmap_dataset(cfg, cfg.data), 8, seed=cfg.seed).global_indices()
+        slow = int(order[2 * 8])  # an instance of step 3: one rank reads it
+        server.hang_range = (slow * SEQ * 2, (slow + 1) * SEQ * 2)
+        cmd, _ = torchrun_launch(2, str(REPO / "scripts/train.py"), str(config))
+        log = tmp_path / "torchrun.log"
+        with processes.launch(cmd, log) as agent:
+            metrics = run / "metrics.jsonl"
+            processes.wait_until(
+                lambda: metrics.is_file() and '"step": 2' in metrics.read_text(), agent, log, "step 2"
+            )
+            time.sleep(1.0)  # one rank now waits for the held instance, the other inside step 3's collectives
+            for pid in processes.workers(agent).values():
+                os.kill(pid, signal.SIGTERM)
+            assert processes.returncode(agent, log, timeout=90) == 1  # torchrun's exit; 75 is its root cause
+        output = processes.tail(log, 20_000)
+    assert "exitcode  : 75" in output or "exitcode: 75" in output.replace("  ", " "), output
+    latest = find_latest_checkpoint(run)
+    assert latest is not None and latest.name == "step3", output
