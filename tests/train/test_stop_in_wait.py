@@ -6,6 +6,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,27 +23,36 @@ from olmo.train import EXIT_CODE_STOPPED
 SEQ = 32
 
 
+@contextmanager
+def _step_3_held(tmp_path: Path, stall_seconds: float, **settings: Any) -> Iterator[Path]:
+    """The config of a run (``tmp_path/run``) that reads its tokens over HTTP, one instance per request, from a
+    server that holds the first instance of step 3 for ``stall_seconds`` before answering."""
+    served = tmp_path / "served"
+    write_byte_memmap(served / "a.npy", 100 * 8 * SEQ)
+    remote = {"timeout_seconds": 600.0, "max_attempts": 10, "prefetch_bytes": 1}
+    with FileServer(served, stall_seconds=stall_seconds) as server:
+        cfg_dict = tiny_config_dict(
+            tmp_path / "run",
+            [server.url("a.npy")],
+            max_duration=50,
+            save_interval_unsharded=None,
+            **{"data.remote": remote, **settings},
+        )
+        config = write_config(tmp_path / "c.yaml", cfg_dict)
+        cfg = TrainConfig.from_dict(cfg_dict)
+        order = IterableDataset(build_memmap_dataset(cfg, cfg.data), 8, seed=cfg.seed).global_indices()
+        held = int(order[2 * 8])  # the first instance of step 3
+        server.hang_range = (held * SEQ * 2, (held + 1) * SEQ * 2)  # its bytes (uint16)
+        yield config
+
+
 @pytest.mark.parametrize(
     "workers, sig",
     [(0, signal.SIGTERM), (2, signal.SIGINT)],  # Ctrl-C: the whole process group, DataLoader workers included
 )
 def test_a_signal_during_a_stuck_data_read_saves_and_exits_at_once(tmp_path, workers, sig):
-    served = tmp_path / "served"
-    write_byte_memmap(served / "a.npy", 100 * 8 * SEQ)
     run = tmp_path / "run"
-    settings = {
-        "max_duration": 50,
-        "save_interval_unsharded": None,
-        "data.remote": {"timeout_seconds": 600.0, "max_attempts": 10, "prefetch_bytes": 1},
-        "data.num_workers": workers,
-    }
-    with FileServer(served, stall_seconds=600) as server:
-        cfg_dict = tiny_config_dict(run, [server.url("a.npy")], **settings)
-        config = write_config(tmp_path / "c.yaml", cfg_dict)
-        cfg = TrainConfig.from_dict(cfg_dict)
-        order = IterableDataset(build_memmap_dataset(cfg, cfg.data), 8, seed=cfg.seed).global_indices()
-        stuck = int(order[2 * 8])  # the first instance of step 3
-        server.hang_range = (stuck * SEQ * 2, (stuck + 1) * SEQ * 2)  # its bytes (uint16)
+    with _step_3_held(tmp_path, 600, **{"data.num_workers": workers}) as config:
         cmd = [sys.executable, str(REPO / "scripts/train.py"), str(config)]
         env = {**os.environ, "WANDB_MODE": "disabled", "OLMo_NONINTERACTIVE": "1"}
         proc = subprocess.Popen(
@@ -69,25 +82,12 @@ def test_a_signal_during_a_stuck_data_read_saves_and_exits_at_once(tmp_path, wor
 def test_with_two_ranks_a_signal_during_a_slow_read_waits_for_the_step_and_all_save_it(tmp_path):
     """Two ranks, one of which waits seconds for a batch (the server holds one instance of step 3) when SIGTERM
     reaches both (as a scheduler's does): the wait is not cut short, since the other rank is inside the step's
-    collectives; the step ends, both ranks save it together and exit 75, and the relaunch goes on from it. Cutting
-    the wait (as one process does) left no checkpoint of the step: the failure CI once saw as a race."""
+    collectives; the step ends, and both ranks save it together and exit 75. Cutting the wait (as one process does)
+    left no checkpoint of the step: the failure CI once saw as a race."""
     from olmo.testing import processes, torchrun_launch
 
-    served = tmp_path / "served"
-    write_byte_memmap(served / "a.npy", 100 * 8 * SEQ)
     run = tmp_path / "run"
-    settings = {
-        "max_duration": 50,
-        "save_interval_unsharded": None,
-        "data.remote": {"timeout_seconds": 600.0, "max_attempts": 10, "prefetch_bytes": 1},
-    }
-    with FileServer(served, stall_seconds=4) as server:
-        cfg_dict = tiny_config_dict(run, [server.url("a.npy")], **settings)
-        config = write_config(tmp_path / "c.yaml", cfg_dict)
-        cfg = TrainConfig.from_dict(cfg_dict)
-        order = IterableDataset(build_memmap_dataset(cfg, cfg.data), 8, seed=cfg.seed).global_indices()
-        slow = int(order[2 * 8])  # an instance of step 3: one rank reads it
-        server.hang_range = (slow * SEQ * 2, (slow + 1) * SEQ * 2)
+    with _step_3_held(tmp_path, 4) as config:  # one rank reads the held instance
         cmd, _ = torchrun_launch(2, str(REPO / "scripts/train.py"), str(config))
         log = tmp_path / "torchrun.log"
         with processes.launch(cmd, log) as agent:
