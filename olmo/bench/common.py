@@ -45,12 +45,12 @@ class RandomTokens(torch.utils.data.Dataset):
             return {"input_ids": input_ids}
         input_ids[input_ids == self.eos_token_id] = (self.eos_token_id + 1) % self.vocab_size  # EOS only at ends
         low, high = max(1, self.doc_length // 2), max(1, 3 * self.doc_length // 2)
-        lengths: list[int] = []
-        while sum(lengths) < self.seq_len:
-            lengths.append(int(torch.randint(low, high + 1, (), generator=gen)))
-        lengths[-1] -= sum(lengths) - self.seq_len
-        input_ids[torch.tensor(lengths).cumsum(0) - 1] = self.eos_token_id
-        return {"input_ids": input_ids, "doc_lens": torch.tensor(lengths)}
+        drawn = torch.randint(low, high + 1, (self.seq_len // low + 1,), generator=gen)  # enough to fill T
+        ends = drawn.cumsum(0)
+        count = int(torch.searchsorted(ends, self.seq_len)) + 1  # the documents that start within T
+        ends = ends[:count].clamp_(max=self.seq_len)  # the instance's end closes the last
+        input_ids[ends - 1] = self.eos_token_id
+        return {"input_ids": input_ids, "doc_lens": torch.diff(ends, prepend=ends.new_zeros(1))}
 
 
 class SyntheticBatches:

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch.nn.functional as F
 
     from olmo.model.compile_guards import install_compile_guards
-    from olmo.model.moe import MoEFeedForward, grouped_mm_runs, permutation
+    from olmo.model.moe import MoEFeedForward, grouped_mm_runs, permutation, swiglu_experts
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if args.precision == "bf16" and device.type == "cuda" else None
@@ -83,9 +83,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return fn
 
     def experts_alone() -> torch.Tensor:
-        hidden = F.silu(torch._grouped_mm(sorted_rows, layer.w1, offs=ends))
-        hidden = hidden * torch._grouped_mm(sorted_rows, layer.w3, offs=ends)
-        return torch._grouped_mm(hidden, layer.w2, offs=ends)
+        return swiglu_experts(sorted_rows, (layer.w1, layer.w3, layer.w2), ends, grouped=True)
 
     kernel = grouped_mm_runs(x, layer.w1)
     variants: dict[str, Callable[[], torch.Tensor]] = {"dense": dense, "grouped": experts(True)}

@@ -61,7 +61,8 @@ def profile_steps(step: Callable[[], Any], steps: int, device: torch.device, top
     busy = sum(ms for _, _, ms in rows) or 1.0
     categories: dict[str, float] = {}
     for name, _, ms in rows:
-        categories[category(name)] = categories.get(category(name), 0.0) + ms
+        kind = category(name)
+        categories[kind] = categories.get(kind, 0.0) + ms
     rows.sort(key=lambda r: -r[2])
     return {
         "time": "kernels' device time" if cuda else "operators' own CPU time",

@@ -50,6 +50,7 @@ __all__ = [
     "load_balancing_loss",
     "router_z_loss",
     "grouped_mm_runs",
+    "swiglu_experts",
 ]
 
 
@@ -110,7 +111,7 @@ def grouped_mm_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (x.shape[-1] * x.element_size()) % 16 == 0 and (weight.shape[-1] * weight.element_size()) % 16 == 0
 
 
-def _experts(
+def swiglu_experts(
     rows: torch.Tensor, weights: tuple[torch.Tensor, ...], ends: torch.Tensor, grouped: bool
 ) -> torch.Tensor:
     """The SwiGLU experts ``(w1, w3, w2)`` on rows sorted by expert (expert ``e`` owning ``ends[e-1]:ends[e]``)."""
@@ -173,44 +174,34 @@ def _sum_rows(rows: torch.Tensor, rows_of: torch.Tensor) -> torch.Tensor:
     return total.contiguous()
 
 
-class _Dispatch(torch.autograd.Function):
-    """Tokens (N, C) -> their k copies sorted by expert (N * k, C). Its backward is :class:`_Combine`'s forward: a
-    gather and k - 1 additions, where differentiating the indexing would scatter-add (atomics on a GPU, or a sort)."""
+class _Permute(torch.autograd.Function):
+    """Into expert order (``to_experts``: tokens (N, C) -> their k copies sorted by expert (N * k, C), a gather) or
+    back (rows sorted by expert -> each token's sum of its k rows). Each direction's backward is the other's forward:
+    a gather and k - 1 additions, or a gather, where differentiating the indexing would scatter-add (atomics on a
+    GPU, or a sort)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, token_of: torch.Tensor, rows_of: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(rows_of)
-        return _gather_rows(x, token_of)
+    def forward(
+        ctx: Any, x: torch.Tensor, token_of: torch.Tensor, rows_of: torch.Tensor, to_experts: bool
+    ) -> torch.Tensor:
+        ctx.save_for_backward(token_of, rows_of)
+        ctx.to_experts = to_experts
+        return _gather_rows(x, token_of) if to_experts else _sum_rows(x, rows_of)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        (rows_of,) = ctx.saved_tensors
-        return _sum_rows(grad, rows_of), None, None
-
-
-class _Combine(torch.autograd.Function):
-    """Rows sorted by expert (N * k, C) -> each token's sum of its k rows (N, C); the transpose of
-    :class:`_Dispatch`, whose forward is its backward."""
-
-    @staticmethod
-    def forward(ctx: Any, rows: torch.Tensor, rows_of: torch.Tensor, token_of: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(token_of)
-        return _sum_rows(rows, rows_of)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        (token_of,) = ctx.saved_tensors
-        return _gather_rows(grad, token_of), None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        token_of, rows_of = ctx.saved_tensors
+        return (_sum_rows(grad, rows_of) if ctx.to_experts else _gather_rows(grad, token_of)), None, None, None
 
 
 def dispatch(x: torch.Tensor, perm: Permutation) -> torch.Tensor:
     """Tokens (N, C) -> their k copies sorted by expert (N * k, C)."""
-    return _Dispatch.apply(x, perm.token_of, perm.rows_of)
+    return _Permute.apply(x, perm.token_of, perm.rows_of, True)
 
 
 def combine(rows: torch.Tensor, perm: Permutation) -> torch.Tensor:
     """Rows sorted by expert (N * k, C) -> each token's sum of its k rows, added in its experts' order (N, C)."""
-    return _Combine.apply(rows, perm.rows_of, perm.token_of)
+    return _Permute.apply(rows, perm.token_of, perm.rows_of, False)
 
 
 class ExpertParallelGroup(Protocol):
@@ -325,7 +316,7 @@ class MoEFeedForward(nn.Module):
         rows = dispatch(flat, perm)  # (N * k, C), sorted by expert
         if self.expert_group is None:
             weights = tuple(w.to(dtype) for w in (self.w1, self.w3, self.w2))
-            out = _experts(rows, weights, ends, self._grouped(rows, weights))  # (N * k, C)
+            out = swiglu_experts(rows, weights, ends, self._grouped(rows, weights))  # (N * k, C)
         else:
             out = self._experts_in_parallel(rows, counts, dtype)
         out = out * routing.weights.flatten()[order].unsqueeze(-1).to(out.dtype)
@@ -369,7 +360,7 @@ class MoEFeedForward(nn.Module):
         order = torch.argsort(expert_of, stable=True)  # by my expert, then by source rank
         weights = tuple(group.gather(w).to(dtype) for w in (self.w1, self.w3, self.w2))
         ends = torch.cumsum(incoming.sum(dim=0), dim=0).to(torch.int32)
-        computed = _experts(received[order], weights, ends, self._grouped(received, weights))
+        computed = swiglu_experts(received[order], weights, ends, self._grouped(received, weights))
         back = torch.empty_like(computed).index_copy_(0, order, computed)  # source rank order again
         return group.exchange(back, recv_list, send_list)
 
